@@ -1,0 +1,5 @@
+import sys
+
+from embedtune.cli import main
+
+sys.exit(main())

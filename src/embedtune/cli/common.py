@@ -1,0 +1,74 @@
+"""Flags shared by several commands, and JSON/table output helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_data_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="scifact", help="BEIR folder, BEIR-layout .zip, or bundled name 'scifact'")
+    group.add_argument("--split", default="test", help="qrels split to load (qrels/<split>.tsv)")
+
+
+def add_split_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("query-disjoint split")
+    group.add_argument("--split-seed", type=int, default=2027, help="seed of the sha256 query ranking")
+    group.add_argument("--fractions", type=float, nargs=3, default=(0.6, 0.2, 0.2), metavar=("TRAIN", "VAL", "TEST"))
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("encoder")
+    group.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
+    group.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    group.add_argument("--max-seq-length", type=int, default=None, help="override the model's max sequence length")
+    group.add_argument("--query-prompt", default="", help="text prepended to queries (instruction models)")
+    group.add_argument("--doc-prompt", default="", help="text prepended to documents")
+    group.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
+    pre = parser.add_argument_group("precomputed embeddings (skip encoding)")
+    pre.add_argument("--doc-embeddings", default=None, help="(n_docs, d) .npy or .parquet of corpus vectors")
+    pre.add_argument("--doc-ids", default=None, help="ids of --doc-embeddings rows (.txt one per line, or .json)")
+    pre.add_argument("--query-embeddings", default=None, help="(n_queries, d) .npy or .parquet of query vectors")
+    pre.add_argument("--query-ids", default=None, help="ids of --query-embeddings rows")
+
+
+def experiment_from_args(args: argparse.Namespace, with_split: bool = True):
+    from embedtune.experiment import load_experiment
+
+    return load_experiment(
+        data=args.data,
+        model=args.model,
+        qrels_split=args.split,
+        split_seed=getattr(args, "split_seed", 2027) if with_split else None,
+        fractions=tuple(getattr(args, "fractions", (0.6, 0.2, 0.2))),
+        encoder_options={
+            "batch_size": args.batch_size,
+            "max_seq_length": args.max_seq_length,
+            "query_prompt": args.query_prompt,
+            "document_prompt": args.doc_prompt,
+        },
+        cache=not args.no_cache,
+        doc_embeddings=args.doc_embeddings,
+        doc_ids=args.doc_ids,
+        query_embeddings=args.query_embeddings,
+        query_ids=args.query_ids,
+    )
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
+    def cell(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    widths = {c: max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for row in rows:
+        print("  ".join(cell(row.get(c, "")).ljust(widths[c]) for c in columns))

@@ -1,0 +1,51 @@
+"""``embedtune embed`` and ``embedtune split``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json
+from embedtune.io import atomic_save_npy, atomic_write_json
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    embed = commands.add_parser("embed", help="encode a dataset's corpus and queries to .npy files", formatter_class=fmt,
+                                description="Encode every document and query (cached) and write float32 .npy files plus ids.")
+    add_data_flags(embed)
+    add_model_flags(embed)
+    embed.add_argument("--out", required=True, help="output folder for {doc,query}_embeddings.npy and {doc,query}_ids.json")
+    embed.set_defaults(handler=run_embed)
+
+    split = commands.add_parser("split", help="write the query-disjoint train/val/test manifest", formatter_class=fmt,
+                                description="Rank judged query ids by sha256(f'{seed}:{id}') and cut them into train/val/test.")
+    add_data_flags(split)
+    add_split_flags(split)
+    split.add_argument("--out", required=True, help="manifest JSON path")
+    split.set_defaults(handler=run_split)
+
+
+def run_embed(args: argparse.Namespace) -> int:
+    experiment = experiment_from_args(args, with_split=False)
+    out = Path(args.out)
+    emb = experiment.embeddings
+    atomic_save_npy(out / "doc_embeddings.npy", np.asarray(emb.doc_embeddings, dtype=np.float32))
+    atomic_save_npy(out / "query_embeddings.npy", np.asarray(emb.query_embeddings, dtype=np.float32))
+    atomic_write_json(out / "doc_ids.json", emb.doc_ids)
+    atomic_write_json(out / "query_ids.json", emb.query_ids)
+    print_json({"out": str(out), "docs": len(emb.doc_ids), "queries": len(emb.query_ids), "dim": emb.dim, "seconds": emb.timings})
+    return 0
+
+
+def run_split(args: argparse.Namespace) -> int:
+    from embedtune.data import load_beir, query_disjoint_split
+
+    dataset = load_beir(args.data, args.split)
+    split = query_disjoint_split(dataset, tuple(args.fractions), args.split_seed)
+    split.save(args.out)
+    manifest = split.manifest()
+    print_json({"out": args.out, "counts": manifest["counts"], "seed": manifest["seed"]})
+    return 0

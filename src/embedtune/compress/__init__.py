@@ -1,0 +1,24 @@
+"""Embedding compressors: DIVE and the baselines of the DIVE paper, one estimator contract."""
+
+from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.registry import (
+    available_methods,
+    get_compressor_class,
+    load_compressor,
+    make_compressor,
+    register,
+)
+
+# Importing the method modules fills the registry, in the order `--method` lists them.
+from embedtune.compress import methods as _methods  # noqa: E402,F401
+
+__all__ = [
+    "Compressor",
+    "CompressorConfig",
+    "TrainingData",
+    "available_methods",
+    "get_compressor_class",
+    "load_compressor",
+    "make_compressor",
+    "register",
+]

@@ -1,0 +1,240 @@
+"""The compressor contract shared by DIVE and every baseline.
+
+A compressor is built from a validated config dataclass and follows scikit-learn's estimator
+shape: ``fit(train, val=None) -> self``, ``transform(X) -> (n, k)`` float32 rows with unit L2
+norm, ``save(dir)`` and ``load(dir)``. The benchmark treats every registered method the same way.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from embedtune import __version__
+from embedtune.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def as_float32_rows(X: Any, name: str = "X", dim: int | None = None) -> np.ndarray:
+    """Return ``X`` as a C-contiguous float32 matrix, checking its shape."""
+    array = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (n, d); got shape {array.shape}.")
+    if dim is not None and array.shape[1] != dim:
+        raise ValueError(f"{name} has {array.shape[1]} columns but the compressor was fitted on {dim}-d input.")
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or infinite values.")
+    return array
+
+
+def l2_normalize(X: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    return np.ascontiguousarray(X / np.maximum(norms, eps), dtype=np.float32)
+
+
+@dataclass
+class TrainingData:
+    """Embeddings and labels a compressor may learn from.
+
+    Unsupervised methods read ``doc_embeddings`` only. Supervised methods read ``triplets``,
+    whose rows are ``(query row, positive doc row, negative doc row)`` indices into
+    ``query_embeddings`` and ``doc_embeddings``; every method receives the same triplets.
+
+    Attributes:
+        query_ids: ids of the rows of ``query_embeddings``.
+        query_embeddings: ndarray of shape (n_queries, d), float32.
+        doc_ids: ids of the rows of ``doc_embeddings``.
+        doc_embeddings: ndarray of shape (n_docs, d), float32 (the whole corpus).
+        qrels: ``{query_id: {doc_id: relevance}}`` for these queries.
+        triplets: ndarray of shape (n_triplets, 3), int64, or None.
+    """
+
+    query_ids: list[str]
+    query_embeddings: np.ndarray
+    doc_ids: list[str]
+    doc_embeddings: np.ndarray
+    qrels: dict[str, dict[str, int]]
+    triplets: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.query_embeddings = as_float32_rows(self.query_embeddings, "query_embeddings")
+        self.doc_embeddings = as_float32_rows(self.doc_embeddings, "doc_embeddings", self.query_embeddings.shape[1])
+        if len(self.query_ids) != len(self.query_embeddings):
+            raise ValueError(f"{len(self.query_ids)} query ids for {len(self.query_embeddings)} query embeddings.")
+        if len(self.doc_ids) != len(self.doc_embeddings):
+            raise ValueError(f"{len(self.doc_ids)} doc ids for {len(self.doc_embeddings)} doc embeddings.")
+        if self.triplets is not None:
+            triplets = np.asarray(self.triplets, dtype=np.int64)
+            if triplets.ndim != 2 or triplets.shape[1] != 3:
+                raise ValueError(f"triplets must have shape (n, 3); got {triplets.shape}.")
+            if len(triplets) and (
+                triplets[:, 0].max() >= len(self.query_ids) or triplets[:, 1:].max() >= len(self.doc_ids) or triplets.min() < 0
+            ):
+                raise ValueError("triplets index a query or document row that does not exist.")
+            self.triplets = triplets
+
+    @property
+    def dim(self) -> int:
+        return int(self.query_embeddings.shape[1])
+
+    def require_triplets(self, method: str) -> np.ndarray:
+        if self.triplets is None or len(self.triplets) == 0:
+            raise ValueError(
+                f"{method} is supervised and needs training triplets; build them with "
+                "embedtune.data.triplets.mine_triplets(...) and pass TrainingData(triplets=...)."
+            )
+        return self.triplets
+
+
+@dataclass
+class CompressorConfig:
+    """Base for compressor configs. Subclasses add fields with ``metadata={"help": ...}``."""
+
+    dim: int = dataclasses.field(default=128, metadata={"help": "Output dimension k."})
+    seed: int = dataclasses.field(default=2027, metadata={"help": "Random seed for init and data order."})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"dim must be a positive integer; got {self.dim!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "CompressorConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            warnings.warn(f"{cls.__name__}: ignoring unknown config keys {unknown} (saved by another version?)")
+        return cls(**{key: value for key, value in values.items() if key in known})
+
+
+C = TypeVar("C", bound="Compressor")
+
+
+class Compressor(abc.ABC):
+    """Abstract estimator: ``fit``, ``transform``, ``save`` and ``load``.
+
+    Subclasses set ``method`` (the registry name) and ``config_class``, implement ``_fit``,
+    ``_transform``, ``_state_dict`` and ``_load_state_dict``. Learned state ends in ``_``.
+    """
+
+    method: ClassVar[str]
+    config_class: ClassVar[type[CompressorConfig]]
+    supervised: ClassVar[bool] = False
+
+    def __init__(self, config: CompressorConfig | None = None) -> None:
+        self.config = config if config is not None else self.config_class()
+        if not isinstance(self.config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}; got {type(self.config).__name__}.")
+        self.input_dim_: int | None = None
+
+    # -- public API -------------------------------------------------------------------------
+    def fit(self: C, train: TrainingData, val: TrainingData | None = None) -> C:
+        self.input_dim_ = train.dim
+        self._fit(train, val)
+        return self
+
+    def transform(self, X: Any) -> np.ndarray:
+        self._check_fitted()
+        X = as_float32_rows(X, "X", self.input_dim_)
+        out = self._transform(X)
+        return l2_normalize(out)
+
+    def fit_transform(self, train: TrainingData, X: Any) -> np.ndarray:
+        return self.fit(train).transform(X)
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.dim
+
+    def save(self, directory: str | Path) -> Path:
+        from embedtune.io import save_weights
+
+        self._check_fitted()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {key: np.ascontiguousarray(value) for key, value in self._state_dict().items()}
+        save_weights(directory / WEIGHTS_NAME, state, metadata={"method": self.method, "embedtune_version": __version__})
+        atomic_write_json(
+            directory / CONFIG_NAME,
+            {
+                "method": self.method,
+                "embedtune_version": __version__,
+                "input_dim": self.input_dim_,
+                "config": self.config.to_dict(),
+            },
+        )
+        return directory
+
+    @classmethod
+    def load(cls: type[C], directory: str | Path) -> C:
+        from embedtune.io import load_weights
+
+        directory = Path(directory)
+        meta = read_compressor_meta(directory)
+        if cls is not Compressor and meta["method"] != cls.method:
+            raise ValueError(
+                f"{directory / CONFIG_NAME}: field 'method' is {meta['method']!r} but {cls.__name__} loads "
+                f"{cls.method!r}. Use embedtune.compress.load_compressor(dir) to load any method."
+            )
+        estimator = cls(cls.config_class.from_dict(meta["config"]))
+        estimator.input_dim_ = int(meta["input_dim"])
+        tensors = load_weights(directory / WEIGHTS_NAME)
+        try:
+            estimator._load_state_dict({key: value.numpy() for key, value in tensors.items()})
+        except (KeyError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME}: weights do not match a {cls.method} compressor ({error}). "
+                "The file is corrupted or from another method; re-create it with `save(dir)`."
+            ) from error
+        return estimator
+
+    # -- subclass hooks ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def _fit(self, train: TrainingData, val: TrainingData | None) -> None: ...
+
+    @abc.abstractmethod
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        """Map validated float32 (n, d) input to (n, k); normalisation happens afterwards."""
+
+    @abc.abstractmethod
+    def _state_dict(self) -> dict[str, np.ndarray]: ...
+
+    @abc.abstractmethod
+    def _load_state_dict(self, state: dict[str, np.ndarray]) -> None: ...
+
+    def _check_fitted(self) -> None:
+        if self.input_dim_ is None:
+            raise RuntimeError(f"This {type(self).__name__} is not fitted yet; call fit(train) first.")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"
+
+
+def read_compressor_meta(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no compressor config here. Pass a folder written by `save(dir)`.")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: invalid JSON at line {error.lineno} ({error.msg}). Re-create it with `save(dir)`.") from error
+    for field in ("method", "config", "input_dim"):
+        if field not in meta:
+            raise ValueError(f"{path}: missing field {field!r}; this is not an embedtune compressor config.")
+    return meta

@@ -1,0 +1,406 @@
+"""DIVE: a multi-head residual adapter trained with self-limiting updates (Zhao, arXiv:2605.20689).
+
+The adapter is the identity-initialised residual MLP ``z' = z + W2 σ(W1 z + b1) + b2`` (§3.1).
+Its first ``k·H`` coordinates are cut into ``H`` heads of ``k`` coordinates, each L2-normalised.
+Training uses every head::
+
+    L = L_triplet + λ·L_view + γ·L_geo            (§3.2)
+
+with the self-limiting hinge on head 1, head-wise NT-Xent across heads, and geometry
+distillation from the frozen space. Inference keeps head 1 only, so a fitted DIVE stores one
+``k``-dimensional vector per item, and at initialisation ``transform(X) == normalize(X[:, :k])``
+(with ``normalize_input`` the input is normalised first, which changes the result only by float
+rounding).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, self_limiting_triplet_loss
+from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
+from embedtune.compress.registry import register
+from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
+from embedtune.io import atomic_write_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME"]
+
+TRAINING_LOG_NAME = "training_log.jsonl"
+# Rows per forward pass in transform(); bounds the activation memory, not the result.
+_TRANSFORM_BATCH = 8192
+
+
+@dataclass
+class DIVEConfig(CompressorConfig):
+    """DIVE hyperparameters; the defaults are the paper's single global configuration (Table 2, §4.1)."""
+
+    dim: int = field(default=128, metadata={"help": "Output dimension k: the size of each head and of the stored vector."})
+    seed: int = field(default=2027, metadata={"help": "Seed for the adapter initialisation and the triplet order."})
+    heads: int | str = field(
+        default=4,
+        metadata={"help": "Number of heads H (implicit views), or 'auto' for the largest H <= min(max_heads, d // k). Needs dim*heads <= input dim."},
+    )
+    max_heads: int = field(default=4, metadata={"help": "Upper bound on H when heads='auto'."})
+    margin: float = field(default=0.7, metadata={"help": "Hinge margin m: a triplet with Δ >= m stops producing gradient."})
+    view_weight: float = field(default=0.01, metadata={"help": "λ, weight of the head-wise NT-Xent view loss (0 disables it)."})
+    geometry_weight: float = field(default=10.0, metadata={"help": "γ, weight of the geometry distillation loss (0 disables it)."})
+    temperature: float = field(default=0.1, metadata={"help": "τ, NT-Xent temperature."})
+    lr: float = field(default=2e-4, metadata={"help": "AdamW learning rate."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default)."})
+    batch_size: int = field(default=128, metadata={"help": "Triplets per optimisation step."})
+    epochs: int = field(default=50, metadata={"help": "Passes over the training triplets (0 keeps the identity adapter)."})
+    hidden_dim: int | None = field(default=None, metadata={"help": "Residual MLP hidden width r; None means d // 2, as in the paper."})
+    activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATIONS)}."})
+    normalize_input: bool = field(default=True, metadata={"help": "L2-normalise the frozen embedding before the adapter."})
+    triplet_loss: str = field(
+        default="hinge",
+        metadata={"help": "'hinge' (self-limiting, DIVE) or 'softplus' (the 'w/o self-limiting' ablation, §4.4)."},
+    )
+    device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
+            raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
+        if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
+            raise ValueError(f"max_heads must be a positive integer; got {self.max_heads!r}.")
+        for name in ("view_weight", "geometry_weight", "weight_decay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
+        for name in ("temperature", "lr"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0; got {value!r}.")
+        if not isinstance(self.margin, (int, float)) or not math.isfinite(self.margin):
+            raise ValueError(f"margin must be a finite number; got {self.margin!r}.")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer; got {self.batch_size!r}.")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
+            raise ValueError(f"epochs must be an integer >= 0; got {self.epochs!r}.")
+        if self.hidden_dim is not None and (isinstance(self.hidden_dim, bool) or not isinstance(self.hidden_dim, int) or self.hidden_dim < 1):
+            raise ValueError(f"hidden_dim must be a positive integer or None; got {self.hidden_dim!r}.")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {self.activation!r}.")
+        if self.triplet_loss not in TRIPLET_KINDS:
+            raise ValueError(f"triplet_loss must be one of {list(TRIPLET_KINDS)}; got {self.triplet_loss!r}.")
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be a torch device string such as 'cpu', 'cuda' or 'auto'; got {self.device!r}.")
+        # The view loss needs two views of each item (Appendix A.3: H = 1 has no positive pair).
+        if self.view_weight > 0 and (self.heads == 1 or (self.heads == "auto" and self.max_heads < 2)):
+            raise ValueError(
+                "the view loss (view_weight > 0) needs at least 2 heads; set heads >= 2 (or max_heads >= 2 with "
+                "heads='auto'), or set view_weight=0 to train without it."
+            )
+        if self.heads != "auto" and self.max_heads != 4:
+            warnings.warn(f"DIVEConfig: max_heads={self.max_heads} is ignored because heads={self.heads} is fixed.")
+        if not -2.0 < self.margin <= 2.0:
+            # Δ is a difference of cosines, so it lies in [-2, 2].
+            warnings.warn(f"DIVEConfig: margin={self.margin} is outside (-2, 2]; the hinge is then always or never active.")
+        if self.triplet_loss == "softplus":
+            warnings.warn("DIVEConfig: triplet_loss='softplus' is the 'w/o self-limiting' ablation; satisfied triplets keep producing gradient.")
+
+
+def resolve_heads(heads: int | str, max_heads: int, dim: int, input_dim: int, view_weight: float) -> int:
+    """The number of heads H for a ``input_dim``-d input; raises if ``dim * H`` cannot fit."""
+    if dim > input_dim:
+        raise ValueError(f"DIVE cannot compress {input_dim}-d input to dim={dim}: lower dim to at most {input_dim}.")
+    if heads == "auto":
+        resolved = min(max_heads, input_dim // dim)
+        if resolved < 2 and view_weight > 0:
+            raise ValueError(
+                f"heads='auto' resolves to H={resolved} for {input_dim}-d input and dim={dim} "
+                f"(H <= min(max_heads={max_heads}, {input_dim} // {dim})), but the view loss needs H >= 2. "
+                f"Lower dim to at most {input_dim // 2}, or set view_weight=0."
+            )
+        return resolved
+    heads = int(heads)
+    if dim * heads > input_dim:
+        raise ValueError(
+            f"DIVE needs dim * heads <= input dim, but dim={dim} * heads={heads} = {dim * heads} > {input_dim}. "
+            f"Lower heads to at most {input_dim // dim} (or use heads='auto'), or lower dim to at most {input_dim // heads}."
+        )
+    return heads
+
+
+class DIVEAdapter(nn.Module):
+    """The residual adapter and its multi-head view (§3.1).
+
+    ``forward(x)`` returns the unit-norm heads, shape (batch, H, k); ``head_one(x)`` is the
+    deployed output, shape (batch, k).
+    """
+
+    def __init__(
+        self,
+        input_dim: int,
+        dim: int,
+        heads: int,
+        hidden_dim: int,
+        activation: Literal["gelu", "relu", "silu", "tanh"] = "gelu",
+        normalize_input: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim * heads > input_dim:
+            raise ValueError(f"dim * heads = {dim * heads} exceeds the input dimension {input_dim}.")
+        self.input_dim, self.dim, self.heads, self.normalize_input = input_dim, dim, heads, normalize_input
+        self.mlp = ResidualMLP(input_dim, hidden_dim, activation)
+
+    def adapt(self, x: torch.Tensor) -> torch.Tensor:
+        """``z' = z + W2 σ(W1 z + b1) + b2``, shape (batch, d)."""
+        if self.normalize_input:
+            x = F.normalize(x, p=2, dim=-1)
+        return self.mlp(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        adapted = self.adapt(x)[:, : self.dim * self.heads]
+        heads = adapted.reshape(len(x), self.heads, self.dim)  # (batch, H, k)
+        return F.normalize(heads, p=2, dim=-1)
+
+    def head_one(self, x: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """Head 1, shape (batch, k); ``normalize=False`` returns it before the L2 normalisation."""
+        head = self.adapt(x)[:, : self.dim]
+        return F.normalize(head, p=2, dim=-1) if normalize else head
+
+
+class DIVEEncoder(nn.Module):
+    """Inference-only DIVE: ``(batch, d)`` frozen embeddings to unit-norm ``(batch, k)`` head 1."""
+
+    def __init__(self, adapter: DIVEAdapter) -> None:
+        super().__init__()
+        self.adapter = adapter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.adapter.head_one(x)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@register
+class DIVECompressor(Compressor):
+    """DIVE compressor: ``fit`` on triplets, ``transform`` with head 1 only.
+
+    Attributes:
+        adapter_ : DIVEAdapter, the trained residual adapter (weights ``up`` of shape (r, d),
+            ``down`` of shape (d, r)).
+        heads_ : int, the resolved number of heads H.
+        history_ : list of dict, one diagnostics row per epoch (active ratio ρ(t), each loss
+            term unweighted and weighted, total, ``val_ndcg@10`` when validating, seconds).
+    """
+
+    method = "dive"
+    config_class = DIVEConfig
+    supervised = True
+    config: DIVEConfig
+
+    def __init__(self, config: DIVEConfig | None = None) -> None:
+        super().__init__(config)
+        self.adapter_: DIVEAdapter | None = None
+        self.heads_: int | None = None
+        self.history_: list[dict[str, Any]] = []
+        self._log_path: Path | None = None
+
+    # -- public API -------------------------------------------------------------------------
+    def fit(self, train: TrainingData, val: TrainingData | None = None, log_path: str | Path | None = None) -> "DIVECompressor":
+        """Train on ``train.triplets``; report ``val`` nDCG@10 each epoch; append epochs to ``log_path`` (JSONL)."""
+        self.input_dim_, self.adapter_, self.heads_, self.history_ = None, None, None, []
+        self._log_path = Path(log_path) if log_path is not None else None
+        try:
+            return super().fit(train, val)
+        except BaseException:
+            self.input_dim_ = None  # a failed fit must not look fitted
+            raise
+        finally:
+            self._log_path = None
+
+    def torch_module(self) -> DIVEEncoder:
+        """A CPU copy of the inference path as an ``nn.Module`` (for export), in eval mode."""
+        self._check_fitted()
+        return DIVEEncoder(copy.deepcopy(self.adapter_).cpu()).eval()
+
+    def save(self, directory: str | Path) -> Path:
+        directory = super().save(directory)
+        if self.history_:
+            text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in self.history_)
+            atomic_write_bytes(directory / TRAINING_LOG_NAME, text.encode("utf-8"))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "DIVECompressor":
+        estimator = super().load(directory)
+        log = Path(directory) / TRAINING_LOG_NAME
+        if log.is_file():
+            estimator.history_ = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return estimator
+
+    # -- hooks ------------------------------------------------------------------------------
+    def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
+        config = self.config
+        heads = resolve_heads(config.heads, config.max_heads, config.dim, train.dim, config.view_weight)
+        triplets = train.require_triplets(self.method)
+        hidden_dim = config.hidden_dim or max(1, train.dim // 2)
+        device = _resolve_device(config.device)
+        # Seed only the initialisation, without touching the caller's global RNG state.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            adapter = DIVEAdapter(train.dim, config.dim, heads, hidden_dim, config.activation, config.normalize_input)
+        adapter.to(device)
+        self.adapter_, self.heads_ = adapter, heads
+        logger.info(
+            "DIVE: %d triplets, %d-d -> %d-d, H=%d, r=%d, %d parameters, device %s",
+            len(triplets), train.dim, config.dim, heads, hidden_dim, adapter.mlp.num_parameters(), device,
+        )
+
+        # Only the rows the triplets use go to the device: a large corpus need not fit there.
+        query_rows, query_index = np.unique(triplets[:, 0], return_inverse=True)
+        doc_rows, doc_index = np.unique(triplets[:, 1:], return_inverse=True)
+        queries = torch.from_numpy(train.query_embeddings[query_rows]).to(device)
+        docs = torch.from_numpy(train.doc_embeddings[doc_rows]).to(device)
+        local = torch.from_numpy(np.column_stack([query_index.reshape(-1), doc_index.reshape(-1, 2)])).to(device)
+
+        optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        generator = torch.Generator().manual_seed(config.seed)
+        progress = _progress_bar(config.epochs, config.progress)
+        for epoch in range(1, config.epochs + 1):
+            start = time.perf_counter()
+            row = self._train_epoch(adapter, optimizer, queries, docs, local, generator)
+            if val is not None:
+                row["val_ndcg@10"] = self._validate(val)
+            row = {"epoch": epoch, **row, "seconds": time.perf_counter() - start}
+            self.history_.append(row)
+            self._append_log(row)
+            logger.info(
+                "DIVE epoch %d/%d: rho=%.3f triplet=%.4f view=%.4f geo=%.5f total=%.4f%s (%.1fs)",
+                epoch, config.epochs, row["active_ratio"], row["loss_triplet"], row["loss_view"], row["loss_geometry"],
+                row["loss_total"], f" val_ndcg@10={row['val_ndcg@10']:.4f}" if val is not None else "", row["seconds"],
+            )
+            progress.set_postfix(rho=f"{row['active_ratio']:.3f}", loss=f"{row['loss_total']:.4f}")
+            progress.update(1)
+        progress.close()
+        adapter.eval()
+
+    def _train_epoch(
+        self,
+        adapter: DIVEAdapter,
+        optimizer: torch.optim.Optimizer,
+        queries: torch.Tensor,
+        docs: torch.Tensor,
+        local: torch.Tensor,
+        generator: torch.Generator,
+    ) -> dict[str, float]:
+        config = self.config
+        adapter.train()
+        order = torch.randperm(len(local), generator=generator).to(local.device)
+        totals = {"active_ratio": 0.0, "loss_triplet": 0.0, "loss_view": 0.0, "loss_geometry": 0.0}
+        for lo in range(0, len(local), config.batch_size):
+            batch = local[order[lo : lo + config.batch_size]]  # (b, 3) rows into queries / docs
+            size = len(batch)
+            inputs = torch.cat([queries[batch[:, 0]], docs[batch[:, 1]], docs[batch[:, 2]]])  # (3b, d)
+            heads = adapter(inputs)  # (3b, H, k)
+            query_heads, positive_heads, negative_heads = heads.split(size)
+            loss_triplet, active_ratio = self_limiting_triplet_loss(
+                query_heads[:, 0], positive_heads[:, 0], negative_heads[:, 0], config.margin, config.triplet_loss
+            )
+            # A zero-weighted term is still reported, but kept out of the graph.
+            with torch.set_grad_enabled(config.view_weight > 0):
+                if adapter.heads >= 2:
+                    loss_view = torch.stack([headwise_ntxent_loss(group, config.temperature) for group in (query_heads, positive_heads, negative_heads)]).mean()
+                else:
+                    loss_view = heads.new_zeros(())
+            with torch.set_grad_enabled(config.geometry_weight > 0):
+                teacher = F.normalize(inputs, p=2, dim=-1)  # T: the frozen inputs, no parameters involved
+                loss_geometry = geometry_distillation_loss(heads[:, 0], teacher)
+            loss = loss_triplet + config.view_weight * loss_view + config.geometry_weight * loss_geometry
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            for name, value in (("active_ratio", active_ratio), ("loss_triplet", loss_triplet), ("loss_view", loss_view), ("loss_geometry", loss_geometry)):
+                totals[name] += float(value.detach()) * size
+        means = {name: value / len(local) for name, value in totals.items()}
+        means["weighted_triplet"] = means["loss_triplet"]
+        means["weighted_view"] = config.view_weight * means["loss_view"]
+        means["weighted_geometry"] = config.geometry_weight * means["loss_geometry"]
+        means["loss_total"] = means["weighted_triplet"] + means["weighted_view"] + means["weighted_geometry"]
+        return means
+
+    def _validate(self, val: TrainingData) -> float:
+        from embedtune.evaluate.retrieval import evaluate_embeddings
+
+        metrics = evaluate_embeddings(
+            val.query_ids, self.transform(val.query_embeddings), val.doc_ids, self.transform(val.doc_embeddings), val.qrels
+        )
+        return float(metrics.aggregate["ndcg@10"])
+
+    def _append_log(self, row: dict[str, Any]) -> None:
+        if self._log_path is None:
+            return
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        adapter = self.adapter_
+        device = next(adapter.parameters()).device
+        was_training = adapter.training
+        adapter.eval()
+        parts = []
+        with torch.no_grad():
+            for lo in range(0, len(X), _TRANSFORM_BATCH):
+                # np.require copies read-only blocks (e.g. from a memory map), which torch cannot wrap safely.
+                batch = torch.from_numpy(np.require(X[lo : lo + _TRANSFORM_BATCH], requirements="W")).to(device)
+                # The base class L2-normalises once, so an identity adapter returns normalize(X[:, :k]) bit for bit.
+                parts.append(adapter.head_one(batch, normalize=False).cpu().numpy())
+        adapter.train(was_training)
+        return np.concatenate(parts) if parts else np.zeros((0, self.config.dim), np.float32)
+
+    def _state_dict(self) -> dict[str, np.ndarray]:
+        state = {f"adapter.{name}": tensor.detach().cpu().numpy() for name, tensor in self.adapter_.state_dict().items()}
+        state["heads_"] = np.array([self.heads_], dtype=np.int64)
+        return state
+
+    def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        expected = {"heads_", "adapter.mlp.up.weight", "adapter.mlp.up.bias", "adapter.mlp.down.weight", "adapter.mlp.down.bias"}
+        if set(state) != expected:
+            raise KeyError(f"expected tensors {sorted(expected)}, found {sorted(state)}")
+        heads = int(np.asarray(state["heads_"]).reshape(-1)[0])
+        hidden_dim, input_dim = state["adapter.mlp.up.weight"].shape
+        if input_dim != self.input_dim_:
+            raise ValueError(f"the adapter takes {input_dim}-d input but config.json says input_dim={self.input_dim_}")
+        if heads < 1 or self.config.dim * heads > input_dim:
+            raise ValueError(f"heads_={heads} does not fit dim={self.config.dim} in {input_dim}-d input")
+        adapter = DIVEAdapter(input_dim, self.config.dim, heads, hidden_dim, self.config.activation, self.config.normalize_input)
+        adapter.load_state_dict({name.removeprefix("adapter."): torch.from_numpy(np.array(value)) for name, value in state.items() if name != "heads_"})
+        self.adapter_ = adapter.to(_resolve_device(self.config.device)).eval()
+        self.heads_ = heads
+
+    def _check_fitted(self) -> None:
+        super()._check_fitted()
+        if self.adapter_ is None:
+            raise RuntimeError("This DIVECompressor is not fitted yet; call fit(train) first.")
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="DIVE epochs", unit="epoch", disable=not enabled)
+

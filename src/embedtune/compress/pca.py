@@ -1,0 +1,118 @@
+"""PCA (Jolliffe & Cadima 2016): project centred embeddings onto the top-``k`` principal axes.
+
+``pca(x) = W (x − μ)``, normalised, where ``μ`` is the corpus mean and the rows of
+``W ∈ R^{k×d}`` are the top-``k`` right singular vectors of the centred corpus matrix. The DIVE
+paper (§4.8, Table 4) fits it on the frozen corpus embeddings (``train.doc_embeddings``) with no
+retrieval labels; queries are projected with the same mean and axes.
+
+The axes are the top eigenvectors of the scatter matrix ``Σ_n (x_n − μ)(x_n − μ)ᵀ``, accumulated
+in float64 blocks so the corpus never has to be copied whole (Quora's 523k × 4096 matrix would
+need 17 GB in float64); they equal the SVD's right singular vectors. Signs follow
+scikit-learn's ``svd_flip(u_based_decision=False)``: the largest-magnitude entry of every
+component is positive, so the fit is deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.registry import register
+from embedtune.compress.training import check_output_dim
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PCAConfig", "PCACompressor", "flip_signs", "principal_axes"]
+
+_BLOCK_ROWS = 16384
+
+
+@dataclass
+class PCAConfig(CompressorConfig):
+    """Only ``dim`` (the number of components ``k``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+
+
+def flip_signs(components: np.ndarray) -> np.ndarray:
+    """Make the largest-|·| entry of each row positive (scikit-learn's V-based ``svd_flip``)."""
+    pivots = np.argmax(np.abs(components), axis=1)
+    signs = np.sign(components[np.arange(len(components)), pivots])
+    signs[signs == 0] = 1.0
+    return components * signs[:, None]
+
+
+def principal_axes(xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, top-``k`` principal axes and their variances of the rows of ``xb``.
+
+    Returns:
+        ``mean`` (d,) float64, ``components`` (k, d) float64 with sign-normalised unit rows
+        ordered by decreasing variance, ``explained_variance`` (k,) float64 (scatter / (n − 1)).
+    """
+    n, d = xb.shape
+    if not 1 <= k <= min(n, d):
+        raise ValueError(f"pca: dim={k} needs 1 <= dim <= min(n_docs={n}, d={d}).")
+    mean = np.zeros(d, dtype=np.float64)
+    for start in range(0, n, _BLOCK_ROWS):
+        mean += xb[start : start + _BLOCK_ROWS].sum(axis=0, dtype=np.float64)
+    mean /= n
+    scatter = np.zeros((d, d), dtype=np.float64)
+    for start in range(0, n, _BLOCK_ROWS):
+        centred = xb[start : start + _BLOCK_ROWS].astype(np.float64) - mean
+        scatter += centred.T @ centred
+    eigenvalues, eigenvectors = np.linalg.eigh(scatter)  # ascending
+    top = np.argsort(eigenvalues, kind="stable")[::-1][:k]
+    components = flip_signs(eigenvectors[:, top].T)
+    explained_variance = np.maximum(eigenvalues[top], 0.0) / max(n - 1, 1)
+    return mean, components, explained_variance
+
+
+@register
+class PCACompressor(Compressor):
+    """Centre with the corpus mean, project onto the top-``k`` components, normalise.
+
+    Attributes:
+        mean_ : ndarray of shape (d,), float32. Corpus mean.
+        components_ : ndarray of shape (k, d), float32. Principal axes, one per row.
+        explained_variance_ : ndarray of shape (k,), float32. Variance along each axis.
+    """
+
+    method = "pca"
+    config_class = PCAConfig
+    supervised = False
+
+    def __init__(self, config: PCAConfig | None = None) -> None:
+        super().__init__(config)
+        self.mean_: np.ndarray | None = None
+        self.components_: np.ndarray | None = None
+        self.explained_variance_: np.ndarray | None = None
+
+    def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
+        check_output_dim(self.method, self.config.dim, train.dim)
+        start = time.perf_counter()
+        mean, components, variance = principal_axes(train.doc_embeddings, self.config.dim)
+        self.mean_ = mean.astype(np.float32)
+        self.components_ = np.ascontiguousarray(components, dtype=np.float32)
+        self.explained_variance_ = variance.astype(np.float32)
+        logger.info("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, *train.doc_embeddings.shape, time.perf_counter() - start)
+
+    def _transform(self, X: np.ndarray) -> np.ndarray:
+        assert self.mean_ is not None and self.components_ is not None
+        return (X - self.mean_) @ self.components_.T
+
+    def _state_dict(self) -> dict[str, np.ndarray]:
+        assert self.mean_ is not None and self.components_ is not None and self.explained_variance_ is not None
+        return {"mean": self.mean_, "components": self.components_, "explained_variance": self.explained_variance_}
+
+    def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        mean = np.asarray(state["mean"], dtype=np.float32)
+        components = np.ascontiguousarray(state["components"], dtype=np.float32)
+        if components.shape != (self.config.dim, self.input_dim_) or mean.shape != (self.input_dim_,):
+            raise ValueError(f"expected mean ({self.input_dim_},) and components ({self.config.dim}, {self.input_dim_}); got {mean.shape} and {components.shape}.")
+        self.mean_, self.components_ = mean, components
+        self.explained_variance_ = np.asarray(state["explained_variance"], dtype=np.float32)

@@ -1,0 +1,98 @@
+"""Query-disjoint train/validation/test splits, as in the DIVE paper (§4.1, "Training Protocol").
+
+Judged query ids are ranked by ``sha256(f"{seed}:{query_id}")`` (hex digest order) and cut at
+the given fractions (60/20/20 by default). The manifest records the seed, fractions, counts,
+query ids and the sha256 of every source file, and is byte-identical across re-runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embedtune import __version__
+from embedtune.data.beir import BeirDataset
+from embedtune.io import atomic_write_json
+
+__all__ = ["QuerySplit", "query_disjoint_split", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
+
+DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
+DEFAULT_SEED = 2027
+PARTS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class QuerySplit:
+    """Disjoint query-id lists, each sorted by rank, plus everything needed to reproduce them."""
+
+    train: list[str]
+    val: list[str]
+    test: list[str]
+    seed: int
+    fractions: tuple[float, float, float]
+    dataset: str
+    qrels_split: str
+    fingerprints: dict[str, str]
+
+    @property
+    def train_val(self) -> list[str]:
+        return self.train + self.val
+
+    def part(self, name: str) -> list[str]:
+        if name == "train+val":
+            return self.train_val
+        if name not in PARTS:
+            raise ValueError(f"unknown split part {name!r}; choose train, val, test or train+val.")
+        return getattr(self, name)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "qrels_split": self.qrels_split,
+            "seed": self.seed,
+            "fractions": dict(zip(PARTS, self.fractions)),
+            "counts": {name: len(getattr(self, name)) for name in PARTS},
+            "query_ids": {name: getattr(self, name) for name in PARTS},
+            "source_sha256": dict(sorted(self.fingerprints.items())),
+            "rank_rule": "sha256(f'{seed}:{query_id}').hexdigest(), ascending",
+            "embedtune_version": __version__,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.manifest())
+
+
+def _rank_key(seed: int, query_id: str) -> str:
+    return hashlib.sha256(f"{seed}:{query_id}".encode("utf-8")).hexdigest()
+
+
+def query_disjoint_split(
+    dataset: BeirDataset,
+    fractions: tuple[float, float, float] = DEFAULT_FRACTIONS,
+    seed: int = DEFAULT_SEED,
+) -> QuerySplit:
+    """Split the judged queries of ``dataset.qrels`` into disjoint train/val/test parts.
+
+    Sizes are ``round(n·f_train)``, ``round(n·f_val)`` and the remainder for test.
+    """
+    fractions = tuple(float(f) for f in fractions)  # type: ignore[assignment]
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
+        raise ValueError(f"fractions must be three non-negative numbers summing to 1 (train, val, test); got {fractions}.")
+    ranked = sorted(dataset.judged_query_ids(), key=lambda qid: (_rank_key(seed, qid), qid))
+    if not ranked:
+        raise ValueError(f"{dataset.source}: qrels split {dataset.split!r} has no judged queries to split.")
+    n_train = int(round(len(ranked) * fractions[0]))
+    n_val = int(round(len(ranked) * fractions[1]))
+    n_val = min(n_val, len(ranked) - n_train)
+    return QuerySplit(
+        train=ranked[:n_train],
+        val=ranked[n_train : n_train + n_val],
+        test=ranked[n_train + n_val :],
+        seed=seed,
+        fractions=fractions,  # type: ignore[arg-type]
+        dataset=dataset.name,
+        qrels_split=dataset.split,
+        fingerprints=dict(dataset.fingerprints),
+    )

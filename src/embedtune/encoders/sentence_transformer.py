@@ -1,0 +1,129 @@
+"""Encode text with any sentence-transformers model, by alias or local path, offline.
+
+The model is loaded lazily, so an embedding-cache hit never pays for loading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from embedtune.encoders.bundled import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SentenceEncoder", "fingerprint_model_dir"]
+
+TextKind = Literal["query", "document"]
+
+
+def fingerprint_model_dir(path: str | os.PathLike) -> str:
+    """sha256 over every file's relative path and bytes: any change to the weights changes it."""
+    root = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and ".git" not in p.parts and p.name != ".complete"):
+        digest.update(str(file.relative_to(root)).encode() + b"\0")
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+class SentenceEncoder:
+    """Wrap a :class:`sentence_transformers.SentenceTransformer` for retrieval encoding.
+
+    Args:
+        model: ``minilm``, ``mpnet``, a local model folder, or a hub id already in the local cache.
+        max_seq_length: overrides the model's maximum sequence length.
+        query_prompt: text prepended to every query (instruction models), e.g. ``"query: "``.
+        document_prompt: text prepended to every document.
+        batch_size: encoding batch size; s-t sorts texts by length within the call.
+        normalize: L2-normalise the output rows (cosine = inner product).
+        device: torch device; default lets sentence-transformers choose.
+    """
+
+    def __init__(
+        self,
+        model: str = "minilm",
+        *,
+        max_seq_length: int | None = None,
+        query_prompt: str = "",
+        document_prompt: str = "",
+        batch_size: int = 64,
+        normalize: bool = True,
+        device: str | None = None,
+        show_progress: bool = True,
+    ) -> None:
+        self.model_name = str(model)
+        self.model_path = resolve_model_path(model)
+        self.max_seq_length_override = max_seq_length
+        self.query_prompt = query_prompt
+        self.document_prompt = document_prompt
+        self.batch_size = batch_size
+        self.normalize = normalize
+        self.device = device
+        self.show_progress = show_progress
+
+    @cached_property
+    def model(self):
+        from sentence_transformers import SentenceTransformer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        model = SentenceTransformer(self.model_path, device=self.device, local_files_only=True)
+        if self.max_seq_length_override is not None:
+            model.max_seq_length = self.max_seq_length_override
+        return model
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return fingerprint_model_dir(self.model_path)
+
+    @cached_property
+    def max_seq_length(self) -> int | None:
+        """The effective max length, read from the model's config so a cache lookup needs no model load."""
+        if self.max_seq_length_override is not None:
+            return self.max_seq_length_override
+        import json
+
+        config = Path(self.model_path) / "sentence_bert_config.json"
+        if config.is_file():
+            value = json.loads(config.read_text()).get("max_seq_length")
+            if value is not None:
+                return int(value)
+        return self.model.max_seq_length
+
+    def recipe(self, kind: TextKind) -> dict[str, object]:
+        """Everything besides the model and the data that changes the vectors (the cache key)."""
+        return {
+            "kind": kind,
+            "text": "title + ' ' + text, stripped" if kind == "document" else "text",
+            "prompt": self.document_prompt if kind == "document" else self.query_prompt,
+            "max_seq_length": self.max_seq_length,
+            "normalize": self.normalize,
+        }
+
+    def encode(self, texts: list[str], kind: TextKind = "document") -> np.ndarray:
+        prompt = self.document_prompt if kind == "document" else self.query_prompt
+        inputs = [prompt + text for text in texts] if prompt else list(texts)
+        if not inputs:
+            return np.zeros((0, self.model.get_sentence_embedding_dimension()), dtype=np.float32)
+        vectors = self.model.encode(
+            inputs,
+            batch_size=self.batch_size,
+            show_progress_bar=self.show_progress,
+            convert_to_numpy=True,
+            normalize_embeddings=self.normalize,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def encode_queries(self, texts: list[str]) -> np.ndarray:
+        return self.encode(texts, "query")
+
+    def encode_documents(self, texts: list[str]) -> np.ndarray:
+        return self.encode(texts, "document")

@@ -1,0 +1,116 @@
+"""Public one-call workflows that the CLI and the benchmarks share: load, embed, evaluate.
+
+Each function takes plain values (a dataset name or path, a model alias or path) so that the
+CLI stays a thin layer over this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from embedtune.compress.base import TrainingData
+from embedtune.data.beir import BeirDataset, load_beir
+from embedtune.data.splits import QuerySplit, query_disjoint_split
+from embedtune.encoders.cache import EmbeddingCache
+from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
+from embedtune.encoders.precomputed import load_embeddings
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.evaluate.metrics import RetrievalMetrics
+from embedtune.evaluate.retrieval import evaluate_embeddings
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data"]
+
+
+@dataclass
+class Experiment:
+    """A dataset, its embeddings and (optionally) its query-disjoint split."""
+
+    dataset: BeirDataset
+    embeddings: DatasetEmbeddings
+    split: QuerySplit | None = None
+
+    def qrels_for(self, query_ids: list[str]) -> dict[str, dict[str, int]]:
+        return {qid: self.dataset.qrels[qid] for qid in query_ids if qid in self.dataset.qrels}
+
+    def part_ids(self, part: str) -> list[str]:
+        """Query ids of ``all`` judged queries or a split part (train, val, test, train+val)."""
+        if part == "all":
+            return self.dataset.judged_query_ids()
+        if self.split is None:
+            raise ValueError("this experiment has no query-disjoint split; load it with split_seed=...")
+        return self.split.part(part)
+
+    def evaluate(
+        self,
+        part: str = "all",
+        query_embeddings: np.ndarray | None = None,
+        doc_embeddings: np.ndarray | None = None,
+        ignore_identical_ids: bool = True,
+        top_k: int = 100,
+    ) -> RetrievalMetrics:
+        """Score (possibly transformed) embeddings on the queries of ``part``.
+
+        ``query_embeddings`` must then be row-aligned with ``part_ids(part)``.
+        """
+        ids = self.part_ids(part)
+        if query_embeddings is None:
+            query_embeddings = self.embeddings.queries(ids)
+        if doc_embeddings is None:
+            doc_embeddings = np.ascontiguousarray(self.embeddings.doc_embeddings, dtype=np.float32)
+        return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k, ignore_identical_ids)
+
+
+def load_experiment(
+    data: str | Path = "scifact",
+    model: str = "minilm",
+    qrels_split: str = "test",
+    split_seed: int | None = 2027,
+    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
+    encoder_options: dict | None = None,
+    cache: bool | EmbeddingCache = True,
+    doc_embeddings: str | Path | None = None,
+    doc_ids: str | Path | None = None,
+    query_embeddings: str | Path | None = None,
+    query_ids: str | Path | None = None,
+) -> Experiment:
+    """Load ``data``, embed it with ``model`` (or read precomputed vectors), and split it."""
+    dataset = load_beir(data, qrels_split)
+    if doc_embeddings is not None or query_embeddings is not None:
+        if doc_embeddings is None or query_embeddings is None:
+            raise ValueError("pass both --doc-embeddings and --query-embeddings (with their ids) to skip encoding.")
+        start = time.perf_counter()
+        d_ids, d_vecs = load_embeddings(doc_embeddings, doc_ids)
+        q_ids, q_vecs = load_embeddings(query_embeddings, query_ids)
+        embeddings = DatasetEmbeddings(d_ids, d_vecs, q_ids, q_vecs, {"load": time.perf_counter() - start}, {})
+        missing = [qid for qid in dataset.judged_query_ids() if qid not in set(q_ids)]
+        if missing:
+            raise ValueError(f"{query_embeddings}: {len(missing)} judged queries have no vector (e.g. {missing[0]!r}).")
+    else:
+        encoder = SentenceEncoder(model, **(encoder_options or {}))
+        embeddings = embed_dataset(encoder, dataset, cache=cache)
+    split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
+    return Experiment(dataset, embeddings, split)
+
+
+def training_data(experiment: Experiment, part: str, triplets: np.ndarray | None = None) -> TrainingData:
+    """The :class:`TrainingData` of one split part (whole corpus, that part's queries)."""
+    ids = experiment.part_ids(part)
+    return TrainingData(
+        query_ids=ids,
+        query_embeddings=experiment.embeddings.queries(ids),
+        doc_ids=experiment.embeddings.doc_ids,
+        doc_embeddings=np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32),
+        qrels=experiment.qrels_for(ids),
+        triplets=triplets,
+    )
+
+
+def evaluate_frozen(experiment: Experiment, part: str = "all", ignore_identical_ids: bool = True, top_k: int = 100) -> RetrievalMetrics:
+    return experiment.evaluate(part, ignore_identical_ids=ignore_identical_ids, top_k=top_k)

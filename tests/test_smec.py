@@ -1,0 +1,142 @@
+"""SMEC: the SMRL schedule, ADS selection and its straight-through mask, and the S-XBM loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from embedtune.compress import TrainingData, make_compressor
+from embedtune.compress.smec import (
+    AdaptiveDimensionSelection,
+    CrossBatchMemory,
+    gumbel_topk_mask,
+    smrl_schedule,
+    sxbm_loss,
+)
+
+torch.set_num_threads(2)
+
+
+@pytest.mark.parametrize(
+    "d, k, expected",
+    [(4096, 128, (2048, 1024, 512, 256, 128)), (32, 8, (16, 8)), (48, 20, (24, 20)), (4096, 100, (2048, 1024, 512, 256, 128, 100)), (10, 9, (9,))],
+)
+def test_smrl_schedule_halves_and_lands_on_k(d, k, expected):
+    assert smrl_schedule(d, k) == expected
+
+
+def test_smrl_schedule_needs_compression():
+    with pytest.raises(ValueError, match="dim=32"):
+        smrl_schedule(32, 32)
+
+
+def test_ads_selects_exactly_half_distinct_dims_at_inference():
+    selector = AdaptiveDimensionSelection(16, 8)
+    with torch.no_grad():
+        selector.scores.copy_(torch.randn(16, generator=torch.Generator().manual_seed(0)))
+    selected = selector.selected_indices()
+    assert len(selected) == 8 and len(set(selected.tolist())) == 8
+    assert set(selected.tolist()) == set(torch.topk(selector.scores.detach(), 8).indices.tolist())
+    assert selected.tolist() == sorted(selected.tolist())
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(selector(x), x[:, selected])
+
+
+def test_ads_with_untrained_scores_is_the_prefix():
+    assert AdaptiveDimensionSelection(16, 8).selected_indices().tolist() == list(range(8))
+
+
+def test_gumbel_mask_is_hard_forward_and_soft_backward():
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(12, generator=generator, requires_grad=True)
+    noise = -torch.log(-torch.log(torch.rand(12, generator=generator)))
+    weights = torch.randn(12, generator=generator)
+
+    mask, _ = gumbel_topk_mask(scores, 6, temperature=2.0, noise=noise)
+    assert set(mask.detach().tolist()) == {0.0, 1.0} and mask.sum().item() == 6
+    assert set(torch.nonzero(mask.detach()).flatten().tolist()) == set(torch.topk(scores.detach() + noise, 6).indices.tolist())
+    (mask * weights).sum().backward()
+    straight_through = scores.grad.clone()
+
+    scores.grad = None
+    _, soft = gumbel_topk_mask(scores, 6, temperature=2.0, noise=noise)
+    (soft * weights).sum().backward()
+    assert straight_through.abs().sum() > 0
+    torch.testing.assert_close(straight_through, scores.grad)
+    torch.testing.assert_close(soft.detach(), 6 * torch.softmax((scores.detach() + noise) / 2.0, dim=0))
+
+
+def test_cross_batch_memory_is_fifo_and_replaces_reenqueued_keys():
+    memory = CrossBatchMemory(size=4, dim=2)
+    memory.enqueue(torch.eye(2).repeat(2, 1), torch.tensor([0, 1, 2, 3]))
+    assert len(memory) == 4
+    memory.enqueue(torch.ones(2, 2), torch.tensor([4, 5]))  # overwrites the two oldest
+    assert sorted(memory.keys[memory.occupied].tolist()) == [2, 3, 4, 5]
+    memory.enqueue(torch.full((1, 2), -1.0), torch.tensor([3]))  # key 3 moves to the newest slot
+    assert sorted(memory.keys[memory.occupied].tolist()) == [3, 4, 5]
+    torch.testing.assert_close(memory.embeddings[memory.keys == 3][memory.occupied[memory.keys == 3]], torch.full((1, 2), -1.0))
+
+
+def test_sxbm_neighbors_and_loss_match_naive_loop():
+    generator = torch.Generator().manual_seed(2)
+    d, D, K = 6, 4, 3
+    memory = CrossBatchMemory(size=10, dim=d)
+    memory_teacher = torch.randn(8, d, generator=generator)
+    memory_keys = torch.arange(8)
+    memory.enqueue(memory_teacher, memory_keys)
+    teacher = torch.cat([memory_teacher[2:3], torch.randn(3, d, generator=generator)])  # row 0 is queue item 2
+    keys = torch.tensor([2, 100, 101, 102])
+    projection = torch.randn(d, D, generator=generator)
+
+    def student(x):
+        return torch.tanh(x @ projection)
+
+    slots, valid = memory.neighbors(teacher, keys, K)
+    assert valid.all() and slots.shape == (4, K)
+    neighbor_teacher = memory.embeddings[slots]
+    loss_sum = sxbm_loss(teacher, student(teacher), neighbor_teacher, student(neighbor_teacher), valid, reduction="sum")
+    loss_mean = sxbm_loss(teacher, student(teacher), neighbor_teacher, student(neighbor_teacher), valid)
+
+    expected = 0.0
+    for i in range(len(teacher)):
+        candidates = [
+            (F.cosine_similarity(teacher[i], memory_teacher[j], dim=0).item(), j) for j in range(8) if memory_keys[j] != keys[i]
+        ]
+        for _, j in sorted(candidates, reverse=True)[:K]:
+            teacher_cos = F.cosine_similarity(teacher[i], memory_teacher[j], dim=0).item()
+            student_cos = F.cosine_similarity(student(teacher[i]), student(memory_teacher[j]), dim=0).item()
+            expected += abs(teacher_cos - student_cos)
+    assert 2 not in memory.keys[slots[0]].tolist()  # an item is never its own neighbour
+    assert loss_sum.item() == pytest.approx(expected, rel=1e-5)
+    assert loss_mean.item() == pytest.approx(expected / (4 * K), rel=1e-5)
+
+
+def test_sxbm_with_a_short_queue_marks_missing_neighbors():
+    memory = CrossBatchMemory(size=10, dim=3)
+    empty_slots, _ = memory.neighbors(torch.randn(2, 3), torch.tensor([0, 1]), 5)
+    assert empty_slots.shape == (2, 0)
+    memory.enqueue(torch.randn(2, 3), torch.tensor([0, 1]))
+    slots, valid = memory.neighbors(torch.randn(2, 3), torch.tensor([0, 7]), 5)
+    assert slots.shape == (2, 2)
+    assert valid.tolist() == [[True, False], [True, True]]  # row 0 may not match its own key 0
+    assert memory.keys[slots[0, 0]].item() == 1
+
+
+def test_smec_fit_composes_selections_into_k_distinct_indices():
+    rng = np.random.default_rng(0)
+    triplets = np.array([(q, q % 40, (q * 7 + 3) % 40) for q in range(16)] * 2)
+    train = TrainingData([f"q{i}" for i in range(16)], rng.normal(size=(16, 32)), [f"d{i}" for i in range(40)], rng.normal(size=(40, 32)), {}, triplets)
+    smec = make_compressor("smec", dim=6, epochs=2, batch_size=8, learning_rate=1e-3, memory_size=20, progress=False, device="cpu").fit(train)
+    assert smec.stage_dims_ == (16, 8, 6)
+    assert [len(scores) for scores in smec.stage_scores_] == [32, 16, 8]
+    assert smec.selected_indices_.shape == (6,) and len(np.unique(smec.selected_indices_)) == 6
+    # The scores moved, and the S-XBM term was active after the first batch.
+    assert any(np.abs(scores).max() > 0 for scores in smec.stage_scores_)
+    assert all(record["sxbm_low"] > 0 for record in smec.history_)
+    X = train.doc_embeddings
+    with torch.no_grad():
+        adapted = smec.adapter_(F.normalize(torch.from_numpy(X), dim=-1)).numpy()
+    expected = adapted[:, smec.selected_indices_]
+    np.testing.assert_allclose(smec.transform(X), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5)
