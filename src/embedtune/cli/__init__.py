@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from embedtune.cli import compress, data_commands, evaluate
+    from embedtune.cli import bench, compress, data_commands, evaluate
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -23,10 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"embedtune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch and FAISS (default: their own; 1 is often fastest for small adapters on a busy machine)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     data_commands.register(commands)
     evaluate.register(commands)
     compress.register(commands)
+    bench.register(commands)
     return parser
 
 
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("faiss.loader", "sentence_transformers", "httpx", "transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.simplefilter("default", UserWarning)
+    if args.threads is not None:
+        from embedtune.runtime import set_threads
+
+        set_threads(args.threads)
     try:
         return int(args.handler(args) or 0)
     except (FileNotFoundError, ValueError) as error:

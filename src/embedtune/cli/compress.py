@@ -1,9 +1,170 @@
-"""``embedtune compress ...``: train, apply and export compressors (filled in by the DIVE work)."""
+"""``embedtune compress train|apply|export``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json, print_table
+
+METHOD_HELP = "frozen|truncate|pca|autoencoder|mrl-adaptor|search-adaptor|smec|dive"
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _parse_settings(pairs: list[str]) -> dict[str, Any]:
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects KEY=VALUE (e.g. --set margin=0.4); got {pair!r}.")
+        settings[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return settings
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    return None
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    compress = commands.add_parser("compress", help="train, apply and export embedding compressors (DIVE and baselines)")
+    sub = compress.add_subparsers(dest="compress_command", metavar="ACTION", required=True)
+
+    train = sub.add_parser(
+        "train",
+        help="fit a compressor on the query-disjoint split and report held-out metrics",
+        formatter_class=fmt,
+        description="Fit on the train queries (train+val with --final), evaluate on val (test with --final), "
+        "and print the result next to the frozen full-d model and the other --compare methods.",
+    )
+    add_data_flags(train)
+    add_model_flags(train)
+    add_split_flags(train)
+    train.add_argument("--method", default="dive", help=METHOD_HELP)
+    train.add_argument("--dim", type=int, default=128, help="output dimension k")
+    train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
+    train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
+    train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
+    train.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other config field, e.g. --set margin=0.4 --set triplet_loss=softplus")
+    train.add_argument("--final", action="store_true", help="train on train+val and evaluate on the held-out test queries")
+    train.add_argument("--seeds", type=int, nargs="+", default=[2027], help="training seeds; mean ± std is reported")
+    train.add_argument("--negatives", default="hard", choices=["hard", "random"], help="triplet negatives")
+    train.add_argument("--n-negatives", type=int, default=4, help="negatives per (query, relevant doc) pair")
+    train.add_argument("--compare", default="frozen,truncate", help="comma-separated methods to run beside --method ('' for none)")
+    train.add_argument("--out", default=None, help="folder for the fitted compressor(s), triplets and training log")
+    train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    train.set_defaults(handler=run_train)
+
+    apply = sub.add_parser("apply", help="compress a (large) .npy of embeddings in chunks", formatter_class=fmt,
+                           description="Memory-mapped, chunked: memory stays bounded whatever the input size.")
+    apply.add_argument("--adapter", required=True, help="folder written by `compress train --out` (or Compressor.save)")
+    apply.add_argument("--input", required=True, help="(n, d) float32 or float16 .npy")
+    apply.add_argument("--output", required=True, help="(n, k) float32 .npy to write")
+    apply.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
+    apply.set_defaults(handler=run_apply)
+
+    export = sub.add_parser("export", help="write a sentence-transformers model with the compressor appended", formatter_class=fmt)
+    export.add_argument("--adapter", required=True, help="folder of a fitted compressor")
+    export.add_argument("--model", default="minilm", help="the base model the compressor was trained on")
+    export.add_argument("--out", required=True, help="output model folder")
+    export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    export.set_defaults(handler=run_export)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from embedtune.bench.runner import fit_and_evaluate, shared_triplets, summarize
+    from embedtune.compress import get_compressor_class
+
+    settings = _parse_settings(args.settings)
+    if args.heads is not None:
+        settings["heads"] = args.heads if args.heads == "auto" else int(args.heads)
+    if args.epochs is not None:
+        settings["epochs"] = args.epochs
+    if args.lr is not None:
+        settings["learning_rate"] = args.lr
+    methods = [args.method] + [m.strip() for m in args.compare.split(",") if m.strip() and m.strip() != args.method]
+    for method in methods:
+        get_compressor_class(method)  # fail fast on a typo, before any encoding
+    experiment = experiment_from_args(args)
+    out = Path(args.out) if args.out else None
+    train_part = "train+val" if args.final else "train"
+    needs_triplets = any(get_compressor_class(m).supervised for m in methods)
+    triplets = (
+        shared_triplets(experiment, train_part, args.n_negatives, args.negatives, args.split_seed,
+                        out / f"triplets-{train_part}.json" if out else None)
+        if needs_triplets else None
+    )
+    rows, report = [], {}
+    for method in methods:
+        cls = get_compressor_class(method)
+        # --heads/--epochs/--set target the main method; compared baselines keep their own defaults.
+        overrides = settings if method == args.method else {}
+        seeds = args.seeds if (cls.supervised or method in ("autoencoder",)) else args.seeds[:1]
+        runs = [
+            fit_and_evaluate(experiment, method, args.dim, seed, args.final, triplets, overrides,
+                             out / method / f"seed-{seed}" if out else None)
+            for seed in seeds
+        ]
+        summary = summarize(runs)
+        summary["n_queries"] = runs[0].metrics.n_queries
+        rows.append(summary)
+        report[method] = {"summary": summary, "runs": [r.row() for r in runs]}
+        history = getattr(runs[0].compressor, "history_", None)
+        if history and method == args.method:
+            report[method]["history_seed0"] = history
+    result = {
+        "dataset": experiment.dataset.name,
+        "model": args.model,
+        "queries": "test (held-out)" if args.final else "val",
+        "split_seed": args.split_seed,
+        "results": report,
+    }
+    if out:
+        from embedtune.io import atomic_write_json
+
+        atomic_write_json(out / "report.json", result)
+    if args.json:
+        print_json(result)
+    else:
+        print(f"{experiment.dataset.name} / {args.model}: {result['queries']} queries, split seed {args.split_seed}, seeds {args.seeds}")
+        for row in rows:
+            row["nDCG@10"] = f"{row['ndcg@10']:.4f} ± {row['ndcg@10_std']:.4f}"
+            row["Recall@10"] = f"{row['recall@10']:.4f} ± {row['recall@10_std']:.4f}"
+            row["fit_s"] = f"{row['fit_s']:.1f}"
+        print_table(rows, ["method", "dim", "heads", "nDCG@10", "Recall@10", "n_queries", "fit_s"])
+        if out:
+            print(f"saved to {out}")
+    return 0
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    import time
+
+    from embedtune.compress import load_compressor
+    from embedtune.compress.streaming import apply_compressor_streaming
+
+    compressor = load_compressor(args.adapter)
+    start = time.perf_counter()
+    path = apply_compressor_streaming(compressor, args.input, args.output, args.chunk_size)
+    import numpy as np
+
+    rows = np.load(path, mmap_mode="r").shape[0]
+    seconds = time.perf_counter() - start
+    print_json({"output": str(path), "rows": int(rows), "dim": compressor.output_dim, "seconds": seconds, "vectors_per_second": rows / max(seconds, 1e-9)})
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from embedtune.compress import load_compressor
+    from embedtune.compress.st_export import export_sentence_transformer
+    from embedtune.encoders import resolve_model_path
+
+    compressor = load_compressor(args.adapter)
+    path = export_sentence_transformer(compressor, resolve_model_path(args.model), args.out, overwrite=args.overwrite)
+    print_json({"out": str(path), "dim": compressor.output_dim})
+    return 0

@@ -146,7 +146,12 @@ class Compressor(abc.ABC):
     # -- public API -------------------------------------------------------------------------
     def fit(self: C, train: TrainingData, val: TrainingData | None = None) -> C:
         self.input_dim_ = train.dim
-        self._fit(train, val)
+        try:
+            self._fit(train, val)
+        except BaseException:
+            # A failed fit must not leave an estimator that looks fitted.
+            self.input_dim_ = None
+            raise
         return self
 
     def transform(self, X: Any) -> np.ndarray:
@@ -154,6 +159,10 @@ class Compressor(abc.ABC):
         X = as_float32_rows(X, "X", self.input_dim_)
         out = self._transform(X)
         return l2_normalize(out)
+
+    def torch_module(self) -> "torch.nn.Module":  # noqa: F821
+        """The fitted transform as a torch module (for export); methods that can, override this."""
+        raise NotImplementedError(f"{type(self).__name__} has no torch_module() yet, so it cannot be exported as a torch module.")
 
     def fit_transform(self, train: TrainingData, X: Any) -> np.ndarray:
         return self.fit(train).transform(X)

@@ -61,7 +61,7 @@ class DIVEConfig(CompressorConfig):
     view_weight: float = field(default=0.01, metadata={"help": "λ, weight of the head-wise NT-Xent view loss (0 disables it)."})
     geometry_weight: float = field(default=10.0, metadata={"help": "γ, weight of the geometry distillation loss (0 disables it)."})
     temperature: float = field(default=0.1, metadata={"help": "τ, NT-Xent temperature."})
-    lr: float = field(default=2e-4, metadata={"help": "AdamW learning rate."})
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default)."})
     batch_size: int = field(default=128, metadata={"help": "Triplets per optimisation step."})
     epochs: int = field(default=50, metadata={"help": "Passes over the training triplets (0 keeps the identity adapter)."})
@@ -85,7 +85,7 @@ class DIVEConfig(CompressorConfig):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
-        for name in ("temperature", "lr"):
+        for name in ("temperature", "learning_rate"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a finite number > 0; got {value!r}.")
@@ -222,7 +222,14 @@ class DIVECompressor(Compressor):
 
     # -- public API -------------------------------------------------------------------------
     def fit(self, train: TrainingData, val: TrainingData | None = None, log_path: str | Path | None = None) -> "DIVECompressor":
-        """Train on ``train.triplets``; report ``val`` nDCG@10 each epoch; append epochs to ``log_path`` (JSONL)."""
+        """Train on ``train.triplets`` and return ``self``.
+
+        Args:
+            train: embeddings and triplets (see :func:`embedtune.data.triplets.mine_triplets`).
+            val: when given, its queries and whole corpus are transformed after every epoch and
+                ``val_ndcg@10`` is recorded; on a large corpus this dominates the epoch time.
+            log_path: when given, each epoch's diagnostics row is appended to this JSONL file.
+        """
         self.input_dim_, self.adapter_, self.heads_, self.history_ = None, None, None, []
         self._log_path = Path(log_path) if log_path is not None else None
         try:
@@ -240,9 +247,12 @@ class DIVECompressor(Compressor):
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)
+        log = directory / TRAINING_LOG_NAME
         if self.history_:
             text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in self.history_)
-            atomic_write_bytes(directory / TRAINING_LOG_NAME, text.encode("utf-8"))
+            atomic_write_bytes(log, text.encode("utf-8"))
+        else:
+            log.unlink(missing_ok=True)  # a log from an earlier save would describe other weights
         return directory
 
     @classmethod
@@ -278,7 +288,7 @@ class DIVECompressor(Compressor):
         docs = torch.from_numpy(train.doc_embeddings[doc_rows]).to(device)
         local = torch.from_numpy(np.column_stack([query_index.reshape(-1), doc_index.reshape(-1, 2)])).to(device)
 
-        optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         generator = torch.Generator().manual_seed(config.seed)
         progress = _progress_bar(config.epochs, config.progress)
         for epoch in range(1, config.epochs + 1):

@@ -259,8 +259,9 @@ class MRLAdaptorCompressor(Compressor):
         def corpus_terms(doc_rows: Tensor) -> tuple[dict[str, Tensor], Tensor]:
             """L_topk, L_pair and L_rec terms of a batch of corpus rows; also returns their adapted embeddings."""
             neighbor_rows = neighbors[doc_rows]  # (b, K)
+            # Adapt each distinct row once; slots map items and neighbours back to it.
             rows, slots = torch.unique(torch.cat([doc_rows, neighbor_rows.reshape(-1)]), return_inverse=True)
-            frozen_all = corpus[rows].to(device)
+            frozen_all, slots = corpus[rows].to(device), slots.to(device)
             residual = adapter.residual(frozen_all)
             adapted_all = frozen_all + residual
             item_slots, neighbor_slots = slots[: len(doc_rows)], slots[len(doc_rows) :].view(neighbor_rows.shape)
@@ -296,7 +297,12 @@ class MRLAdaptorCompressor(Compressor):
         history: list[dict[str, Any]] = []
         if config.unsupervised_epochs > 0:
             history += run_epochs(
-                adapter.parameters(), unsupervised_step, len(corpus), config, stage="mrl-adaptor/unsupervised", epochs=config.unsupervised_epochs
+                adapter.parameters(),
+                unsupervised_step,
+                len(corpus),
+                config,
+                stage="mrl-adaptor/unsupervised",
+                epochs=config.unsupervised_epochs,
             )
         history += run_epochs(adapter.parameters(), supervised_step, len(triplets), config, stage="mrl-adaptor/supervised", seed_offset=1)
         self.adapter_ = adapter.eval()

@@ -99,7 +99,8 @@ class PCACompressor(Compressor):
         self.mean_ = mean.astype(np.float32)
         self.components_ = np.ascontiguousarray(components, dtype=np.float32)
         self.explained_variance_ = variance.astype(np.float32)
-        logger.info("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, *train.doc_embeddings.shape, time.perf_counter() - start)
+        n_docs, d = train.doc_embeddings.shape
+        logger.info("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, n_docs, d, time.perf_counter() - start)
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.mean_ is not None and self.components_ is not None
@@ -113,6 +114,9 @@ class PCACompressor(Compressor):
         mean = np.asarray(state["mean"], dtype=np.float32)
         components = np.ascontiguousarray(state["components"], dtype=np.float32)
         if components.shape != (self.config.dim, self.input_dim_) or mean.shape != (self.input_dim_,):
-            raise ValueError(f"expected mean ({self.input_dim_},) and components ({self.config.dim}, {self.input_dim_}); got {mean.shape} and {components.shape}.")
+            raise ValueError(
+                f"expected mean ({self.input_dim_},) and components ({self.config.dim}, {self.input_dim_}); "
+                f"got {mean.shape} and {components.shape}."
+            )
         self.mean_, self.components_ = mean, components
         self.explained_variance_ = np.asarray(state["explained_variance"], dtype=np.float32)

@@ -58,7 +58,10 @@ def pairwise_rank_loss(
     """
     _check_reduction(reduction)
     if scores.shape != relevance.shape or scores.ndim != 2:
-        raise ValueError(f"scores and relevance must share one (n_queries, n_candidates) shape; got {tuple(scores.shape)} and {tuple(relevance.shape)}.")
+        raise ValueError(
+            "scores and relevance must share one (n_queries, n_candidates) shape; "
+            f"got {tuple(scores.shape)} and {tuple(relevance.shape)}."
+        )
     relevance = relevance.to(scores.dtype)
     gap = relevance.unsqueeze(2) - relevance.unsqueeze(1)  # (nq, nc_j, nc_k): y_ij − y_ik
     weight = gap.clamp(min=0)
@@ -126,7 +129,8 @@ def triplet_rank_loss(
     """
     if query_embeddings.shape[0] != groups.relevance.shape[0] or doc_embeddings.shape[0] != groups.relevance.shape[1]:
         raise ValueError(
-            f"got {query_embeddings.shape[0]} query and {doc_embeddings.shape[0]} doc embeddings for groups of shape {tuple(groups.relevance.shape)}."
+            f"got {query_embeddings.shape[0]} query and {doc_embeddings.shape[0]} doc embeddings "
+            f"for groups of shape {tuple(groups.relevance.shape)}."
         )
     scores = F.normalize(query_embeddings, dim=-1) @ F.normalize(doc_embeddings, dim=-1).T  # (n_queries, n_docs) cosines
     device = scores.device

@@ -208,7 +208,7 @@ class CrossBatchMemory:
             empty = torch.zeros(n, 0, dtype=torch.long, device=teacher.device)
             return empty, empty.bool()
         similarity = F.normalize(teacher, dim=-1) @ F.normalize(self.embeddings, dim=-1).T  # (n, size)
-        eligible = self.occupied.unsqueeze(0) & True
+        eligible = self.occupied.unsqueeze(0) & (self.keys.unsqueeze(0) != keys.to(self.keys.device).unsqueeze(1))
         similarity = similarity.masked_fill(~eligible, float("-inf"))
         values, slots = torch.topk(similarity, k, dim=1)
         return slots, torch.isfinite(values)
@@ -438,8 +438,9 @@ class SMECCompressor(Compressor):
         adapter = self._build(self.input_dim_)
         load_module_state("adapter", adapter, state)
         selected = np.asarray(state["selected_indices"], dtype=np.int64)
-        if selected.shape != (self.config.dim,) or selected.min() < 0 or selected.max() >= self.input_dim_ or len(np.unique(selected)) != len(selected):
-            raise ValueError(f"selected_indices must be {self.config.dim} distinct indices below {self.input_dim_}; got shape {selected.shape}.")
+        in_range = selected.shape == (self.config.dim,) and selected.min() >= 0 and selected.max() < self.input_dim_
+        if not in_range or len(np.unique(selected)) != len(selected):
+            raise ValueError(f"selected_indices must be {self.config.dim} distinct indices below {self.input_dim_}; got {selected.shape}.")
         self.stage_dims_ = smrl_schedule(self.input_dim_, self.config.dim)
         self.stage_scores_ = [np.asarray(state[f"stage_scores.{stage}"], dtype=np.float32) for stage in range(len(self.stage_dims_))]
         self.adapter_ = adapter.to(resolve_device(self.config.device)).eval()  # type: ignore[attr-defined]

@@ -19,7 +19,6 @@ comparable across backbones whose raw embedding norms differ.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -91,7 +90,9 @@ class TrainedCompressorConfig(CompressorConfig):
             try:
                 torch.device(self.device)
             except (RuntimeError, TypeError) as error:
-                raise ValueError(f"device must be 'auto' or a torch device string such as 'cpu' or 'cuda:0'; got {self.device!r}.") from error
+                raise ValueError(
+                    f"device must be 'auto' or a torch device string such as 'cpu' or 'cuda:0'; got {self.device!r}."
+                ) from error
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "TrainedCompressorConfig":
@@ -188,7 +189,9 @@ def run_epochs(
 
 
 @torch.no_grad()
-def transform_in_batches(fn: Callable[[torch.Tensor], torch.Tensor], X: np.ndarray, device: torch.device, batch_size: int = 8192) -> np.ndarray:
+def transform_in_batches(
+    fn: Callable[[torch.Tensor], torch.Tensor], X: np.ndarray, device: torch.device, batch_size: int = 8192
+) -> np.ndarray:
     """Apply ``fn`` to unit-normalised rows of ``X`` in batches; float32 numpy out."""
     parts = []
     for start in range(0, len(X), batch_size):
@@ -209,7 +212,3 @@ def load_module_state(prefix: str, module: nn.Module, state: dict[str, np.ndarra
     """Load ``prefix.<name>`` arrays into ``module``; a missing or misshapen one raises KeyError/RuntimeError."""
     own = {name: torch.from_numpy(np.array(state[f"{prefix}.{name}"])) for name in module.state_dict()}
     module.load_state_dict(own, strict=True)
-
-
-def config_fields(config_class: type[CompressorConfig]) -> set[str]:
-    return {f.name for f in dataclasses.fields(config_class)}

@@ -1,0 +1,1 @@
+"""Protocol runners, benchmarks and reports."""

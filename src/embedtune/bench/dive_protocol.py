@@ -1,0 +1,169 @@
+"""The DIVE paper's evaluation protocol (§4, Figures 1–8, Tables 3–4) as one resumable grid.
+
+Phase 1 runs the main comparison (held-out test, final seeds) and every validation-only
+selection study (ablation, head count, learning-rate candidates). Phase 2 retrains each
+supervised baseline at its validation-selected learning rate on train+val and scores it on
+the held-out test queries. Selection never reads a test query.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from embedtune.bench.datasets import expand_dataset
+from embedtune.bench.grid import RunSpec, RunStore, dedupe, make_spec, run_grid
+from embedtune.bench.protocol_config import SUPERVISED_BASELINES, ProtocolConfig
+from embedtune.bench.runner import fit_and_evaluate, shared_triplets
+from embedtune.compress import get_compressor_class
+from embedtune.experiment import Experiment, load_experiment
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["plan_phase_one", "plan_phase_two", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
+
+# Their output does not depend on the seed: one run stands for all seeds (std 0).
+SEED_FREE_METHODS = {"frozen", "truncate", "pca"}
+
+
+def _dive_heads(config: ProtocolConfig, dim: int, input_dim: int | None) -> dict[str, Any]:
+    # H=4 wherever k·H <= d, otherwise the largest feasible H (resolved by DIVE's 'auto').
+    return {"heads": "auto", "max_heads": config.heads}
+
+
+def _datasets(config: ProtocolConfig) -> list[tuple[str, str]]:
+    return [entry for spec in config.datasets for entry in expand_dataset(spec.name, spec.path)]
+
+
+def plan_phase_one(config: ProtocolConfig) -> list[RunSpec]:
+    specs: list[RunSpec] = []
+    for dataset, path in _datasets(config):
+        for backbone in config.backbones:
+            for dim in backbone.dims:
+                def spec(stage, method, seed, overrides=None, study=""):
+                    merged = {**config.method_overrides.get(method, {}), **(overrides or {})}
+                    return make_spec(dataset, path, backbone.name, backbone.model, stage, method, dim, seed, merged, study)
+
+                if {"main", "unsupervised", "significance", "dynamics"} & set(config.studies):
+                    for method in config.methods:
+                        seeds = config.final_seeds[:1] if method in SEED_FREE_METHODS else config.final_seeds
+                        for seed in seeds:
+                            overrides = _dive_heads(config, dim, None) if method == "dive" else {}
+                            specs.append(spec("test", method, seed, overrides, "main"))
+                if "ablation" in config.studies:
+                    for name, overrides in config.ablations.items():
+                        for seed in config.selection_seeds:
+                            specs.append(spec("val", "dive", seed, {**_dive_heads(config, dim, None), **overrides}, f"ablation:{name}"))
+                if "heads" in config.studies:
+                    for heads in config.head_values:
+                        for seed in config.selection_seeds:
+                            # Infeasible H (k·H > d) are skipped at run time and recorded as such.
+                            specs.append(spec("val", "dive", seed, {"heads": heads}, f"heads:{heads}"))
+                if "lr_audit" in config.studies:
+                    for method in SUPERVISED_BASELINES:
+                        if method not in config.methods:
+                            continue
+                        for lr in config.lr_candidates.get(method, []):
+                            for seed in config.selection_seeds:
+                                specs.append(spec("val", method, seed, {"learning_rate": lr}, f"lr_audit:{lr}"))
+    return dedupe(specs)
+
+
+def select_learning_rates(config: ProtocolConfig, records: dict[str, dict[str, Any]]) -> dict[tuple[str, str, int, str], float]:
+    """Per (dataset, backbone, dim, method): the candidate with the best mean validation nDCG@10."""
+    scores: dict[tuple[str, str, int, str], dict[float, list[float]]] = {}
+    for record in records.values():
+        spec = record["spec"]
+        tags = [t for t in spec.get("studies", []) if t.startswith("lr_audit:")]
+        if spec["stage"] != "val" or not tags:
+            continue
+        if record.get("skipped"):
+            continue
+        key = (spec["dataset"], spec["backbone"], spec["dim"], spec["method"])
+        scores.setdefault(key, {}).setdefault(float(tags[0].split(":", 1)[1]), []).append(record["metrics"]["ndcg@10"])
+    return {key: max(by_lr, key=lambda lr: (statistics.fmean(by_lr[lr]), -lr)) for key, by_lr in scores.items()}
+
+
+def plan_phase_two(config: ProtocolConfig, records: dict[str, dict[str, Any]]) -> list[RunSpec]:
+    if "lr_audit" not in config.studies:
+        return []
+    paths = dict(_datasets(config))
+    models = {b.name: b.model for b in config.backbones}
+    specs = []
+    for (dataset, backbone, dim, method), lr in select_learning_rates(config, records).items():
+        default_lr = get_compressor_class(method).config_class().learning_rate  # type: ignore[attr-defined]
+        overrides = {**config.method_overrides.get(method, {}), **({} if lr == default_lr else {"learning_rate": lr})}
+        for seed in config.final_seeds:
+            specs.append(make_spec(dataset, paths[dataset], backbone, models[backbone], "test", method, dim, seed, overrides, f"lr_selected:{lr}"))
+    return dedupe(specs)
+
+
+class ProtocolExecutor:
+    """Runs one spec; keeps each (dataset, backbone) experiment and its triplets in memory."""
+
+    def __init__(self, config: ProtocolConfig, cache_dir: Path) -> None:
+        self.config = config
+        self.cache_dir = cache_dir
+        self._experiments: dict[tuple[str, str], Experiment] = {}
+        self.embedding_seconds: dict[str, float] = {}
+
+    def experiment(self, spec: RunSpec) -> Experiment:
+        key = (spec.dataset, spec.backbone)
+        if key not in self._experiments:
+            self._experiments.clear()  # one experiment at a time keeps memory flat on big grids
+            start = time.perf_counter()
+            self._experiments[key] = load_experiment(
+                spec.dataset_path, spec.model, self.config.qrels_split, self.config.split_seed, self.config.fractions,
+                encoder_options={"show_progress": True},
+            )
+            self.embedding_seconds[f"{spec.dataset}/{spec.backbone}"] = time.perf_counter() - start
+            manifest = self.cache_dir / "splits" / f"{spec.dataset.replace('/', '__')}.json"
+            self._experiments[key].split.save(manifest)  # type: ignore[union-attr]
+        return self._experiments[key]
+
+    def __call__(self, spec: RunSpec) -> dict[str, Any]:
+        experiment = self.experiment(spec)
+        cls = get_compressor_class(spec.method)
+        overrides = spec.overrides_dict
+        heads = overrides.get("heads")
+        if spec.method == "dive" and isinstance(heads, int) and heads * spec.dim > experiment.embeddings.dim:
+            return {"skipped": f"k·H = {spec.dim}·{heads} > d = {experiment.embeddings.dim}", "metrics": {}}
+        part = "train+val" if spec.stage == "test" else "train"
+        triplets = None
+        if cls.supervised:
+            name = f"{spec.dataset.replace('/', '__')}-{spec.backbone}-{part}.json"
+            triplets = shared_triplets(experiment, part, self.config.n_negatives, self.config.negatives, self.config.split_seed,
+                                       self.cache_dir / "triplets" / name)
+        overrides = {**overrides, "progress": False} if "progress" in {f for f in cls.config_class.__dataclass_fields__} else overrides
+        run = fit_and_evaluate(experiment, spec.method, spec.dim, spec.seed, spec.stage == "test", triplets, overrides)
+        compressor = run.compressor
+        return {
+            "config": compressor.config.to_dict() if compressor is not None else {},
+            "metrics": run.metrics.aggregate,
+            "n_queries": run.metrics.n_queries,
+            "per_query": {qid: {"ndcg@10": v["ndcg@10"], "recall@10": v["recall@10"]} for qid, v in run.metrics.per_query.items()},
+            "history": getattr(compressor, "history_", None) or [],
+            "fit_seconds": run.fit_seconds,
+            "heads": run.details.get("heads"),
+            "out_dim": run.details.get("out_dim"),
+            "input_dim": experiment.embeddings.dim,
+            "n_triplets": int(len(triplets)) if triplets is not None else 0,
+        }
+
+
+def run_protocol(config: ProtocolConfig, progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Run (or resume) both phases; return every record by run key."""
+    from embedtune.runtime import set_threads
+
+    set_threads(config.threads)
+    root = Path(config.results_dir)
+    store = RunStore(root)
+    executor = ProtocolExecutor(config, root)
+    start = time.perf_counter()
+    records = run_grid(plan_phase_one(config), store, executor, progress)
+    records.update(run_grid(plan_phase_two(config, records), store, executor, progress))
+    logger.info("protocol finished in %.1fs (embedding: %s)", time.perf_counter() - start, executor.embedding_seconds)
+    return records

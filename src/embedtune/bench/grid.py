@@ -1,0 +1,153 @@
+"""A resumable grid of protocol runs: one atomic JSON file per finished run.
+
+A run is identified by its :class:`RunSpec` key. Finished runs are skipped on re-run, so a
+``kill -9`` mid-grid loses at most the run in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from embedtune import __version__
+from embedtune.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunSpec", "RunStore", "run_grid"]
+
+
+def _slug(overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return "default"
+    text = ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
+    return re.sub(r"[^A-Za-z0-9=.,_+-]", "_", text)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One fit-and-evaluate: ``stage`` is ``val`` (fit train, score val) or ``test`` (fit train+val, score test)."""
+
+    dataset: str
+    dataset_path: str
+    backbone: str
+    model: str
+    stage: str
+    method: str
+    dim: int
+    seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
+    studies: tuple[str, ...] = field(default=(), compare=False, hash=False)
+
+    @property
+    def overrides_dict(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+    @property
+    def variant(self) -> str:
+        return _slug(self.overrides_dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.backbone}/{self.stage}/{self.method}/{self.variant}/k{self.dim}-s{self.seed}"
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["overrides"] = self.overrides_dict
+        values["studies"] = list(self.studies)
+        values["key"] = self.key
+        return values
+
+
+def make_spec(dataset, dataset_path, backbone, model, stage, method, dim, seed, overrides=None, study="") -> RunSpec:
+    return RunSpec(dataset, dataset_path, backbone, model, stage, method, dim, seed, tuple(sorted((overrides or {}).items())), (study,) if study else ())
+
+
+class RunStore:
+    """Finished runs as ``<root>/runs/<key>.json``."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def path(self, spec: RunSpec) -> Path:
+        return self.root / "runs" / f"{spec.key}.json"
+
+    def load(self, spec: RunSpec) -> dict[str, Any] | None:
+        path = self.path(spec)
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            logger.warning("%s is unreadable; the run will be redone", path)
+            return None
+        return record if record.get("spec", {}).get("key") == spec.key and "metrics" in record else None
+
+    def save(self, spec: RunSpec, record: dict[str, Any]) -> Path:
+        return atomic_write_json(self.path(spec), {"spec": spec.to_dict(), "embedtune_version": __version__, **record})
+
+    def all_records(self) -> list[dict[str, Any]]:
+        records = []
+        for path in sorted((self.root / "runs").rglob("*.json")):
+            try:
+                records.append(json.loads(path.read_text(encoding="utf-8")))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                logger.warning("skipping unreadable %s", path)
+        return records
+
+
+def dedupe(specs: Iterable[RunSpec]) -> list[RunSpec]:
+    """Merge equal runs requested by several studies, keeping first-seen order."""
+    merged: dict[str, RunSpec] = {}
+    for spec in specs:
+        if spec.key in merged:
+            old = merged[spec.key]
+            merged[spec.key] = RunSpec(*[getattr(old, f) for f in ("dataset", "dataset_path", "backbone", "model", "stage", "method", "dim", "seed", "overrides")],
+                                       studies=tuple(dict.fromkeys(old.studies + spec.studies)))
+        else:
+            merged[spec.key] = spec
+    return list(merged.values())
+
+
+def run_grid(
+    specs: list[RunSpec],
+    store: RunStore,
+    execute: Callable[[RunSpec], dict[str, Any]],
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Execute every unfinished spec (grouped by dataset and backbone); return all records by key."""
+    from tqdm.auto import tqdm
+
+    specs = dedupe(specs)
+    records: dict[str, dict[str, Any]] = {}
+    todo = []
+    for spec in specs:
+        record = store.load(spec)
+        if record is None:
+            todo.append(spec)
+            continue
+        stored_studies = record["spec"].get("studies", [])
+        merged = list(dict.fromkeys([*stored_studies, *spec.studies]))
+        if merged != stored_studies:
+            # A finished run now also serves another study: record that, so reports see it.
+            record["spec"]["studies"] = merged
+            atomic_write_json(store.path(spec), record)
+        records[spec.key] = record
+    logger.info("grid: %d runs, %d already finished, %d to do", len(specs), len(records), len(todo))
+    todo.sort(key=lambda s: (s.backbone, s.dataset))
+    bar = tqdm(total=len(todo), desc="protocol grid", unit="run", disable=not progress)
+    for spec in todo:
+        bar.set_postfix_str(spec.key[-60:])
+        start = time.perf_counter()
+        record = execute(spec)
+        record["wall_seconds"] = time.perf_counter() - start
+        store.save(spec, record)
+        records[spec.key] = {"spec": spec.to_dict(), **record}
+        bar.update(1)
+    bar.close()
+    return records

@@ -1,0 +1,122 @@
+"""The DIVE paper's protocol as a readable TOML config (``benchmarks/dive_paper.toml``).
+
+Defaults reproduce the paper (§4.1): query-disjoint 60/20/20 split with seed 2027, final runs
+on train+val with seeds 2027/2028/2029, shared deterministic triplets, DIVE at m=0.7, λ=0.01,
+γ=10, τ=0.1, H=4 (or the largest feasible H).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ProtocolConfig", "DatasetSpec", "BackboneSpec", "load_protocol_config", "ALL_METHODS", "STUDIES"]
+
+ALL_METHODS = ["frozen", "truncate", "pca", "autoencoder", "mrl-adaptor", "search-adaptor", "smec", "dive"]
+SUPERVISED_BASELINES = ["mrl-adaptor", "search-adaptor", "smec"]
+STUDIES = ["main", "ablation", "unsupervised", "lr_audit", "heads", "dynamics", "significance"]
+DEFAULT_ABLATIONS = {
+    "dive": {},
+    "w/o self-limiting": {"triplet_loss": "softplus"},
+    "w/o contrast": {"view_weight": 0.0},
+    "w/o geometry": {"geometry_weight": 0.0},
+}
+DEFAULT_LR_CANDIDATES = {"mrl-adaptor": [5e-5, 2e-4, 1e-3], "search-adaptor": [5e-5, 2e-4, 1e-3], "smec": [5e-6, 5e-5, 5e-4]}
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str
+    model: str
+    dims: tuple[int, ...]
+
+
+@dataclass
+class ProtocolConfig:
+    datasets: list[DatasetSpec]
+    backbones: list[BackboneSpec]
+    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    studies: list[str] = field(default_factory=lambda: list(STUDIES))
+    split_seed: int = 2027
+    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
+    qrels_split: str = "test"
+    final_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029])
+    selection_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029])
+    n_negatives: int = 4
+    negatives: str = "hard"
+    heads: int = 4
+    head_values: list[int] = field(default_factory=lambda: [2, 4, 8])
+    ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS))
+    lr_candidates: dict[str, list[float]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_LR_CANDIDATES.items()})
+    method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    n_resamples: int = 10_000
+    results_dir: str = "benchmarks/results/dive"
+    threads: int = 1
+    source: str = "<defaults>"
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in ALL_METHODS]
+        if unknown:
+            raise ValueError(f"{self.source}: field 'methods' has unknown entries {unknown}; valid: {ALL_METHODS}.")
+        unknown = [s for s in self.studies if s not in STUDIES]
+        if unknown:
+            raise ValueError(f"{self.source}: field 'studies' has unknown entries {unknown}; valid: {STUDIES}.")
+        for method, candidates in self.lr_candidates.items():
+            if len(candidates) != 3:
+                raise ValueError(f"{self.source}: lr_candidates.{method} must list exactly three learning rates (the paper's audit); got {candidates}.")
+        if not self.datasets or not self.backbones:
+            raise ValueError(f"{self.source}: give at least one [[datasets]] and one [[backbones]] entry.")
+
+
+def load_protocol_config(path: str | Path | None = None, **overrides: Any) -> ProtocolConfig:
+    """Read the TOML file (or the built-in paper defaults when ``path`` is None)."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: protocol config not found.")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path}: invalid TOML ({error}).") from error
+        source = str(path)
+    protocol = dict(raw.get("protocol", {}))
+    datasets = [DatasetSpec(d["name"], d["path"]) for d in raw.get("datasets", [])] or [
+        DatasetSpec("scifact", "../shared/data/beir/scifact"),
+        DatasetSpec("arguana", "../shared/data/beir/arguana"),
+    ]
+    backbones = [BackboneSpec(b["name"], b.get("model", b["name"]), tuple(b["dims"])) for b in raw.get("backbones", [])] or [
+        BackboneSpec("minilm", "minilm", (64, 128)),
+        BackboneSpec("mpnet", "mpnet", (128, 256)),
+    ]
+    studies_cfg = raw.get("studies", {})
+    values: dict[str, Any] = {"datasets": datasets, "backbones": backbones, "source": source}
+    for key in ("methods", "studies", "split_seed", "qrels_split", "final_seeds", "selection_seeds", "n_negatives", "negatives",
+                "heads", "head_values", "n_resamples", "results_dir", "threads"):
+        if key in protocol:
+            values[key] = protocol[key]
+    if "fractions" in protocol:
+        values["fractions"] = tuple(protocol["fractions"])
+    if "ablations" in studies_cfg:
+        values["ablations"] = {name: dict(v) for name, v in studies_cfg["ablations"].items()}
+    if "lr_candidates" in studies_cfg:
+        values["lr_candidates"] = {m: list(v) for m, v in studies_cfg["lr_candidates"].items()}
+    if "method_overrides" in raw:
+        values["method_overrides"] = {m: dict(v) for m, v in raw["method_overrides"].items()}
+    known = set(ProtocolConfig.__dataclass_fields__)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in known:
+            raise ValueError(f"unknown protocol override {key!r}.")
+        values[key] = value
+    return ProtocolConfig(**values)
