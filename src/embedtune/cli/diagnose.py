@@ -1,0 +1,60 @@
+"""``embedtune diagnose``: angular–norm coupling, anisotropy and the norm-coloured PCA of a model."""
+
+from __future__ import annotations
+
+import argparse
+
+from embedtune.cli.common import print_json, print_table
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "diagnose",
+        help="embedding-geometry diagnostics (PACE Figure 4 / Figure 2a)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=(
+            "Embed matched (query, positive) pairs with the model's raw (unnormalised) outputs and report the Pearson r "
+            "between standardised log(‖q‖·‖p⁺‖) and cos(q, p⁺), the mean cosine of random query–candidate pairs, and "
+            "(with --out) a PNG of the PCA of L2-normalised embeddings coloured by norm percentile."
+        ),
+    )
+    parser.add_argument("--model", required=True, help="'minilm', 'mpnet', or a local sentence-transformers folder")
+    parser.add_argument("--data", default="scifact", help="BEIR folder, BEIR-layout .zip, or bundled name 'scifact'")
+    parser.add_argument("--split", default="train", help="qrels split whose (query, positive) pairs are sampled")
+    parser.add_argument("--n-pairs", type=int, default=1000, help="pairs sampled (0 = all)")
+    parser.add_argument("--random-pairs", type=int, default=10000, help="random (query, candidate) pairs for the mean cosine")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--max-seq-length", type=int, default=None, help="cap on tokens per text")
+    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    parser.add_argument("--out", default=None, help="folder for the PNGs and report.json")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.set_defaults(handler=run_diagnose)
+
+
+def run_diagnose(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from embedtune.evaluate.geometry import diagnose_model
+    from embedtune.io import atomic_write_json
+
+    report = diagnose_model(
+        args.model,
+        data=args.data,
+        split=args.split,
+        n_pairs=args.n_pairs or None,
+        seed=args.seed,
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        out_dir=args.out,
+        n_random_pairs=args.random_pairs,
+    )
+    result = report.to_dict()
+    if args.out:
+        atomic_write_json(Path(args.out) / "report.json", result)
+    if args.json:
+        print_json(result)
+    else:
+        print_table([{**result, "model": args.model}], ["model", "n_pairs", "coupling_r", "random_pair_cosine", "positive_cosine", "query_norm_mean", "candidate_norm_mean"])
+        for name, path in report.figures.items():
+            print(f"{name}: {path}")
+    return 0

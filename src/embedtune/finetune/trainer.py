@@ -1,0 +1,47 @@
+"""A SentenceTransformerTrainer that logs the focal-loss components, and the stage callbacks."""
+
+from __future__ import annotations
+
+import logging
+from sentence_transformers import SentenceTransformerTrainer
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PACETrainer", "StageCheckpointCallback"]
+
+
+class PACETrainer(SentenceTransformerTrainer):
+    """``SentenceTransformerTrainer`` whose training logs also carry the loss components
+    (``mean_weight``, ``mean_confidence``, ``positive_accuracy``), averaged since the last log."""
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if "loss" in logs:
+            pop = getattr(self.loss, "pop_components", None)
+            if callable(pop):
+                components = pop()
+                components.pop("loss", None)
+                logs = {**logs, **{key: round(value, 6) for key, value in components.items()}}
+        super().log(logs, *args, **kwargs)
+
+
+class StageCheckpointCallback(TrainerCallback):
+    """Forces a checkpoint at chosen steps (e.g. the Stage II init step, whatever ``save_steps`` is)
+    and can end the stage early, right after that checkpoint.
+
+    Args:
+        save_at: steps that must have a checkpoint.
+        stop_after: end training after this step (its checkpoint is saved first).
+    """
+
+    def __init__(self, save_at: set[int] | None = None, stop_after: int | None = None) -> None:
+        self.save_at = set(save_at or ())
+        self.stop_after = stop_after
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in self.save_at:
+            control.should_save = True
+        if self.stop_after is not None and state.global_step >= self.stop_after:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
