@@ -28,7 +28,7 @@ def naive_focal_loss(queries, candidates, similarity, temperature, weight_temper
             p = math.exp(cos[i].item() / weight_temperature) / float(torch.exp(cos / weight_temperature).sum())
         weights.append((1.0 - p) ** gamma)
     total = sum(weights)
-    return sum(w * l for w, l in zip(weights, losses)) / total, torch.tensor(weights)
+    return sum(w * l for w, l in zip(weights, losses)) / total, torch.tensor(weights, dtype=torch.float64)
 
 
 def make_batch(seed=0, n=6, k=2, d=8, scale=3.0):
@@ -63,7 +63,7 @@ def test_weights_carry_no_gradient():
     per_query, _ = per_query_contrastive_loss(queries, candidates, torch.arange(len(queries)), "cosine", 0.1)
     p = torch.exp(-per_query)  # with τ_w = τ and cosine, p_i = π_i
     live = (1 - p) ** 2
-    grad_live = torch.autograd.grad((live * per_query).sum() / live.sum(), queries)[0]
+    grad_live = torch.autograd.grad((live * per_query).sum() / live.sum(), queries, retain_graph=True)[0]
     detached = live.detach()
     grad_detached = torch.autograd.grad((detached * per_query).sum() / detached.sum(), queries)[0]
     torch.testing.assert_close(grad_stopped, grad_detached)

@@ -111,7 +111,9 @@ def focal_weights(
         ``(a, p)``, both of shape (n_queries,), without gradient.
     """
     _check_choice("weighting", weighting, WEIGHTINGS)
-    cosine = similarity_matrix(queries.float(), candidates.float(), "cosine")  # (n_queries, n_candidates)
+    # At least fp32, so bf16 training does not quantise the confidence.
+    dtype = torch.promote_types(queries.dtype, torch.float32)
+    cosine = similarity_matrix(queries.to(dtype), candidates.to(dtype), "cosine")  # (n_queries, n_candidates)
     rows = torch.arange(len(queries), device=queries.device)
     confidence = torch.softmax(cosine / weight_temperature, dim=1)[rows, positive_indices]
     if weighting == "focal":
@@ -123,9 +125,9 @@ def focal_weights(
         negatives[rows, positive_indices] = float("-inf")
         weights = ((1.0 + negatives.max(dim=1).values) / 2.0).clamp(0.0, 1.0) ** gamma
     elif weighting == "random":
-        weights = torch.rand(len(queries), generator=generator).to(queries.device)
+        weights = torch.rand(len(queries), generator=generator).to(device=queries.device, dtype=dtype)
     else:
-        weights = torch.ones(len(queries), device=queries.device)
+        weights = torch.ones(len(queries), device=queries.device, dtype=dtype)
     return weights.detach(), confidence.detach()
 
 
