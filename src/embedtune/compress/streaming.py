@@ -1,8 +1,23 @@
 """Compress an embedding matrix larger than memory, block by block.
 
-FAISS-contrib style: the input is memory-mapped and read in row blocks, each block goes through
-``compressor.transform``, and the result is written into a memory-mapped ``.npy`` that is
-renamed over the target only when complete. Peak memory is about one block in and one out.
+FAISS-contrib style: the input is read in row blocks, each block goes through
+``compressor.transform``, and the result is written to a temporary file that is renamed over
+the target only when complete. Peak memory is about one block in and one block out.
+
+Inputs: an ``(n, d)`` float32/float16 ``.npy``, or a parquet file with an id column and a
+list-of-floats vector column. Outputs: ``.npy`` (float32; for parquet input the ids go to
+``<stem>.ids.txt`` beside it) or ``.parquet`` (id + vector columns, one row group per block).
+
+The ``.npy`` input is read with plain ``readinto`` calls into one reused buffer, not through a
+memory map: pages of a memory-mapped file count towards the process's resident set as soon
+as they are touched, so a mapped 3 GB input ends with a 3 GB RSS even though only one block
+is in use at a time. Parquet is read one record batch at a time, so its memory is bounded by
+the larger of ``chunk_size`` rows and one row group of the input.
+
+Blocks are padded to :data:`MIN_BLOCK_ROWS` rows before ``transform``: BLAS switches to a
+different kernel for very small matrices (measured here: under 19 rows for OpenBLAS, under
+12 for MKL), which rounds differently. With the padding, every row's output is bitwise the
+same whatever the block boundaries are, so chunked, in-memory and Ray applies agree exactly.
 """
 
 from __future__ import annotations
@@ -10,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -18,9 +34,18 @@ from embedtune.io import atomic_write
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_compressor_streaming", "iter_row_blocks"]
+__all__ = [
+    "MIN_BLOCK_ROWS",
+    "apply_compressor_streaming",
+    "iter_row_blocks",
+    "iter_embedding_blocks",
+    "embedding_file_shape",
+    "transform_rows",
+    "ids_path_for",
+]
 
 _INPUT_DTYPES = (np.float32, np.float16)
+MIN_BLOCK_ROWS = 64
 
 
 def iter_row_blocks(xb: np.ndarray, chunk_size: int):
@@ -29,37 +54,211 @@ def iter_row_blocks(xb: np.ndarray, chunk_size: int):
         yield start, np.ascontiguousarray(xb[start : start + chunk_size], dtype=np.float32)
 
 
-def apply_compressor_streaming(compressor: Compressor, input_path: str | Path, output_path: str | Path, chunk_size: int = 65536) -> Path:
-    """``compressor.transform`` of the ``(n, d)`` float32/float16 ``.npy`` at ``input_path``.
+def transform_rows(compressor: Compressor, block: np.ndarray, min_rows: int = MIN_BLOCK_ROWS) -> np.ndarray:
+    """``compressor.transform(block)``, padded to ``min_rows`` rows so each row's bits never depend on the block."""
+    n = len(block)
+    if 0 < n < min_rows:
+        padded = np.concatenate([block, np.repeat(block[-1:], min_rows - n, axis=0)])
+        return compressor.transform(padded)[:n]
+    return compressor.transform(block)
 
-    Writes an ``(n, k)`` float32 ``.npy`` to ``output_path`` atomically and returns its path.
+
+def ids_path_for(output_path: str | Path) -> Path:
+    """Where the ids of a ``.npy`` output made from parquet input go: ``out.npy`` -> ``out.ids.txt``."""
+    output_path = Path(output_path)
+    return output_path.with_name(output_path.stem + ".ids.txt")
+
+
+# -- readers ---------------------------------------------------------------------------------
+def _npy_layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and byte offset of the data of a C-order ``.npy``."""
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise ValueError(f"{path}: not a readable .npy array ({error}).") from error
+    shape, dtype = mapped.shape, mapped.dtype
+    offset = int(mapped.offset)
+    fortran = bool(mapped.flags.f_contiguous and not mapped.flags.c_contiguous)
+    del mapped
+    if len(shape) != 2 or dtype not in _INPUT_DTYPES:
+        raise ValueError(f"{path}: expected a 2-D float32 or float16 array; got shape {shape}, dtype {dtype}.")
+    if fortran:
+        raise ValueError(f"{path}: Fortran-ordered arrays are not supported; save it with np.save(np.ascontiguousarray(x)).")
+    return shape, dtype, offset
+
+
+def _iter_npy(path: Path, chunk_size: int) -> Iterator[tuple[int, None, np.ndarray]]:
+    (n, d), dtype, offset = _npy_layout(path)
+    buffer = np.empty((min(chunk_size, max(n, 1)), d), dtype=dtype)
+    with open(path, "rb", buffering=0) as handle:
+        handle.seek(offset)
+        for start in range(0, n, chunk_size):
+            rows = min(chunk_size, n - start)
+            view = buffer[:rows]
+            target = memoryview(view).cast("B")
+            filled = 0
+            while filled < len(target):
+                got = handle.readinto(target[filled:])
+                if not got:
+                    raise ValueError(f"{path}: file ends early at row {start + filled // (d * dtype.itemsize)} of {n}.")
+                filled += got
+            yield start, None, np.ascontiguousarray(view, dtype=np.float32)
+
+
+def _parquet_vectors(column, path: Path, vector_column: str) -> np.ndarray:
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if column.null_count:
+        raise ValueError(f"{path}: column {vector_column!r} has {column.null_count} null vectors.")
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type)):
+        raise ValueError(f"{path}: column {vector_column!r} must be a list of floats; got {column.type}.")
+    n = len(column)
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    if n == 0:
+        return np.zeros((0, 0), np.float32)
+    if len(values) % n:
+        raise ValueError(f"{path}: vectors in column {vector_column!r} have different lengths.")
+    d = len(values) // n
+    if not pa.types.is_fixed_size_list(column.type):
+        lengths = np.diff(column.offsets.to_numpy())
+        if (lengths != d).any():
+            raise ValueError(f"{path}: vectors in column {vector_column!r} have different lengths ({lengths.min()}..{lengths.max()}).")
+    return np.ascontiguousarray(values.reshape(n, d), dtype=np.float32)
+
+
+def _iter_parquet(path: Path, chunk_size: int, id_column: str, vector_column: str) -> Iterator[tuple[int, list[str], np.ndarray]]:
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
+    for column in (id_column, vector_column):
+        if column not in names:
+            raise ValueError(f"{path}: no column {column!r} (columns: {names}); pass id_column=/vector_column=.")
+    start = 0
+    for batch in parquet.iter_batches(batch_size=chunk_size, columns=[id_column, vector_column]):
+        ids = [str(value) for value in batch.column(id_column).to_pylist()]
+        vectors = _parquet_vectors(batch.column(vector_column), path, vector_column)
+        yield start, ids, vectors
+        start += len(ids)
+
+
+def embedding_file_shape(path: str | Path, vector_column: str = "embedding") -> tuple[int, int]:
+    """``(n, d)`` of a ``.npy`` or parquet embeddings file, without reading the vectors."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: embeddings file not found.")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(path)
+        n = parquet.metadata.num_rows
+        if vector_column not in parquet.schema_arrow.names:
+            raise ValueError(f"{path}: no column {vector_column!r} (columns: {parquet.schema_arrow.names}).")
+        first = next(parquet.iter_batches(batch_size=1, columns=[vector_column]), None)
+        d = 0 if first is None or first.num_rows == 0 else len(first.column(0)[0])
+        return int(n), int(d)
+    shape, _, _ = _npy_layout(path)
+    return int(shape[0]), int(shape[1])
+
+
+def iter_embedding_blocks(
+    path: str | Path,
+    chunk_size: int = 65536,
+    id_column: str = "id",
+    vector_column: str = "embedding",
+) -> Iterator[tuple[int, list[str] | None, np.ndarray]]:
+    """Yield ``(start_row, ids or None, float32 block)`` from a ``.npy`` or parquet file.
+
+    ``ids`` is ``None`` for ``.npy`` (it carries none). Memory stays at about one block.
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}.")
-    input_path = Path(input_path)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: embeddings file not found.")
+    if path.suffix == ".parquet":
+        return _iter_parquet(path, chunk_size, id_column, vector_column)
+    if path.suffix == ".npy":
+        return _iter_npy(path, chunk_size)
+    raise ValueError(f"{path}: unsupported extension {path.suffix!r}; use .npy or .parquet.")
+
+
+# -- writers ---------------------------------------------------------------------------------
+def _write_npy(tmp: Path, blocks, n: int, k: int, ids_out: list[str] | None) -> None:
+    with open(tmp, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False, "shape": (n, k)})
+        written = 0
+        for _, ids, out in blocks:
+            if ids_out is not None and ids is not None:
+                ids_out.extend(ids)
+            handle.write(np.ascontiguousarray(out, dtype="<f4").tobytes())
+            written += len(out)
+        if written != n:
+            raise ValueError(f"expected {n} rows, got {written}.")
+
+
+def _write_parquet(tmp: Path, blocks, k: int, id_column: str, vector_column: str) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(id_column, pa.string()), (vector_column, pa.list_(pa.float32(), k))])
+    written = 0
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for start, ids, out in blocks:
+            if ids is None:
+                ids = [str(i) for i in range(start, start + len(out))]
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(out, dtype=np.float32).ravel()), k)
+            writer.write_table(pa.Table.from_arrays([pa.array(ids, pa.string()), vectors], schema=schema))
+            written += len(out)
+    return written
+
+
+def apply_compressor_streaming(
+    compressor: Compressor,
+    input_path: str | Path,
+    output_path: str | Path,
+    chunk_size: int = 65536,
+    *,
+    id_column: str = "id",
+    vector_column: str = "embedding",
+) -> Path:
+    """``compressor.transform`` of the ``(n, d)`` embeddings at ``input_path``, chunk by chunk.
+
+    ``input_path``: a float32/float16 ``.npy``, or a ``.parquet`` with ``id_column`` and
+    ``vector_column``. ``output_path``: ``.npy`` writes an ``(n, k)`` float32 array (and, for
+    parquet input, the ids to :func:`ids_path_for`); ``.parquet`` writes ids and vectors
+    (row numbers as ids for ``.npy`` input). Every file is written atomically. Returns the
+    output path.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}.")
+    input_path, output_path = Path(input_path), Path(output_path)
     if not input_path.is_file():
         raise FileNotFoundError(f"{input_path}: embeddings file not found.")
-    try:
-        xb = np.load(input_path, mmap_mode="r", allow_pickle=False)
-    except ValueError as error:
-        raise ValueError(f"{input_path}: not a readable .npy array ({error}).") from error
-    if xb.ndim != 2 or xb.dtype not in _INPUT_DTYPES:
-        raise ValueError(f"{input_path}: expected a 2-D float32 or float16 array; got shape {xb.shape}, dtype {xb.dtype}.")
+    if output_path.suffix not in (".npy", ".parquet"):
+        raise ValueError(f"{output_path}: unsupported output extension {output_path.suffix!r}; use .npy or .parquet.")
+    n, d = embedding_file_shape(input_path, vector_column)
     compressor._check_fitted()
-    if xb.shape[1] != compressor.input_dim_:
-        raise ValueError(f"{input_path} has {xb.shape[1]} columns but the compressor was fitted on {compressor.input_dim_}-d input.")
-    n, k = len(xb), compressor.output_dim
+    if n and d != compressor.input_dim_:
+        raise ValueError(f"{input_path} has {d} columns but the compressor was fitted on {compressor.input_dim_}-d input.")
+    k = compressor.output_dim
     start_time = time.perf_counter()
 
-    def _write(tmp: Path) -> None:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n, k))
-        try:
-            for start, block in iter_row_blocks(xb, chunk_size):
-                out[start : start + len(block)] = compressor.transform(block)
-            out.flush()
-        finally:
-            del out  # closes the map before the rename
+    def compressed():
+        for start, ids, block in iter_embedding_blocks(input_path, chunk_size, id_column, vector_column):
+            if ids is not None and output_path.suffix == ".npy" and any("\n" in i or "\r" in i for i in ids):
+                raise ValueError(f"{input_path}: ids contain line breaks, which ids.txt cannot hold; write .parquet output instead.")
+            yield start, ids, transform_rows(compressor, block)
 
-    output = atomic_write(output_path, _write)
-    logger.info("apply_compressor_streaming: %d x %d -> %d-d in %.2fs", n, xb.shape[1], k, time.perf_counter() - start_time)
-    return output
+    if output_path.suffix == ".parquet":
+        atomic_write(output_path, lambda tmp: _write_parquet(tmp, compressed(), k, id_column, vector_column))
+    else:
+        ids_out: list[str] | None = [] if input_path.suffix == ".parquet" else None
+        atomic_write(output_path, lambda tmp: _write_npy(tmp, compressed(), n, k, ids_out))
+        if ids_out is not None:
+            atomic_write(ids_path_for(output_path), lambda tmp: tmp.write_text("".join(i + "\n" for i in ids_out), encoding="utf-8"))
+    seconds = time.perf_counter() - start_time
+    logger.info("apply_compressor_streaming: %d x %d -> %d-d in %.2fs (%.0f vectors/s)", n, d, k, seconds, n / max(seconds, 1e-9))
+    return output_path

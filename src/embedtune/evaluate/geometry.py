@@ -60,10 +60,11 @@ def angular_norm_coupling(xq: np.ndarray, xp: np.ndarray) -> tuple[float, np.nda
         raise ValueError(f"need at least 3 pairs for a correlation; got {len(xq)}.")
     log_norm_product = np.log(np.linalg.norm(xq, axis=1).astype(np.float64)) + np.log(np.linalg.norm(xp, axis=1).astype(np.float64))
     spread = log_norm_product.std()
-    z = (log_norm_product - log_norm_product.mean()) / spread if spread > 0 else np.zeros_like(log_norm_product)
     cos = np.sum(_unit(xq).astype(np.float64) * _unit(xp).astype(np.float64), axis=1)
-    if spread == 0 or cos.std() == 0:
-        return float("nan"), z, cos
+    # Norms equal up to float32 rounding (e.g. a model ending in Normalize) leave r undefined.
+    if spread < 1e-5 or cos.std() < 1e-7:
+        return float("nan"), np.zeros_like(log_norm_product), cos
+    z = (log_norm_product - log_norm_product.mean()) / spread
     r = float(np.corrcoef(z, cos)[0, 1])
     return r, z, cos
 
@@ -175,7 +176,8 @@ class GeometryReport:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-safe: an undefined statistic (NaN) becomes ``None``."""
+        return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
 
 
 def diagnose_embeddings(

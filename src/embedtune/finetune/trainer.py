@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import logging
 from sentence_transformers import SentenceTransformerTrainer
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PACETrainer", "StageCheckpointCallback"]
+__all__ = ["PACETrainer", "StageCheckpointCallback", "LoggingCallback"]
+
+
+class LoggingCallback(TrainerCallback):
+    """Send the trainer's logs to ``logging`` (stderr) instead of printing them to stdout."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            logger.info("step %d: %s", state.global_step, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in logs.items()})
+        return control
 
 
 class PACETrainer(SentenceTransformerTrainer):
     """``SentenceTransformerTrainer`` whose training logs also carry the loss components
-    (``mean_weight``, ``mean_confidence``, ``positive_accuracy``), averaged since the last log."""
+    (``mean_weight``, ``mean_confidence``, ``positive_accuracy``), averaged since the last log,
+    and go to ``logging`` rather than stdout (so ``--json`` output stays parseable)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.remove_callback(PrinterCallback)
+        self.add_callback(LoggingCallback())
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:
