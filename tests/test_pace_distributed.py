@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from embedtune.finetune.losses import FocalEmbeddingLoss, focal_embedding_loss
+# Only torch is imported here, so the spawned workers start quickly.
+from embedtune.finetune.losses.focal_embedding import FocalEmbeddingLoss, focal_embedding_loss
 
 WORLD = 2
 PER_RANK = 3
@@ -40,16 +41,23 @@ def _loss_and_grads(model: nn.Module, columns: list[torch.Tensor], **options) ->
     return value.item(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-def _worker(rank: int, port: int, out_dir: str, options: dict) -> None:
+OPTIONS = dict(similarity="dot", temperature=2.0, weight_temperature=0.1, gamma=2.0)
+NORMALIZATIONS = ("global", "local")
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
-        model = DistributedDataParallel(_encoder())
         local = [column[rank * PER_RANK : (rank + 1) * PER_RANK] for column in _global_inputs()]
-        value, grads = _loss_and_grads(model, local, **options)
-        torch.save({"loss": value, "grads": grads}, Path(out_dir) / f"rank{rank}.pt")
+        results = {}
+        for normalize in NORMALIZATIONS:
+            model = DistributedDataParallel(_encoder())
+            value, grads = _loss_and_grads(model, local, normalize=normalize, **OPTIONS)
+            results[normalize] = {"loss": value, "grads": grads}
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -60,32 +68,26 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run_two_processes(tmp_path: Path, options: dict) -> list[dict]:
+def test_two_processes_equal_one_process(tmp_path):
+    """Global weight normalisation across 2 processes (DDP, gloo) = 1 process on the same global batch;
+    ``local`` equals one process normalising within each process's block of queries."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path), options), nprocs=WORLD, join=True)
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
-
-
-@pytest.mark.parametrize("normalize", ["global", "local"])
-def test_two_processes_equal_one_process(tmp_path, normalize):
-    options = dict(similarity="dot", temperature=2.0, weight_temperature=0.1, gamma=2.0, normalize=normalize)
-    results = _run_two_processes(tmp_path, options)
+    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     columns = _global_inputs()
-    if normalize == "global":
-        reference_loss, reference_grads = _loss_and_grads(_encoder(), columns, **options)
-    else:
-        # One process, same global batch, weights normalised within each process's block of queries.
-        model = _encoder()
-        embeddings = model(torch.cat(columns)).split(len(columns[0]))
-        out = focal_embedding_loss(embeddings[0], torch.cat(embeddings[1:]), similarity="dot", temperature=2.0,
-                                   weight_temperature=0.1, gamma=2.0, normalize="local", groups=WORLD)
-        out.loss.backward()
-        reference_loss, reference_grads = out.loss.item(), [p.grad for p in model.parameters()]
-    for result in results:
-        assert result["loss"] == pytest.approx(reference_loss, rel=1e-10)
-        for got, expected in zip(result["grads"], reference_grads):
-            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
+    references = {"global": _loss_and_grads(_encoder(), columns, normalize="global", **OPTIONS)}
+    model = _encoder()
+    embeddings = model(torch.cat(columns)).split(len(columns[0]))
+    out = focal_embedding_loss(embeddings[0], torch.cat(embeddings[1:]), normalize="local", groups=WORLD, **OPTIONS)
+    out.loss.backward()
+    references["local"] = (out.loss.item(), [p.grad for p in model.parameters()])
+    for normalize in NORMALIZATIONS:
+        reference_loss, reference_grads = references[normalize]
+        for result in results:
+            assert result[normalize]["loss"] == pytest.approx(reference_loss, rel=1e-10)
+            for got, expected in zip(result[normalize]["grads"], reference_grads):
+                torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_global_and_local_normalisation_differ_across_processes():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,24 @@ from embedtune.finetune.config import PRESETS
 from embedtune.finetune.modeling import add_lora, has_lora, load_base_model, load_stage_checkpoint, merge_lora, parameter_fingerprint
 
 TEXTS = ["what about topic 1 number 3", "document number 4 about topic 2", "title 7"]
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory):
+    """conftest's toy BEIR dataset, built once for this module."""
+    from conftest import write_beir
+
+    corpus = [{"_id": f"d{i}", "title": f"title {i}", "text": f"document number {i} about topic {i % 5}"} for i in range(20)]
+    queries = [{"_id": f"q{i}", "text": f"what about topic {i % 5} number {i}"} for i in range(10)]
+    qrels = [(f"q{i}", f"d{i}", 1) for i in range(10)] + [(f"q{i}", f"d{i + 10}", 2) for i in range(10)]
+    return write_beir(tmp_path_factory.mktemp("pace-data") / "toy", corpus, queries, qrels)
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_bert_dir, toy_data, tmp_path_factory):
+    """PACE with Stage I run to the end (4 steps) and Stage II from step 2 (fraction 0.5)."""
+    config = tiny_config(tiny_bert_dir, toy_data, tmp_path_factory.mktemp("pace-full"), stage2_init=0.5)
+    return config, train_pace(config)
 
 
 def tiny_config(tiny_bert_dir, toy_beir, tmp_path, preset="pace", **overrides):
@@ -58,9 +77,8 @@ def test_merge_keeps_outputs_and_makes_everything_trainable(tiny_bert_dir):
     assert not any("lora_" in name for name, _ in model.named_parameters())
 
 
-def test_stage_two_starts_from_the_chosen_checkpoint(tiny_bert_dir, toy_beir, tmp_path):
-    config = tiny_config(tiny_bert_dir, toy_beir, tmp_path, stage2_init=0.5)  # step 2 of 4
-    result = train_pace(config)
+def test_stage_two_starts_from_the_chosen_checkpoint(full_run):
+    config, result = full_run
     stage1, stage2 = result.stages
     assert stage1.steps_run == 4 and stage2.steps_run == 1
     assert stage2.init_checkpoint.endswith("checkpoint-2")
@@ -79,25 +97,25 @@ def test_stage_two_starts_from_the_chosen_checkpoint(tiny_bert_dir, toy_beir, tm
 
     model = SentenceTransformer(result.model_dir, device="cpu")
     assert model.similarity_fn_name == "dot"
-    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    saved = json.loads((Path(config.output_dir) / "result.json").read_text())
     assert saved["stages"][1]["init_checkpoint"] == stage2.init_checkpoint
-    assert PACEConfig.load(tmp_path / "run").stage2_init == 0.5
+    assert PACEConfig.load(config.output_dir).stage2_init == 0.5
 
 
-def test_stop_stage1_at_init_gives_the_same_checkpoint(tiny_bert_dir, toy_beir, tmp_path):
-    full = tiny_config(tiny_bert_dir, toy_beir, tmp_path / "a", stage2_init=2, stage2_steps=1)
-    short = tiny_config(tiny_bert_dir, toy_beir, tmp_path / "b", stage2_init=2, stage2_steps=1, stop_stage1_at_init=True)
-    full_result, short_result = train_pace(full), train_pace(short)
+def test_stop_stage1_at_init_gives_the_same_checkpoint(full_run, tiny_bert_dir, toy_data, tmp_path):
+    _, full_result = full_run
+    short = tiny_config(tiny_bert_dir, toy_data, tmp_path, stage2_init=2, stage2_steps=1, stop_stage1_at_init=True)
+    short_result = train_pace(short)
     assert short_result.stages[0].steps_run == 2 and full_result.stages[0].steps_run == 4
     assert short_result.stages[1].init_fingerprint == pytest.approx(full_result.stages[1].init_fingerprint, rel=1e-6)
 
 
-def test_auto_temperature_is_tau1_times_median_norm_product(tiny_bert_dir, toy_beir):
+def test_auto_temperature_is_tau1_times_median_norm_product(tiny_bert_dir, toy_data):
     from embedtune.data import load_beir
     from embedtune.encoders import SentenceEncoder
     from embedtune.finetune import auto_temperature, mine_training_tuples
 
-    dataset = load_beir(str(toy_beir), "test")
+    dataset = load_beir(str(toy_data), "test")
     tuples = mine_training_tuples(dataset, SentenceEncoder(str(tiny_bert_dir), show_progress=False), n_negatives=2, hard_pool=5)
     train = tuples.to_dataset(dataset)
     model = load_base_model(str(tiny_bert_dir))
@@ -160,26 +178,26 @@ def test_config_validation_and_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["s2-lora", "full-to-lora"])
-def test_lora_final_stage_is_merged_into_a_plain_model(tiny_bert_dir, toy_beir, tmp_path, preset):
-    result = train_pace(tiny_config(tiny_bert_dir, toy_beir, tmp_path, preset=preset, stage1_steps=2, stage2_init=1))
+def test_lora_final_stage_is_merged_into_a_plain_model(tiny_bert_dir, toy_data, tmp_path, preset):
+    result = train_pace(tiny_config(tiny_bert_dir, toy_data, tmp_path, preset=preset, stage1_steps=2, stage2_init=1, save_steps=1))
     assert result.stages[1].parameters == "lora" and result.stages[1].trainable_parameters < result.stages[1].total_parameters
     files = {p.name for p in (tmp_path / "run" / "model").iterdir()}
     assert "model.safetensors" in files and "adapter_config.json" not in files
 
 
-def test_cli_handler_one_stage_baseline_and_dot_evaluation(tiny_bert_dir, toy_beir, tmp_path, capsys):
+def test_cli_handler_one_stage_baseline_and_dot_evaluation(tiny_bert_dir, toy_data, tmp_path, capsys):
     from embedtune.cli import finetune
     from embedtune.finetune import evaluate_model
 
     parser = argparse.ArgumentParser()
     finetune.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args([
-        "finetune", "pace", "--preset", "direct-dot-full", "--steps", "2", "--model", str(tiny_bert_dir), "--data", str(toy_beir),
+        "finetune", "pace", "--preset", "direct-dot-full", "--steps", "2", "--model", str(tiny_bert_dir), "--data", str(toy_data),
         "--train-split", "test", "--output", str(tmp_path / "cli"), "--batch-size", "4", "--n-negatives", "2", "--hard-pool", "5",
         "--evaluate-split", "test", "--json",
     ])
     assert args.handler(args) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["similarity"] == "dot" and printed["stages"][0]["steps_run"] == 2 and "ndcg@10" in printed["metrics"]
-    again = evaluate_model(printed["model_dir"], str(toy_beir), "test", similarity="dot")
+    again = evaluate_model(printed["model_dir"], str(toy_data), "test", similarity="dot")
     assert again.to_dict()["ndcg@10"] == pytest.approx(printed["metrics"]["ndcg@10"])

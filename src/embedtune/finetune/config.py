@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from embedtune import __version__
-from embedtune.finetune.losses.cached_focal_embedding import DEEPSPEED_GRADCACHE_MESSAGE
 from embedtune.finetune.losses.focal_embedding import NORMALIZATIONS, SIMILARITIES, WEIGHTINGS
 from embedtune.io import atomic_write_json
 
@@ -146,6 +145,8 @@ class PACEConfig:
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1 or None; got {self.mini_batch_size}.")
         if self.mini_batch_size is not None and self.deepspeed:
+            from embedtune.finetune.losses.cached_focal_embedding import DEEPSPEED_GRADCACHE_MESSAGE
+
             raise ValueError(DEEPSPEED_GRADCACHE_MESSAGE)
         if self.deepspeed and not Path(self.deepspeed).is_file():
             raise FileNotFoundError(f"{self.deepspeed}: DeepSpeed config not found (the shipped one is configs/deepspeed_zero2.json).")
