@@ -131,3 +131,25 @@ def test_real_minilm_on_twenty_scifact_docs():
     # A real model puts a document nearest to its own title; a random one would not.
     titles = encoder.encode_queries([d["title"] for _, d in docs])
     assert (np.argmax(titles @ vectors.T, axis=1) == np.arange(20)).mean() >= 0.9
+
+
+def test_interrupted_encode_resumes_from_finished_shards(tmp_path):
+    cache = EmbeddingCache(tmp_path / "cache")
+    ids = [f"d{i}" for i in range(10)]
+    full = np.arange(40, dtype=np.float32).reshape(10, 4)
+    calls = []
+
+    def flaky(lo, hi):
+        calls.append((lo, hi))
+        if len(calls) == 3:
+            raise KeyboardInterrupt("killed mid-encode")
+        return full[lo:hi]
+
+    with pytest.raises(KeyboardInterrupt):
+        cache.get_or_compute({"k": 1}, ids, flaky, shard_size=3)
+    assert calls == [(0, 3), (3, 6), (6, 9)]
+    calls.clear()
+    embeddings, hit = cache.get_or_compute({"k": 1}, ids, lambda lo, hi: (calls.append((lo, hi)), full[lo:hi])[1], shard_size=3)
+    assert not hit and calls == [(6, 9), (9, 10)]
+    np.testing.assert_array_equal(embeddings, full)
+    assert cache.get_or_compute({"k": 1}, ids, flaky, shard_size=3)[1] is True

@@ -87,13 +87,42 @@ class EmbeddingCache:
         return folder
 
     def get_or_compute(
-        self, parts: dict[str, Any], ids: list[str], compute: Callable[[], np.ndarray]
+        self,
+        parts: dict[str, Any],
+        ids: list[str],
+        compute: Callable[[int, int], np.ndarray],
+        shard_size: int = 2048,
     ) -> tuple[np.ndarray, bool]:
-        """Return ``(embeddings, hit)``, computing and storing them on a miss."""
+        """Return ``(embeddings, hit)``; on a miss compute rows ``[lo, hi)`` shard by shard.
+
+        Each finished shard is written to the entry's ``partial/`` folder, so an interrupted
+        encode resumes from the last finished shard instead of starting over.
+        """
         key = cache_key(parts)
         cached = self.load(key, expected_ids=ids)
         if cached is not None:
             return cached[1], True
-        embeddings = compute()
+        partial = self.entry(key) / "partial"
+        partial.mkdir(parents=True, exist_ok=True)
+        shards = []
+        for lo in range(0, len(ids), shard_size):
+            hi = min(lo + shard_size, len(ids))
+            shard_path = partial / f"{lo:010d}-{hi:010d}.npy"
+            shard = None
+            if shard_path.is_file():
+                try:
+                    shard = np.load(shard_path, allow_pickle=False)
+                    if shard.shape[0] != hi - lo:
+                        shard = None
+                    else:
+                        logger.info("resuming: rows %d-%d already encoded", lo, hi)
+                except (OSError, ValueError):
+                    shard = None
+            if shard is None:
+                shard = np.ascontiguousarray(compute(lo, hi), dtype=np.float32)
+                atomic_save_npy(shard_path, shard)
+            shards.append(shard)
+        embeddings = np.concatenate(shards) if shards else np.zeros((0, 0), np.float32)
         self.store(key, ids, embeddings, {"parts": parts})
+        shutil.rmtree(partial, ignore_errors=True)
         return embeddings, False

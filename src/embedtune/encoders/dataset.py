@@ -51,7 +51,8 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
     }
     for kind, (file_name, ids, texts) in sources.items():
         start = time.perf_counter()
-        compute = lambda texts=texts, kind=kind: encoder.encode(texts(), kind)  # noqa: E731
+        all_texts = texts()
+        compute = lambda lo, hi, texts=all_texts, kind=kind: encoder.encode(texts[lo:hi], kind)  # noqa: E731
         if cache:
             parts = {
                 "model_sha256": encoder.fingerprint,
@@ -60,7 +61,7 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
             }
             results[kind], hits[kind] = cache.get_or_compute(parts, ids, compute)
         else:
-            results[kind], hits[kind] = compute(), False
+            results[kind], hits[kind] = compute(0, len(ids)), False
         timings[kind] = time.perf_counter() - start
         logger.info("%s embeddings: %d rows in %.1fs (cache %s)", kind, len(ids), timings[kind], "hit" if hits[kind] else "miss")
     return DatasetEmbeddings(

@@ -16,7 +16,7 @@ class LoggingCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            logger.info("step %d: %s", state.global_step, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in logs.items()})
+            logger.info("step %d: %s", state.global_step, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in logs.items()))
         return control
 
 
