@@ -136,7 +136,7 @@ def test_mrl_pair_topk_rec_losses_match_naive_loops():
     residual = adapted - frozen
     rec = sum(residual[i].abs().sum().item() for i in range(n))
     assert reconstruction_loss(residual, reduction="sum").item() == pytest.approx(rec, rel=1e-5)
-    assert reconstruction_loss(residual).item() == pytest.approx(rec / n, rel=1e-5)
+    assert reconstruction_loss(residual).item() == pytest.approx(rec / residual.numel(), rel=1e-5)  # per item and coordinate
 
 
 def test_mrl_losses_vanish_at_identity():
@@ -174,13 +174,13 @@ def test_search_adaptor_losses_match_naive_loops():
     rec_q = sum((q_hat[i] - q[i]).abs().sum().item() for i in range(3))
     rec_c = sum((c_hat[j] - c[j]).abs().sum().item() for j in range(4))
     assert recovery_loss(q, q_hat, c, c_hat, reduction="sum").item() == pytest.approx(rec_q + rec_c, rel=1e-5)
-    assert recovery_loss(q, q_hat, c, c_hat).item() == pytest.approx(rec_q / 3 + rec_c / 4, rel=1e-5)
+    assert recovery_loss(q, q_hat, c, c_hat).item() == pytest.approx(rec_q / (3 * 6) + rec_c / (4 * 6), rel=1e-5)  # per item and coordinate
 
     pred = sum(
         relevance[i, j].item() * (q_hat[i] - predicted[j]).abs().sum().item() for i in range(3) for j in range(4)
     )
     assert prediction_loss(q_hat, predicted, relevance, reduction="sum").item() == pytest.approx(pred, rel=1e-5)
-    assert prediction_loss(q_hat, predicted, relevance).item() == pytest.approx(pred / relevance.sum().item(), rel=1e-5)
+    assert prediction_loss(q_hat, predicted, relevance).item() == pytest.approx(pred / relevance.sum().item() / 6, rel=1e-5)
 
 
 # -- configs and presets ------------------------------------------------------------------------

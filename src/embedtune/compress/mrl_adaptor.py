@@ -149,11 +149,15 @@ def topk_similarity_loss(
 
 
 def reconstruction_loss(residual: Tensor, reduction: Literal["mean", "sum"] = "mean") -> Tensor:
-    """``L_rec = Σ_i ‖f(c_i)‖₁`` of the residuals ``f(c_i) = ĉ_i − c_i`` (``"mean"``: over items)."""
+    """``L_rec = Σ_i ‖f(c_i)‖₁`` of the residuals ``f(c_i) = ĉ_i − c_i``.
+
+    ``"mean"`` averages over items and coordinates: summed over d coordinates with β = 1 the
+    L1 subgradient pins ``f`` at zero and the adapter never leaves the identity (see
+    :func:`embedtune.compress.search_adaptor.recovery_loss`).
+    """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}.")
-    per_item = residual.abs().sum(-1)
-    return per_item.sum() if reduction == "sum" else per_item.mean()
+    return residual.abs().sum() if reduction == "sum" else residual.abs().mean()
 
 
 def mine_corpus_neighbors(corpus: np.ndarray, k: int) -> np.ndarray:
@@ -291,7 +295,9 @@ class MRLAdaptorCompressor(Compressor):
             )
             # L_rec over every adapted item: docs (already in terms["rec"]) and queries.
             n_docs, n_queries = len(groups.doc_rows), len(groups.query_rows)
-            terms["rec"] = (terms["rec"] * n_docs + reconstruction_loss(query_residual, "sum")) / (n_docs + n_queries)
+            terms["rec"] = (terms["rec"] * n_docs * query_residual.shape[-1] + reconstruction_loss(query_residual, "sum")) / (
+                (n_docs + n_queries) * query_residual.shape[-1]
+            )
             terms["rank"] = rank
             terms["loss"] = terms["topk"] + config.alpha * terms["pair"] + config.beta * terms["rec"] + config.gamma * rank
             return terms

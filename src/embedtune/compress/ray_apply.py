@@ -25,7 +25,7 @@ Recipe::
 
 The adapter folder must be readable from every worker (shared storage, or copy it there).
 Each row's output is bitwise what :func:`embedtune.compress.streaming.apply_compressor_streaming`
-writes for it, whatever the batch boundaries (blocks are padded, see
+writes for it, whatever the batch boundaries: both transform in fixed 256-row tiles (see
 :func:`embedtune.compress.streaming.transform_rows`).
 """
 

@@ -63,14 +63,19 @@ __all__ = ["SearchAdaptorConfig", "SearchAdaptorCompressor", "recovery_loss", "p
 def recovery_loss(
     queries: Tensor, adapted_queries: Tensor, docs: Tensor, adapted_docs: Tensor, reduction: Literal["mean", "sum"] = "mean"
 ) -> Tensor:
-    """``L_rec = Σ_i ‖q̂_i − q_i‖₁ + Σ_j ‖ĉ_j − c_j‖₁`` (``"mean"``: each sum over its own items)."""
+    """``L_rec = Σ_i ‖q̂_i − q_i‖₁ + Σ_j ‖ĉ_j − c_j‖₁``.
+
+    ``"mean"`` averages over items *and coordinates* (a mean absolute error). With the L1 norm
+    summed over all d coordinates, α = 0.1 outweighs the rank loss's per-coordinate gradient and
+    the L1 subgradient pins the adapter at the identity (measured: held-out nDCG@10 equal to
+    truncation to four decimals on SciFact and ArguAna with MiniLM), so the baseline would
+    learn nothing.
+    """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}.")
-    query_terms = (adapted_queries - queries).abs().sum(-1)
-    doc_terms = (adapted_docs - docs).abs().sum(-1)
     if reduction == "sum":
-        return query_terms.sum() + doc_terms.sum()
-    return query_terms.mean() + doc_terms.mean()
+        return (adapted_queries - queries).abs().sum() + (adapted_docs - docs).abs().sum()
+    return (adapted_queries - queries).abs().mean() + (adapted_docs - docs).abs().mean()
 
 
 def prediction_loss(
@@ -82,7 +87,8 @@ def prediction_loss(
         adapted_queries: (n_queries, d) ``q̂``.
         predicted_queries: (n_docs, d) ``p(ĉ)``.
         relevance: (n_queries, n_docs) ``y``.
-        reduction: ``"sum"`` or ``"mean"`` (divided by ``Σ y``).
+        reduction: ``"sum"`` or ``"mean"`` (divided by ``Σ y`` and by d: a per-coordinate
+            mean, for the reason given in :func:`recovery_loss`).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}.")
@@ -93,7 +99,7 @@ def prediction_loss(
     total = (relevance[query_slot, doc_slot] * distances).sum()
     if reduction == "sum":
         return total
-    return total / relevance.sum().clamp(min=1e-12)
+    return total / relevance.sum().clamp(min=1e-12) / adapted_queries.shape[-1]
 
 
 @dataclass

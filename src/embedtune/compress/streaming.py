@@ -14,10 +14,13 @@ as they are touched, so a mapped 3 GB input ends with a 3 GB RSS even though onl
 is in use at a time. Parquet is read one record batch at a time, so its memory is bounded by
 the larger of ``chunk_size`` rows and one row group of the input.
 
-Blocks are padded to :data:`MIN_BLOCK_ROWS` rows before ``transform``: BLAS switches to a
-different kernel for very small matrices (measured here: under 19 rows for OpenBLAS, under
-12 for MKL), which rounds differently. With the padding, every row's output is bitwise the
-same whatever the block boundaries are, so chunked, in-memory and Ray applies agree exactly.
+Every block goes through ``transform`` in tiles of exactly :data:`TILE_ROWS` rows (the last
+one padded), see :func:`transform_rows`. BLAS picks its kernel by matrix shape, and kernels
+round differently: a row transformed in a 300-row call and in a 50-row call can differ in
+the last bit (measured: OpenBLAS for output dims under 32, and any BLAS under ~19 rows). With
+one fixed tile shape every row's output is the same bits wherever the block boundaries fall
+(measured: any offset, PCA and a torch compressor), so chunked, in-memory and Ray applies
+agree exactly.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from embedtune.io import atomic_write
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "MIN_BLOCK_ROWS",
+    "TILE_ROWS",
     "apply_compressor_streaming",
     "iter_row_blocks",
     "iter_embedding_blocks",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 _INPUT_DTYPES = (np.float32, np.float16)
-MIN_BLOCK_ROWS = 64
+TILE_ROWS = 256
 
 
 def iter_row_blocks(xb: np.ndarray, chunk_size: int):
@@ -54,13 +57,21 @@ def iter_row_blocks(xb: np.ndarray, chunk_size: int):
         yield start, np.ascontiguousarray(xb[start : start + chunk_size], dtype=np.float32)
 
 
-def transform_rows(compressor: Compressor, block: np.ndarray, min_rows: int = MIN_BLOCK_ROWS) -> np.ndarray:
-    """``compressor.transform(block)``, padded to ``min_rows`` rows so each row's bits never depend on the block."""
-    n = len(block)
-    if 0 < n < min_rows:
-        padded = np.concatenate([block, np.repeat(block[-1:], min_rows - n, axis=0)])
-        return compressor.transform(padded)[:n]
-    return compressor.transform(block)
+def transform_rows(compressor: Compressor, X: np.ndarray, tile: int = TILE_ROWS) -> np.ndarray:
+    """``compressor.transform(X)`` computed in tiles of exactly ``tile`` rows (the last padded).
+
+    Each row's output then depends only on the row, never on how the input was split into
+    blocks or batches: streaming, in-memory and Ray applies give the same bits.
+    """
+    X = np.asarray(X)
+    n = len(X)
+    out = np.empty((n, compressor.output_dim), dtype=np.float32)
+    for start in range(0, n, tile):
+        rows = X[start : start + tile]
+        if len(rows) < tile:
+            rows = np.concatenate([rows, np.repeat(rows[-1:], tile - len(rows), axis=0)])
+        out[start : start + tile] = compressor.transform(rows)[: min(tile, n - start)]
+    return out
 
 
 def ids_path_for(output_path: str | Path) -> Path:
@@ -89,20 +100,19 @@ def _npy_layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 def _iter_npy(path: Path, chunk_size: int) -> Iterator[tuple[int, None, np.ndarray]]:
     (n, d), dtype, offset = _npy_layout(path)
-    buffer = np.empty((min(chunk_size, max(n, 1)), d), dtype=dtype)
     with open(path, "rb", buffering=0) as handle:
         handle.seek(offset)
         for start in range(0, n, chunk_size):
-            rows = min(chunk_size, n - start)
-            view = buffer[:rows]
-            target = memoryview(view).cast("B")
+            # A fresh array per block (the caller may keep it); the previous one is freed.
+            block = np.empty((min(chunk_size, n - start), d), dtype=dtype)
+            target = memoryview(block).cast("B")
             filled = 0
             while filled < len(target):
                 got = handle.readinto(target[filled:])
                 if not got:
                     raise ValueError(f"{path}: file ends early at row {start + filled // (d * dtype.itemsize)} of {n}.")
                 filled += got
-            yield start, None, np.ascontiguousarray(view, dtype=np.float32)
+            yield start, None, block if dtype == np.float32 else block.astype(np.float32)
 
 
 def _parquet_vectors(column, path: Path, vector_column: str) -> np.ndarray:

@@ -128,7 +128,8 @@ def seeded(seed: int) -> Iterator[None]:
 
 def unit_rows(X: np.ndarray | torch.Tensor) -> torch.Tensor:
     """Float32 CPU tensor with L2-normalised rows."""
-    tensor = torch.as_tensor(np.ascontiguousarray(X, dtype=np.float32)) if isinstance(X, np.ndarray) else X.float()
+    # np.require copies read-only input (a memory map), which torch cannot wrap safely.
+    tensor = torch.as_tensor(np.require(X, dtype=np.float32, requirements=["C", "W"])) if isinstance(X, np.ndarray) else X.float()
     return F.normalize(tensor, p=2, dim=-1)
 
 

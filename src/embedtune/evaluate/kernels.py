@@ -8,16 +8,27 @@ the returned results do not depend on which kernel won.
 
 Why more than one kernel (measured on the 2-core dev machine; ``benchmarks/RESULTS_efficiency.md``):
 
-* FAISS ``IndexFlatIP``/``knn_inner_product`` with ``nq >= 20`` runs one sgemm per
-  1024-row database block (``distance_compute_blas_database_bs``), then an OpenMP region that
-  pushes the block's scores through one heap per query: about 1000 sgemm calls and 1000 thread
-  barriers per million rows. At low ``d`` each sgemm is tiny, so the barriers and the heap pass
-  dominate, and on a shared 2-core machine a descheduled thread stalls every barrier. A
-  64k-row database block (``faiss-bs64k``) removes most of them.
-* With ``nq < 20`` FAISS scans sequentially with one thread per query: a single query uses
-  one core. Its bundled OpenBLAS (0.3.15) also predates Zen 4 and runs its AVX2 "Zen" kernels.
-* ``torch``: MKL sgemm over corpus blocks sized so the score block stays near the L3 cache,
-  then ``torch.topk``; a single query is one sgemv over the whole corpus on every core.
+* FAISS 1.15 takes its BLAS path only when ``nq * d >= distance_compute_blas_threshold``
+  (default 128000). Below that, ``knn_inner_product`` runs one ``fvec_inner_product`` per
+  (query, row) pair and streams the whole corpus once per query. With 256 queries only
+  d >= 500 gets BLAS: at 256 and 128 dims FAISS was as slow as at 768, or slower (``perf``:
+  78 % of the time in ``fvec_inner_product`` at d=256, against ``sgemm_kernel_ZEN`` at 768).
+  ``faiss-blas`` sets the threshold to 20 queries whatever ``d`` (the rule of older FAISS).
+* Threads: on a shared machine every OpenMP parallel region waits for its slowest thread, and
+  a thread that another process has descheduled stalls it for a scheduler tick. With other
+  jobs running, 2-thread FAISS with its 1024-row blocks (one barrier each) took 3.7 s where one
+  thread took 0.80 s (256 queries, 131k x 768), and a single query 24 ms where one thread took
+  0.16 ms (20k x 128). Hence the ``-1t`` variants, 64k-row blocks for the 2-thread one, and
+  timing with idle gaps between calls, as real searches have.
+* Top-k: at d=128 ``torch.topk`` over every score costs about as much as the matmul itself;
+  ``torch-prune`` only selects inside groups of rows whose max can still enter the top k.
+* A single query is memory-bound; FAISS's sequential scan on one thread read the corpus about
+  twice as fast as an sgemv (MKL or OpenBLAS) on this CPU.
+* Not the cause: the FAISS wheel is one dynamic-dispatch library (compile options
+  ``OPTIMIZE DD AVX2 AVX512 AVX512_VPOPCNT``, ``SIMDConfig`` level ``AVX512_VPOPCNT``); the
+  loader's "could not load AVX512/AVX2" lines refer to the per-ISA modules of older wheels.
+  Its bundled OpenBLAS 0.3.15 predates Zen 4 and runs its AVX2 "Zen" sgemm, 60-90 GFLOP/s
+  on one core here.
 """
 
 from __future__ import annotations
@@ -61,24 +72,37 @@ def _check(xq: np.ndarray, xb: np.ndarray, k: int) -> None:
     assert 0 < k <= xb.shape[0], (k, xb.shape)
 
 
-def faiss_knn_ip(xq: np.ndarray, xb: np.ndarray, k: int, database_block: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def faiss_knn_ip(
+    xq: np.ndarray, xb: np.ndarray, k: int, database_block: int | None = None, blas_min_queries: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """FAISS exact inner-product top-``k`` (the ``IndexFlatIP`` search, without copying ``xb``).
 
-    ``database_block`` overrides FAISS's process-wide ``distance_compute_blas_database_bs``
-    (1024 by default) for this call only.
+    FAISS 1.15 takes its BLAS path only when ``nq * d >= distance_compute_blas_threshold``
+    (128000 by default); below that it runs one ``fvec_inner_product`` per (query, row) pair,
+    streaming the whole corpus once per query. So 256 queries get BLAS only from d = 500 up:
+    at d=256 the default took 1.69 s where BLAS took 0.29 s (131k rows, one thread).
+    ``blas_min_queries`` sets the threshold to ``blas_min_queries * d`` for this call (BLAS
+    from that many queries on, whatever ``d``); ``database_block`` overrides
+    ``distance_compute_blas_database_bs`` (1024 rows). Both are process-wide FAISS settings,
+    restored afterwards.
     """
     import faiss
 
     _check(xq, xb, k)
-    if database_block is None:
+    if database_block is None and blas_min_queries is None:
         return faiss.knn(xq, xb, k, metric=faiss.METRIC_INNER_PRODUCT)
     with _BLOCK_LOCK:
-        previous = faiss.cvar.distance_compute_blas_database_bs
-        faiss.cvar.distance_compute_blas_database_bs = int(database_block)
+        block_before = faiss.cvar.distance_compute_blas_database_bs
+        threshold_before = faiss.cvar.distance_compute_blas_threshold
+        if database_block is not None:
+            faiss.cvar.distance_compute_blas_database_bs = int(database_block)
+        if blas_min_queries is not None:
+            faiss.cvar.distance_compute_blas_threshold = int(blas_min_queries) * xq.shape[1]
         try:
             return faiss.knn(xq, xb, k, metric=faiss.METRIC_INNER_PRODUCT)
         finally:
-            faiss.cvar.distance_compute_blas_database_bs = previous
+            faiss.cvar.distance_compute_blas_database_bs = block_before
+            faiss.cvar.distance_compute_blas_threshold = threshold_before
 
 
 @contextlib.contextmanager
@@ -228,6 +252,9 @@ KERNELS: dict[str, Kernel] = {
     "faiss": faiss_knn_ip,
     "faiss-bs64k": functools.partial(faiss_knn_ip, database_block=65536),
     "faiss-1t": single_threaded(faiss_knn_ip),
+    # BLAS from 20 queries on at every d (FAISS's rule before 1.15), 64k-row blocks for fewer barriers.
+    "faiss-blas": functools.partial(faiss_knn_ip, database_block=65536, blas_min_queries=20),
+    "faiss-blas-1t": single_threaded(functools.partial(faiss_knn_ip, blas_min_queries=20)),
     "torch-16m": functools.partial(torch_blocked_topk, score_bytes=16 << 20),
     "torch-64m": functools.partial(torch_blocked_topk, score_bytes=64 << 20),
     "torch-1t": single_threaded(functools.partial(torch_blocked_topk, score_bytes=16 << 20)),
@@ -237,17 +264,19 @@ KERNELS: dict[str, Kernel] = {
 }
 """Exact kernels by name; every one returns ``(D, I)`` of shape ``(nq, k)``, D descending."""
 
-TUNED_KERNELS = ("faiss-bs64k", "faiss-1t", "torch-prune", "torch-prune-1t")
+TUNED_KERNELS = ("faiss-blas", "faiss-blas-1t", "torch-prune", "torch-prune-1t")
 """Timed by default. The others stay available to pin or to pass as ``candidates``; on the dev
-machine they were never clearly faster than these: ``faiss-bs64k`` does FAISS's work with fewer
-barriers, ``torch-prune`` does the blocked torch work with less top-k work, and numpy's
-``argpartition`` is the slowest selection."""
+machine they were never clearly faster than these: the ``faiss-blas`` pair does FAISS's work
+with BLAS at every d (``faiss``, ``faiss-bs64k`` and ``faiss-1t`` skip BLAS below nq * d = 128000,
+and for fewer than 20 queries they all run the same sequential scan), ``torch-prune`` does the
+blocked torch work with less top-k work, and numpy's ``argpartition`` is the slowest selection."""
 TUNE_ROUNDS = 5
-DEFAULT_KERNEL = "torch-prune-1t"  # tiny problems: a parallel region costs more than it saves
+DEFAULT_KERNEL = "faiss-blas-1t"  # tiny problems: a parallel region costs more than it saves
 # Below this much work (~10 ms) timing the kernels costs more than it saves. Work counts
 # nb * d * max(nq, 16): a few queries are memory-bound, so they cost about what 16 would.
 _TUNE_MIN_WORK = 5e8
 _TUNE_ROWS = 65536
+_TUNE_WORK = 4e9
 _TUNE_QUERIES = 256
 _TUNE_GAP_S = 0.005
 
@@ -291,8 +320,8 @@ def select_kernel(xq: np.ndarray, xb: np.ndarray, k: int, candidates: tuple[str,
     Small problems (``nb * d * max(nq, 16)`` under 5e8, about 10 ms) use ``DEFAULT_KERNEL``
     untimed. Otherwise the ``candidates`` (default :data:`TUNED_KERNELS`) are warmed up on a
     slice, then timed round-robin, :data:`TUNE_ROUNDS` rounds, on the first 256 queries and
-    65536 corpus rows (up to 1 GB of rows for 16 queries or fewer, which are memory-bound and
-    cheap); a candidate over 3x slower than the fastest in the first
+    16k-64k corpus rows (about 4e9 multiply-adds; up to 1 GB of rows for 16 queries or fewer,
+    which are memory-bound and cheap); a candidate over 3x slower than the fastest in the first
     round is dropped, and the lowest median time wins. Round-robin timing shares a noisy machine's
     slow moments among the candidates. Choices are cached per power-of-two class of
     ``(d, nq, nb, k)`` and per thread setting.
@@ -312,7 +341,8 @@ def select_kernel(xq: np.ndarray, xb: np.ndarray, k: int, candidates: tuple[str,
     if cached is not None:
         return cached["kernel"]
     sample_q = xq[:_TUNE_QUERIES]
-    rows = _TUNE_ROWS
+    # About 4e9 multiply-adds per timed run, between 16k and 64k rows (several blocks of each kernel).
+    rows = int(min(_TUNE_ROWS, max(16384, _TUNE_WORK // (len(sample_q) * d))))
     if nq <= 16:
         # Few queries are memory-bound and cheap: time them on the whole corpus up to 1 GB.
         # (A 256 MB sample misled: 2-thread FAISS took 13 ms on 87k x 768 but 167 ms on 200k.)

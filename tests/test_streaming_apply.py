@@ -1,0 +1,152 @@
+"""Streaming apply: .npy and parquet in, .npy and parquet out, equal to in-memory, bounded memory."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedtune.compress import TrainingData, load_compressor, make_compressor
+from embedtune.compress.streaming import (
+    apply_compressor_streaming,
+    embedding_file_shape,
+    ids_path_for,
+    iter_embedding_blocks,
+    transform_rows,
+)
+from embedtune.encoders.precomputed import load_embeddings, read_ids
+
+
+@pytest.fixture
+def fitted(rng):
+    X = rng.normal(size=(500, 48)).astype(np.float32)
+    ids = [f"d{i}" for i in range(500)]
+    return make_compressor("pca", dim=12).fit(TrainingData(ids[:1], X[:1], ids, X, {}))
+
+
+@pytest.fixture
+def vectors(rng):
+    return rng.normal(size=(1000, 48)).astype(np.float32), [f"doc/{i}" for i in range(1000)]
+
+
+def write_parquet(path, ids, X, row_group_size=300, fixed=False):
+    values = pa.array(X.ravel(), pa.float32())
+    column = pa.FixedSizeListArray.from_arrays(values, X.shape[1]) if fixed else pa.array(list(X), pa.list_(pa.float32()))
+    pq.write_table(pa.table({"id": ids, "embedding": column}), path, row_group_size=row_group_size)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 37, 256, 5000])
+def test_transform_rows_ignores_block_boundaries(fitted, vectors, chunk_size):
+    X, _ = vectors
+    whole = transform_rows(fitted, X)
+    parts = np.concatenate([transform_rows(fitted, X[s : s + chunk_size]) for s in range(0, len(X), chunk_size)])
+    np.testing.assert_array_equal(parts, whole)
+    np.testing.assert_allclose(whole, fitted.transform(X), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_npy_to_npy_and_parquet(fitted, vectors, tmp_path, dtype):
+    X, _ = vectors
+    np.save(tmp_path / "in.npy", X.astype(dtype))
+    expected = transform_rows(fitted, X.astype(dtype).astype(np.float32))
+    out = apply_compressor_streaming(fitted, tmp_path / "in.npy", tmp_path / "out.npy", chunk_size=333)
+    result = np.load(out)
+    assert result.dtype == np.float32
+    np.testing.assert_array_equal(result, expected)
+    out = apply_compressor_streaming(fitted, tmp_path / "in.npy", tmp_path / "out.parquet", chunk_size=333)
+    ids, vecs = load_embeddings(out)
+    assert ids == [str(i) for i in range(1000)]
+    np.testing.assert_array_equal(vecs, expected)
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_parquet_with_ids_to_parquet_and_npy(fitted, vectors, tmp_path, fixed):
+    X, ids = vectors
+    write_parquet(tmp_path / "in.parquet", ids, X, fixed=fixed)
+    assert embedding_file_shape(tmp_path / "in.parquet") == (1000, 48)
+    expected = transform_rows(fitted, X)
+    out = apply_compressor_streaming(fitted, tmp_path / "in.parquet", tmp_path / "out.parquet", chunk_size=128)
+    got_ids, got = load_embeddings(out)
+    assert got_ids == ids
+    np.testing.assert_array_equal(got, expected)
+    assert pq.ParquetFile(out).metadata.num_row_groups == 8  # one row group per chunk
+    out = apply_compressor_streaming(fitted, tmp_path / "in.parquet", tmp_path / "out.npy", chunk_size=128)
+    np.testing.assert_array_equal(np.load(out), expected)
+    assert read_ids(ids_path_for(out)) == ids
+
+
+def test_blocks_reader(vectors, tmp_path):
+    X, ids = vectors
+    np.save(tmp_path / "in.npy", X)
+    blocks = list(iter_embedding_blocks(tmp_path / "in.npy", 300))
+    assert [b[0] for b in blocks] == [0, 300, 600, 900] and blocks[0][1] is None
+    np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), X)
+    write_parquet(tmp_path / "in.parquet", ids, X)
+    blocks = list(iter_embedding_blocks(tmp_path / "in.parquet", 250))
+    assert sum((b[1] for b in blocks), []) == ids
+
+
+def test_errors(fitted, vectors, tmp_path):
+    X, ids = vectors
+    write_parquet(tmp_path / "in.parquet", ids, X)
+    with pytest.raises(ValueError, match="no column 'vec'"):
+        apply_compressor_streaming(fitted, tmp_path / "in.parquet", tmp_path / "o.npy", vector_column="vec")
+    with pytest.raises(ValueError, match="extension"):
+        apply_compressor_streaming(fitted, tmp_path / "in.parquet", tmp_path / "o.csv")
+    ragged = pa.table({"id": ["a", "b"], "embedding": pa.array([[1.0] * 48, [1.0] * 47], pa.list_(pa.float32()))})
+    pq.write_table(ragged, tmp_path / "ragged.parquet")
+    with pytest.raises(ValueError, match="different lengths"):
+        apply_compressor_streaming(fitted, tmp_path / "ragged.parquet", tmp_path / "o.npy")
+    bad = pa.table({"id": ["a\nb"], "embedding": pa.array([[1.0] * 48], pa.list_(pa.float32()))})
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="line breaks"):
+        apply_compressor_streaming(fitted, tmp_path / "bad.parquet", tmp_path / "o.npy")
+    assert not (tmp_path / "o.npy").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+RSS_SCRIPT = r"""
+import json, sys
+import numpy as np
+from embedtune.compress import load_compressor
+from embedtune.compress.streaming import apply_compressor_streaming
+
+def status(key):
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(key))
+
+compressor = load_compressor(sys.argv[1])
+compressor.transform(np.zeros((256, compressor.input_dim_), np.float32))  # BLAS buffers before the baseline
+mode = sys.argv[4]
+before = status("VmRSS:")
+if mode == "stream":
+    apply_compressor_streaming(compressor, sys.argv[2], sys.argv[3], chunk_size=4096)
+else:  # the in-memory reference: load everything, transform, save
+    np.save(sys.argv[3], compressor.transform(np.load(sys.argv[2])))
+print(json.dumps({"before": before, "peak": status("VmHWM:")}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_streaming_memory_stays_bounded(fitted, tmp_path):
+    n, d = 200_000, 48  # 38 MB of float32 input, 9.6 MB of output
+    rng = np.random.default_rng(1)
+    X = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32, shape=(n, d))
+    for start in range(0, n, 50_000):
+        X[start : start + 50_000] = rng.normal(size=(50_000, d))
+    X.flush()
+    del X
+    fitted.save(tmp_path / "pca")
+
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path / "pca"), str(tmp_path / "big.npy"), str(tmp_path / f"{mode}.npy"), mode],
+                             check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    stream, memory = run("stream"), run("memory")
+    input_bytes = n * d * 4
+    assert stream["peak"] - stream["before"] < 12 << 20, stream  # a few 4096-row blocks, not the 38 MB input
+    assert memory["peak"] - memory["before"] > input_bytes, memory  # the reference does hold it all
+    np.testing.assert_array_equal(np.load(tmp_path / "stream.npy"), transform_rows(load_compressor(tmp_path / "pca"), np.load(tmp_path / "big.npy")))
