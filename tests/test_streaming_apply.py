@@ -119,12 +119,8 @@ def status(key):
 
 compressor = load_compressor(sys.argv[1])
 compressor.transform(np.zeros((256, compressor.input_dim_), np.float32))  # BLAS buffers before the baseline
-mode = sys.argv[4]
 before = status("VmRSS:")
-if mode == "stream":
-    apply_compressor_streaming(compressor, sys.argv[2], sys.argv[3], chunk_size=4096)
-else:  # the in-memory reference: load everything, transform, save
-    np.save(sys.argv[3], compressor.transform(np.load(sys.argv[2])))
+apply_compressor_streaming(compressor, sys.argv[2], sys.argv[3], chunk_size=4096)
 print(json.dumps({"before": before, "peak": status("VmHWM:")}))
 """
 
@@ -141,12 +137,12 @@ def test_streaming_memory_stays_bounded(fitted, tmp_path):
     fitted.save(tmp_path / "pca")
 
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path / "pca"), str(tmp_path / "big.npy"), str(tmp_path / f"{mode}.npy"), mode],
+        out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path / "pca"), str(tmp_path / "big.npy"), str(tmp_path / f"{mode}.npy")],
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    stream, memory = run("stream"), run("memory")
+    stream = run("stream")
     input_bytes = n * d * 4
-    assert stream["peak"] - stream["before"] < 12 << 20, stream  # a few 4096-row blocks, not the 38 MB input
-    assert memory["peak"] - memory["before"] > input_bytes, memory  # the reference does hold it all
+    # A few 4096-row blocks (0.8 MB each), far below the 38 MB input an in-memory apply holds.
+    assert stream["peak"] - stream["before"] < min(12 << 20, input_bytes // 3), stream
     np.testing.assert_array_equal(np.load(tmp_path / "stream.npy"), transform_rows(load_compressor(tmp_path / "pca"), np.load(tmp_path / "big.npy")))

@@ -237,7 +237,9 @@ def diagnose_model(
     encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=False, show_progress=False)
     xq = encoder.encode_queries([dataset.queries[qid] for qid, _ in pairs])
     xp = encoder.encode_documents([document_text(dataset.corpus[did]) for _, did in pairs])
-    report = diagnose_embeddings(xq, xp, out_dir, n_random_pairs, seed, label=Path(str(model)).name)
+    path = Path(str(model))
+    label = path.parent.name if path.name == "model" else path.name  # runs/<name>/model -> <name>
+    report = diagnose_embeddings(xq, xp, out_dir, n_random_pairs, seed, label=label)
     report.meta = {"model": str(model), "data": str(data), "split": split, "seed": seed, "max_seq_length": max_seq_length, "seconds": time.perf_counter() - start}
     logger.info("diagnose %s: r=%.3f, random-pair cos=%.3f over %d pairs in %.1fs", model, report.coupling_r, report.random_pair_cosine, report.n_pairs, report.meta["seconds"])
     return report
