@@ -11,8 +11,11 @@ from embedtune.compress.registry import (
 
 # Importing the method modules fills the registry, in the order `--method` lists them.
 from embedtune.compress import methods as _methods  # noqa: E402,F401
+from embedtune.compress.dive import DIVECompressor, DIVEConfig  # noqa: E402
 
 __all__ = [
+    "DIVECompressor",
+    "DIVEConfig",
     "Compressor",
     "CompressorConfig",
     "TrainingData",
