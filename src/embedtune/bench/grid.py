@@ -143,6 +143,12 @@ def run_grid(
     bar = tqdm(total=len(todo), desc="protocol grid", unit="run", disable=not progress)
     for spec in todo:
         bar.set_postfix_str(spec.key[-60:])
+        finished = store.load(spec)
+        if finished is not None:
+            # Another worker on the same results folder finished it meanwhile.
+            records[spec.key] = finished
+            bar.update(1)
+            continue
         start = time.perf_counter()
         record = execute(spec)
         record["wall_seconds"] = time.perf_counter() - start

@@ -62,7 +62,7 @@ __all__ = [
 
 Kernel = Callable[[np.ndarray, np.ndarray, int], "tuple[np.ndarray, np.ndarray]"]
 
-_FAISS_LOCK = threading.RLock()
+_THREADS_LOCK = threading.RLock()
 _BLOCK_LOCK = threading.Lock()
 
 
@@ -114,7 +114,7 @@ def _threads(n: int | None):
     import faiss
     import torch
 
-    with _FAISS_LOCK:
+    with _THREADS_LOCK:
         torch_before, faiss_before = torch.get_num_threads(), faiss.omp_get_max_threads()
         torch.set_num_threads(n)
         faiss.omp_set_num_threads(n)
