@@ -41,10 +41,13 @@ def write_parquet(path, ids, X, row_group_size=300, fixed=False):
 @pytest.mark.parametrize("chunk_size", [1, 37, 256, 5000])
 def test_transform_rows_ignores_block_boundaries(fitted, vectors, chunk_size):
     X, _ = vectors
-    whole = transform_rows(fitted, X)
-    parts = np.concatenate([transform_rows(fitted, X[s : s + chunk_size]) for s in range(0, len(X), chunk_size)])
+    whole = transform_rows(fitted, X, tile=64)
+    parts = np.concatenate([transform_rows(fitted, X[s : s + chunk_size], tile=64) for s in range(0, len(X), chunk_size)])
     np.testing.assert_array_equal(parts, whole)
     np.testing.assert_allclose(whole, fitted.transform(X), atol=1e-6)
+    # the default tile (4096 rows): each chunk is one padded tile, rows at different positions
+    parts = np.concatenate([transform_rows(fitted, X[s : s + chunk_size]) for s in range(0, len(X), chunk_size)])
+    np.testing.assert_array_equal(parts, transform_rows(fitted, X))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -84,6 +87,8 @@ def test_blocks_reader(vectors, tmp_path):
     blocks = list(iter_embedding_blocks(tmp_path / "in.npy", 300))
     assert [b[0] for b in blocks] == [0, 300, 600, 900] and blocks[0][1] is None
     np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), X)
+    reused = [(start, block.copy()) for start, _, block in iter_embedding_blocks(tmp_path / "in.npy", 300, reuse_buffer=True)]
+    np.testing.assert_array_equal(np.concatenate([b for _, b in reused]), X)
     write_parquet(tmp_path / "in.parquet", ids, X)
     blocks = list(iter_embedding_blocks(tmp_path / "in.parquet", 250))
     assert sum((b[1] for b in blocks), []) == ids

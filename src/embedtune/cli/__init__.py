@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from embedtune.cli import bench, compress, data_commands, evaluate
+    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands.register(commands)
     evaluate.register(commands)
     compress.register(commands)
+    finetune.register(commands)
+    diagnose.register(commands)
     bench.register(commands)
     return parser
 

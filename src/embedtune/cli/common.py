@@ -27,6 +27,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-seq-length", type=int, default=None, help="override the model's max sequence length")
     group.add_argument("--query-prompt", default="", help="text prepended to queries (instruction models)")
     group.add_argument("--doc-prompt", default="", help="text prepended to documents")
+    group.add_argument("--similarity", default="cosine", choices=["cosine", "dot"],
+                       help="cosine: L2-normalise before search; dot: rank by the raw dot product (PACE Stage II models)")
     group.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
     pre = parser.add_argument_group("precomputed embeddings (skip encoding)")
     pre.add_argument("--doc-embeddings", default=None, help="(n_docs, d) .npy or .parquet of corpus vectors")
@@ -49,6 +51,7 @@ def experiment_from_args(args: argparse.Namespace, with_split: bool = True):
             "max_seq_length": args.max_seq_length,
             "query_prompt": args.query_prompt,
             "document_prompt": args.doc_prompt,
+            "normalize": getattr(args, "similarity", "cosine") != "dot",
         },
         cache=not args.no_cache,
         doc_embeddings=args.doc_embeddings,

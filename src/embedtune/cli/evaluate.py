@@ -38,6 +38,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         "model": args.model if args.doc_embeddings is None else "precomputed",
         "dim": emb.dim,
         "queries": args.queries,
+        "similarity": args.similarity,
         "ignore_identical_ids": not args.keep_identical_ids,
         "cache_hits": emb.cache_hits,
         "encode_seconds": emb.timings,

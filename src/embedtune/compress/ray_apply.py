@@ -24,11 +24,12 @@ Recipe::
     )
 
 The adapter folder must be readable from every worker (shared storage, or copy it there).
-Each actor reserves ``num_cpus`` (default 1) for its lifetime: on a small cluster leave CPUs
+Use a ``batch_size`` that is a multiple of 4096: every batch is transformed in 4096-row tiles,
+and a shorter last tile is padded. Each actor reserves ``num_cpus`` (default 1) for its lifetime: on a small cluster leave CPUs
 for the read tasks (e.g. ``concurrency=2, num_cpus=0.5`` on 2 CPUs), or the pipeline waits
 forever for a CPU to read with.
 Each row's output is bitwise what :func:`embedtune.compress.streaming.apply_compressor_streaming`
-writes for it, whatever the batch boundaries: both transform in fixed 256-row tiles (see
+writes for it, whatever the batch boundaries: both transform in fixed 4096-row tiles (see
 :func:`embedtune.compress.streaming.transform_rows`).
 """
 

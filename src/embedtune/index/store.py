@@ -129,7 +129,7 @@ def build_index(
     keep_vectors = (kind == "binary") if keep_vectors is None else keep_vectors
 
     def blocks(collect_ids: bool = False):
-        for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column):
+        for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):
             if collect_ids and block_ids is not None:
                 id_list.extend(block_ids)
             yield start, (transform_rows(compressor, block) if compressor is not None else block)
@@ -147,7 +147,7 @@ def build_index(
         if not index.is_trained:
             sample = []
             for _, block in blocks():
-                sample.append(block[: train_size - sum(len(s) for s in sample)])
+                sample.append(block[: train_size - sum(len(s) for s in sample)].copy())  # the reader reuses its buffer
                 if sum(len(s) for s in sample) >= train_size:
                     break
             index.train(np.concatenate(sample))
