@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune
+    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     finetune.register(commands)
     diagnose.register(commands)
     bench.register(commands)
+    index.register(commands)
     return parser
 
 

@@ -60,11 +60,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     train.set_defaults(handler=run_train)
 
-    apply = sub.add_parser("apply", help="compress a (large) .npy of embeddings in chunks", formatter_class=fmt,
+    apply = sub.add_parser("apply", help="compress a (large) .npy or parquet of embeddings in chunks", formatter_class=fmt,
                            description="Memory-mapped, chunked: memory stays bounded whatever the input size.")
     apply.add_argument("--adapter", required=True, help="folder written by `compress train --out` (or Compressor.save)")
-    apply.add_argument("--input", required=True, help="(n, d) float32 or float16 .npy")
-    apply.add_argument("--output", required=True, help="(n, k) float32 .npy to write")
+    apply.add_argument("--input", required=True, help="(n, d) float32/float16 .npy, or .parquet with an id column")
+    apply.add_argument("--output", required=True, help="(n, k) float32 .npy (parquet input: ids go to <stem>.ids.txt) or .parquet")
+    apply.add_argument("--id-column", default="id", help="parquet id column")
+    apply.add_argument("--vector-column", default="embedding", help="parquet vector column")
     apply.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
     apply.set_defaults(handler=run_apply)
 
@@ -146,14 +148,13 @@ def run_apply(args: argparse.Namespace) -> int:
     import time
 
     from embedtune.compress import load_compressor
-    from embedtune.compress.streaming import apply_compressor_streaming
+    from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape
 
     compressor = load_compressor(args.adapter)
     start = time.perf_counter()
-    path = apply_compressor_streaming(compressor, args.input, args.output, args.chunk_size)
-    import numpy as np
-
-    rows = np.load(path, mmap_mode="r").shape[0]
+    path = apply_compressor_streaming(compressor, args.input, args.output, args.chunk_size,
+                                      id_column=args.id_column, vector_column=args.vector_column)
+    rows = embedding_file_shape(path, args.vector_column)[0]
     seconds = time.perf_counter() - start
     print_json({"output": str(path), "rows": int(rows), "dim": compressor.output_dim, "seconds": seconds, "vectors_per_second": rows / max(seconds, 1e-9)})
     return 0

@@ -23,7 +23,7 @@ Why more than one kernel (measured on the 2-core dev machine; ``benchmarks/RESUL
 * Top-k: at d=128 ``torch.topk`` over every score costs about as much as the matmul itself;
   ``torch-prune`` only selects inside groups of rows whose max can still enter the top k.
 * A single query is memory-bound; FAISS's sequential scan on one thread read the corpus about
-  twice as fast as an sgemv (MKL or OpenBLAS) on this CPU.
+  twice as fast as an sgemv (MKL or OpenBLAS) on this CPU, or more.
 * Not the cause: the FAISS wheel is one dynamic-dispatch library (compile options
   ``OPTIMIZE DD AVX2 AVX512 AVX512_VPOPCNT``, ``SIMDConfig`` level ``AVX512_VPOPCNT``); the
   loader's "could not load AVX512/AVX2" lines refer to the per-ISA modules of older wheels.
@@ -177,7 +177,7 @@ def torch_pruned_topk(
     """Blocked ``torch.mm`` whose top-k selection skips groups that cannot enter the top ``k``.
 
     At low ``d`` the matmul is cheap and ``torch.topk`` over every score costs as much again
-    (measured at d=128, one thread: 160 ms of matmul, 70-170 ms of top-k per 256 x 131k). Here
+    (measured at d=128, one thread, 256 x 131k: 154-182 ms of matmul, 65-172 ms more of top-k). Here
     each block's scores are cut into groups of ``group`` rows and only the groups whose max
     beats the query's current k-th best score go through ``topk``; the group max is a cheap
     pass over a block that is still in cache. Exact: a skipped group holds no score above the

@@ -1,0 +1,40 @@
+"""``embedtune evaluate-mmeb``: Precision@1 of a Qwen-VL embedder on MMEB-eval-style files."""
+
+from __future__ import annotations
+
+import argparse
+
+from embedtune.cli.common import print_json, print_table
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "evaluate-mmeb",
+        help="Precision@1 of a vision-language embedder on MMEB-style tasks, with the paper's grouping",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Each FILE is one dataset (JSONL or parquet, ground truth at candidate 0), named by its file stem. "
+                    "A tie with the ground truth counts as a miss.",
+    )
+    parser.add_argument("--model", required=True, metavar="DIR", help="folder saved by QwenVLEmbedder.save")
+    parser.add_argument("--tasks", required=True, nargs="+", metavar="FILE", help="MMEB-eval-style files")
+    parser.add_argument("--similarity", default="auto", choices=["auto", "cosine", "dot"],
+                        help="ranking similarity; auto uses the one saved with the model (dot after Stage II)")
+    parser.add_argument("--image-root", default=None, help="folder image paths are relative to (default: each file's folder)")
+    parser.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass")
+    parser.add_argument("--device", default=None, help="torch device (default: CPU)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.set_defaults(handler=run_evaluate_mmeb)
+
+
+def run_evaluate_mmeb(args: argparse.Namespace) -> int:
+    from embedtune.evaluate.mmeb import evaluate_mmeb_model
+
+    result = evaluate_mmeb_model(args.model, args.tasks, similarity=args.similarity, image_root=args.image_root,
+                                 batch_size=args.batch_size, device=args.device)
+    if args.json:
+        print_json(result)
+    else:
+        print_table([{"dataset": name, "p@1": score} for name, score in result["per_dataset"].items()], ["dataset", "p@1"])
+        print_table([{key: result[key] for key in ("classification", "vqa", "retrieval", "grounding", "ind", "ood", "overall")}],
+                    ["classification", "vqa", "retrieval", "grounding", "ind", "ood", "overall"])
+    return 0
