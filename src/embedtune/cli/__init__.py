@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index
+    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     diagnose.register(commands)
     bench.register(commands)
     index.register(commands)
+    mmeb.register(commands)
     return parser
 
 
