@@ -29,7 +29,7 @@ __all__ = ["plan_phase_one", "plan_phase_two", "ProtocolExecutor", "run_protocol
 SEED_FREE_METHODS = {"frozen", "truncate", "pca"}
 
 
-def _dive_heads(config: ProtocolConfig, dim: int, input_dim: int | None) -> dict[str, Any]:
+def _dive_heads(config: ProtocolConfig) -> dict[str, Any]:
     # H=4 wherever k·H <= d, otherwise the largest feasible H (resolved by DIVE's 'auto').
     return {"heads": "auto", "max_heads": config.heads}
 
@@ -51,12 +51,12 @@ def plan_phase_one(config: ProtocolConfig) -> list[RunSpec]:
                     for method in config.methods:
                         seeds = config.final_seeds[:1] if method in SEED_FREE_METHODS else config.final_seeds
                         for seed in seeds:
-                            overrides = _dive_heads(config, dim, None) if method == "dive" else {}
+                            overrides = _dive_heads(config) if method == "dive" else {}
                             specs.append(spec("test", method, seed, overrides, "main"))
                 if "ablation" in config.studies:
                     for name, overrides in config.ablations.items():
                         for seed in config.selection_seeds:
-                            specs.append(spec("val", "dive", seed, {**_dive_heads(config, dim, None), **overrides}, f"ablation:{name}"))
+                            specs.append(spec("val", "dive", seed, {**_dive_heads(config), **overrides}, f"ablation:{name}"))
                 if "heads" in config.studies:
                     for heads in config.head_values:
                         for seed in config.selection_seeds:
