@@ -25,7 +25,7 @@ $(MPNET_STAMP): $(STAMP)
 	@touch $(MPNET_STAMP)
 
 demo: setup
-	$(BIN)/embedtune compress train --method dive --model minilm --data scifact --dim 128 --heads auto --final \
+	$(BIN)/embedtune --threads 1 compress train --method dive --model minilm --data scifact --dim 128 --heads auto --final \
 		--compare frozen,truncate,pca --out runs/demo-dive-128
 
 test: setup
