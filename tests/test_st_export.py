@@ -60,7 +60,14 @@ def _fit_dive(base, **overrides) -> DIVECompressor:
 
 @pytest.mark.parametrize(
     "base_normalizes,overrides",
-    [(False, {}), (True, {}), (False, {"normalize_input": False, "activation": "tanh"}), (True, {"hidden_dim": 24})],  # r + k == d
+    [
+        (False, {}),
+        (True, {}),
+        (False, {"normalize_input": False, "activation": "tanh"}),
+        (True, {"hidden_dim": 24}),  # r + k == d
+        (False, {"init": "pca"}),
+        (True, {"init": "pca", "normalize_input": False}),
+    ],
 )
 def test_builtin_export_matches_transform_without_trust_remote_code(tiny_bert_dir, tmp_path, base_normalizes, overrides):
     from sentence_transformers import SentenceTransformer
@@ -70,7 +77,8 @@ def test_builtin_export_matches_transform_without_trust_remote_code(tiny_bert_di
     out = export_sentence_transformer(compressor, base, tmp_path / "exported")
     types = [entry["type"] for entry in json.loads((out / "modules.json").read_text())]
     assert all(t.startswith("sentence_transformers.") for t in types)
-    assert len(types) == len(base) + 3 + (compressor.config.normalize_input and not base_normalizes)
+    extra = (compressor.config.normalize_input and not base_normalizes) + (compressor.config.init == "pca")
+    assert len(types) == len(base) + 3 + extra
     assert len(base) == 2 + base_normalizes  # the caller's model is not modified
 
     exported = SentenceTransformer(str(out), device="cpu")

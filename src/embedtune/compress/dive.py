@@ -11,11 +11,27 @@ distillation from the frozen space. Inference keeps head 1 only, so a fitted DIV
 ``k``-dimensional vector per item, and at initialisation ``transform(X) == normalize(X[:, :k])``
 (with ``normalize_input`` the input is normalised first, which changes the result only by float
 rounding).
+
+Options beyond the paper (all off by default, so the defaults stay the paper's recipe):
+
+- ``init="pca"``: rotate the (normalised) input by the orthogonal PCA basis ``R`` of the training
+  corpus before the adapter, ``z' = zR + W2 σ(W1 zR + b1) + b2``. ``R`` is estimated on centred
+  corpus embeddings and applied without centring, so every full-dimensional inner product is
+  unchanged, and at initialisation head 1 is the projection on the top-``k`` principal
+  directions instead of an arbitrary ``k`` coordinates.
+- ``epoch_selection="best"``: score validation nDCG@10 before training (epoch 0) and after every
+  epoch, and keep the best weights. Without a validation set, ``selection_fraction`` of the
+  training queries are held out for it (query-disjoint, by a seeded hash). With ``init="pca"``
+  the epoch-0 candidate is the uncentred PCA projection, so the result is never worse than it
+  on the selection queries.
+- ``output_norm="input"``: scale the unit head 1 by the input's norm, for dot-product models
+  (PACE Stage II) whose embedding norms carry meaning.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import logging
 import math
@@ -23,7 +39,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -42,6 +58,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME"]
 
 TRAINING_LOG_NAME = "training_log.jsonl"
+INIT_KINDS = ("identity", "pca")
+EPOCH_SELECTIONS = ("last", "best")
+OUTPUT_NORMS = ("unit", "input")
 # Rows per forward pass in transform(); bounds the activation memory, not the result.
 _TRANSFORM_BATCH = 8192
 
@@ -72,11 +91,47 @@ class DIVEConfig(CompressorConfig):
         default="hinge",
         metadata={"help": "'hinge' (self-limiting, DIVE) or 'softplus' (the 'w/o self-limiting' ablation, §4.4)."},
     )
+    init: str = field(
+        default="identity",
+        metadata={"help": "'identity' (the paper: head 1 starts as the first k input coordinates) or 'pca' (rotate the input by the corpus PCA basis first)."},
+    )
+    epoch_selection: str = field(
+        default="last",
+        metadata={"help": "'last' (the paper: keep the final epoch) or 'best' (keep the epoch, 0 included, with the best validation nDCG@10)."},
+    )
+    selection_fraction: float = field(
+        default=0.2,
+        metadata={"help": "With epoch_selection='best' and no validation set: fraction of training queries held out to select on."},
+    )
+    output_norm: str = field(
+        default="unit",
+        metadata={"help": "'unit' (L2-normalised head 1, cosine) or 'input' (head 1 scaled by the input's norm, for dot-product models)."},
+    )
     device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
 
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # The paper's single global configuration (Table 2, §4.1): the dataclass defaults.
+        "paper": {},
+    }
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "DIVEConfig":
+        """A config from a named preset (see ``DIVEConfig.PRESETS``) plus field overrides."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"DIVEConfig: unknown preset {name!r}; choose one of: {', '.join(sorted(cls.PRESETS))}.")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.init not in INIT_KINDS:
+            raise ValueError(f"init must be one of {list(INIT_KINDS)}; got {self.init!r}.")
+        if self.epoch_selection not in EPOCH_SELECTIONS:
+            raise ValueError(f"epoch_selection must be one of {list(EPOCH_SELECTIONS)}; got {self.epoch_selection!r}.")
+        if not isinstance(self.selection_fraction, (int, float)) or not 0 < self.selection_fraction < 1:
+            raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
+        if self.output_norm not in OUTPUT_NORMS:
+            raise ValueError(f"output_norm must be one of {list(OUTPUT_NORMS)}; got {self.output_norm!r}.")
         if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
             raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
         if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
@@ -161,11 +216,25 @@ class DIVEAdapter(nn.Module):
             raise ValueError(f"dim * heads = {dim * heads} exceeds the input dimension {input_dim}.")
         self.input_dim, self.dim, self.heads, self.normalize_input = input_dim, dim, heads, normalize_input
         self.mlp = ResidualMLP(input_dim, hidden_dim, activation)
+        self.rotation: torch.Tensor | None
+        self.register_buffer("rotation", None)
+
+    def set_rotation(self, rotation: torch.Tensor | np.ndarray | None) -> None:
+        """Rotate inputs by ``rotation`` (d, d), orthogonal, before the MLP; None removes it."""
+        if rotation is None:
+            self.rotation = None
+            return
+        rotation = torch.as_tensor(np.asarray(rotation, dtype=np.float32))
+        if rotation.shape != (self.input_dim, self.input_dim):
+            raise ValueError(f"rotation must have shape ({self.input_dim}, {self.input_dim}); got {tuple(rotation.shape)}.")
+        self.rotation = rotation.to(self.mlp.up.weight.device)
 
     def adapt(self, x: torch.Tensor) -> torch.Tensor:
-        """``z' = z + W2 σ(W1 z + b1) + b2``, shape (batch, d)."""
+        """``z' = z + W2 σ(W1 z + b1) + b2`` with ``z`` the (rotated) input, shape (batch, d)."""
         if self.normalize_input:
             x = F.normalize(x, p=2, dim=-1)
+        if self.rotation is not None:
+            x = x @ self.rotation
         return self.mlp(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,14 +249,64 @@ class DIVEAdapter(nn.Module):
 
 
 class DIVEEncoder(nn.Module):
-    """Inference-only DIVE: ``(batch, d)`` frozen embeddings to unit-norm ``(batch, k)`` head 1."""
+    """Inference-only DIVE: ``(batch, d)`` frozen embeddings to ``(batch, k)`` head 1.
 
-    def __init__(self, adapter: DIVEAdapter) -> None:
+    Head 1 has unit norm, or the input's norm with ``scale_by_input_norm`` (``output_norm='input'``).
+    """
+
+    def __init__(self, adapter: DIVEAdapter, scale_by_input_norm: bool = False) -> None:
         super().__init__()
         self.adapter = adapter
+        self.scale_by_input_norm = scale_by_input_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.adapter.head_one(x)
+        head = self.adapter.head_one(x)
+        return head * x.norm(dim=-1, keepdim=True) if self.scale_by_input_norm else head
+
+
+def corpus_pca_rotation(doc_embeddings: np.ndarray, normalize_input: bool = True) -> np.ndarray:
+    """The orthogonal PCA basis of the corpus, shape (d, d), columns by decreasing variance.
+
+    Estimated on centred rows (normalised first when the adapter normalises its input), with
+    the sign convention of :func:`embedtune.compress.pca.flip_signs`; applied as ``x @ R``
+    without centring, so inner products between rotated rows equal the originals.
+    """
+    from embedtune.compress.pca import principal_axes
+
+    rows = doc_embeddings
+    if normalize_input:
+        rows = doc_embeddings / np.maximum(np.linalg.norm(doc_embeddings, axis=1, keepdims=True), 1e-12)
+    _, components, _ = principal_axes(np.ascontiguousarray(rows, dtype=np.float32), doc_embeddings.shape[1], complete_basis=True)
+    return np.ascontiguousarray(components.T, dtype=np.float32)
+
+
+def holdout_split(train: TrainingData, fraction: float, seed: int) -> tuple[TrainingData, TrainingData]:
+    """Split ``train`` by query into (fit part, held-out part) for epoch selection.
+
+    Queries that have triplets are ranked by ``sha256(f"{seed}:{query_id}")`` and the first
+    ``ceil(fraction · n)`` are held out, so the split depends on ids and seed only. Both parts
+    keep the whole corpus; the fit part keeps the triplets of the other queries.
+    """
+    triplets = train.require_triplets("dive")
+    rows = np.unique(triplets[:, 0])
+    ids = [train.query_ids[row] for row in rows]
+    if len(ids) < 2:
+        raise ValueError(
+            f"DIVE epoch_selection='best' holds out a fraction of the training queries, but only {len(ids)} "
+            "query has triplets; add training queries or use epoch_selection='last'."
+        )
+    ranked = sorted(ids, key=lambda query_id: hashlib.sha256(f"{seed}:{query_id}".encode()).hexdigest())
+    n_holdout = min(len(ids) - 1, max(1, math.ceil(fraction * len(ids))))
+    held = set(ranked[:n_holdout])
+    held_rows = np.array([row for row, query_id in zip(rows, ids) if query_id in held], dtype=np.int64)
+    fit_triplets = triplets[~np.isin(triplets[:, 0], held_rows)]
+    fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels, fit_triplets)
+    held_ids = [train.query_ids[row] for row in held_rows]
+    holdout = TrainingData(
+        held_ids, train.query_embeddings[held_rows], train.doc_ids, train.doc_embeddings,
+        {query_id: train.qrels.get(query_id, {}) for query_id in held_ids},
+    )
+    return fit_part, holdout
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -217,6 +336,7 @@ class DIVECompressor(Compressor):
         super().__init__(config)
         self.adapter_: DIVEAdapter | None = None
         self.heads_: int | None = None
+        self.selected_epoch_: int | None = None
         self.history_: list[dict[str, Any]] = []
         self._log_path: Path | None = None
 
@@ -230,7 +350,7 @@ class DIVECompressor(Compressor):
                 ``val_ndcg@10`` is recorded; on a large corpus this dominates the epoch time.
             log_path: when given, each epoch's diagnostics row is appended to this JSONL file.
         """
-        self.input_dim_, self.adapter_, self.heads_, self.history_ = None, None, None, []
+        self.input_dim_, self.adapter_, self.heads_, self.history_, self.selected_epoch_ = None, None, None, [], None
         self._log_path = Path(log_path) if log_path is not None else None
         try:
             return super().fit(train, val)
@@ -243,7 +363,7 @@ class DIVECompressor(Compressor):
     def torch_module(self) -> DIVEEncoder:
         """A CPU copy of the inference path as an ``nn.Module`` (for export), in eval mode."""
         self._check_fitted()
-        return DIVEEncoder(copy.deepcopy(self.adapter_).cpu()).eval()
+        return DIVEEncoder(copy.deepcopy(self.adapter_).cpu(), self.config.output_norm == "input").eval()
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)
@@ -267,18 +387,54 @@ class DIVECompressor(Compressor):
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config = self.config
         heads = resolve_heads(config.heads, config.max_heads, config.dim, train.dim, config.view_weight)
-        triplets = train.require_triplets(self.method)
+        train.require_triplets(self.method)
         hidden_dim = config.hidden_dim or max(1, train.dim // 2)
         device = _resolve_device(config.device)
+        rotation = corpus_pca_rotation(train.doc_embeddings, config.normalize_input) if config.init == "pca" else None
+        self.heads_ = heads
+        self.selected_epoch_ = None
+        if config.epoch_selection == "last":
+            self._train(train, val, heads, hidden_dim, rotation, device, config.epochs, holdout=None, phase="train")
+            return
+        # Select the epoch count on held-out training queries (epoch 0 included), then refit on
+        # every training query for that many epochs, so the selection costs no training data.
+        fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed)
+        logger.info("DIVE: selecting the epoch on %d held-out training queries", len(holdout.query_ids))
+        best_epoch = self._train(fit_part, val, heads, hidden_dim, rotation, device, config.epochs, holdout=holdout, phase="select")
+        self.selected_epoch_ = best_epoch
+        logger.info("DIVE: best epoch %d of %d; refitting on all %d training queries", best_epoch, config.epochs, len(train.query_ids))
+        self._train(train, val, heads, hidden_dim, rotation, device, best_epoch, holdout=None, phase="refit")
+
+    def _train(
+        self,
+        train: TrainingData,
+        val: TrainingData | None,
+        heads: int,
+        hidden_dim: int,
+        rotation: np.ndarray | None,
+        device: torch.device,
+        epochs: int,
+        holdout: TrainingData | None,
+        phase: str,
+    ) -> int:
+        """Train a fresh adapter for ``epochs`` epochs into ``self.adapter_``.
+
+        With ``holdout``, its nDCG@10 is scored before training and after every epoch, the best
+        weights are kept, and their epoch (0 = the initialisation) is returned; otherwise the
+        last epoch is kept and returned.
+        """
+        config = self.config
+        triplets = train.require_triplets(self.method)
         # Seed only the initialisation, without touching the caller's global RNG state.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             adapter = DIVEAdapter(train.dim, config.dim, heads, hidden_dim, config.activation, config.normalize_input)
         adapter.to(device)
-        self.adapter_, self.heads_ = adapter, heads
+        adapter.set_rotation(rotation)
+        self.adapter_ = adapter
         logger.info(
-            "DIVE: %d triplets, %d-d -> %d-d, H=%d, r=%d, %d parameters, device %s",
-            len(triplets), train.dim, config.dim, heads, hidden_dim, adapter.mlp.num_parameters(), device,
+            "DIVE (%s): %d triplets, %d-d -> %d-d, H=%d, r=%d, init=%s, %d parameters, device %s",
+            phase, len(triplets), train.dim, config.dim, heads, hidden_dim, config.init, adapter.mlp.num_parameters(), device,
         )
 
         # Only the rows the triplets use go to the device: a large corpus need not fit there.
@@ -288,26 +444,40 @@ class DIVECompressor(Compressor):
         docs = torch.from_numpy(train.doc_embeddings[doc_rows]).to(device)
         local = torch.from_numpy(np.column_stack([query_index.reshape(-1), doc_index.reshape(-1, 2)])).to(device)
 
+        best_epoch, best_score, best_state = epochs, -math.inf, None
+        if holdout is not None:
+            best_epoch, best_score = 0, self._validate(holdout)
+            best_state = copy.deepcopy(adapter.state_dict())
+            logger.info("DIVE epoch 0 (initialisation): holdout nDCG@10 %.4f", best_score)
         optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         generator = torch.Generator().manual_seed(config.seed)
-        progress = _progress_bar(config.epochs, config.progress)
-        for epoch in range(1, config.epochs + 1):
+        progress = _progress_bar(epochs, config.progress)
+        for epoch in range(1, epochs + 1):
             start = time.perf_counter()
             row = self._train_epoch(adapter, optimizer, queries, docs, local, generator)
             if val is not None:
                 row["val_ndcg@10"] = self._validate(val)
+            if holdout is not None:
+                score = row["holdout_ndcg@10"] = self._validate(holdout)
+                if score > best_score:  # strict: ties keep the earlier (simpler) adapter
+                    best_epoch, best_score, best_state = epoch, score, copy.deepcopy(adapter.state_dict())
             row = {"epoch": epoch, **row, "seconds": time.perf_counter() - start}
+            if phase != "train":
+                row["phase"] = phase
             self.history_.append(row)
             self._append_log(row)
             logger.info(
                 "DIVE epoch %d/%d: rho=%.3f triplet=%.4f view=%.4f geo=%.5f total=%.4f%s (%.1fs)",
-                epoch, config.epochs, row["active_ratio"], row["loss_triplet"], row["loss_view"], row["loss_geometry"],
+                epoch, epochs, row["active_ratio"], row["loss_triplet"], row["loss_view"], row["loss_geometry"],
                 row["loss_total"], f" val_ndcg@10={row['val_ndcg@10']:.4f}" if val is not None else "", row["seconds"],
             )
             progress.set_postfix(rho=f"{row['active_ratio']:.3f}", loss=f"{row['loss_total']:.4f}")
             progress.update(1)
         progress.close()
+        if best_state is not None:
+            adapter.load_state_dict(best_state)
         adapter.eval()
+        return best_epoch
 
     def _train_epoch(
         self,
@@ -383,15 +553,28 @@ class DIVECompressor(Compressor):
         adapter.train(was_training)
         return np.concatenate(parts) if parts else np.zeros((0, self.config.dim), np.float32)
 
+    def transform(self, X: Any) -> np.ndarray:
+        """Head 1 of ``X``: unit rows, or with ``output_norm='input'`` rows of the input's norm."""
+        out = super().transform(X)
+        if self.config.output_norm == "input":
+            norms = np.linalg.norm(np.asarray(X, dtype=np.float32), axis=1, keepdims=True)
+            out = np.ascontiguousarray(out * norms, dtype=np.float32)
+        return out
+
     def _state_dict(self) -> dict[str, np.ndarray]:
         state = {f"adapter.{name}": tensor.detach().cpu().numpy() for name, tensor in self.adapter_.state_dict().items()}
         state["heads_"] = np.array([self.heads_], dtype=np.int64)
+        if self.selected_epoch_ is not None:
+            state["selected_epoch_"] = np.array([self.selected_epoch_], dtype=np.int64)
         return state
 
     def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        expected = {"heads_", "adapter.mlp.up.weight", "adapter.mlp.up.bias", "adapter.mlp.down.weight", "adapter.mlp.down.bias"}
-        if set(state) != expected:
-            raise KeyError(f"expected tensors {sorted(expected)}, found {sorted(state)}")
+        required = {"heads_", "adapter.mlp.up.weight", "adapter.mlp.up.bias", "adapter.mlp.down.weight", "adapter.mlp.down.bias"}
+        optional = {"adapter.rotation", "selected_epoch_"}
+        if not required <= set(state) or set(state) - required - optional:
+            raise KeyError(f"expected tensors {sorted(required)} (optionally {sorted(optional)}), found {sorted(state)}")
+        if ("adapter.rotation" in state) != (self.config.init == "pca"):
+            raise KeyError(f"config.json says init={self.config.init!r} but the weights {'have' if 'adapter.rotation' in state else 'lack'} a rotation")
         heads = int(np.asarray(state["heads_"]).reshape(-1)[0])
         hidden_dim, input_dim = state["adapter.mlp.up.weight"].shape
         if input_dim != self.input_dim_:
@@ -399,9 +582,14 @@ class DIVECompressor(Compressor):
         if heads < 1 or self.config.dim * heads > input_dim:
             raise ValueError(f"heads_={heads} does not fit dim={self.config.dim} in {input_dim}-d input")
         adapter = DIVEAdapter(input_dim, self.config.dim, heads, hidden_dim, self.config.activation, self.config.normalize_input)
-        adapter.load_state_dict({name.removeprefix("adapter."): torch.from_numpy(np.array(value)) for name, value in state.items() if name != "heads_"})
+        if "adapter.rotation" in state:
+            adapter.set_rotation(state["adapter.rotation"])
+        adapter.load_state_dict(
+            {name.removeprefix("adapter."): torch.from_numpy(np.array(value)) for name, value in state.items() if name.startswith("adapter.")}
+        )
         self.adapter_ = adapter.to(_resolve_device(self.config.device)).eval()
         self.heads_ = heads
+        self.selected_epoch_ = int(np.asarray(state["selected_epoch_"]).reshape(-1)[0]) if "selected_epoch_" in state else None
 
     def _check_fitted(self) -> None:
         super()._check_fitted()

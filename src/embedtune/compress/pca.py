@@ -47,15 +47,18 @@ def flip_signs(components: np.ndarray) -> np.ndarray:
     return components * signs[:, None]
 
 
-def principal_axes(xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def principal_axes(xb: np.ndarray, k: int, complete_basis: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Mean, top-``k`` principal axes and their variances of the rows of ``xb``.
+
+    ``complete_basis`` allows ``k`` up to ``d`` with fewer than ``k`` rows: the axes beyond the
+    data's rank are then an orthonormal completion (zero variance), e.g. for a full rotation.
 
     Returns:
         ``mean`` (d,) float64, ``components`` (k, d) float64 with sign-normalised unit rows
         ordered by decreasing variance, ``explained_variance`` (k,) float64 (scatter / (n − 1)).
     """
     n, d = xb.shape
-    if not 1 <= k <= min(n, d):
+    if not 1 <= k <= (d if complete_basis else min(n, d)):
         raise ValueError(f"pca: dim={k} needs 1 <= dim <= min(n_docs={n}, d={d}).")
     mean = np.zeros(d, dtype=np.float64)
     for start in range(0, n, _BLOCK_ROWS):

@@ -69,6 +69,12 @@ def _dive_builtin_modules(compressor: Compressor, input_is_normalized: bool) -> 
     modules: list[torch.nn.Module] = []
     if adapter.normalize_input and not input_is_normalized:
         modules.append(Normalize())
+    if adapter.rotation is not None:
+        # init="pca": z ↦ zR is a bias-free Dense with weight Rᵀ.
+        rotate = Dense(d, d, bias=False, activation_function=None)
+        with torch.no_grad():
+            rotate.linear.weight.copy_(adapter.rotation.detach().cpu().T)
+        modules.append(rotate)
     return [*modules, expand, head, Normalize()]
 
 
@@ -117,6 +123,11 @@ def export_sentence_transformer(
     is_dive = isinstance(compressor, DIVECompressor)
     if module_format == "builtin" and not is_dive:
         raise ValueError(f"module_format='builtin' supports DIVE only; use 'embedtune' for {compressor.method!r}.")
+    if is_dive and compressor.config.output_norm != "unit":
+        # Scaling by the input norm has no built-in sentence-transformers module.
+        if module_format == "builtin":
+            raise ValueError("module_format='builtin' needs DIVE with output_norm='unit'; use 'embedtune' (or 'auto') for output_norm='input'.")
+        is_dive = False
     model = copy.deepcopy(base_model).to("cpu")
     if module_format != "embedtune" and is_dive:
         ends_normalized = isinstance(model[-1], Normalize)
