@@ -15,7 +15,7 @@ import numpy as np
 
 from embedtune.compress.base import TrainingData
 from embedtune.data.beir import BeirDataset, load_beir
-from embedtune.data.splits import QuerySplit, query_disjoint_split
+from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
 from embedtune.encoders.precomputed import load_embeddings
@@ -25,7 +25,11 @@ from embedtune.evaluate.retrieval import evaluate_embeddings
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data"]
+__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data", "PROTOCOLS"]
+
+# "paper": 60/20/20 query-disjoint split of one qrels split's judged queries (DIVE §4.1).
+# "beir-train": train/val from qrels/train.tsv, test = every judged query of qrels/test.tsv.
+PROTOCOLS = ("paper", "beir-train")
 
 
 @dataclass
@@ -79,9 +83,26 @@ def load_experiment(
     doc_ids: str | Path | None = None,
     query_embeddings: str | Path | None = None,
     query_ids: str | Path | None = None,
+    protocol: str = "paper",
+    val_fraction: float = 0.2,
 ) -> Experiment:
-    """Load ``data``, embed it with ``model`` (or read precomputed vectors), and split it."""
+    """Load ``data``, embed it with ``model`` (or read precomputed vectors), and split it.
+
+    ``protocol="paper"`` splits the judged queries of ``qrels_split`` by ``fractions``;
+    ``protocol="beir-train"`` trains on ``qrels/train.tsv`` (``val_fraction`` of it held out for
+    validation) and tests on every judged query of ``qrels_split``. The experiment's qrels then
+    hold both files' judgments (their queries are disjoint).
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {list(PROTOCOLS)}; got {protocol!r}.")
     dataset = load_beir(data, qrels_split)
+    beir_split: QuerySplit | None = None
+    if protocol == "beir-train":
+        if split_seed is None:
+            raise ValueError("the beir-train protocol needs a split_seed (it picks the validation queries).")
+        train_dataset = load_beir(data, "train")
+        beir_split = train_qrels_split(train_dataset, dataset, val_fraction, split_seed)
+        dataset.qrels = {**train_dataset.qrels, **dataset.qrels}
     if doc_embeddings is not None or query_embeddings is not None:
         if doc_embeddings is None or query_embeddings is None:
             raise ValueError("pass both --doc-embeddings and --query-embeddings (with their ids) to skip encoding.")
@@ -95,7 +116,10 @@ def load_experiment(
     else:
         encoder = SentenceEncoder(model, **(encoder_options or {}))
         embeddings = embed_dataset(encoder, dataset, cache=cache)
-    split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
+    if beir_split is not None:
+        split = beir_split
+    else:
+        split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
     return Experiment(dataset, embeddings, split)
 
 

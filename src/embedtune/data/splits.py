@@ -1,5 +1,11 @@
 """Query-disjoint train/validation/test splits, as in the DIVE paper (§4.1, "Training Protocol").
 
+Two protocols:
+
+- ``query_disjoint_split`` (the paper's): one qrels split's judged queries cut 60/20/20;
+- ``train_qrels_split`` (``beir-train``): train and validation from the dataset's own train
+  qrels, test = every judged query of the test qrels, for a larger, lower-variance test set.
+
 Judged query ids are ranked by ``sha256(f"{seed}:{query_id}")`` (hex digest order) and cut at
 the given fractions (60/20/20 by default). The manifest records the seed, fractions, counts,
 query ids and the sha256 of every source file, and is byte-identical across re-runs.
@@ -16,7 +22,7 @@ from embedtune import __version__
 from embedtune.data.beir import BeirDataset
 from embedtune.io import atomic_write_json
 
-__all__ = ["QuerySplit", "query_disjoint_split", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
+__all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
 
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 DEFAULT_SEED = 2027
@@ -95,4 +101,42 @@ def query_disjoint_split(
         dataset=dataset.name,
         qrels_split=dataset.split,
         fingerprints=dict(dataset.fingerprints),
+    )
+
+
+def train_qrels_split(
+    train: BeirDataset, test: BeirDataset, val_fraction: float = 0.2, seed: int = DEFAULT_SEED
+) -> QuerySplit:
+    """The ``beir-train`` protocol: train/val from ``train``'s judged queries, test = all of ``test``'s.
+
+    Train queries are ranked by ``sha256(f"{seed}:{query_id}")`` and the first
+    ``round(n·val_fraction)`` become validation. A query judged in both qrels files would leak
+    test labels into training, so it is an error.
+    """
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction!r}.")
+    train_ids, test_ids = train.judged_query_ids(), test.judged_query_ids()
+    if not train_ids:
+        raise ValueError(f"{train.source}: qrels split {train.split!r} has no judged queries; the beir-train protocol needs qrels/train.tsv.")
+    if not test_ids:
+        raise ValueError(f"{test.source}: qrels split {test.split!r} has no judged queries to test on.")
+    shared = set(train_ids) & set(test_ids)
+    if shared:
+        raise ValueError(
+            f"{train.source}: {len(shared)} queries are judged in both qrels/{train.split}.tsv and qrels/{test.split}.tsv "
+            f"(e.g. {sorted(shared)[0]!r}); the beir-train protocol needs disjoint queries. Use the paper protocol instead."
+        )
+    ranked = sorted(train_ids, key=lambda qid: (_rank_key(seed, qid), qid))
+    n_val = min(len(ranked) - 1, max(1, int(round(len(ranked) * val_fraction))))
+    test_ranked = sorted(test_ids, key=lambda qid: (_rank_key(seed, qid), qid))
+    n_all = len(ranked) + len(test_ranked)
+    return QuerySplit(
+        train=ranked[n_val:],
+        val=ranked[:n_val],
+        test=test_ranked,
+        seed=seed,
+        fractions=((len(ranked) - n_val) / n_all, n_val / n_all, len(test_ranked) / n_all),
+        dataset=test.name,
+        qrels_split=f"{train.split}+{test.split}",
+        fingerprints={**train.fingerprints, **test.fingerprints},
     )
