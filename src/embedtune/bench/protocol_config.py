@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedtune.data.triplets import check_mining_options
+
 __all__ = ["ProtocolConfig", "DatasetSpec", "BackboneSpec", "load_protocol_config", "ALL_METHODS", "STUDIES"]
 
 ALL_METHODS = ["frozen", "truncate", "pca", "autoencoder", "mrl-adaptor", "search-adaptor", "smec", "dive"]
@@ -23,6 +25,10 @@ DEFAULT_ABLATIONS = {
     "w/o contrast": {"view_weight": 0.0},
     "w/o geometry": {"geometry_weight": 0.0},
 }
+# Scalar/list keys of the [protocol] table, read as they are ("fractions" becomes a tuple).
+PROTOCOL_KEYS = ("methods", "studies", "split_seed", "qrels_split", "final_seeds", "selection_seeds", "n_negatives", "negatives",
+                 "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query",
+                 "heads", "head_values", "n_resamples", "results_dir", "threads")
 DEFAULT_LR_CANDIDATES = {"mrl-adaptor": [5e-5, 2e-4, 1e-3], "search-adaptor": [5e-5, 2e-4, 1e-3], "smec": [5e-6, 5e-5, 5e-4]}
 
 
@@ -52,6 +58,12 @@ class ProtocolConfig:
     selection_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029])
     n_negatives: int = 4
     negatives: str = "hard"
+    # False-negative filter and cap of the shared triplets (see embedtune.data.triplets.mine_triplets);
+    # the defaults are the paper's plain top-50 mining.
+    skip_top: int = 0
+    false_negative_margin: float | None = None
+    false_negative_reference: str = "pair"
+    max_triplets_per_query: int | None = None
     heads: int = 4
     head_values: list[int] = field(default_factory=lambda: [2, 4, 8])
     ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS))
@@ -74,6 +86,19 @@ class ProtocolConfig:
                 raise ValueError(f"{self.source}: lr_candidates.{method} must list exactly three learning rates (the paper's audit); got {candidates}.")
         if not self.datasets or not self.backbones:
             raise ValueError(f"{self.source}: give at least one [[datasets]] and one [[backbones]] entry.")
+        if isinstance(self.n_negatives, bool) or not isinstance(self.n_negatives, int) or self.n_negatives < 1:
+            raise ValueError(f"{self.source} [protocol]: n_negatives must be an integer >= 1; got {self.n_negatives!r}.")
+        check_mining_options(self.negatives, self.skip_top, self.false_negative_margin, self.false_negative_reference,
+                             self.max_triplets_per_query, where=f"{self.source} [protocol]")
+
+    def triplet_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`embedtune.bench.runner.shared_triplets` for the false-negative filter and cap."""
+        return {
+            "skip_top": self.skip_top,
+            "false_negative_margin": self.false_negative_margin,
+            "false_negative_reference": self.false_negative_reference,
+            "max_triplets_per_query": self.max_triplets_per_query,
+        }
 
 
 def load_protocol_config(path: str | Path | None = None, **overrides: Any) -> ProtocolConfig:
@@ -100,8 +125,10 @@ def load_protocol_config(path: str | Path | None = None, **overrides: Any) -> Pr
     ]
     studies_cfg = raw.get("studies", {})
     values: dict[str, Any] = {"datasets": datasets, "backbones": backbones, "source": source}
-    for key in ("methods", "studies", "split_seed", "qrels_split", "final_seeds", "selection_seeds", "n_negatives", "negatives",
-                "heads", "head_values", "n_resamples", "results_dir", "threads"):
+    unknown = sorted(set(protocol) - set(PROTOCOL_KEYS) - {"fractions"})
+    if unknown:
+        raise ValueError(f"{source}: unknown [protocol] keys {unknown}; valid: {sorted([*PROTOCOL_KEYS, 'fractions'])}.")
+    for key in PROTOCOL_KEYS:
         if key in protocol:
             values[key] = protocol[key]
     if "fractions" in protocol:

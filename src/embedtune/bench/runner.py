@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import Compressor, get_compressor_class
-from embedtune.data.triplets import load_triplets, mine_triplets, save_triplets
+from embedtune.data.triplets import check_mining_options, load_triplets, mine_triplets, mining_options, save_triplets
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.experiment import Experiment, training_data
 
@@ -60,8 +60,22 @@ def shared_triplets(
     negatives: str = "hard",
     seed: int = 2027,
     path: str | Path | None = None,
+    *,
+    skip_top: int = 0,
+    false_negative_margin: float | None = None,
+    false_negative_reference: str = "pair",
+    max_triplets_per_query: int | None = None,
 ) -> np.ndarray:
-    """Mine (or reload from ``path``) the triplets of one split part; every method gets these."""
+    """Mine (or reload from ``path``) the triplets of one split part; every method gets these.
+
+    ``skip_top``, ``false_negative_margin``, ``false_negative_reference`` and
+    ``max_triplets_per_query`` are :func:`embedtune.data.triplets.mine_triplets`'s false-negative
+    filter and cap. The file at ``path`` is reused only if its metadata equals this call's; the
+    options enter the metadata only when they differ from their defaults, so files mined before
+    they existed still match a default call, and a file mined with other options never does.
+    """
+    check_mining_options(negatives, skip_top, false_negative_margin, false_negative_reference, max_triplets_per_query, where="shared_triplets")
+    robust = mining_options(skip_top, false_negative_margin, false_negative_reference, max_triplets_per_query)
     query_ids = experiment.part_ids(part)
     meta = {
         "dataset": experiment.dataset.name,
@@ -72,6 +86,7 @@ def shared_triplets(
         "negatives": negatives,
         "seed": seed,
         "source_sha256": experiment.dataset.fingerprints,
+        **robust,
     }
     if path is not None and Path(path).is_file():
         stored = load_triplets(path)
@@ -87,6 +102,7 @@ def shared_triplets(
         n_negatives=n_negatives,
         negatives=negatives,  # type: ignore[arg-type]
         seed=seed,
+        **robust,
     )
     if path is not None:
         save_triplets(path, triplets, query_ids, experiment.embeddings.doc_ids, meta)

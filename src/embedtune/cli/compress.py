@@ -29,6 +29,36 @@ def _parse_settings(pairs: list[str]) -> dict[str, Any]:
     return settings
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {value}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number; got {text!r}")
+    return value
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     compress = commands.add_parser("compress", help="train, apply and export embedding compressors (DIVE and baselines)")
@@ -55,6 +85,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--seeds", type=int, nargs="+", default=[2027], help="training seeds; mean ± std is reported")
     train.add_argument("--negatives", default="hard", choices=["hard", "random"], help="triplet negatives")
     train.add_argument("--n-negatives", type=int, default=4, help="negatives per (query, relevant doc) pair")
+    train.add_argument("--skip-top", type=_non_negative_int, default=0,
+                       help="hard negatives: never use the frozen model's top-N non-relevant docs (likely unjudged positives)")
+    train.add_argument("--false-negative-margin", type=_finite_float, default=None, metavar="MARGIN",
+                       help="hard negatives: drop candidates scoring above score(query, positive) - MARGIN (None: no filter)")
+    train.add_argument("--false-negative-reference", default="pair", choices=["pair", "query-min"],
+                       help="the positive score the margin is taken from: the pair's own, or the query's lowest (sentence-transformers)")
+    train.add_argument("--max-triplets-per-query", type=_positive_int, default=None, metavar="N",
+                       help="cap the triplets of each query, spread over its relevant docs (None: no cap)")
     train.add_argument("--compare", default="frozen,truncate", help="comma-separated methods to run beside --method ('' for none)")
     train.add_argument("--out", default=None, help="folder for the fitted compressor(s), triplets and training log")
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -81,6 +119,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     from embedtune.bench.runner import fit_and_evaluate, shared_triplets, summarize
     from embedtune.compress import get_compressor_class
+    from embedtune.data.triplets import check_mining_options, mining_options
 
     settings = _parse_settings(args.settings)
     if args.heads is not None:
@@ -92,13 +131,20 @@ def run_train(args: argparse.Namespace) -> int:
     methods = [args.method] + [m.strip() for m in args.compare.split(",") if m.strip() and m.strip() != args.method]
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo, before any encoding
+    triplet_options = {
+        "skip_top": args.skip_top,
+        "false_negative_margin": args.false_negative_margin,
+        "false_negative_reference": args.false_negative_reference,
+        "max_triplets_per_query": args.max_triplets_per_query,
+    }
+    check_mining_options(args.negatives, **triplet_options, where="compress train")
     experiment = experiment_from_args(args)
     out = Path(args.out) if args.out else None
     train_part = "train+val" if args.final else "train"
     needs_triplets = any(get_compressor_class(m).supervised for m in methods)
     triplets = (
         shared_triplets(experiment, train_part, args.n_negatives, args.negatives, args.split_seed,
-                        out / f"triplets-{train_part}.json" if out else None)
+                        out / f"triplets-{train_part}.json" if out else None, **triplet_options)
         if needs_triplets else None
     )
     rows, report = [], {}
@@ -126,6 +172,13 @@ def run_train(args: argparse.Namespace) -> int:
         "split_seed": args.split_seed,
         "results": report,
     }
+    if needs_triplets:
+        result["triplets"] = {
+            "negatives": args.negatives,
+            "n_negatives": args.n_negatives,
+            **mining_options(**triplet_options),
+            "n_triplets": int(len(triplets)),  # type: ignore[arg-type]
+        }
     if out:
         from embedtune.io import atomic_write_json
 
