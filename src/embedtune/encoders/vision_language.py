@@ -14,9 +14,11 @@ pooling). Each image is written as Qwen's ``<|vision_start|><|image_pad|><|visio
 processor expands ``<|image_pad|>`` to the image's patch count. The paper prints the template
 without line breaks; the breaks above are Qwen's chat-template convention.
 
-The vision tower and its projector (``visual``, including ``visual.merger``) stay frozen in both
-stages; LoRA targets only the language model's linear layers, selected by a regex anchored at
-``language_model.layers`` because Qwen2.5-VL's vision MLP reuses ``gate_proj/up_proj/down_proj``.
+Supported families (resolved by ``config.model_type``, see :mod:`embedtune.encoders.vl_families`):
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5. The vision tower and its projector (``visual``,
+including ``visual.merger``) stay frozen in both stages; LoRA targets only the language model's
+linear layers, selected by a regex anchored at ``language_model.layers`` because Qwen2.5-VL's vision
+MLP reuses ``gate_proj/up_proj/down_proj``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +35,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from embedtune.encoders.vl_families import LANGUAGE_MODEL_LORA_TARGETS, VLFamily, family_for, is_projector_parameter, is_vision_parameter
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "SYSTEM_PROMPT",
     "TASK_INSTRUCTIONS",
+    "TASK_FORMATS",
+    "task_instruction",
+    "apply_max_image_pixels",
     "LANGUAGE_MODEL_LORA_TARGETS",
     "VLInput",
     "render_prompt",
@@ -57,14 +65,37 @@ TASK_INSTRUCTIONS: dict[str, str] = {
     "composed": "Find an image matching the described changes.",
 }
 
+# Spellings accepted for the five task formats (dataset fields, CLI flags); normalised first.
+TASK_FORMATS: dict[str, str] = {
+    **dict.fromkeys(("vqa", "visual_question_answering", "question_answering", "qa"), "vqa"),
+    **dict.fromkeys(("classification", "cls", "image_classification"), "classification"),
+    **dict.fromkeys(("t2i", "text2image", "text_to_image", "text_image", "text2image_retrieval", "t2i_retrieval"), "t2i"),
+    **dict.fromkeys(("i2t", "image2text", "image_to_text", "image_text", "image2text_retrieval", "i2t_retrieval"), "i2t"),
+    **dict.fromkeys(("composed", "composed_retrieval", "cir", "composed_image_retrieval"), "composed"),
+}
+
+
+def _normalise_task(task: str) -> str:
+    text = task.strip().lower().replace("→", "2").replace("->", "2")
+    return re.sub(r"[\s\-]+", "_", text)
+
+
+def task_instruction(task: str, field_name: str = "task") -> str:
+    """The Table 5 instruction of a task format (``"vqa"``, ``"t2i"``, ``"Text→Image"``, ...).
+
+    Raises:
+        ValueError: naming ``field_name`` and the accepted formats.
+    """
+    key = TASK_FORMATS.get(_normalise_task(str(task)))
+    if key is None:
+        raise ValueError(
+            f"{field_name}={task!r} is not a PACE task format; use one of {sorted(TASK_INSTRUCTIONS)} "
+            "(or a literal instruction in the 'instruction' field instead)."
+        )
+    return TASK_INSTRUCTIONS[key]
+
+
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-
-# Full-match regex (peft): only the language model's attention and MLP projections. The vision
-# tower lives under ``visual.`` and never matches, even where its MLP uses the same leaf names.
-LANGUAGE_MODEL_LORA_TARGETS = r"(.*\.)?language_model\.layers\.\d+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)"
-
-_FROZEN_PREFIXES = ("visual.",)
-
 
 @dataclass
 class VLInput:
@@ -146,20 +177,47 @@ class QwenVLInputProcessor:
         self.image_processor.save_pretrained(directory)
 
 
-def load_processor(directory: str | os.PathLike) -> Any:
-    """``AutoProcessor`` where it loads; otherwise :class:`QwenVLInputProcessor` from the same folder."""
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def load_processor(directory: str | os.PathLike, local_files_only: bool | None = None) -> Any:
+    """``AutoProcessor`` where it loads; otherwise :class:`QwenVLInputProcessor` from the same folder.
+
+    In transformers 5 every Qwen-VL ``AutoProcessor`` needs a video processor, which needs
+    torchvision; without it the tokenizer and image processor are loaded on their own.
+    """
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
+    local = _offline() if local_files_only is None else local_files_only
     try:
-        processor = AutoProcessor.from_pretrained(str(directory), local_files_only=True)
+        processor = AutoProcessor.from_pretrained(str(directory), local_files_only=local)
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
         logger.info("AutoProcessor returned %s without an image processor; using QwenVLInputProcessor", type(processor).__name__)
     except (ImportError, AttributeError, ValueError, OSError, TypeError) as error:
         logger.info("AutoProcessor unavailable (%s); using QwenVLInputProcessor", error)
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    image_processor = AutoImageProcessor.from_pretrained(str(directory), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=local)
+    image_processor = AutoImageProcessor.from_pretrained(str(directory), local_files_only=local)
     return QwenVLInputProcessor(tokenizer, image_processor)
+
+
+def apply_max_image_pixels(processor: Any, max_pixels: int | None) -> None:
+    """Cap the pixels per image (paper: 1,605,632), which bounds the visual tokens per image.
+
+    Qwen image processors resize each image to at most ``size["longest_edge"]`` pixels (area).
+    """
+    if max_pixels is None:
+        return
+    if max_pixels < 1:
+        raise ValueError(f"max_image_pixels must be >= 1; got {max_pixels}.")
+    image_processor = getattr(processor, "image_processor", None)
+    size = getattr(image_processor, "size", None)
+    if not isinstance(size, dict) or "longest_edge" not in size:
+        raise ValueError(f"{type(image_processor).__name__} has no size['longest_edge'] to cap; leave max_image_pixels unset.")
+    image_processor.size = {**size, "longest_edge": int(max_pixels), "shortest_edge": min(int(size.get("shortest_edge", 0)), int(max_pixels))}
+    if hasattr(image_processor, "max_pixels"):
+        image_processor.max_pixels = int(max_pixels)
 
 
 def _materialise(image: Any) -> Any:
@@ -167,29 +225,47 @@ def _materialise(image: Any) -> Any:
 
 
 class QwenVLEmbedder(nn.Module):
-    """A Qwen2-VL-family model and processor that turn :class:`VLInput` into embeddings.
+    """A Qwen-VL-family model and processor that turn :class:`VLInput` into embeddings.
 
     Args:
         model: the image-text base model (e.g. ``transformers.Qwen2VLModel``); a
-            ``...ForConditionalGeneration`` is unwrapped to its ``.model``.
+            ``...ForConditionalGeneration`` is unwrapped to its ``.model``. Its
+            ``config.model_type`` must be a supported family (:data:`~embedtune.encoders.vl_families.FAMILIES`).
         processor: the matching ``AutoProcessor`` (tokenizer + image processor).
         normalize: L2-normalise embeddings (cosine models); Stage II models keep raw norms.
+        max_seq_length: refuse longer inputs (after image-token expansion) instead of truncating,
+            because truncation would cut the final ``<|endoftext|>`` that pooling reads, or an image's tokens.
 
     The object iterates over itself and exposes ``auto_model``, so that
     :func:`embedtune.finetune.modeling.add_lora` and ``merge_lora`` work on it unchanged.
     """
 
-    def __init__(self, model: nn.Module, processor: Any, normalize: bool = False):
+    def __init__(self, model: nn.Module, processor: Any, normalize: bool = False, max_seq_length: int | None = None):
         super().__init__()
         if hasattr(model, "model") and hasattr(model.model, "visual"):
             model = model.model
         if not hasattr(model, "visual"):
             raise ValueError("QwenVLEmbedder needs a Qwen-VL model with a `visual` tower.")
+        self.family: VLFamily = family_for(model.config)
         self.model = model
         self.processor = processor
         self.normalize = normalize
+        self.max_seq_length = max_seq_length
         self.processor.tokenizer.padding_side = "left"
         self.freeze_vision()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, normalize: bool = False, max_seq_length: int | None = None,
+                        max_image_pixels: int | None = None, dtype: Any = None, attn_implementation: str | None = None,
+                        device: str | None = None) -> QwenVLEmbedder:
+        """A base checkpoint (local folder or hub id) of a supported family, with its processor."""
+        from embedtune.encoders.vl_families import load_vl_model
+
+        model = load_vl_model(name_or_path, dtype=dtype, attn_implementation=attn_implementation)
+        processor = load_processor(name_or_path)
+        apply_max_image_pixels(processor, max_image_pixels)
+        embedder = cls(model, processor, normalize=normalize, max_seq_length=max_seq_length)
+        return embedder.to(device) if device is not None else embedder
 
     # --- the s-t-like surface used by embedtune.finetune.modeling -----------------------------
     @property
@@ -205,16 +281,28 @@ class QwenVLEmbedder(nn.Module):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    @property
+    def hidden_size(self) -> int:
+        config = self.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(text_config.hidden_size)
+
     # --- parameters ---------------------------------------------------------------------------
     def vision_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """Vision tower and projector (``visual.merger``) parameters, whatever the wrapping."""
+        """Vision tower and projector (``visual.merger``, ...) parameters, whatever the wrapping."""
         for name, parameter in self.model.named_parameters():
-            if _is_vision(name):
+            if is_vision_parameter(name, self.family):
+                yield name, parameter
+
+    def projector_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """The multimodal projector alone (a subset of :meth:`vision_parameters`)."""
+        for name, parameter in self.model.named_parameters():
+            if is_projector_parameter(name, self.family):
                 yield name, parameter
 
     def language_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
         for name, parameter in self.model.named_parameters():
-            if not _is_vision(name):
+            if not is_vision_parameter(name, self.family):
                 yield name, parameter
 
     def freeze_vision(self) -> None:
@@ -232,6 +320,24 @@ class QwenVLEmbedder(nn.Module):
         self.freeze_vision()
         return count
 
+    def lora_modules(self) -> list[str]:
+        """Names of the modules that carry a LoRA adapter (empty without one)."""
+        return sorted({name.rsplit(".lora_A", 1)[0] for name, _ in self.model.named_parameters() if ".lora_A." in name})
+
+    def check_lora_targets(self) -> list[str]:
+        """The adapted modules, after checking that none is on the vision side.
+
+        Raises:
+            RuntimeError: if a vision or projector module carries LoRA (a target rule matched a leaf
+                name shared with the vision MLP); use ``family.lora_targets``.
+        """
+        adapted = self.lora_modules()
+        vision = [name for name in adapted if is_vision_parameter(name, self.family)]
+        if vision:
+            raise RuntimeError(f"LoRA was attached to the vision side ({vision[:3]}...); target the language model only "
+                               f"with target_modules={self.family.lora_targets!r}.")
+        return adapted
+
     # --- encoding -----------------------------------------------------------------------------
     def tokenize(self, inputs: Sequence[VLInput]) -> dict[str, Tensor]:
         prompts = [render_prompt(item.text, len(item.images), item.instruction) for item in inputs]
@@ -240,11 +346,20 @@ class QwenVLEmbedder(nn.Module):
         if images:
             kwargs["images"] = images
         features = self.processor(**kwargs)
-        return {key: value for key, value in features.items() if isinstance(value, Tensor)}
+        features = {key: value for key, value in features.items() if isinstance(value, Tensor)}
+        if self.max_seq_length is not None:
+            lengths = features["attention_mask"].sum(dim=1)
+            if int(lengths.max()) > self.max_seq_length:
+                row = int(lengths.argmax())
+                raise ValueError(
+                    f"input {row} of the batch has {int(lengths[row])} tokens (images expanded), more than "
+                    f"max_seq_length={self.max_seq_length}; shorten its text, lower max_image_pixels, or raise max_seq_length."
+                )
+        return features
 
     def forward(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
         """Adds ``token_embeddings`` (batch, seq, d) and ``sentence_embedding`` (batch, d)."""
-        model_inputs = {key: value.to(self.device) for key, value in features.items() if key != "last_token_index"}
+        model_inputs = {key: value.to(self.device) for key, value in features.items() if key in _MODEL_INPUTS}
         output = self.model(**model_inputs, use_cache=False)
         hidden = output.last_hidden_state  # (batch, seq_len, d)
         index = last_token_indices(model_inputs["attention_mask"])
@@ -267,35 +382,53 @@ class QwenVLEmbedder(nn.Module):
         return torch.cat(blocks) if blocks else torch.empty(0)
 
     # --- persistence --------------------------------------------------------------------------
-    def save(self, directory: str | os.PathLike, similarity: str = "cosine") -> Path:
-        """Save model, processor and ``embedtune_vl.json`` (similarity, normalize)."""
+    def save(self, directory: str | os.PathLike, similarity: str = "cosine", sentence_transformers: bool = True) -> Path:
+        """Save model, processor and ``embedtune_vl.json`` (similarity, normalize, family).
+
+        With ``sentence_transformers=True`` (default) the folder is also a sentence-transformers
+        model (``modules.json``: this module, last-token ``Pooling``, ``Normalize`` for cosine),
+        loadable with ``SentenceTransformer(directory, trust_remote_code=True)``; see
+        :mod:`embedtune.encoders.st_vl`.
+        """
+        if sentence_transformers:
+            from embedtune.encoders.st_vl import save_sentence_transformer
+
+            return save_sentence_transformer(self, directory, similarity=similarity)
+        return self.save_pretrained(directory, similarity=similarity)
+
+    def save_pretrained(self, directory: str | os.PathLike, similarity: str = "cosine") -> Path:
+        """Hugging Face files (``config.json``, weights, processor) plus ``embedtune_vl.json``."""
         from embedtune import __version__
 
+        if similarity not in ("cosine", "dot"):
+            raise ValueError(f"similarity must be 'cosine' or 'dot'; got {similarity!r}.")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(directory))
         self.processor.save_pretrained(str(directory))
-        config = {"similarity": similarity, "normalize": self.normalize, "embedtune_version": __version__}
-        (directory / "embedtune_vl.json").write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+        config = {"similarity": similarity, "normalize": self.normalize, "max_seq_length": self.max_seq_length,
+                  "family": self.family.model_type, "embedtune_version": __version__}
+        (directory / VL_CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
         return directory
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, device: str | None = None) -> tuple[QwenVLEmbedder, str]:
+    def load(cls, directory: str | os.PathLike, device: str | None = None, dtype: Any = None) -> tuple[QwenVLEmbedder, str]:
         """``(embedder, similarity)`` from a folder written by :meth:`save`."""
-        from transformers import AutoModel
+        from embedtune.encoders.vl_families import load_vl_model
 
         directory = Path(directory)
-        meta_path = directory / "embedtune_vl.json"
+        meta_path = directory / VL_CONFIG_FILE
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        model = AutoModel.from_pretrained(str(directory), local_files_only=True)
-        processor = load_processor(directory)
-        embedder = cls(model, processor, normalize=bool(meta.get("normalize", False)))
+        model = load_vl_model(directory, dtype=dtype, local_files_only=True)
+        processor = load_processor(directory, local_files_only=True)
+        embedder = cls(model, processor, normalize=bool(meta.get("normalize", False)), max_seq_length=meta.get("max_seq_length"))
         if device is not None:
             embedder.to(device)
         return embedder, str(meta.get("similarity", "cosine"))
 
 
-def _is_vision(name: str) -> bool:
-    # PEFT wraps the model as base_model.model.<name>; match the component, not a leaf name.
-    stripped = name.removeprefix("base_model.model.")
-    return stripped.startswith(_FROZEN_PREFIXES) or ".visual." in f".{stripped}"
+VL_CONFIG_FILE = "embedtune_vl.json"
+
+# What the Qwen-VL base models take; other feature keys (s-t bookkeeping, pooled outputs) are dropped.
+_MODEL_INPUTS = frozenset({"input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids",
+                           "pixel_values_videos", "video_grid_thw", "position_ids"})
