@@ -119,3 +119,41 @@ def test_selection_never_touches_test_queries(tmp_path, tiny_bert_dir):
     experiment.split = leaky
     with pytest.raises(AssertionError, match="held-out test"):
         assert_no_test_queries(experiment, ["train", "val"])
+
+
+def test_preset_selected_on_validation_then_scored_on_test_with_variants_and_report(tmp_path, tiny_bert_dir):
+    from embedtune.bench.dive_protocol import select_preset
+
+    config = _config(tmp_path, tiny_bert_dir, [DatasetSpec("toy", str(_toy(tmp_path / "toy")))], studies=("main", "variants", "preset"),
+                     methods=("pca", "dive"))
+    config.variants = {"pca-init": {"init": "pca"}}
+    config.preset_candidates = {"paper": {}, "pca, m=0.2": {"init": "pca", "margin": 0.2}, "softplus": {"triplet_loss": "softplus"}}
+    records = run_protocol(config, progress=False)
+    candidates = [r for r in records.values() if any(t.startswith("candidate:") for t in r["spec"]["studies"])]
+    assert len(candidates) == 3 and all(r["spec"]["stage"] == "val" for r in candidates)
+    best, scores = select_preset(records)
+    assert scores[best] == max(scores.values()) == max(r["metrics"]["ndcg@10"] for r in candidates)
+    chosen = [r for r in records.values() if any(t.startswith("preset_best:") for t in r["spec"]["studies"])]
+    assert sorted(r["spec"]["seed"] for r in chosen) == [2027, 2028] and all(r["spec"]["stage"] == "test" for r in chosen)
+    assert all(f"preset_best:{best}" in r["spec"]["studies"] for r in chosen)
+    variants = [r for r in records.values() if "variant:pca-init" in r["spec"]["studies"]]
+    assert len(variants) == 2 and all(r["config"]["init"] == "pca" and r["spec"]["stage"] == "test" for r in variants)
+    report = build_report(config.results_dir, n_resamples=200).read_text()
+    for heading in ("## 8. DIVE variants", "## 9. Preset candidates", "## 10. The validation-selected preset"):
+        assert heading in report
+    assert f"Selected: **`{best}`**" in report
+
+
+def test_beir_train_protocol_runs_on_train_qrels(tmp_path, tiny_bert_dir):
+    root = _toy(tmp_path / "toy", n_queries=30)
+    # q0..q19 judged in train.tsv, q20..q29 in test.tsv.
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(20)))
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(20, 30)))
+    config = _config(tmp_path, tiny_bert_dir, [DatasetSpec("toy", str(root))], methods=("frozen", "dive"))
+    config.protocol = "beir-train"
+    records = run_protocol(config, progress=False)
+    assert {r["n_queries"] for r in records.values()} == {10}
+    manifest = json.loads((tmp_path / "results" / "splits" / "toy.json").read_text())
+    assert manifest["counts"] == {"train": 16, "val": 4, "test": 10} and manifest["qrels_split"] == "train+test"
+    with pytest.raises(ValueError, match="protocol"):
+        ProtocolConfig(datasets=[DatasetSpec("a", "x")], backbones=[BackboneSpec("b", "m", (8,))], protocol="other")

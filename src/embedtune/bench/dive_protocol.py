@@ -23,7 +23,7 @@ from embedtune.experiment import Experiment, load_experiment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["plan_phase_one", "plan_phase_two", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
+__all__ = ["plan_phase_one", "plan_phase_two", "select_preset", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
 
 # Their output does not depend on the seed: one run stands for all seeds (std 0).
 SEED_FREE_METHODS = {"frozen", "truncate", "pca"}
@@ -62,6 +62,16 @@ def plan_phase_one(config: ProtocolConfig) -> list[RunSpec]:
                         for seed in config.selection_seeds:
                             # Infeasible H (k·H > d) are skipped at run time and recorded as such.
                             specs.append(spec("val", "dive", seed, {"heads": heads}, f"heads:{heads}"))
+                if "variants" in config.studies:
+                    # DIVE options beyond the paper, retrained on train+val and scored on held-out test.
+                    for name, overrides in config.variants.items():
+                        for seed in config.final_seeds:
+                            specs.append(spec("test", "dive", seed, {**_dive_heads(config), **overrides}, f"variant:{name}"))
+                if "preset" in config.studies:
+                    # Candidates for the validated "best" preset: validation only.
+                    for name, overrides in config.preset_candidates.items():
+                        for seed in config.selection_seeds:
+                            specs.append(spec("val", "dive", seed, {**_dive_heads(config), **overrides}, f"candidate:{name}"))
                 if "lr_audit" in config.studies:
                     for method in SUPERVISED_BASELINES:
                         if method not in config.methods:
@@ -87,12 +97,48 @@ def select_learning_rates(config: ProtocolConfig, records: dict[str, dict[str, A
     return {key: max(by_lr, key=lambda lr: (statistics.fmean(by_lr[lr]), -lr)) for key, by_lr in scores.items()}
 
 
+def select_preset(records: dict[str, dict[str, Any]]) -> tuple[str, dict[str, float]] | None:
+    """The preset candidate with the best validation nDCG@10, averaged over every cell.
+
+    A cell is one (dataset, backbone, dim); each candidate's score is the mean over cells of its
+    mean over seeds, using only cells every candidate has finished (so a partial grid compares
+    like with like). Ties go to the candidate name that sorts first. None when no candidate ran.
+    """
+    by_candidate: dict[str, dict[tuple, list[float]]] = {}
+    for record in records.values():
+        spec = record["spec"]
+        if spec["stage"] != "val" or record.get("skipped") or "metrics" not in record:
+            continue
+        for tag in spec.get("studies", []):
+            if tag.startswith("candidate:"):
+                cell = (spec["dataset"], spec["backbone"], spec["dim"])
+                by_candidate.setdefault(tag.split(":", 1)[1], {}).setdefault(cell, []).append(record["metrics"]["ndcg@10"])
+    if not by_candidate:
+        return None
+    cells = set.intersection(*(set(cells) for cells in by_candidate.values()))
+    if not cells:
+        return None
+    scores = {name: statistics.fmean(statistics.fmean(values[c]) for c in cells) for name, values in by_candidate.items()}
+    best = min(scores, key=lambda name: (-scores[name], name))
+    return best, scores
+
+
 def plan_phase_two(config: ProtocolConfig, records: dict[str, dict[str, Any]]) -> list[RunSpec]:
-    if "lr_audit" not in config.studies:
-        return []
     paths = dict(_datasets(config))
     models = {b.name: b.model for b in config.backbones}
     specs = []
+    if "preset" in config.studies:
+        chosen = select_preset(records)
+        if chosen is not None:
+            name, _ = chosen
+            overrides = {**config.method_overrides.get("dive", {}), **_dive_heads(config), **config.preset_candidates[name]}
+            for dataset, path in _datasets(config):
+                for backbone in config.backbones:
+                    for dim in backbone.dims:
+                        for seed in config.final_seeds:
+                            specs.append(make_spec(dataset, path, backbone.name, backbone.model, "test", "dive", dim, seed, overrides, f"preset_best:{name}"))
+    if "lr_audit" not in config.studies:
+        return dedupe(specs)
     for (dataset, backbone, dim, method), lr in select_learning_rates(config, records).items():
         default_lr = get_compressor_class(method).config_class().learning_rate  # type: ignore[attr-defined]
         overrides = {**config.method_overrides.get(method, {}), **({} if lr == default_lr else {"learning_rate": lr})}
@@ -117,7 +163,7 @@ class ProtocolExecutor:
             start = time.perf_counter()
             self._experiments[key] = load_experiment(
                 spec.dataset_path, spec.model, self.config.qrels_split, self.config.split_seed, self.config.fractions,
-                encoder_options={"show_progress": True},
+                encoder_options={"show_progress": True}, protocol=self.config.protocol, val_fraction=self.config.val_fraction,
             )
             self.embedding_seconds[f"{spec.dataset}/{spec.backbone}"] = time.perf_counter() - start
             manifest = self.cache_dir / "splits" / f"{spec.dataset.replace('/', '__')}.json"
@@ -136,7 +182,7 @@ class ProtocolExecutor:
         if cls.supervised:
             name = f"{spec.dataset.replace('/', '__')}-{spec.backbone}-{part}.json"
             triplets = shared_triplets(experiment, part, self.config.n_negatives, self.config.negatives, self.config.split_seed,
-                                       self.cache_dir / "triplets" / name)
+                                       self.cache_dir / "triplets" / name, **self.config.triplet_options())
         overrides = {**overrides, "progress": False} if "progress" in {f for f in cls.config_class.__dataclass_fields__} else overrides
         run = fit_and_evaluate(experiment, spec.method, spec.dim, spec.seed, spec.stage == "test", triplets, overrides)
         compressor = run.compressor

@@ -235,6 +235,10 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
     out.append("## 7. Significance: DIVE vs each method (paired permutation p, bootstrap 95 % CI of Δ nDCG@10, per-query means over seeds)\n")
     out.append(_md_table(["backbone", "dataset", "k", "vs method", "Δ nDCG@10", "95 % CI", "p", "queries"], sig_rows) + "\n" if sig_rows else "_none_\n")
 
+    from embedtune.bench.beyond_report import beyond_sections
+
+    out += beyond_sections(records, root, n_resamples, summary)
+
     report = root / "REPORT.md"
     atomic_write_bytes(report, "\n".join(out).encode("utf-8"))
     atomic_write_json(root / "summary.json", _jsonable(summary))

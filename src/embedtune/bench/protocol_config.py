@@ -18,7 +18,8 @@ __all__ = ["ProtocolConfig", "DatasetSpec", "BackboneSpec", "load_protocol_confi
 
 ALL_METHODS = ["frozen", "truncate", "pca", "autoencoder", "mrl-adaptor", "search-adaptor", "smec", "dive"]
 SUPERVISED_BASELINES = ["mrl-adaptor", "search-adaptor", "smec"]
-STUDIES = ["main", "ablation", "unsupervised", "lr_audit", "heads", "dynamics", "significance"]
+STUDIES = ["main", "ablation", "unsupervised", "lr_audit", "heads", "dynamics", "significance", "variants", "preset"]
+PROTOCOLS = ("paper", "beir-train")
 DEFAULT_ABLATIONS = {
     "dive": {},
     "w/o self-limiting": {"triplet_loss": "softplus"},
@@ -28,7 +29,7 @@ DEFAULT_ABLATIONS = {
 # Scalar/list keys of the [protocol] table, read as they are ("fractions" becomes a tuple).
 PROTOCOL_KEYS = ("methods", "studies", "split_seed", "qrels_split", "final_seeds", "selection_seeds", "n_negatives", "negatives",
                  "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query",
-                 "heads", "head_values", "n_resamples", "results_dir", "threads")
+                 "heads", "head_values", "n_resamples", "results_dir", "threads", "protocol", "val_fraction")
 DEFAULT_LR_CANDIDATES = {"mrl-adaptor": [5e-5, 2e-4, 1e-3], "search-adaptor": [5e-5, 2e-4, 1e-3], "smec": [5e-6, 5e-5, 5e-4]}
 
 
@@ -69,6 +70,14 @@ class ProtocolConfig:
     ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS))
     lr_candidates: dict[str, list[float]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_LR_CANDIDATES.items()})
     method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Beyond the paper: named DIVE settings scored on held-out test ("variants"), and candidates
+    # for the validation-selected preset ("preset"), e.g. {"pca": {"init": "pca"}}.
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    preset_candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # "paper": 60/20/20 of the test qrels' judged queries; "beir-train": train/val from
+    # qrels/train.tsv (val_fraction held out), test = every judged test query.
+    protocol: str = "paper"
+    val_fraction: float = 0.2
     n_resamples: int = 10_000
     results_dir: str = "benchmarks/results/dive"
     threads: int = 1
@@ -84,6 +93,12 @@ class ProtocolConfig:
         for method, candidates in self.lr_candidates.items():
             if len(candidates) != 3:
                 raise ValueError(f"{self.source}: lr_candidates.{method} must list exactly three learning rates (the paper's audit); got {candidates}.")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"{self.source}: [protocol] protocol must be one of {list(PROTOCOLS)}; got {self.protocol!r}.")
+        if not isinstance(self.val_fraction, (int, float)) or not 0 < self.val_fraction < 1:
+            raise ValueError(f"{self.source}: [protocol] val_fraction must be a number in (0, 1); got {self.val_fraction!r}.")
+        if "preset" in self.studies and self.preset_candidates and "paper" not in self.preset_candidates:
+            raise ValueError(f"{self.source}: [studies.preset_candidates] needs a 'paper' entry (the reference, usually {{}}).")
         if not self.datasets or not self.backbones:
             raise ValueError(f"{self.source}: give at least one [[datasets]] and one [[backbones]] entry.")
         if isinstance(self.n_negatives, bool) or not isinstance(self.n_negatives, int) or self.n_negatives < 1:
@@ -135,6 +150,9 @@ def load_protocol_config(path: str | Path | None = None, **overrides: Any) -> Pr
         values["fractions"] = tuple(protocol["fractions"])
     if "ablations" in studies_cfg:
         values["ablations"] = {name: dict(v) for name, v in studies_cfg["ablations"].items()}
+    for table in ("variants", "preset_candidates"):
+        if table in studies_cfg:
+            values[table] = {name: dict(v) for name, v in studies_cfg[table].items()}
     if "lr_candidates" in studies_cfg:
         values["lr_candidates"] = {m: list(v) for m, v in studies_cfg["lr_candidates"].items()}
     if "method_overrides" in raw:
