@@ -19,6 +19,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--tasks", required=True, nargs="+", metavar="FILE", help="MMEB-eval-style files")
     parser.add_argument("--similarity", default="auto", choices=["auto", "cosine", "dot"],
                         help="ranking similarity; auto uses the one saved with the model (dot after Stage II)")
+    parser.add_argument("--task-format", default=None, metavar="FORMAT",
+                        help="Table 5 instruction for every file's queries: vqa, classification, t2i, i2t, composed, "
+                             "or 'auto' (by dataset name); a row's own 'instruction'/'task' field wins (default: none)")
+    parser.add_argument("--instruction", default="", help="literal instruction for every file's queries (instead of --task-format)")
     parser.add_argument("--image-root", default=None, help="folder image paths are relative to (default: each file's folder)")
     parser.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass")
     parser.add_argument("--device", default=None, help="torch device (default: CPU)")
@@ -30,7 +34,7 @@ def run_evaluate_mmeb(args: argparse.Namespace) -> int:
     from embedtune.evaluate.mmeb import evaluate_mmeb_model
 
     result = evaluate_mmeb_model(args.model, args.tasks, similarity=args.similarity, image_root=args.image_root,
-                                 batch_size=args.batch_size, device=args.device)
+                                 batch_size=args.batch_size, device=args.device, task=args.task_format, instruction=args.instruction)
     if args.json:
         print_json(result)
     else:
