@@ -200,8 +200,12 @@ class ProtocolExecutor:
         }
 
 
-def run_protocol(config: ProtocolConfig, progress: bool = True) -> dict[str, dict[str, Any]]:
-    """Run (or resume) both phases; return every record by run key."""
+def run_protocol(config: ProtocolConfig, progress: bool = True, phase_two: bool = True) -> dict[str, dict[str, Any]]:
+    """Run (or resume) both phases; return every record by run key.
+
+    ``phase_two=False`` stops after the selection runs, e.g. to finish the candidates of every
+    dataset (in separate processes) before one global selection.
+    """
     from embedtune.runtime import set_threads
 
     set_threads(config.threads)
@@ -210,6 +214,7 @@ def run_protocol(config: ProtocolConfig, progress: bool = True) -> dict[str, dic
     executor = ProtocolExecutor(config, root)
     start = time.perf_counter()
     records = run_grid(plan_phase_one(config), store, executor, progress)
-    records.update(run_grid(plan_phase_two(config, records), store, executor, progress))
+    if phase_two:
+        records.update(run_grid(plan_phase_two(config, records), store, executor, progress))
     logger.info("protocol finished in %.1fs (embedding: %s)", time.perf_counter() - start, executor.embedding_seconds)
     return records

@@ -21,6 +21,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     dive.add_argument("--selection-seeds", type=int, nargs="+", default=None, help="override the validation-study seeds")
     dive.add_argument("--results", default=None, help="results folder (default: the config's results_dir)")
     dive.add_argument("--no-report", action="store_true", help="skip building REPORT.md at the end")
+    dive.add_argument("--protocol", default=None, choices=["paper", "beir-train"],
+                      help="paper: 60/20/20 of the test qrels; beir-train: train on qrels/train.tsv, test on every test query")
+    dive.add_argument("--selection-only", action="store_true",
+                      help="run phase one only (no retraining of selected learning rates / preset), e.g. to select across datasets run separately")
     dive.set_defaults(handler=run_benchmark_dive)
 
     report = commands.add_parser("report", help="build a Markdown report from a results folder")
@@ -39,7 +43,7 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
     from embedtune.bench.protocol_config import load_protocol_config
 
     config = load_protocol_config(args.config, studies=args.studies, methods=args.methods, final_seeds=args.final_seeds,
-                                  selection_seeds=args.selection_seeds, results_dir=args.results)
+                                  selection_seeds=args.selection_seeds, results_dir=args.results, protocol=args.protocol)
     if args.backbones:
         missing = set(args.backbones) - {b.name for b in config.backbones}
         if missing:
@@ -51,7 +55,7 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
             raise ValueError(f"--datasets {sorted(missing)} not in {config.source}; known: {[d.name for d in config.datasets]}.")
         config.datasets = [d for d in config.datasets if d.name in args.datasets]
     start = time.perf_counter()
-    records = run_protocol(config)
+    records = run_protocol(config, phase_two=not args.selection_only)
     print(f"{len(records)} runs finished in {time.perf_counter() - start:.1f}s; results in {config.results_dir}")
     if not args.no_report:
         print(f"report: {build_report(config.results_dir, config.n_resamples)}")
