@@ -14,7 +14,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb
+    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(commands)
     index.register(commands)
     mmeb.register(commands)
+    pipeline.register(commands)
     return parser
 
 

@@ -1,0 +1,66 @@
+"""``embedtune pipeline``: PACE fine-tuning, then compression of the fine-tuned embeddings, then evaluation."""
+
+from __future__ import annotations
+
+import argparse
+
+from embedtune.cli.common import print_json, print_table
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "pipeline",
+        help="fine-tune (PACE), then compress the fine-tuned embeddings, then evaluate",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=(
+            "PACE fine-tunes --model on qrels/<train-split>.tsv; each compressor is then fitted on the fine-tuned "
+            "embeddings of the same train queries and evaluated once on every judged query of qrels/<test-split>.tsv, "
+            "beside the uncompressed models and the base model under the same compressors. Re-running with the same "
+            "--out reuses a finished fine-tuning."
+        ),
+    )
+    parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
+    parser.add_argument("--data", default="scifact", help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
+    parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, pipeline_result.json)")
+    parser.add_argument("--preset", default="pace", help="PACE preset (see `embedtune finetune pace --help`)")
+    parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
+    parser.add_argument("--test-split", default="test", help="qrels split of the held-out evaluation")
+    parser.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (default: one epoch)")
+    parser.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (default: one epoch)")
+    parser.add_argument("--stage2-init", default="0.25", help="Stage II init checkpoint: fraction of Stage I, a step, or 'final'")
+    parser.add_argument("--stop-stage1-at-init", action="store_true", help="end Stage I at the Stage II init checkpoint")
+    parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
+    parser.add_argument("--max-seq-length", type=int, default=None, help="token cap for training and encoding")
+    parser.add_argument("--methods", default="dive", help="comma-separated compressors, e.g. dive,pca")
+    parser.add_argument("--dim", type=int, default=128, help="compressed dimension k")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[2027], help="compressor seeds")
+    parser.add_argument("--norm-preserving", action="store_true",
+                        help="also run DIVE with output_norm='input' (head 1 scaled by the input norm, for dot-product models)")
+    parser.add_argument("--no-base", action="store_true", help="skip the base-model rows")
+    parser.add_argument("--seed", type=int, default=2027, help="PACE seed and split seed")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.set_defaults(handler=run_pipeline_command)
+
+
+def run_pipeline_command(args: argparse.Namespace) -> int:
+    from embedtune.finetune.config import preset_config
+    from embedtune.pipeline import PipelineConfig, run_pipeline
+
+    init = args.stage2_init
+    init = init if init == "final" else (float(init) if "." in init else int(init))
+    pace_config = preset_config(
+        args.preset, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps, model=args.model, data=args.data,
+        train_split=args.train_split, output_dir=args.out, stage2_init=init, stop_stage1_at_init=args.stop_stage1_at_init,
+        batch_size=args.batch_size, max_seq_length=args.max_seq_length, seed=args.seed,
+    )
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    variants = {"norm-preserving": {"method": "dive", "output_norm": "input"}} if args.norm_preserving else {}
+    config = PipelineConfig(methods=methods, dim=args.dim, seeds=args.seeds, variants=variants, test_split=args.test_split,
+                            split_seed=args.seed, compare_base=not args.no_base)
+    result = run_pipeline(pace_config, config, args.out)
+    if args.json:
+        print_json(result)
+    else:
+        print_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "recall@10", "n_queries"])
+        print(f"fine-tuned model: {result['model_dir']} (ranks by {result['similarity']}); result: {args.out}/pipeline_result.json")
+    return 0

@@ -1,0 +1,170 @@
+"""Fine-tune, then compress: PACE on the train qrels, a compressor on the fine-tuned embeddings, evaluation.
+
+``run_pipeline`` chains the two halves of embedtune on one dataset, with one split shared by
+both so that no test query is ever trained on:
+
+1. PACE fine-tunes the model on the (query, positive) pairs of ``qrels/<train_split>.tsv``;
+2. the corpus and queries are embedded with the fine-tuned model (ranked by its training
+   similarity: dot product after a PACE Stage II);
+3. each compressor is fitted on the same train queries (the ``beir-train`` protocol: train
+   qrels, ``val_fraction`` held out for selection) and evaluated once on every judged query of
+   ``qrels/<test_split>.tsv``, next to the uncompressed model and, optionally, the base model
+   under the same compressors.
+
+The run is resumable: a finished fine-tuning (``<out>/finetune/result.json``) is reused when its
+recipe matches, embeddings come from the embedding cache, and the result is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedtune.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PipelineConfig", "run_pipeline", "RESULT_NAME"]
+
+RESULT_NAME = "pipeline_result.json"
+# PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
+_RECIPE_NEUTRAL = {"output_dir", "save_steps", "logging_steps", "deepspeed", "precision", "preset"}
+
+
+@dataclass
+class PipelineConfig:
+    """What to compress after fine-tuning, and how to evaluate it."""
+
+    methods: list[str] = field(default_factory=lambda: ["dive"])
+    dim: int = 128
+    seeds: list[int] = field(default_factory=lambda: [2027])
+    compressor_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    test_split: str = "test"
+    val_fraction: float = 0.2
+    split_seed: int = 2027
+    n_negatives: int = 4
+    compare_base: bool = True
+
+    def __post_init__(self) -> None:
+        from embedtune.compress import get_compressor_class
+
+        if not self.methods and not self.variants:
+            raise ValueError("pipeline: give at least one compressor method (e.g. methods=['dive']).")
+        for method in self.methods:
+            get_compressor_class(method)
+        for name, overrides in self.variants.items():
+            get_compressor_class(overrides.get("method", "dive"))
+        if not isinstance(self.dim, int) or self.dim < 1:
+            raise ValueError(f"pipeline: dim must be a positive integer; got {self.dim!r}.")
+        if not self.seeds:
+            raise ValueError("pipeline: give at least one seed.")
+
+
+def _finished_finetune(directory: Path, pace_config: Any) -> dict[str, Any] | None:
+    """The saved PACE result in ``directory`` if its recipe matches ``pace_config``; else None."""
+    result_path = directory / "result.json"
+    if not result_path.is_file():
+        return None
+    saved = json.loads(result_path.read_text(encoding="utf-8"))
+    wanted = {k: v for k, v in pace_config.to_dict().items() if k not in _RECIPE_NEUTRAL}
+    found = {k: v for k, v in saved.get("config", {}).items() if k not in _RECIPE_NEUTRAL}
+    if wanted != found:
+        changed = sorted(k for k in set(wanted) | set(found) if wanted.get(k) != found.get(k))
+        raise ValueError(
+            f"{result_path}: a fine-tuning with another recipe is already there (fields {changed} differ); "
+            "choose a new --out, or delete that folder to retrain."
+        )
+    if not Path(saved.get("model_dir", "")).is_dir():
+        return None
+    return saved
+
+
+def _evaluate_model(
+    model: str, similarity: str, label: str, pace_config: Any, config: PipelineConfig, out_dir: Path
+) -> list[dict[str, Any]]:
+    from embedtune.bench.runner import fit_and_evaluate, shared_triplets
+    from embedtune.compress import get_compressor_class
+    from embedtune.experiment import load_experiment
+
+    experiment = load_experiment(
+        pace_config.data, model, config.test_split, config.split_seed, protocol="beir-train", val_fraction=config.val_fraction,
+        encoder_options={"normalize": similarity == "cosine", "max_seq_length": pace_config.max_seq_length, "show_progress": True},
+    )
+    full = experiment.evaluate("test")
+    rows = [{"model": label, "similarity": similarity, "method": "full", "variant": "", "dim": experiment.embeddings.dim,
+             "seed": None, "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries}]
+    triplets = shared_triplets(experiment, "train+val", config.n_negatives, "hard", config.split_seed,
+                               out_dir / "triplets" / f"{label}.json")
+    runs = [(method, "", config.compressor_overrides.get(method, {})) for method in config.methods]
+    runs += [(overrides.get("method", "dive"), name, {k: v for k, v in overrides.items() if k != "method"})
+             for name, overrides in config.variants.items()]
+    for method, variant, overrides in runs:
+        cls = get_compressor_class(method)
+        if "progress" in cls.config_class.__dataclass_fields__:
+            overrides = {"progress": False, **overrides}
+        for seed in config.seeds:
+            run = fit_and_evaluate(experiment, method, config.dim, seed, final=True, triplets=triplets, overrides=overrides)
+            rows.append({"model": label, "similarity": similarity, "method": method, "variant": variant, "dim": config.dim, "seed": seed,
+                         "ndcg@10": run.metrics["ndcg@10"], "recall@10": run.metrics["recall@10"], "n_queries": run.metrics.n_queries,
+                         "fit_seconds": run.fit_seconds})
+    return rows
+
+
+def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Fine-tune with ``pace_config``, compress with ``config``, evaluate; return (and save) the result.
+
+    Args:
+        pace_config: a :class:`embedtune.finetune.PACEConfig`; its ``output_dir`` is replaced by
+            ``<out_dir>/finetune``.
+        config: the compressors and the evaluation.
+        out_dir: the run folder (``finetune/``, ``triplets/``, ``pipeline_result.json``).
+
+    Returns:
+        ``{"model_dir", "similarity", "rows", "seconds", ...}``; each row is one (model,
+        method, seed) with held-out nDCG@10 and Recall@10.
+    """
+    import dataclasses
+
+    from embedtune.finetune.recipe import train_pace
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pace_config = dataclasses.replace(pace_config, output_dir=str(out_dir / "finetune"))
+    if pace_config.train_split == config.test_split:
+        raise ValueError(f"pipeline: PACE trains on qrels/{pace_config.train_split}.tsv, which is also the test split; "
+                         "pick a different --test-split (or --train-split).")
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    saved = _finished_finetune(out_dir / "finetune", pace_config)
+    if saved is None:
+        result = train_pace(pace_config)
+        model_dir, similarity = result.model_dir, result.similarity
+    else:
+        logger.info("pipeline: reusing the finished fine-tuning in %s", out_dir / "finetune")
+        model_dir, similarity = saved["model_dir"], saved["similarity"]
+    seconds["finetune"] = time.perf_counter() - start
+
+    rows: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    rows += _evaluate_model(model_dir, similarity, "finetuned", pace_config, config, out_dir)
+    seconds["finetuned_compress_eval"] = time.perf_counter() - start
+    if config.compare_base:
+        start = time.perf_counter()
+        rows += _evaluate_model(pace_config.model, "cosine", "base", pace_config, config, out_dir)
+        seconds["base_compress_eval"] = time.perf_counter() - start
+    summary = {
+        "model_dir": model_dir,
+        "similarity": similarity,
+        "data": pace_config.data,
+        "protocol": f"beir-train: fit on qrels/{pace_config.train_split}.tsv, test on every judged query of qrels/{config.test_split}.tsv",
+        "pipeline_config": dataclasses.asdict(config),
+        "rows": rows,
+        "seconds": seconds,
+    }
+    atomic_write_json(out_dir / RESULT_NAME, summary)
+    return summary
