@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # PACE on a Qwen-VL backbone, GPU smoke check (issue 8): a few Stage I (cosine + LoRA on the LM) and
-# Stage II (merged, dot, full LM) steps in bf16 autocast on the tiny random Qwen2-VL, printing each
+# Stage II (merged, dot, full LM) steps in bf16 autocast on a tiny random Qwen-VL (FAMILY), printing each
 # step's time and the peak GPU memory. Offline; nothing is downloaded.
 #
-#   bash benchmarks/gpu_smoke.sh [STEPS_PER_STAGE] [HIDDEN_SIZE]
+#   bash benchmarks/gpu_smoke.sh [STEPS_PER_STAGE] [HIDDEN_SIZE] [FAMILY]
+#
+# FAMILY: qwen2_vl (default), qwen2_5_vl, qwen3_vl or qwen3_5 (tiny random model of that family).
 #
 # Exits 3 with a clear message when no CUDA GPU is visible. EMBEDTUNE_SMOKE_ALLOW_CPU=1 runs the same
 # steps on CPU (bf16 autocast) to check the script itself.
@@ -11,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 [ -x "$PYTHON" ] || PYTHON=python
-STEPS="${1:-3}" HIDDEN="${2:-256}" exec "$PYTHON" - <<'PY'
+STEPS="${1:-3}" HIDDEN="${2:-256}" FAMILY="${3:-qwen2_vl}" exec "$PYTHON" - <<'PY'
 import os, sys, time
 
 import torch
@@ -21,14 +23,14 @@ if not torch.cuda.is_available() and not allow_cpu:
     print("gpu_smoke: no CUDA GPU visible (torch.cuda.is_available() is False); nothing was measured.", file=sys.stderr)
     sys.exit(3)
 device = "cuda" if torch.cuda.is_available() else "cpu"
-steps, hidden = int(os.environ["STEPS"]), int(os.environ["HIDDEN"])
+steps, hidden, family = int(os.environ["STEPS"]), int(os.environ["HIDDEN"]), os.environ["FAMILY"]
 
 from embedtune.data.mmeb import MMEBTrainExample
-from embedtune.encoders.tiny_vl import synthetic_image, tiny_qwen2_vl_embedder
+from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder
 from embedtune.encoders.vision_language import TASK_INSTRUCTIONS, VLInput
 from embedtune.finetune.vl_recipe import VLPACEConfig, VLStageConfig, train_vl_pace
 
-embedder = tiny_qwen2_vl_embedder(seed=0, hidden_size=hidden).to(device)
+embedder = tiny_vl_embedder(family, seed=0, hidden_size=hidden).to(device)
 examples = [
     MMEBTrainExample(VLInput("a red cat", [synthetic_image(i)], TASK_INSTRUCTIONS["vqa"]),
                      VLInput("red"), [VLInput("", [synthetic_image(100 + i)])])
@@ -43,7 +45,7 @@ if device == "cuda":
 start = time.perf_counter()
 result = train_vl_pace(embedder, examples, config, autocast_dtype=torch.bfloat16)
 total = time.perf_counter() - start
-print(f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} torch={torch.__version__} hidden={hidden} batch={config.batch_size} dtype=bf16-autocast")
+print(f"device={torch.cuda.get_device_name() if device == 'cuda' else 'cpu'} torch={torch.__version__} family={family} hidden={hidden} batch={config.batch_size} dtype=bf16-autocast")
 for log in result["logs"]:
     print(f"stage {log.stage} step {log.step}: loss={log.loss:.4f} step_time={log.seconds * 1000:.1f} ms")
 for stage in (1, 2):

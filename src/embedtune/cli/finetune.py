@@ -1,4 +1,7 @@
-"""``embedtune finetune pace``: the PACE recipe, its baselines and ablations, as flags."""
+"""``embedtune finetune pace``: the PACE recipe, its baselines and ablations, as flags.
+
+``embedtune finetune pace-vl`` (vision-language backbones) lives in :mod:`embedtune.cli.finetune_vl`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "finetune",
         help="fine-tune the embedding model (PACE)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Fine-tune a sentence-transformers model. The output is a plain s-t model folder.",
+        description="Fine-tune a sentence-transformers model (pace) or a Qwen vision-language embedder (pace-vl). "
+                    "The output is an s-t model folder.",
     )
     methods = parser.add_subparsers(dest="method", metavar="METHOD", required=True)
     pace = methods.add_parser(
@@ -59,6 +63,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     pace.add_argument("--evaluate-split", default=None, help="evaluate the final model on this qrels split (e.g. test)")
     pace.add_argument("--json", action="store_true", help="print the result as one JSON object")
     pace.set_defaults(handler=run_pace)
+
+    from embedtune.cli.finetune_vl import register_vl
+
+    register_vl(methods)
 
 
 def _presets() -> dict[str, str]:

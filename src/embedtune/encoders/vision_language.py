@@ -213,10 +213,17 @@ def apply_max_image_pixels(processor: Any, max_pixels: int | None) -> None:
         raise ValueError(f"max_image_pixels must be >= 1; got {max_pixels}.")
     image_processor = getattr(processor, "image_processor", None)
     size = getattr(image_processor, "size", None)
-    if not isinstance(size, dict) or "longest_edge" not in size:
+    longest = size.get("longest_edge") if size is not None and hasattr(size, "get") else None
+    if longest is None:
         raise ValueError(f"{type(image_processor).__name__} has no size['longest_edge'] to cap; leave max_image_pixels unset.")
-    image_processor.size = {**size, "longest_edge": int(max_pixels), "shortest_edge": min(int(size.get("shortest_edge", 0)), int(max_pixels))}
-    if hasattr(image_processor, "max_pixels"):
+    shortest = min(int(size.get("shortest_edge") or 0), int(max_pixels))
+    if isinstance(size, dict):
+        image_processor.size = {**size, "longest_edge": int(max_pixels), "shortest_edge": shortest}
+    else:  # transformers' frozen SizeDict
+        import dataclasses
+
+        image_processor.size = dataclasses.replace(size, longest_edge=int(max_pixels), shortest_edge=shortest)
+    if getattr(image_processor, "max_pixels", None) is not None:
         image_processor.max_pixels = int(max_pixels)
 
 

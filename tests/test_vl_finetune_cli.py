@@ -1,0 +1,145 @@
+"""``embedtune finetune pace-vl`` end to end on a tiny random Qwen-VL with synthetic PIL images, the
+validated config saved next to the weights, the paper presets, and Stage II's init checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder  # noqa: E402
+from embedtune.finetune.vl_config import VLPACEConfig, VLStageConfig, vl_preset_config  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _write_data(root):
+    for index in range(6):
+        synthetic_image(30 + index).save(root / f"img{index}.png")
+    train = [
+        {"qry": "a red cat", "qry_image_path": "", "pos_text": "", "pos_image_path": "img0.png", "neg_text": [""], "neg_image_path": ["img1.png"], "task": "t2i"},
+        {"qry": "", "qry_image_path": "img2.png", "pos_text": "a blue car", "pos_image_path": "", "neg_text": ["a green tree"], "task": "i2t"},
+        {"qry": "what colour", "qry_image_path": "img3.png", "pos_text": "red", "pos_image_path": "", "neg_text": ["blue", "green"], "task": "vqa"},
+        {"qry": "one dog", "qry_image_path": "img4.png", "pos_text": "", "pos_image_path": "img5.png", "neg_text": [], "instruction": "Find an image matching the described changes."},
+    ]
+    train_file = root / "train.jsonl"
+    train_file.write_text("".join(json.dumps(row) + "\n" for row in train))
+    eval_rows = [{"qry_text": "what colour", "qry_img_path": f"img{index}.png", "tgt_text": ["red", "blue", "green"], "tgt_img_path": ["", "", ""]}
+                 for index in range(3)]
+    eval_file = root / "OK-VQA.jsonl"
+    eval_file.write_text("".join(json.dumps(row) + "\n" for row in eval_rows))
+    return train_file, eval_file
+
+
+def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path, capsys):
+    from embedtune.cli import main
+    from embedtune.encoders.st_vl import load_sentence_transformer
+    from embedtune.encoders.vision_language import QwenVLEmbedder
+
+    train_file, eval_file = _write_data(tmp_path)
+    out = tmp_path / "run"
+    code = main([
+        "finetune", "pace-vl", "--model", "tiny-qwen2.5-vl", "--train", str(train_file), "--output", str(out),
+        "--stage1-steps", "3", "--stage2-steps", "2", "--stage2-init", "2", "--batch-size", "2", "--lora-rank", "2",
+        "--stage1-lr", "1e-2", "--stage2-lr", "1e-3", "--stage2-temperature", "1", "--n-negatives", "1",
+        "--precision", "fp32", "--eval-tasks", str(eval_file), "--json",
+    ])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["similarity"] == "dot" and summary["stage1_steps"] == 3 and summary["stage2_init_step"] == 2
+    assert set(summary["metrics"]["per_dataset"]) == {"OK-VQA"}
+
+    result = json.loads((out / "result.json").read_text())
+    assert [log["stage"] for log in result["logs"]] == [1, 1, 1, 2, 2]
+    assert all(log["loss"] == log["loss"] for log in result["logs"])  # finite, not NaN
+    assert (out / "stage1" / "adapter-step-2" / "adapter_config.json").is_file()
+    assert (out / "stage1" / "adapter-final" / "adapter_config.json").is_file()
+
+    # The validated config is saved next to the weights and reads back as what the flags asked for.
+    saved = VLPACEConfig.load(out / "model")
+    assert saved == VLPACEConfig.load(out)
+    assert saved.preset == "pace" and saved.model == "tiny-qwen2.5-vl" and saved.lora_rank == 2 and saved.batch_size == 2
+    assert (saved.stage1.steps, saved.stage1.learning_rate, saved.stage1.similarity, saved.stage1.lora) == (3, 1e-2, "cosine", True)
+    assert (saved.stage2.steps, saved.stage2.learning_rate, saved.stage2.temperature, saved.stage2.lora) == (2, 1e-3, 1.0, False)
+    assert saved.stage2_init == 2 and saved.n_negatives == 1 and saved.max_image_pixels == 1_605_632  # untouched preset value
+    assert json.loads((out / "model" / "vl_pace_config.json").read_text())["embedtune_version"]
+
+    embedder, similarity = QwenVLEmbedder.load(out / "model")
+    assert similarity == "dot" and embedder.family.model_type == "qwen2_5_vl" and not embedder.lora_modules()
+    assert load_sentence_transformer(out / "model").similarity_fn_name == "dot"
+
+    # Rerun from the saved config (one flag changed): same recipe, new output.
+    code = main(["finetune", "pace-vl", "--config", str(out / "vl_pace_config.json"), "--output", str(tmp_path / "rerun"),
+                 "--stage2-steps", "1", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["stage2_steps"] == 1
+
+
+def test_stage2_starts_from_the_stage1_init_step_checkpoint(tmp_path):
+    """Stage I runs 3 steps, Stage II starts from step 1: the LM equals base + merged step-1 adapter."""
+    from peft import PeftModel
+
+    from embedtune.data.mmeb import load_mmeb_train
+    from embedtune.finetune.vl_recipe import train_vl_pace
+
+    train_file, _ = _write_data(tmp_path)
+    examples = load_mmeb_train(train_file)
+    config = VLPACEConfig(stage1=VLStageConfig(steps=3, learning_rate=1e-2), stage2=VLStageConfig(steps=0, similarity="dot", lora=False),
+                          stage2_init=1, batch_size=2, lora_rank=2)
+    embedder = tiny_vl_embedder("qwen2_vl", seed=7)
+    outcome = train_vl_pace(embedder, examples, config, checkpoint_dir=tmp_path / "stage1")
+    assert outcome["stage2_init_step"] == 1 and len(outcome["logs"]) == 3
+
+    reference = tiny_vl_embedder("qwen2_vl", seed=7).model
+    merged = PeftModel.from_pretrained(reference, str(tmp_path / "stage1" / "adapter-step-1")).merge_and_unload()
+    expected = dict(merged.named_parameters())
+    for name, parameter in embedder.model.named_parameters():
+        torch.testing.assert_close(parameter, expected[name], rtol=0, atol=1e-6, msg=name)
+    final = PeftModel.from_pretrained(tiny_vl_embedder("qwen2_vl", seed=7).model, str(tmp_path / "stage1" / "adapter-final")).merge_and_unload()
+    assert not torch.allclose(dict(final.named_parameters())["language_model.layers.0.self_attn.q_proj.weight"],
+                              expected["language_model.layers.0.self_attn.q_proj.weight"])
+
+
+def test_presets_mirror_appendix_a():
+    config = vl_preset_config("pace")
+    assert (config.stage1.similarity, config.stage1.lora, config.stage1.learning_rate, config.stage1.temperature) == ("cosine", True, 2e-5, 0.1)
+    assert (config.stage2.similarity, config.stage2.lora, config.stage2.learning_rate, config.stage2.temperature) == ("dot", False, 2e-6, 100.0)
+    assert config.stage1.warmup_ratio == config.stage2.warmup_ratio == 0.05 and config.stage1.steps is None  # one epoch each
+    assert (config.lora_rank, config.batch_size, config.n_negatives, config.gamma, config.stage2_init) == (32, 32, 5, 2.0, 0.25)
+    assert (config.max_seq_length, config.max_image_pixels, config.precision) == (8192, 1_605_632, "auto")
+    assert config.stage2_init_step(7847) == 1962  # ≈ the paper's step 2,000
+    baseline = vl_preset_config("vlm2vec")
+    assert baseline.stage2 is None and baseline.stage1.weighting == "none" and baseline.stage1.lora
+    assert vl_preset_config("no-focal").stage2.weighting == "none"
+
+
+def test_config_errors_name_the_field_and_the_fix(tmp_path, capsys):
+    from embedtune.cli import main
+
+    with pytest.raises(ValueError, match="stage2.lora=True is not supported.*set stage2.lora=False"):
+        VLPACEConfig(stage2=VLStageConfig(similarity="dot", lora=True))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        VLPACEConfig(batch_size=0)
+    with pytest.raises(ValueError, match="stage1 has unknown keys \\['lr'\\]"):
+        VLPACEConfig(stage1={"lr": 1e-3})
+    with pytest.raises(ValueError, match="task='grounding' is not a PACE task format"):
+        VLPACEConfig(task="grounding")
+    with pytest.raises(ValueError, match="stage2_init=9 is beyond Stage I's 3 steps"):
+        VLPACEConfig(stage2_init=9).stage2_init_step(3)
+    with pytest.raises(ValueError, match="preset='paper' is unknown"):
+        vl_preset_config("paper")
+    assert main(["finetune", "pace-vl", "--model", "tiny-qwen2-vl", "--output", str(tmp_path / "x")]) == 2
+    assert "--train is required" in capsys.readouterr().err
+    assert main(["finetune", "pace-vl", "--preset", "vlm2vec", "--model", "tiny-qwen2-vl", "--train", "t.jsonl",
+                 "--output", str(tmp_path / "y"), "--stage2-steps", "3"]) == 2
+    assert "--stage2-steps was given but preset 'vlm2vec' has no stage2" in capsys.readouterr().err
