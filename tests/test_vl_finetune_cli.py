@@ -77,6 +77,9 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
     embedder, similarity = QwenVLEmbedder.load(out / "model")
     assert similarity == "dot" and embedder.family.model_type == "qwen2_5_vl" and not embedder.lora_modules()
     assert load_sentence_transformer(out / "model").similarity_fn_name == "dot"
+    assert main(["evaluate-mmeb", "--model", str(out / "model"), "--tasks", str(eval_file), "--task-format", "auto", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["similarity"] == "dot" and scored["vqa"] == scored["per_dataset"]["OK-VQA"]
 
     # Rerun from the saved config (one flag changed): same recipe, new output.
     code = main(["finetune", "pace-vl", "--config", str(out / "vl_pace_config.json"), "--output", str(tmp_path / "rerun"),

@@ -7,7 +7,7 @@ embedtune from building on it:
 
 1. ``Transformer.__init__`` always calls ``AutoProcessor.from_pretrained`` and cannot be handed a
    processor. In transformers 5.x every Qwen-VL processor (``Qwen2VLProcessor``,
-   ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, Qwen3.5's) requires a video processor, and those
+   ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, which Qwen3.5 also uses) requires a video processor, and those
    require torchvision; without torchvision (e.g. a CPU-only torch) loading fails with
    ``ImportError: Qwen2VLVideoProcessor requires the Torchvision library``, so the model cannot be
    loaded at all. :func:`embedtune.encoders.vision_language.load_processor` falls back to the
