@@ -37,6 +37,12 @@ _EXPORTS = {
     "prepare_stage_two": "embedtune.finetune.recipe",
     "run_stage": "embedtune.finetune.recipe",
     "train_pace": "embedtune.finetune.recipe",
+    "VLPACEConfig": "embedtune.finetune.vl_config",
+    "VLStageConfig": "embedtune.finetune.vl_config",
+    "vl_preset_config": "embedtune.finetune.vl_config",
+    "VLPACEResult": "embedtune.finetune.vl_recipe",
+    "run_vl_pace": "embedtune.finetune.vl_recipe",
+    "train_vl_pace": "embedtune.finetune.vl_recipe",
 }
 
 __all__ = sorted(_EXPORTS)
