@@ -61,3 +61,20 @@ def test_dim_times_heads_error_names_both_fixes(toy40, tiny_bert_dir, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "heads" in err and "dim" in err
+
+
+def test_preset_flag_applies_dive_presets_and_rejects_bad_use(toy40, tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    from embedtune.compress.dive import DIVEConfig
+
+    monkeypatch.setitem(DIVEConfig.PRESETS, "test-preset", {"init": "pca", "margin": 0.3})
+    code = main(["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
+                 "--preset", "test-preset", "--epochs", "1", "--set", "batch_size=8", "--set", "margin=0.5", "--compare", "",
+                 "--out", str(tmp_path / "run"), "--json"])
+    assert code == 0
+    capsys.readouterr()
+    config = load_compressor(tmp_path / "run" / "dive" / "seed-2027").config
+    assert config.init == "pca" and config.margin == 0.5  # --set overrides the preset
+    assert main(["compress", "train", "--method", "dive", "--data", str(toy40), "--model", str(tiny_bert_dir), "--preset", "nope"]) == 2
+    assert "unknown" in capsys.readouterr().err
+    assert main(["compress", "train", "--method", "pca", "--data", str(toy40), "--model", str(tiny_bert_dir), "--preset", "paper"]) == 2
+    assert "DIVE preset" in capsys.readouterr().err

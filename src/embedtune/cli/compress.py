@@ -76,6 +76,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_split_flags(train)
     train.add_argument("--method", default="dive", help=METHOD_HELP)
     train.add_argument("--dim", type=int, default=128, help="output dimension k")
+    train.add_argument("--preset", default=None,
+                       help="DIVE preset: 'paper' (the DIVE paper's settings) or another name in DIVEConfig.PRESETS; "
+                       "--heads/--epochs/--lr/--set override it")
     train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
@@ -122,6 +125,14 @@ def run_train(args: argparse.Namespace) -> int:
     from embedtune.data.triplets import check_mining_options, mining_options
 
     settings = _parse_settings(args.settings)
+    if args.preset is not None:
+        from embedtune.compress.dive import DIVEConfig
+
+        if args.method != "dive":
+            raise ValueError(f"--preset names a DIVE preset, but --method is {args.method!r}; drop --preset or use --method dive.")
+        if args.preset not in DIVEConfig.PRESETS:
+            raise ValueError(f"--preset {args.preset!r} is unknown; choose one of: {', '.join(sorted(DIVEConfig.PRESETS))}.")
+        settings = {**DIVEConfig.PRESETS[args.preset], **settings}
     if args.heads is not None:
         settings["heads"] = args.heads if args.heads == "auto" else int(args.heads)
     if args.epochs is not None:
