@@ -23,7 +23,7 @@ from embedtune.experiment import Experiment, load_experiment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["plan_phase_one", "plan_phase_two", "select_preset", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
+__all__ = ["plan_phase_one", "plan_phase_two", "select_preset", "selection_records", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
 
 # Their output does not depend on the seed: one run stands for all seeds (std 0).
 SEED_FREE_METHODS = {"frozen", "truncate", "pca"}
@@ -200,6 +200,23 @@ class ProtocolExecutor:
         }
 
 
+def selection_records(config: ProtocolConfig, store: RunStore, records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The records phase two selects from: this run's, plus finished selection runs in the results folder.
+
+    Selection runs finished by earlier invocations (e.g. one dataset's candidates with more
+    seeds) count too, as long as their dataset and backbone are in ``config``; validation runs
+    only, so selection never reads a test score.
+    """
+    cells = {(dataset, backbone.name) for dataset, _ in _datasets(config) for backbone in config.backbones}
+    merged = {
+        record["spec"]["key"]: record
+        for record in store.all_records()
+        if "metrics" in record and record["spec"].get("stage") == "val" and (record["spec"]["dataset"], record["spec"]["backbone"]) in cells
+    }
+    merged.update(records)
+    return merged
+
+
 def run_protocol(config: ProtocolConfig, progress: bool = True, phase_two: bool = True) -> dict[str, dict[str, Any]]:
     """Run (or resume) both phases; return every record by run key.
 
@@ -215,6 +232,6 @@ def run_protocol(config: ProtocolConfig, progress: bool = True, phase_two: bool 
     start = time.perf_counter()
     records = run_grid(plan_phase_one(config), store, executor, progress)
     if phase_two:
-        records.update(run_grid(plan_phase_two(config, records), store, executor, progress))
+        records.update(run_grid(plan_phase_two(config, selection_records(config, store, records)), store, executor, progress))
     logger.info("protocol finished in %.1fs (embedding: %s)", time.perf_counter() - start, executor.embedding_seconds)
     return records
