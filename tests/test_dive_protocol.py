@@ -163,11 +163,12 @@ def test_selection_records_include_earlier_validation_runs_of_configured_cells_o
     from embedtune.bench.dive_protocol import selection_records
     from embedtune.bench.grid import make_spec
 
-    config = ProtocolConfig(datasets=[DatasetSpec("a", "pa")], backbones=[BackboneSpec("b", "m", (8,))], results_dir=str(tmp_path))
+    pa = str(_toy(tmp_path / "pa"))
+    config = ProtocolConfig(datasets=[DatasetSpec("a", pa)], backbones=[BackboneSpec("b", "m", (8,))], results_dir=str(tmp_path))
     store = RunStore(tmp_path)
-    kept = make_spec("a", "pa", "b", "m", "val", "dive", 8, 2028, {"margin": 0.2}, "candidate:m")
+    kept = make_spec("a", pa, "b", "m", "val", "dive", 8, 2028, {"margin": 0.2}, "candidate:m")
     other_dataset = make_spec("z", "pz", "b", "m", "val", "dive", 8, 2028, {"margin": 0.2}, "candidate:m")
-    test_run = make_spec("a", "pa", "b", "m", "test", "dive", 8, 2028, {}, "main")
+    test_run = make_spec("a", pa, "b", "m", "test", "dive", 8, 2028, {}, "main")
     for spec in (kept, other_dataset, test_run):
         store.save(spec, {"metrics": {"ndcg@10": 0.5}})
     merged = selection_records(config, store, {})
