@@ -93,6 +93,27 @@ def test_judged_fraction_keeps_at_least_one_judged_doc():
     assert all(not unjudged for unjudged in full.unjudged_relevant.values())
 
 
+def test_shared_topics_and_query_shift():
+    plain = make_false_negative_dataset(**ARGS)
+    topics = make_false_negative_dataset(**{**ARGS, "n_topics": 2, "topic_spread": 0.3})
+    shifted = make_false_negative_dataset(**{**ARGS, "query_shift": 0.6})
+    off_diagonal = ~np.eye(10, dtype=bool)
+    for dataset in (topics, shifted):
+        # The truth keeps its structure: same counts of judged and relevant docs per query.
+        assert [len(dataset.qrels[q]) for q in dataset.query_ids] == [len(plain.qrels[q]) for q in plain.query_ids]
+        assert [len(dataset.true_qrels[q]) for q in dataset.query_ids] == [len(plain.true_qrels[q]) for q in plain.query_ids]
+        np.testing.assert_allclose(np.linalg.norm(dataset.query_emb, axis=1), 1.0, atol=1e-5)
+    # Queries of one topic (q and q + 2) are closer to each other than to the other topic's.
+    similarity = topics.query_emb @ topics.query_emb.T
+    same = np.equal.outer(np.arange(10) % 2, np.arange(10) % 2) & off_diagonal
+    assert similarity[same].mean() > similarity[~same & off_diagonal].mean() + 0.3
+    # The shared offset makes queries similar to one another, not to the documents.
+    plain_similarity = (plain.query_emb @ plain.query_emb.T)[off_diagonal].mean()
+    shifted_similarity = (shifted.query_emb @ shifted.query_emb.T)[off_diagonal].mean()
+    assert shifted_similarity > plain_similarity + 0.15
+    assert np.array_equal(shifted.doc_emb, plain.doc_emb) and shifted.qrels == plain.qrels
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -102,6 +123,9 @@ def test_judged_fraction_keeps_at_least_one_judged_doc():
         ({"positives_per_query": 0}, "positives_per_query"),
         ({"near_duplicates_per_positive": -1}, "near_duplicates_per_positive"),
         ({"distractors_per_query": 10_000}, "distractors_per_query"),
+        ({"n_topics": 0}, "n_topics"),
+        ({"topic_spread": -0.1}, "topic_spread"),
+        ({"query_shift": float("nan")}, "query_shift"),
     ],
 )
 def test_invalid_arguments(change, message):

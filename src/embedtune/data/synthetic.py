@@ -80,6 +80,9 @@ def make_false_negative_dataset(
     duplicate_noise: float = 0.05,
     distractor_noise: float = 1.2,
     distractors_per_query: int | None = None,
+    n_topics: int | None = None,
+    topic_spread: float = 0.5,
+    query_shift: float = 0.0,
 ) -> FalseNegativeDataset:
     """A retrieval set with many relevant documents per query, incompletely judged.
 
@@ -91,6 +94,17 @@ def make_false_negative_dataset(
     - near-duplicate of a relevant document ``r``: ``r + duplicate_noise·g``;
     - topical distractor: ``t_q + distractor_noise·g`` (about 0.64: below the relevant ones);
     - background: ``g``.
+
+    Optional structure (off by default; the defaults reproduce the original datasets exactly):
+
+    - ``n_topics``: the query topics are no longer independent. There are ``n_topics`` unit
+      centres ``c_j`` and query ``q`` gets ``t_q = unit(c_{q mod n_topics} + topic_spread·g)``,
+      so queries of one topic are close to each other and a query's relevant documents are
+      close to its siblings' (retrieval becomes a fine-grained, genuinely hard task);
+    - ``query_shift``: every query gets a shared offset ``query_shift·o`` (``o`` one random unit
+      vector) before its final normalisation, a stand-in for the query/document modality gap of
+      asymmetric encoders (short queries versus long passages). Relevance is unchanged;
+      queries and documents simply occupy different regions.
 
     Args:
         n_queries: number of queries (one topic each).
@@ -104,6 +118,11 @@ def make_false_negative_dataset(
         query_noise, relevant_noise, duplicate_noise, distractor_noise: see the geometry above.
         distractors_per_query: topical distractors per query; default: half of the corpus left
             after the relevant documents, spread over the queries. The rest is background.
+        n_topics: None (the default: every query has its own independent topic) or the number of
+            shared topic centres; query ``q`` belongs to centre ``q mod n_topics``.
+        topic_spread: with ``n_topics``, how far a query's topic lies from its centre (see the
+            geometry above; 0 makes the queries of a centre share one topic).
+        query_shift: norm of the shared query offset (0: none).
 
     Returns:
         A :class:`FalseNegativeDataset` (unpacks as the five-tuple
@@ -114,6 +133,11 @@ def make_false_negative_dataset(
             raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
     if isinstance(near_duplicates_per_positive, bool) or not isinstance(near_duplicates_per_positive, int) or near_duplicates_per_positive < 0:
         raise ValueError(f"near_duplicates_per_positive must be an integer >= 0; got {near_duplicates_per_positive!r}.")
+    if n_topics is not None and (isinstance(n_topics, bool) or not isinstance(n_topics, int) or n_topics < 1):
+        raise ValueError(f"n_topics must be None or an integer >= 1; got {n_topics!r}.")
+    for name, value in (("topic_spread", topic_spread), ("query_shift", query_shift)):
+        if not np.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
     if not 0.0 < float(judged_fraction) <= 1.0:
         raise ValueError(f"judged_fraction must be in (0, 1]; got {judged_fraction!r}.")
     relevant_total = n_queries * positives_per_query * (1 + near_duplicates_per_positive)
@@ -133,13 +157,20 @@ def make_false_negative_dataset(
     def noise(*shape: int) -> np.ndarray:
         return rng.standard_normal((*shape, dim)) / np.sqrt(dim)
 
-    topics = _unit(rng.standard_normal((n_queries, dim)))
+    if n_topics is None:
+        topics = _unit(rng.standard_normal((n_queries, dim)))
+    else:
+        centres = _unit(rng.standard_normal((n_topics, dim)))
+        topics = _unit(centres[np.arange(n_queries) % n_topics] + topic_spread * noise(n_queries))
     queries = _unit(topics + query_noise * noise(n_queries))
     originals = _unit(topics[:, None, :] + relevant_noise * noise(n_queries, positives_per_query))
     duplicates = _unit(originals[:, :, None, :] + duplicate_noise * noise(n_queries, positives_per_query, near_duplicates_per_positive))
     distractor_vectors = _unit(topics[:, None, :] + distractor_noise * noise(n_queries, distractors_per_query))
     n_background = spare - n_queries * distractors_per_query
     background = _unit(rng.standard_normal((n_background, dim)))
+    if query_shift > 0:
+        # Its own stream, so the corpus and the judgements equal those of query_shift=0.
+        queries = _unit(queries + query_shift * _unit(np.random.default_rng([seed, 1]).standard_normal(dim)))
 
     # Roles in generation order: ("relevant", q, p, -1), ("duplicate", q, p, j), ("distractor", q, -1, -1), ("background", ...).
     vectors = [originals.reshape(-1, dim), duplicates.reshape(-1, dim), distractor_vectors.reshape(-1, dim), background]
