@@ -98,7 +98,7 @@ def test_config_validation():
     with pytest.warns(UserWarning, match="w/o self-limiting"):
         DIVEConfig(triplet_loss="softplus")
     defaults = DIVEConfig()
-    assert (defaults.dim, defaults.heads, defaults.margin, defaults.view_weight, defaults.geometry_weight) == (128, 4, 0.7, 0.01, 10.0)
+    assert (defaults.dim, defaults.heads, defaults.margin, defaults.view_weight, defaults.geometry_weight) == (128, "auto", 0.7, 0.01, 10.0)
     assert (defaults.temperature, defaults.learning_rate, defaults.batch_size, defaults.epochs, defaults.seed) == (0.1, 2e-4, 128, 50, 2027)
     import dataclasses
 

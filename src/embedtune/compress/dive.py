@@ -72,8 +72,8 @@ class DIVEConfig(CompressorConfig):
     dim: int = field(default=128, metadata={"help": "Output dimension k: the size of each head and of the stored vector."})
     seed: int = field(default=2027, metadata={"help": "Seed for the adapter initialisation and the triplet order."})
     heads: int | str = field(
-        default=4,
-        metadata={"help": "Number of heads H (implicit views), or 'auto' for the largest H <= min(max_heads, d // k). Needs dim*heads <= input dim."},
+        default="auto",
+        metadata={"help": "Number of heads H (implicit views), or 'auto' (default) for the largest H <= min(max_heads, d // k): the paper's H=4 wherever k*4 <= d. A fixed H needs dim*heads <= input dim."},
     )
     max_heads: int = field(default=4, metadata={"help": "Upper bound on H when heads='auto'."})
     margin: float = field(default=0.7, metadata={"help": "Hinge margin m: a triplet with Δ >= m stops producing gradient."})
