@@ -78,3 +78,18 @@ def test_preset_flag_applies_dive_presets_and_rejects_bad_use(toy40, tiny_bert_d
     assert "unknown" in capsys.readouterr().err
     assert main(["compress", "train", "--method", "pca", "--data", str(toy40), "--model", str(tiny_bert_dir), "--preset", "paper"]) == 2
     assert "DIVE preset" in capsys.readouterr().err
+
+
+def test_dive_defaults_to_the_best_preset_and_paper_is_one_flag_away(toy40, tiny_bert_dir, tmp_path, capsys):
+    from embedtune.compress.dive import DIVEConfig
+
+    common = ["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
+              "--epochs", "1", "--set", "batch_size=8", "--compare", "", "--json"]
+    assert main([*common, "--out", str(tmp_path / "default")]) == 0
+    assert json.loads(capsys.readouterr().out)["dive_preset"] == "best"
+    config = load_compressor(tmp_path / "default" / "dive" / "seed-2027").config
+    assert all(getattr(config, k) == v for k, v in DIVEConfig.PRESETS["best"].items())
+    assert main([*common, "--preset", "paper", "--out", str(tmp_path / "paper")]) == 0
+    capsys.readouterr()
+    paper = load_compressor(tmp_path / "paper" / "dive" / "seed-2027").config
+    assert (paper.init, paper.margin) == ("identity", 0.7)

@@ -10,6 +10,8 @@ from typing import Any
 from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json, print_table
 
 METHOD_HELP = "frozen|truncate|pca|autoencoder|mrl-adaptor|search-adaptor|smec|dive"
+# `compress train --method dive` without --preset; `--preset paper` reproduces the DIVE paper.
+DEFAULT_DIVE_PRESET = "best"
 
 
 def _parse_value(text: str) -> Any:
@@ -77,7 +79,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--method", default="dive", help=METHOD_HELP)
     train.add_argument("--dim", type=int, default=128, help="output dimension k")
     train.add_argument("--preset", default=None,
-                       help="DIVE preset: 'paper' (the DIVE paper's settings) or another name in DIVEConfig.PRESETS; "
+                       help="DIVE preset: 'best' (default for --method dive: PCA-rotated init, margin 0.4, selected on validation "
+                       "queries), 'paper' (the DIVE paper's settings), or another name in DIVEConfig.PRESETS; "
                        "--heads/--epochs/--lr/--set override it")
     train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
@@ -125,6 +128,8 @@ def run_train(args: argparse.Namespace) -> int:
     from embedtune.data.triplets import check_mining_options, mining_options
 
     settings = _parse_settings(args.settings)
+    if args.preset is None and args.method == "dive":
+        args.preset = DEFAULT_DIVE_PRESET
     if args.preset is not None:
         from embedtune.compress.dive import DIVEConfig
 
@@ -180,6 +185,7 @@ def run_train(args: argparse.Namespace) -> int:
         "dataset": experiment.dataset.name,
         "model": args.model,
         "queries": "test (held-out)" if args.final else "val",
+        "dive_preset": args.preset,
         "split_seed": args.split_seed,
         "results": report,
     }
@@ -197,7 +203,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        print(f"{experiment.dataset.name} / {args.model}: {result['queries']} queries, split seed {args.split_seed}, seeds {args.seeds}")
+        preset = f", DIVE preset '{args.preset}'" if args.preset else ""
+        print(f"{experiment.dataset.name} / {args.model}: {result['queries']} queries, split seed {args.split_seed}, seeds {args.seeds}{preset}")
         for row in rows:
             row["nDCG@10"] = f"{row['ndcg@10']:.4f} ± {row['ndcg@10_std']:.4f}"
             row["Recall@10"] = f"{row['recall@10']:.4f} ± {row['recall@10_std']:.4f}"
