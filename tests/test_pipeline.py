@@ -60,3 +60,15 @@ def test_pipeline_rejects_training_on_the_test_split(tiny_bert_dir, toy_train_te
         run_pipeline(_pace(tiny_bert_dir, toy_train_test, train_split="test"), PipelineConfig(dim=8), tmp_path / "run")
     with pytest.raises(ValueError, match="compressor"):
         PipelineConfig(methods=[])
+
+
+def test_pipeline_cli_uses_the_best_dive_preset(tiny_bert_dir, toy_train_test, tmp_path, capsys):
+    from embedtune.cli import main
+
+    code = main(["pipeline", "--model", str(tiny_bert_dir), "--data", str(toy_train_test), "--out", str(tmp_path / "run"),
+                 "--stage1-steps", "2", "--stage2-steps", "1", "--stage2-init", "1", "--batch-size", "4", "--dim", "8",
+                 "--methods", "dive", "--no-base", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pipeline_config"]["compressor_overrides"]["dive"] == {"init": "pca", "margin": 0.4}
+    assert [r["method"] for r in result["rows"]] == ["full", "dive"]

@@ -32,6 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
     parser.add_argument("--max-seq-length", type=int, default=None, help="token cap for training and encoding")
     parser.add_argument("--methods", default="dive", help="comma-separated compressors, e.g. dive,pca")
+    parser.add_argument("--dive-preset", default="best", help="DIVE preset for the compression step ('best' or 'paper')")
     parser.add_argument("--dim", type=int, default=128, help="compressed dimension k")
     parser.add_argument("--seeds", type=int, nargs="+", default=[2027], help="compressor seeds")
     parser.add_argument("--norm-preserving", action="store_true",
@@ -54,9 +55,14 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, max_seq_length=args.max_seq_length, seed=args.seed,
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    variants = {"norm-preserving": {"method": "dive", "output_norm": "input"}} if args.norm_preserving else {}
+    from embedtune.compress.dive import DIVEConfig
+
+    if args.dive_preset not in DIVEConfig.PRESETS:
+        raise ValueError(f"--dive-preset {args.dive_preset!r} is unknown; choose one of: {', '.join(sorted(DIVEConfig.PRESETS))}.")
+    dive_settings = dict(DIVEConfig.PRESETS[args.dive_preset])
+    variants = {"norm-preserving": {"method": "dive", **dive_settings, "output_norm": "input"}} if args.norm_preserving else {}
     config = PipelineConfig(methods=methods, dim=args.dim, seeds=args.seeds, variants=variants, test_split=args.test_split,
-                            split_seed=args.seed, compare_base=not args.no_base)
+                            split_seed=args.seed, compare_base=not args.no_base, compressor_overrides={"dive": dive_settings})
     result = run_pipeline(pace_config, config, args.out)
     if args.json:
         print_json(result)
