@@ -19,7 +19,7 @@ def toy40(tmp_path):
 def test_compress_train_apply_export(toy40, tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
-                 "--heads", "auto", "--epochs", "2", "--set", "batch_size=8", "--compare", "frozen,truncate,pca",
+                 "--preset", "best", "--heads", "auto", "--epochs", "2", "--set", "batch_size=8", "--compare", "frozen,truncate,pca",
                  "--seeds", "2027", "2028", "--out", str(out), "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
@@ -57,7 +57,7 @@ def test_unknown_setting_and_method_fail_cleanly(toy40, tiny_bert_dir, capsys):
 
 def test_dim_times_heads_error_names_both_fixes(toy40, tiny_bert_dir, capsys):
     code = main(["compress", "train", "--method", "dive", "--data", str(toy40), "--model", str(tiny_bert_dir), "--dim", "16",
-                 "--heads", "4", "--compare", ""])
+                 "--heads", "4", "--compare", "", "--preset", "best"])
     assert code == 2
     err = capsys.readouterr().err
     assert "heads" in err and "dim" in err
@@ -80,16 +80,31 @@ def test_preset_flag_applies_dive_presets_and_rejects_bad_use(toy40, tiny_bert_d
     assert "DIVE preset" in capsys.readouterr().err
 
 
-def test_dive_defaults_to_the_best_preset_and_paper_is_one_flag_away(toy40, tiny_bert_dir, tmp_path, capsys):
+def test_dive_defaults_to_the_robust_preset_and_paper_is_one_flag_away(toy40, tiny_bert_dir, tmp_path, capsys):
+    from embedtune.cli.compress import MINING_PRESETS
     from embedtune.compress.dive import DIVEConfig
 
     common = ["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
               "--epochs", "1", "--set", "batch_size=8", "--compare", "", "--json"]
-    assert main([*common, "--out", str(tmp_path / "default")]) == 0
-    assert json.loads(capsys.readouterr().out)["dive_preset"] == "best"
+    # A random tiny model ranks every positive last, so the default filter drops every candidate: a clear error.
+    assert main([*common, "--out", str(tmp_path / "filtered")]) == 2
+    assert "--false-negative-margin none" in capsys.readouterr().err
+    assert main([*common, "--false-negative-margin", "-1.0", "--out", str(tmp_path / "default")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dive_preset"] == "robust"
+    expected = {**MINING_PRESETS["robust"], "false_negative_margin": -1.0}
+    assert {k: report["triplets"][k] for k in expected} == expected
     config = load_compressor(tmp_path / "default" / "dive" / "seed-2027").config
-    assert all(getattr(config, k) == v for k, v in DIVEConfig.PRESETS["best"].items())
+    assert all(getattr(config, k) == v for k, v in DIVEConfig.PRESETS["robust"].items())
+    assert config.init == "pca" and config.margin == 0.4 and config.epoch_selection == "best"
+
     assert main([*common, "--preset", "paper", "--out", str(tmp_path / "paper")]) == 0
-    capsys.readouterr()
+    report = json.loads(capsys.readouterr().out)
+    assert "false_negative_margin" not in report["triplets"] and "max_triplets_per_query" not in report["triplets"]
     paper = load_compressor(tmp_path / "paper" / "dive" / "seed-2027").config
-    assert (paper.init, paper.margin) == ("identity", 0.7)
+    assert (paper.init, paper.margin, paper.epoch_selection) == ("identity", 0.7, "last")
+
+    # Explicit flags beat the preset; 'none' turns a filter off.
+    assert main([*common, "--false-negative-margin", "none", "--max-triplets-per-query", "3", "--out", str(tmp_path / "mixed")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "false_negative_margin" not in report["triplets"] and report["triplets"]["max_triplets_per_query"] == 3

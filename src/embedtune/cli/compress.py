@@ -11,7 +11,12 @@ from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flag
 
 METHOD_HELP = "frozen|truncate|pca|autoencoder|mrl-adaptor|search-adaptor|smec|dive"
 # `compress train --method dive` without --preset; `--preset paper` reproduces the DIVE paper.
-DEFAULT_DIVE_PRESET = "best"
+DEFAULT_DIVE_PRESET = "robust"
+# The triplet-mining half of a preset (the other half is DIVEConfig.PRESETS): the robust preset
+# filters likely false negatives and caps triplets per query (benchmarks/RESULTS.md, issue 9 §6).
+MINING_PRESETS: dict[str, dict[str, Any]] = {
+    "robust": {"false_negative_margin": 0.05, "false_negative_reference": "query-min", "max_triplets_per_query": 32},
+}
 
 
 def _parse_value(text: str) -> Any:
@@ -61,6 +66,14 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _finite_float_or_none(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else _finite_float(text)
+
+
+def _positive_int_or_none(text: str) -> int | None:
+    return None if text.strip().lower() == "none" else _positive_int(text)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     compress = commands.add_parser("compress", help="train, apply and export embedding compressors (DIVE and baselines)")
@@ -79,9 +92,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--method", default="dive", help=METHOD_HELP)
     train.add_argument("--dim", type=int, default=128, help="output dimension k")
     train.add_argument("--preset", default=None,
-                       help="DIVE preset: 'best' (default for --method dive: PCA-rotated init, margin 0.4, selected on validation "
-                       "queries), 'paper' (the DIVE paper's settings), or another name in DIVEConfig.PRESETS; "
-                       "--heads/--epochs/--lr/--set override it")
+                       help="DIVE preset: 'robust' (default for --method dive: the 'best' settings plus best-epoch selection "
+                       "and false-negative-filtered, capped triplets), 'best' (PCA-rotated init, margin 0.4, selected on validation "
+                       "queries), 'paper' (the DIVE paper's settings); --heads/--epochs/--lr/--set and the mining flags override it")
     train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
@@ -91,14 +104,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--seeds", type=int, nargs="+", default=[2027], help="training seeds; mean ± std is reported")
     train.add_argument("--negatives", default="hard", choices=["hard", "random"], help="triplet negatives")
     train.add_argument("--n-negatives", type=int, default=4, help="negatives per (query, relevant doc) pair")
-    train.add_argument("--skip-top", type=_non_negative_int, default=0,
-                       help="hard negatives: never use the frozen model's top-N non-relevant docs (likely unjudged positives)")
-    train.add_argument("--false-negative-margin", type=_finite_float, default=None, metavar="MARGIN",
-                       help="hard negatives: drop candidates scoring above score(query, positive) - MARGIN (None: no filter)")
-    train.add_argument("--false-negative-reference", default="pair", choices=["pair", "query-min"],
-                       help="the positive score the margin is taken from: the pair's own, or the query's lowest (sentence-transformers)")
-    train.add_argument("--max-triplets-per-query", type=_positive_int, default=None, metavar="N",
-                       help="cap the triplets of each query, spread over its relevant docs (None: no cap)")
+    # Mining flags default to the preset's (see MINING_PRESETS); 'none' turns a filter off explicitly.
+    train.add_argument("--skip-top", type=_non_negative_int, default=argparse.SUPPRESS,
+                       help="hard negatives: never use the frozen model's top-N non-relevant docs (likely unjudged positives); default 0")
+    train.add_argument("--false-negative-margin", type=_finite_float_or_none, default=argparse.SUPPRESS, metavar="MARGIN",
+                       help="hard negatives: drop candidates scoring above score(query, positive) - MARGIN; 'none' disables the filter. "
+                       "Default: 0.05 with the default preset, none with --preset paper/best")
+    train.add_argument("--false-negative-reference", choices=["pair", "query-min"], default=argparse.SUPPRESS,
+                       help="the positive score the margin is taken from: the pair's own, or the query's lowest (sentence-transformers); "
+                       "default: query-min with the default preset, else pair")
+    train.add_argument("--max-triplets-per-query", type=_positive_int_or_none, default=argparse.SUPPRESS, metavar="N",
+                       help="cap the triplets of each query, spread over its relevant docs; 'none' disables it. "
+                       "Default: 32 with the default preset, none with --preset paper/best")
     train.add_argument("--compare", default="frozen,truncate", help="comma-separated methods to run beside --method ('' for none)")
     train.add_argument("--out", default=None, help="folder for the fitted compressor(s), triplets and training log")
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -147,12 +164,16 @@ def run_train(args: argparse.Namespace) -> int:
     methods = [args.method] + [m.strip() for m in args.compare.split(",") if m.strip() and m.strip() != args.method]
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo, before any encoding
-    triplet_options = {
-        "skip_top": args.skip_top,
-        "false_negative_margin": args.false_negative_margin,
-        "false_negative_reference": args.false_negative_reference,
-        "max_triplets_per_query": args.max_triplets_per_query,
+    triplet_options: dict[str, Any] = {
+        "skip_top": 0, "false_negative_margin": None, "false_negative_reference": "pair", "max_triplets_per_query": None,
+        **MINING_PRESETS.get(args.preset or "", {}),
     }
+    if args.negatives == "random":
+        # The false-negative filter ranks hard candidates; random negatives keep only the cap.
+        triplet_options.update(skip_top=0, false_negative_margin=None, false_negative_reference="pair")
+    for name in list(triplet_options):
+        if hasattr(args, name):
+            triplet_options[name] = getattr(args, name)
     check_mining_options(args.negatives, **triplet_options, where="compress train")
     experiment = experiment_from_args(args)
     out = Path(args.out) if args.out else None
@@ -163,6 +184,13 @@ def run_train(args: argparse.Namespace) -> int:
                         out / f"triplets-{train_part}.json" if out else None, **triplet_options)
         if needs_triplets else None
     )
+    if triplets is not None and len(triplets) == 0:
+        raise ValueError(
+            "no training triplets survived mining: the false-negative filter dropped every candidate negative "
+            f"(margin {triplet_options['false_negative_margin']}, reference {triplet_options['false_negative_reference']!r}). "
+            "Loosen it with --false-negative-margin (e.g. 0.01), turn it off with --false-negative-margin none, "
+            "or use --preset best."
+        )
     rows, report = [], {}
     for method in methods:
         cls = get_compressor_class(method)
