@@ -1,7 +1,6 @@
 """The protocol harness on a tiny random BERT and toy BEIR folders (no quality claims)."""
 
 import json
-import shutil
 
 import pytest
 

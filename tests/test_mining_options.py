@@ -11,7 +11,7 @@ import pytest
 from embedtune.bench.protocol_config import BackboneSpec, DatasetSpec, ProtocolConfig, load_protocol_config
 from embedtune.bench.runner import shared_triplets
 from embedtune.data.synthetic import make_false_negative_dataset
-from embedtune.data.triplets import load_triplets, mine_triplets, save_triplets
+from embedtune.data.triplets import load_triplets, mine_triplets
 
 
 @pytest.fixture()

@@ -6,8 +6,6 @@ equal weight. Any folder whose children (not itself) hold ``corpus.jsonl`` is tr
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from embedtune.data.beir import resolve_dataset_path
 
 __all__ = ["expand_dataset", "community_parent"]

@@ -55,7 +55,7 @@ def load_embeddings(
         table = pq.read_table(path)
         for column in (id_column, vector_column):
             if column not in table.column_names:
-                raise DataFormatError(str(path), f"no column {column!r} (columns: {table.column_names})", f"add it or pass the right column name", field=column)
+                raise DataFormatError(str(path), f"no column {column!r} (columns: {table.column_names})", "add it or pass the right column name", field=column)
         id_list = [str(v) for v in table.column(id_column).to_pylist()]
         column = table.column(vector_column).combine_chunks()
         width = len(column[0]) if len(column) else 0
