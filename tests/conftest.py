@@ -75,5 +75,16 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def one_torch_thread():
+    """Tiny models on a busy 2-core machine: a second torch thread only adds sync cost."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)

@@ -20,12 +20,7 @@ from embedtune.encoders.vl_families import FAMILIES, LANGUAGE_MODEL_LORA_TARGETS
 EXPECTED_ADAPTED = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 14, "qwen3_5": 15}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_family_resolution_by_model_type():

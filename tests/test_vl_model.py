@@ -16,12 +16,7 @@ from embedtune.encoders.tiny_vl import synthetic_image, tiny_qwen2_vl_embedder  
 from embedtune.encoders.vision_language import LANGUAGE_MODEL_LORA_TARGETS, TASK_INSTRUCTIONS, VLInput  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def mixed_inputs():

@@ -14,12 +14,7 @@ from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder  # noqa
 from embedtune.encoders.vision_language import TASK_INSTRUCTIONS, QwenVLEmbedder, VLInput  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _inputs():

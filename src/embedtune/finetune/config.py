@@ -172,13 +172,7 @@ class PACEConfig:
 
     def stage2_init_step(self, stage1_steps: int) -> int:
         """The Stage I step whose checkpoint initialises Stage II."""
-        if self.stage2_init == "final":
-            return stage1_steps
-        if isinstance(self.stage2_init, float):
-            return max(1, min(stage1_steps, round(self.stage2_init * stage1_steps)))
-        if self.stage2_init > stage1_steps:
-            raise ValueError(f"stage2_init={self.stage2_init} is beyond Stage I's {stage1_steps} steps.")
-        return int(self.stage2_init)
+        return resolve_stage2_init_step(self.stage2_init, stage1_steps)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -208,6 +202,17 @@ class PACEConfig:
         if path.is_dir():
             path = path / CONFIG_FILE
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def resolve_stage2_init_step(stage2_init: Union[float, int, str], stage1_steps: int) -> int:
+    """The Stage I step that ``stage2_init`` (a fraction, a step or ``"final"``) names, for text and VL recipes."""
+    if stage2_init == "final":
+        return stage1_steps
+    if isinstance(stage2_init, float):
+        return max(1, min(stage1_steps, round(stage2_init * stage1_steps)))
+    if stage2_init > stage1_steps:
+        raise ValueError(f"stage2_init={stage2_init} is beyond Stage I's {stage1_steps} steps; lower it or use a fraction.")
+    return int(stage2_init)
 
 
 def _parse_init(value: Union[float, int, str]) -> Union[float, int, str]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from embedtune.finetune.config import _parse_init
+from embedtune.finetune.config import _parse_init, resolve_stage2_init_step
 from embedtune.finetune.losses.focal_embedding import SIMILARITIES, WEIGHTINGS
 
 __all__ = ["VL_CONFIG_FILE", "VL_PRESETS", "VLStageConfig", "VLPACEConfig", "vl_preset_config", "TINY_MODELS"]
@@ -169,13 +169,7 @@ class VLPACEConfig:
 
     def stage2_init_step(self, stage1_steps: int) -> int:
         """The Stage I step whose weights initialise Stage II."""
-        if self.stage2_init == "final":
-            return stage1_steps
-        if isinstance(self.stage2_init, float):
-            return max(1, min(stage1_steps, round(self.stage2_init * stage1_steps)))
-        if self.stage2_init > stage1_steps:
-            raise ValueError(f"stage2_init={self.stage2_init} is beyond Stage I's {stage1_steps} steps; lower it or use a fraction.")
-        return int(self.stage2_init)
+        return resolve_stage2_init_step(self.stage2_init, stage1_steps)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
