@@ -217,12 +217,50 @@ def selection_records(config: ProtocolConfig, store: RunStore, records: dict[str
     return merged
 
 
-def run_protocol(config: ProtocolConfig, progress: bool = True, phase_two: bool = True) -> dict[str, dict[str, Any]]:
+def run_protocol(
+    config: ProtocolConfig, progress: bool = True, phase_two: bool = True, workers: int = 1
+) -> dict[str, dict[str, Any]]:
     """Run (or resume) both phases; return every record by run key.
 
     ``phase_two=False`` stops after the selection runs, e.g. to finish the candidates of every
     dataset (in separate processes) before one global selection.
+
+    ``workers > 1`` starts ``workers - 1`` more processes on the same results folder; runs are
+    shared out through claim files (see :mod:`embedtune.bench.grid`), each worker uses
+    ``config.threads`` threads, and phase two starts only once every phase-one run is finished.
+    The records, and so the report, do not depend on the number of workers.
     """
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer; got {workers!r}.")
+    if workers == 1:
+        return _run_protocol(config, progress, phase_two)
+    import multiprocessing
+
+    # Embed (or load) every corpus here first, so the workers read the cache instead of
+    # encoding the same corpus side by side.
+    warm = ProtocolExecutor(config, Path(config.results_dir))
+    for spec in {(s.dataset, s.backbone): s for s in plan_phase_one(config)}.values():
+        warm.experiment(spec)
+    del warm
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools
+    helpers = [context.Process(target=_run_protocol, args=(config, False, phase_two), daemon=True) for _ in range(workers - 1)]
+    for helper in helpers:
+        helper.start()
+    try:
+        records = _run_protocol(config, progress, phase_two)
+    except BaseException:
+        for helper in helpers:
+            helper.terminate()
+        raise
+    for helper in helpers:
+        helper.join()
+    failed = [helper.exitcode for helper in helpers if helper.exitcode not in (0, None)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} benchmark worker(s) failed (exit codes {failed}); re-run to resume.")
+    return records
+
+
+def _run_protocol(config: ProtocolConfig, progress: bool, phase_two: bool) -> dict[str, dict[str, Any]]:
     from embedtune.runtime import set_threads
 
     set_threads(config.threads)

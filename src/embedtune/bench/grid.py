@@ -2,13 +2,21 @@
 
 A run is identified by its :class:`RunSpec` key. Finished runs are skipped on re-run, so a
 ``kill -9`` mid-grid loses at most the run in flight.
+
+Several workers (processes, or machines sharing the folder) can run one grid together: a
+worker claims a run by creating ``claims/<key>.claim`` exclusively before starting it, so no
+run is done twice. A claim whose process died on this host (``kill -9``) is stale and is taken
+over; a worker that runs out of unclaimed runs waits for the others' claimed runs to finish, so
+every worker returns the complete set of records.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,6 +99,56 @@ class RunStore:
     def save(self, spec: RunSpec, record: dict[str, Any]) -> Path:
         return atomic_write_json(self.path(spec), {"spec": spec.to_dict(), "embedtune_version": __version__, **record})
 
+    def claim_path(self, spec: RunSpec) -> Path:
+        return self.root / "claims" / f"{spec.key}.claim"
+
+    def claim(self, spec: RunSpec) -> bool:
+        """Claim ``spec`` for this process; False when a live worker holds it.
+
+        The claim file is created with ``O_EXCL``, so two workers can never both succeed.
+        A claim left by a dead process of this host is removed and claimed again.
+        """
+        path = self.claim_path(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if not self._stale(path):
+                    return False
+                path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(owner)
+            return True
+        return False
+
+    def release(self, spec: RunSpec) -> None:
+        self.claim_path(spec).unlink(missing_ok=True)
+
+    @staticmethod
+    def _stale(path: Path) -> bool:
+        try:
+            owner = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return True
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            # Being written right now, or garbage: judge by age.
+            try:
+                return time.time() - path.stat().st_mtime > 60
+            except FileNotFoundError:
+                return True
+        if owner.get("host") != socket.gethostname():
+            return False  # another machine's worker: its liveness cannot be checked from here
+        try:
+            os.kill(int(owner["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, ValueError, TypeError):
+            return False
+        return False
+
     def all_records(self) -> list[dict[str, Any]]:
         records = []
         for path in sorted((self.root / "runs").rglob("*.json")):
@@ -119,8 +177,13 @@ def run_grid(
     store: RunStore,
     execute: Callable[[RunSpec], dict[str, Any]],
     progress: bool = True,
+    poll_seconds: float = 2.0,
 ) -> dict[str, dict[str, Any]]:
-    """Execute every unfinished spec (grouped by dataset and backbone); return all records by key."""
+    """Execute every unfinished spec (grouped by dataset and backbone); return all records by key.
+
+    Runs claimed by another live worker are waited for (polling every ``poll_seconds``), so
+    the returned records are complete whichever worker ran them.
+    """
     from tqdm.auto import tqdm
 
     specs = dedupe(specs)
@@ -141,19 +204,38 @@ def run_grid(
     logger.info("grid: %d runs, %d already finished, %d to do", len(specs), len(records), len(todo))
     todo.sort(key=lambda s: (s.backbone, s.dataset))
     bar = tqdm(total=len(todo), desc="protocol grid", unit="run", disable=not progress)
-    for spec in todo:
-        bar.set_postfix_str(spec.key[-60:])
-        finished = store.load(spec)
-        if finished is not None:
-            # Another worker on the same results folder finished it meanwhile.
-            records[spec.key] = finished
+    pending = todo
+    while pending:
+        held_by_others = []
+        for spec in pending:
+            finished = store.load(spec)
+            if finished is not None:
+                # Another worker on the same results folder finished it meanwhile.
+                records[spec.key] = finished
+                bar.update(1)
+                continue
+            if not store.claim(spec):
+                held_by_others.append(spec)
+                continue
+            finished = store.load(spec)
+            if finished is not None:
+                # Finished and released between the check above and the claim.
+                store.release(spec)
+                records[spec.key] = finished
+                bar.update(1)
+                continue
+            try:
+                bar.set_postfix_str(spec.key[-60:])
+                start = time.perf_counter()
+                record = execute(spec)
+                record["wall_seconds"] = time.perf_counter() - start
+                store.save(spec, record)
+            finally:
+                store.release(spec)
+            records[spec.key] = {"spec": spec.to_dict(), **record}
             bar.update(1)
-            continue
-        start = time.perf_counter()
-        record = execute(spec)
-        record["wall_seconds"] = time.perf_counter() - start
-        store.save(spec, record)
-        records[spec.key] = {"spec": spec.to_dict(), **record}
-        bar.update(1)
+        if len(held_by_others) == len(pending):
+            time.sleep(poll_seconds)  # nothing left to claim: wait for the other workers
+        pending = held_by_others
     bar.close()
     return records

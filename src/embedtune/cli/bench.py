@@ -25,6 +25,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                       help="paper: 60/20/20 of the test qrels; beir-train: train on qrels/train.tsv, test on every test query")
     dive.add_argument("--selection-only", action="store_true",
                       help="run phase one only (no retraining of selected learning rates / preset), e.g. to select across datasets run separately")
+    dive.add_argument("--workers", type=int, default=1,
+                      help="processes sharing the grid through claim files (each uses the config's threads); "
+                           "2 on a 2-core machine halves the wall-clock time")
     dive.set_defaults(handler=run_benchmark_dive)
 
     report = commands.add_parser("report", help="build a Markdown report from a results folder")
@@ -55,7 +58,7 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
             raise ValueError(f"--datasets {sorted(missing)} not in {config.source}; known: {[d.name for d in config.datasets]}.")
         config.datasets = [d for d in config.datasets if d.name in args.datasets]
     start = time.perf_counter()
-    records = run_protocol(config, phase_two=not args.selection_only)
+    records = run_protocol(config, phase_two=not args.selection_only, workers=args.workers)
     print(f"{len(records)} runs finished in {time.perf_counter() - start:.1f}s; results in {config.results_dir}")
     if not args.no_report:
         print(f"report: {build_report(config.results_dir, config.n_resamples)}")
