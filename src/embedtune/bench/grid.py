@@ -4,7 +4,7 @@ A run is identified by its :class:`RunSpec` key. Finished runs are skipped on re
 ``kill -9`` mid-grid loses at most the run in flight.
 
 Several workers (processes, or machines sharing the folder) can run one grid together: a
-worker claims a run by creating ``claims/<key>.claim`` exclusively before starting it, so no
+worker claims a run by creating ``claims/<key>.claim`` (slashes as ``__``) exclusively before starting it, so no
 run is done twice. A claim whose process died on this host (``kill -9``) is stale and is taken
 over; a worker that runs out of unclaimed runs waits for the others' claimed runs to finish, so
 every worker returns the complete set of records.
@@ -100,7 +100,8 @@ class RunStore:
         return atomic_write_json(self.path(spec), {"spec": spec.to_dict(), "embedtune_version": __version__, **record})
 
     def claim_path(self, spec: RunSpec) -> Path:
-        return self.root / "claims" / f"{spec.key}.claim"
+        # Flat names: claims are transient, and nested folders would outlive them.
+        return self.root / "claims" / (spec.key.replace("/", "__") + ".claim")
 
     def claim(self, spec: RunSpec) -> bool:
         """Claim ``spec`` for this process; False when a live worker holds it.
