@@ -209,31 +209,22 @@ def run_grid(
     while pending:
         held_by_others = []
         for spec in pending:
-            finished = store.load(spec)
-            if finished is not None:
-                # Another worker on the same results folder finished it meanwhile.
-                records[spec.key] = finished
-                bar.update(1)
-                continue
             if not store.claim(spec):
                 held_by_others.append(spec)
                 continue
-            finished = store.load(spec)
-            if finished is not None:
-                # Finished and released between the check above and the claim.
-                store.release(spec)
-                records[spec.key] = finished
-                bar.update(1)
-                continue
             try:
-                bar.set_postfix_str(spec.key[-60:])
-                start = time.perf_counter()
-                record = execute(spec)
-                record["wall_seconds"] = time.perf_counter() - start
-                store.save(spec, record)
+                # Checked under the claim: another worker may have finished it meanwhile.
+                record = store.load(spec)
+                if record is None:
+                    bar.set_postfix_str(spec.key[-60:])
+                    start = time.perf_counter()
+                    record = execute(spec)
+                    record["wall_seconds"] = time.perf_counter() - start
+                    store.save(spec, record)
+                    record = {"spec": spec.to_dict(), **record}
             finally:
                 store.release(spec)
-            records[spec.key] = {"spec": spec.to_dict(), **record}
+            records[spec.key] = record
             bar.update(1)
         if len(held_by_others) == len(pending):
             time.sleep(poll_seconds)  # nothing left to claim: wait for the other workers
