@@ -45,11 +45,12 @@ OPTIONS = dict(similarity="dot", temperature=2.0, weight_temperature=0.1, gamma=
 NORMALIZATIONS = ("global", "local")
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # A file rendezvous, not a TCP port: a port picked free can be taken before gloo binds it.
+    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank, world_size=WORLD)
     try:
         local = [column[rank * PER_RANK : (rank + 1) * PER_RANK] for column in _global_inputs()]
         results = {}
@@ -73,7 +74,7 @@ def test_two_processes_equal_one_process(tmp_path):
     ``local`` equals one process normalising within each process's block of queries."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
     results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
     columns = _global_inputs()
     references = {"global": _loss_and_grads(_encoder(), columns, normalize="global", **OPTIONS)}
@@ -134,7 +135,7 @@ def test_accelerate_launch_two_processes_runs_both_stages(tmp_path, tiny_bert_di
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
                str(script), str(tiny_bert_dir), str(toy_beir), str(out), str(tmp_path / "cache")]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert completed.returncode == 0, completed.stderr[-4000:]
     summary = json.loads((out / "launch.json").read_text())
     assert summary["world_size"] == 2
