@@ -81,6 +81,12 @@ def test_grid_runs_reports_and_resumes_after_crash(tmp_path, tiny_bert_dir):
     report = build_report(config.results_dir, n_resamples=200).read_text()
     for section in ("Main comparison", "Ablation", "Head-count", "Significance", "Training dynamics"):
         assert section in report
+    # Each ablation variant carries a paired test against DIVE in the same cell; DIVE itself has none.
+    ablation = report.split("## 2. Ablation")[1].split("## 3.")[0]
+    variant_rows = [line.split(" | ") for line in ablation.splitlines() if line.startswith("| ") and "w/o" in line]
+    assert len(variant_rows) == 3 and all(0.0 <= float(row[-1].rstrip(" |")) <= 1.0 for row in variant_rows)
+    dive_row = next(line for line in ablation.splitlines() if line.startswith("| ") and " | dive | " in line)
+    assert dive_row.rstrip(" |").endswith("–")
 
 
 def test_cqadupstack_communities_are_averaged_with_equal_weight(tmp_path, tiny_bert_dir):
@@ -172,3 +178,14 @@ def test_selection_records_include_earlier_validation_runs_of_configured_cells_o
         store.save(spec, {"metrics": {"ndcg@10": 0.5}})
     merged = selection_records(config, store, {})
     assert set(merged) == {kept.key}
+
+
+def test_one_seed_cell_shows_its_mean_without_a_made_up_std():
+    from embedtune.bench.beyond_report import _mean_std
+    from embedtune.bench.dive_report import _fmt
+
+    # A sample std needs two seeds; printing "± 0.0000" for one would claim zero spread.
+    assert _fmt(0.51234, 0.0, 1) == "0.5123"
+    assert _fmt(0.51234, 0.01, 3) == "0.5123 ± 0.0100"
+    assert _mean_std([{"metrics": {"ndcg@10": 0.4}}]) == "0.4000"
+    assert _mean_std([{"metrics": {"ndcg@10": 0.4}}, {"metrics": {"ndcg@10": 0.6}}]) == "0.5000 ± 0.1414"

@@ -20,28 +20,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from embedtune.bench.significance import paired_test
+from embedtune.bench.dive_report import _compare
 
 __all__ = ["beyond_sections"]
 
 PAPER_CANDIDATE = "paper"
 
 
-def _compare(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> tuple[str, str, str]:
-    from embedtune.bench.dive_report import _per_query_mean
-
-    a, b = _per_query_mean(a_runs), _per_query_mean(b_runs)
-    queries = sorted(set(a) & set(b))
-    test = paired_test(np.array([a[q] for q in queries]), np.array([b[q] for q in queries]), n_resamples)
-    return f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}"
-
-
 def _mean_std(runs: list[dict]) -> str:
     values = [r["metrics"]["ndcg@10"] for r in runs]
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.4f} ± {std:.4f}"
+    if len(values) == 1:  # one seed has no sample std
+        return f"{values[0]:.4f}"
+    return f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 
 def _final_rho(runs: list[dict]) -> str:

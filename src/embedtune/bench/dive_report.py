@@ -28,7 +28,10 @@ __all__ = ["build_report", "group_runs"]
 METRICS = ("ndcg@10", "recall@10")
 
 
-def _fmt(mean: float, std: float) -> str:
+def _fmt(mean: float, std: float, n_seeds: int | None = None) -> str:
+    """``mean ± sample std``; one seed has no sample std, so it is the mean alone."""
+    if n_seeds == 1:
+        return f"{mean:.4f}"
     return f"{mean:.4f} ± {std:.4f}"
 
 
@@ -78,6 +81,14 @@ def _collapse_communities(groups: dict[tuple, list[dict]]) -> dict[tuple, dict[s
 def _per_query_mean(runs: list[dict], metric: str = "ndcg@10") -> dict[str, float]:
     queries = runs[0]["per_query"].keys()
     return {q: statistics.fmean(r["per_query"][q][metric] for r in runs) for q in queries}
+
+
+def _compare(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> tuple[str, str, str]:
+    """Paired test of ``a − b`` on per-query nDCG@10 (means over seeds): ``(Δ, 95 % CI, p)`` as text."""
+    a, b = _per_query_mean(a_runs), _per_query_mean(b_runs)
+    queries = sorted(set(a) & set(b))
+    test = paired_test(np.array([a[q] for q in queries]), np.array([b[q] for q in queries]), n_resamples)
+    return f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}"
 
 
 def _plot_bars(path: Path, title: str, data: dict[str, dict[str, tuple[float, float]]], ylabel: str) -> None:
@@ -149,8 +160,8 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                     row = main.get((backbone, dataset, dim, method, ""))
                     if row is None:
                         continue
-                    rows.append([dataset, method, row["out_dim"], row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"]),
-                                 _fmt(row["recall@10"], row["recall@10_std"]), len(row["seeds"]), f"{row['fit_seconds']:.1f}"])
+                    rows.append([dataset, method, row["out_dim"], row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])),
+                                 _fmt(row["recall@10"], row["recall@10_std"], len(row["seeds"])), len(row["seeds"]), f"{row['fit_seconds']:.1f}"])
                     bars_ndcg[dataset][method] = (row["ndcg@10"], row["ndcg@10_std"])
                     bars_recall[dataset][method] = (row["recall@10"], row["recall@10_std"])
                     summary.setdefault("main", {}).setdefault(f"{backbone}/{dataset}/k{dim}", {})[method] = row
@@ -163,34 +174,45 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
 
     # -- 2. Ablation (validation) ----------------------------------------------------------
     out.append("## 2. Ablation (Table 3): validation queries, DIVE variants\n")
-    rows = [[k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"]), _fmt(r["recall@10"], r["recall@10_std"]), len(r["seeds"])]
-            for k, r in sorted(_collapse_communities(group_runs(records, "ablation")).items())]
-    out.append(_md_table(["backbone", "dataset", "k", "variant", "val nDCG@10", "val Recall@10", "seeds"], rows) + "\n" if rows else "_no ablation runs_\n")
+    ablation_groups = group_runs(records, "ablation")
+    rows = []
+    for k, r in sorted(_collapse_communities(ablation_groups).items()):
+        reference = (*k[:4], "dive")
+        # Paired on the validation queries, per-query means over seeds; a folder of communities has no single query set.
+        compared = k[4] != "dive" and k in ablation_groups and reference in ablation_groups
+        delta, ci, p_value = _compare(ablation_groups[k], ablation_groups[reference], n_resamples) if compared else ("–", "–", "–")
+        rows.append([k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])),
+                     _fmt(r["recall@10"], r["recall@10_std"], len(r["seeds"])), len(r["seeds"]), delta, ci, p_value])
+    out.append("Δ, its bootstrap 95 % CI and the paired permutation p are against DIVE (the paper's recipe) in the same cell.\n")
+    out.append(_md_table(["backbone", "dataset", "k", "variant", "val nDCG@10", "val Recall@10", "seeds", "Δ vs DIVE", "95 % CI", "p"], rows) + "\n"
+               if rows else "_no ablation runs_\n")
 
     # -- 3. Unsupervised comparison --------------------------------------------------------
     out.append("## 3. Unsupervised compressors (Table 4): held-out test\n")
-    rows = [[k[0], k[1], k[2], k[3], _fmt(r["ndcg@10"], r["ndcg@10_std"]), _fmt(r["recall@10"], r["recall@10_std"])]
+    rows = [[k[0], k[1], k[2], k[3], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])), _fmt(r["recall@10"], r["recall@10_std"], len(r["seeds"]))]
             for k, r in sorted(main.items()) if k[3] in ("pca", "autoencoder", "dive")]
     out.append(_md_table(["backbone", "dataset", "k", "method", "nDCG@10", "Recall@10"], rows) + "\n" if rows else "_none_\n")
 
     # -- 4. Learning-rate audit ------------------------------------------------------------
     out.append("## 4. Learning-rate audit (Figure 3): three candidates per supervised baseline, selected on validation\n")
     lr_val = _collapse_communities(group_runs(records, "lr_audit"))
-    rows = [[k[0], k[1], k[2], k[3], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"])] for k, r in sorted(lr_val.items())]
+    rows = [[k[0], k[1], k[2], k[3], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"]))] for k, r in sorted(lr_val.items())]
     out.append(_md_table(["backbone", "dataset", "k", "method", "lr", "val nDCG@10"], rows) + "\n" if rows else "_no audit runs_\n")
     rows = []
     for key, row in sorted(_collapse_communities(group_runs(records, "lr_selected")).items()):
         dive = main.get((*key[:3], "dive", ""))
-        rows.append([*key[:4], key[4], _fmt(row["ndcg@10"], row["ndcg@10_std"]), _fmt(dive["ndcg@10"], dive["ndcg@10_std"]) if dive else "–"])
+        rows.append([*key[:4], key[4], _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])), _fmt(dive["ndcg@10"], dive["ndcg@10_std"], len(dive["seeds"])) if dive else "–"])
         summary.setdefault("lr_audit", {})[f"{key[0]}/{key[1]}/k{key[2]}/{key[3]}"] = {"selected_lr": float(key[4]), **row}
     out.append("Selected learning rate, retrained on train+val, held-out test:\n\n" + (_md_table(["backbone", "dataset", "k", "method", "selected lr", "test nDCG@10", "DIVE test nDCG@10"], rows) + "\n" if rows else "_phase 2 not run yet_\n"))
 
     # -- 5. Head count ---------------------------------------------------------------------
     out.append("## 5. Head-count sensitivity (Figure 4): validation\n")
     heads = _collapse_communities(group_runs(records, "heads"))
-    rows = [[k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"])] for k, r in sorted(heads.items(), key=lambda kv: (kv[0][:3], int(kv[0][4])))]
-    out.append(_md_table(["backbone", "dataset", "k", "H", "val nDCG@10"], rows) + "\n" if rows else "_none_\n")
-    skipped = sorted({f"{r['spec']['dataset']} k={r['spec']['dim']} H={r['spec']['overrides'].get('heads')}" for r in records if r.get("skipped")})
+    rows = [[k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])), len(r["seeds"])]
+            for k, r in sorted(heads.items(), key=lambda kv: (kv[0][:3], int(kv[0][4])))]
+    out.append(_md_table(["backbone", "dataset", "k", "H", "val nDCG@10", "seeds"], rows) + "\n" if rows else "_none_\n")
+    skipped = sorted({f"{r['spec']['backbone']} {r['spec']['dataset']} k={r['spec']['dim']} H={r['spec']['overrides'].get('heads')}"
+                      for r in records if r.get("skipped")})
     if skipped:
         out.append("Infeasible (k·H > d), skipped: " + "; ".join(skipped) + "\n")
 
