@@ -41,6 +41,15 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
     # Every row is scored on the 10 judged test queries only; PACE and the compressors saw q0..q19.
     assert {r["n_queries"] for r in rows} == {10}
     assert json.loads((tmp_path / "run" / RESULT_NAME).read_text())["rows"] == rows
+    # Per-query scores make the paired tests possible: each method vs DIVE, and fine-tuned vs base.
+    assert all(len(r["per_query_ndcg@10"]) == 10 for r in rows)
+    pairs = {(c["a"], c["b"]) for c in result["comparisons"]}
+    assert ("finetuned: pca", "finetuned: dive") in pairs and ("base: full", "base: dive") in pairs
+    assert ("finetuned: dive (norm-preserving)", "base: dive (norm-preserving)") in pairs
+    assert len(pairs) == 2 * 3 + 4
+    for c in result["comparisons"]:
+        assert 0 < c["p_value"] <= 1 and c["ci_low"] <= c["difference"] <= c["ci_high"] and c["n_queries"] == 10
+        assert c["difference"] == pytest.approx(c["mean_a"] - c["mean_b"])
 
     # A second run reuses the fine-tuning instead of training again.
     import embedtune.finetune.recipe as recipe

@@ -28,7 +28,7 @@ from embedtune.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PipelineConfig", "run_pipeline", "RESULT_NAME"]
+__all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "RESULT_NAME"]
 
 RESULT_NAME = "pipeline_result.json"
 # PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
@@ -84,6 +84,44 @@ def _finished_finetune(directory: Path, pace_config: Any) -> dict[str, Any] | No
     return saved
 
 
+def _per_query_ndcg(metrics: Any) -> dict[str, float]:
+    return {qid: values["ndcg@10"] for qid, values in sorted(metrics.per_query.items())}
+
+
+def _label(row: dict[str, Any]) -> str:
+    return row["method"] + (f" ({row['variant']})" if row["variant"] else "")
+
+
+def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) -> list[dict[str, Any]]:
+    """Paired tests on per-query nDCG@10 (means over seeds) between the pipeline's rows.
+
+    Within each model, every compressor and the uncompressed ``full`` row against ``dive``
+    (unit heads); across models, the fine-tuned minus the base model for the same compressor.
+    Each entry: ``{"a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"}``.
+    """
+    import statistics
+
+    import numpy as np
+
+    from embedtune.bench.significance import paired_test
+
+    groups: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for row in rows:
+        groups.setdefault((row["model"], _label(row)), []).append(row["per_query_ndcg@10"])
+    means = {key: {q: statistics.fmean(run[q] for run in runs) for q in runs[0]} for key, runs in groups.items()}
+    pairs = [((model, name), (model, "dive")) for model, name in means if name != "dive" and (model, "dive") in means]
+    pairs += [(("finetuned", name), ("base", name)) for model, name in means if model == "finetuned" and ("base", name) in means]
+    comparisons = []
+    for a, b in pairs:
+        queries = sorted(set(means[a]) & set(means[b]))
+        test = paired_test(np.array([means[a][q] for q in queries]), np.array([means[b][q] for q in queries]), n_resamples)
+        comparisons.append({"a": f"{a[0]}: {a[1]}", "b": f"{b[0]}: {b[1]}",
+                            "mean_a": float(np.mean([means[a][q] for q in queries])), "mean_b": float(np.mean([means[b][q] for q in queries])),
+                            "difference": test.mean_difference, "ci_low": test.ci_low, "ci_high": test.ci_high,
+                            "p_value": test.p_value, "n_queries": test.n_queries})
+    return comparisons
+
+
 def _evaluate_model(
     model: str, similarity: str, label: str, pace_config: Any, config: PipelineConfig, out_dir: Path
 ) -> list[dict[str, Any]]:
@@ -97,7 +135,8 @@ def _evaluate_model(
     )
     full = experiment.evaluate("test")
     rows = [{"model": label, "similarity": similarity, "method": "full", "variant": "", "dim": experiment.embeddings.dim,
-             "seed": None, "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries}]
+             "seed": None, "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries,
+             "per_query_ndcg@10": _per_query_ndcg(full)}]
     triplets = shared_triplets(experiment, "train+val", config.n_negatives, "hard", config.split_seed,
                                out_dir / "triplets" / f"{label}.json")
     runs = [(method, "", config.compressor_overrides.get(method, {})) for method in config.methods]
@@ -111,7 +150,7 @@ def _evaluate_model(
             run = fit_and_evaluate(experiment, method, config.dim, seed, final=True, triplets=triplets, overrides=overrides)
             rows.append({"model": label, "similarity": similarity, "method": method, "variant": variant, "dim": config.dim, "seed": seed,
                          "ndcg@10": run.metrics["ndcg@10"], "recall@10": run.metrics["recall@10"], "n_queries": run.metrics.n_queries,
-                         "fit_seconds": run.fit_seconds})
+                         "fit_seconds": run.fit_seconds, "per_query_ndcg@10": _per_query_ndcg(run.metrics)})
     return rows
 
 
@@ -125,8 +164,9 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
         out_dir: the run folder (``finetune/``, ``triplets/``, ``pipeline_result.json``).
 
     Returns:
-        ``{"model_dir", "similarity", "rows", "seconds", ...}``; each row is one (model,
-        method, seed) with held-out nDCG@10 and Recall@10.
+        ``{"model_dir", "similarity", "rows", "comparisons", "seconds", ...}``; each row is one
+        (model, method, seed) with held-out nDCG@10, Recall@10 and the per-query nDCG@10;
+        ``comparisons`` are the paired tests of :func:`paired_comparisons`.
     """
     import dataclasses
 
@@ -164,6 +204,7 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
         "protocol": f"beir-train: fit on qrels/{pace_config.train_split}.tsv, test on every judged query of qrels/{config.test_split}.tsv",
         "pipeline_config": dataclasses.asdict(config),
         "rows": rows,
+        "comparisons": paired_comparisons(rows),
         "seconds": seconds,
     }
     atomic_write_json(out_dir / RESULT_NAME, summary)

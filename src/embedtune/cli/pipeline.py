@@ -68,5 +68,8 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         print_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "recall@10", "n_queries"])
+        if result["comparisons"]:
+            print("paired tests on per-query nDCG@10 (means over seeds; permutation p, bootstrap 95 % CI):")
+            print_table(result["comparisons"], ["a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"])
         print(f"fine-tuned model: {result['model_dir']} (ranks by {result['similarity']}); result: {args.out}/pipeline_result.json")
     return 0
