@@ -108,3 +108,12 @@ def test_dive_defaults_to_the_robust_preset_and_paper_is_one_flag_away(toy40, ti
     assert main([*common, "--false-negative-margin", "none", "--max-triplets-per-query", "3", "--out", str(tmp_path / "mixed")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "false_negative_margin" not in report["triplets"] and report["triplets"]["max_triplets_per_query"] == 3
+
+
+def test_text_table_prints_a_spread_only_with_several_seeds(toy40, tiny_bert_dir, capsys):
+    base = ["compress", "train", "--method", "pca", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8"]
+    assert main([*base, "--seeds", "2027"]) == 0
+    one_seed = capsys.readouterr().out
+    assert "pca" in one_seed and "±" not in one_seed
+    assert main([*base, "--seeds", "2027", "2028"]) == 0
+    assert "± 0.0000" in capsys.readouterr().out  # PCA ignores the seed: two identical runs, zero spread

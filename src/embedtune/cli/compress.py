@@ -232,8 +232,10 @@ def run_train(args: argparse.Namespace) -> int:
         preset = f", DIVE preset '{args.preset}'" if args.preset else ""
         print(f"{experiment.dataset.name} / {args.model}: {result['queries']} queries, split seed {args.split_seed}, seeds {args.seeds}{preset}")
         for row in rows:
-            row["nDCG@10"] = f"{row['ndcg@10']:.4f} ± {row['ndcg@10_std']:.4f}"
-            row["Recall@10"] = f"{row['recall@10']:.4f} ± {row['recall@10_std']:.4f}"
+            # One seed has no sample std: print the mean alone rather than a made-up "± 0.0000".
+            for metric, column in (("ndcg@10", "nDCG@10"), ("recall@10", "Recall@10")):
+                spread = f" ± {row[f'{metric}_std']:.4f}" if len(args.seeds) > 1 else ""
+                row[column] = f"{row[metric]:.4f}{spread}"
             row["fit_s"] = f"{row['fit_s']:.1f}"
         print_table(rows, ["method", "dim", "heads", "nDCG@10", "Recall@10", "n_queries", "fit_s"])
         if out:
