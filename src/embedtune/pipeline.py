@@ -114,9 +114,10 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
     comparisons = []
     for a, b in pairs:
         queries = sorted(set(means[a]) & set(means[b]))
-        test = paired_test(np.array([means[a][q] for q in queries]), np.array([means[b][q] for q in queries]), n_resamples)
+        scores_a, scores_b = (np.array([means[key][q] for q in queries]) for key in (a, b))
+        test = paired_test(scores_a, scores_b, n_resamples)
         comparisons.append({"a": f"{a[0]}: {a[1]}", "b": f"{b[0]}: {b[1]}",
-                            "mean_a": float(np.mean([means[a][q] for q in queries])), "mean_b": float(np.mean([means[b][q] for q in queries])),
+                            "mean_a": float(scores_a.mean()), "mean_b": float(scores_b.mean()),
                             "difference": test.mean_difference, "ci_low": test.ci_low, "ci_high": test.ci_high,
                             "p_value": test.p_value, "n_queries": test.n_queries})
     return comparisons
