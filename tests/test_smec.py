@@ -150,3 +150,70 @@ def test_smec_fit_composes_selections_into_k_distinct_indices():
         adapted = smec.adapter_(F.normalize(torch.from_numpy(X), dim=-1)).numpy()
     expected = adapted[:, smec.selected_indices_]
     np.testing.assert_allclose(smec.transform(X), expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5)
+
+
+def test_forward_columns_matches_the_full_forward_in_value_and_gradient():
+    from embedtune.compress.residual_mlp import ResidualMLP
+
+    torch.manual_seed(0)
+    mlp = ResidualMLP(12, 6)
+    torch.nn.init.normal_(mlp.down.weight)  # leave the identity, so the residual matters
+    x = torch.randn(5, 12)
+    columns = torch.tensor([7, 1, 4])
+    full = mlp(x)[:, columns]
+    full.square().sum().backward()
+    expected = [p.grad.clone() for p in mlp.parameters()]
+    mlp.zero_grad()
+    part = mlp.forward_columns(x, columns)
+    part.square().sum().backward()
+    torch.testing.assert_close(part, full)
+    for got, want in zip((p.grad for p in mlp.parameters()), expected):
+        torch.testing.assert_close(got, want)
+    assert mlp.down.weight.grad[[0, 2, 3, 5, 6, 8, 9, 10, 11]].abs().sum() == 0  # unread rows get no gradient
+    torch.testing.assert_close(mlp.forward_columns(x, None), mlp(x))
+
+
+def _naive_search(entries: dict[int, torch.Tensor], teacher: torch.Tensor, keys: torch.Tensor, k: int):
+    """Top-k (key, cosine) lists by brute force over a {key: embedding} queue."""
+    result = []
+    for row, key in zip(teacher, keys.tolist()):
+        scored = [(F.cosine_similarity(row, emb, dim=0).item(), other) for other, emb in entries.items() if other != key]
+        result.append(sorted(scored, reverse=True)[:k])
+    return result
+
+
+@pytest.mark.parametrize("size", [6, 50])  # a full (wrapping) queue and a part-filled one
+def test_search_matches_brute_force_over_the_live_entries(size):
+    generator = torch.Generator().manual_seed(3)
+    memory = CrossBatchMemory(size=size, dim=5)
+    ring: list[int | None] = [None] * size  # reference ring buffer: slot -> key
+    latest: dict[int, torch.Tensor] = {}
+    pointer = 0
+    for batch in range(6):
+        keys = torch.randint(0, 12, (4,), generator=generator).unique()
+        emb = torch.randn(len(keys), 5, generator=generator)
+        memory.enqueue(emb, keys)
+        for key, row in zip(keys.tolist(), emb):
+            if key in ring:  # a re-enqueued key leaves its older slot empty
+                ring[ring.index(key)] = None
+            ring[pointer] = key  # and the write evicts whatever held the slot
+            pointer = (pointer + 1) % size
+            latest[key] = row
+        live = {key: latest[key] for key in ring if key is not None}
+        assert len(memory) == len(live) == int(memory.occupied.sum())
+        assert sorted(memory.keys[memory.occupied].tolist()) == sorted(live)
+        teacher = torch.randn(3, 5, generator=generator)
+        query_keys = torch.tensor([keys[0].item(), 100, keys[-1].item()])
+        found = memory.search(teacher, query_keys, 3)
+        for row, expected in enumerate(_naive_search(live, teacher, query_keys, 3)):
+            got_keys = memory.keys[found.slots[row][found.valid[row]]].tolist()
+            assert got_keys == [key for _, key in expected]
+            torch.testing.assert_close(found.cosines[row][found.valid[row]], torch.tensor([cos for cos, _ in expected]), atol=1e-6, rtol=0)
+
+
+def test_enqueue_with_a_key_repeated_in_one_batch_keeps_only_the_last():
+    memory = CrossBatchMemory(size=8, dim=2)
+    memory.enqueue(torch.tensor([[1.0, 0.0], [0.0, 1.0], [3.0, 4.0]]), torch.tensor([5, 6, 5]))
+    assert len(memory) == 2 and int(memory.occupied.sum()) == 2
+    torch.testing.assert_close(memory.embeddings[memory.occupied & (memory.keys == 5)], torch.tensor([[3.0, 4.0]]))
+    torch.testing.assert_close(memory.unit_embeddings[memory.occupied & (memory.keys == 5)], torch.tensor([[0.6, 0.8]]))

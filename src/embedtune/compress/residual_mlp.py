@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ResidualMLP", "ACTIVATIONS"]
@@ -34,6 +35,17 @@ class ResidualMLP(nn.Module):
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return z + self.residual(z)
+
+    def forward_columns(self, z: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
+        """``forward(z)[:, columns]``, computing only those output columns (all when None).
+
+        Methods that read a subset of the output (SMEC's later stages) skip the rest of the
+        down-projection; the unread rows of ``W2`` get zero gradient either way.
+        """
+        if columns is None:
+            return self.forward(z)
+        hidden = self.act(self.up(z))
+        return z[:, columns] + F.linear(hidden, self.down.weight[columns], self.down.bias[columns])
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

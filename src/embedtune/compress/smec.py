@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -83,6 +83,8 @@ __all__ = [
     "SMECCompressor",
     "AdaptiveDimensionSelection",
     "CrossBatchMemory",
+    "Neighbors",
+    "cosine_gap_loss",
     "gumbel_topk_mask",
     "smrl_schedule",
     "sxbm_loss",
@@ -162,6 +164,20 @@ class AdaptiveDimensionSelection(nn.Module):
         return x[..., self.selected_indices().to(x.device)]
 
 
+class Neighbors(NamedTuple):
+    """The S-XBM neighbours of a batch (see :meth:`CrossBatchMemory.search`).
+
+    Attributes:
+        slots: (n, K) queue slots, best first.
+        valid: (n, K) bool, False where fewer than ``K`` eligible entries exist.
+        cosines: (n, K) teacher cosines of each row to its neighbours (0 where not valid).
+    """
+
+    slots: Tensor
+    valid: Tensor
+    cosines: Tensor
+
+
 class CrossBatchMemory:
     """FIFO queue of frozen teacher embeddings with item keys (S-XBM).
 
@@ -176,42 +192,96 @@ class CrossBatchMemory:
             raise ValueError(f"memory size must be positive; got {size}.")
         self.size = size
         self.embeddings = torch.zeros(size, dim, device=device)
+        # Unit-normalised copies, so a search is one matmul instead of renormalising the queue each step.
+        self.unit_embeddings = torch.zeros(size, dim, device=device)
         self.keys = torch.zeros(size, dtype=torch.long, device=device)
         self.occupied = torch.zeros(size, dtype=torch.bool, device=device)
+        # Host-side mirrors of `keys`/`occupied`: per-item bookkeeping without a tensor op per item.
+        self._slot_of_key: dict[int, int] = {}
+        self._key_at_slot: list[int | None] = [None] * size
         self._next = 0
 
     def __len__(self) -> int:
-        return int(self.occupied.sum())
+        return len(self._slot_of_key)
 
     @torch.no_grad()
     def enqueue(self, embeddings: Tensor, keys: Tensor) -> None:
         """Append rows, overwriting the oldest; an older entry with a re-enqueued key is dropped."""
         embeddings, keys = embeddings.detach()[-self.size :], keys.to(self.keys.device)[-self.size :]
-        self.occupied &= ~torch.isin(self.keys, keys)
         slots = (self._next + torch.arange(len(keys), device=self.keys.device)) % self.size
+        written = slots.tolist()
+        freed: list[int] = []
+        for key, slot in zip(keys.tolist(), written):
+            older = self._slot_of_key.pop(key, None)
+            if older is not None:
+                self._key_at_slot[older] = None
+                freed.append(older)
+            evicted = self._key_at_slot[slot]
+            if evicted is not None:
+                del self._slot_of_key[evicted]
+            self._key_at_slot[slot] = key
+            self._slot_of_key[key] = slot
+        touched = written + freed
+        self.occupied[touched] = torch.tensor([self._key_at_slot[slot] is not None for slot in touched], device=self.occupied.device)
         self.embeddings[slots] = embeddings.to(self.embeddings)
+        self.unit_embeddings[slots] = F.normalize(embeddings.to(self.embeddings), dim=-1)
         self.keys[slots] = keys
-        self.occupied[slots] = True
         self._next = int((self._next + len(keys)) % self.size)
 
     @torch.no_grad()
-    def neighbors(self, teacher: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    def search(self, teacher: Tensor, keys: Tensor, k: int) -> Neighbors:
         """Top-``k`` queue slots by cosine to each row of ``teacher``, excluding the row's own key.
 
         Returns:
-            ``(slots, valid)``, both (n, k') with ``k' = min(k, len(self))``; ``valid`` is False
-            where fewer than ``k'`` eligible entries exist.
+            :class:`Neighbors` with ``K = min(k, len(self))`` columns.
         """
         k = min(k, len(self))
         n = teacher.shape[0]
         if k == 0:
             empty = torch.zeros(n, 0, dtype=torch.long, device=teacher.device)
-            return empty, empty.bool()
-        similarity = F.normalize(teacher, dim=-1) @ F.normalize(self.embeddings, dim=-1).T  # (n, size)
-        eligible = self.occupied.unsqueeze(0) & (self.keys.unsqueeze(0) != keys.to(self.keys.device).unsqueeze(1))
-        similarity = similarity.masked_fill(~eligible, float("-inf"))
-        values, slots = torch.topk(similarity, k, dim=1)
-        return slots, torch.isfinite(values)
+            return Neighbors(empty, empty.bool(), empty.float())
+        full = len(self) == self.size
+        # Search only the occupied slots: a small training set never fills the queue.
+        candidates = None if full else self.occupied.nonzero().squeeze(1)
+        queue = self.unit_embeddings if candidates is None else self.unit_embeddings[candidates]
+        similarity = F.normalize(teacher, dim=-1) @ queue.T  # (n, occupied)
+        own_rows, own_slots = [], []
+        for row, key in enumerate(keys.tolist()):
+            slot = self._slot_of_key.get(key)
+            if slot is not None:
+                own_rows.append(row)
+                own_slots.append(slot)
+        if own_rows:
+            own = torch.tensor(own_slots, device=similarity.device)
+            columns = own if candidates is None else torch.searchsorted(candidates, own)
+            similarity[torch.tensor(own_rows, device=similarity.device), columns] = float("-inf")
+        values, positions = torch.topk(similarity, k, dim=1)
+        slots = positions if candidates is None else candidates[positions]
+        valid = torch.isfinite(values)
+        return Neighbors(slots, valid, values.masked_fill(~valid, 0.0))
+
+    def neighbors(self, teacher: Tensor, keys: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """``(slots, valid)`` of :meth:`search`."""
+        found = self.search(teacher, keys, k)
+        return found.slots, found.valid
+
+
+def cosine_gap_loss(
+    teacher_cos: Tensor, student_cos: Tensor, valid: Tensor | None = None, reduction: Literal["mean", "sum"] = "mean"
+) -> Tensor:
+    """``Σ |teacher_cos − student_cos|`` over the valid (item, neighbour) pairs, or its mean."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}.")
+    gap = (teacher_cos - student_cos).abs()
+    if valid is not None:
+        gap = gap * valid.to(gap.dtype)
+        count = valid.sum()
+    else:
+        count = torch.tensor(gap.numel())
+    total = gap.sum()
+    if reduction == "sum":
+        return total
+    return total / count.clamp(min=1).to(total.dtype)
 
 
 def sxbm_loss(
@@ -230,20 +300,9 @@ def sxbm_loss(
         valid: (n, K) bool; False pairs are left out. None keeps all.
         reduction: ``"sum"`` or ``"mean"`` over the valid pairs.
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}; got {reduction!r}.")
     teacher_cos = (F.normalize(teacher, dim=-1).unsqueeze(1) * F.normalize(neighbor_teacher, dim=-1)).sum(-1)  # (n, K)
     student_cos = (F.normalize(student, dim=-1).unsqueeze(1) * F.normalize(neighbor_student, dim=-1)).sum(-1)  # (n, K)
-    gap = (teacher_cos - student_cos).abs()
-    if valid is not None:
-        gap = gap * valid.to(gap.dtype)
-        count = valid.sum()
-    else:
-        count = torch.tensor(gap.numel())
-    total = gap.sum()
-    if reduction == "sum":
-        return total
-    return total / count.clamp(min=1).to(total.dtype)
+    return cosine_gap_loss(teacher_cos, student_cos, valid, reduction)
 
 
 @dataclass
@@ -374,20 +433,24 @@ class SMECCompressor(Compressor):
         def advance() -> None:
             steps_done[0] += 1
 
+        # Stage 1 reads every output column of g; later stages only the surviving ones.
+        columns = None if len(stage_index) == adapter.up.in_features else stage_index
+
         def step(batch: Tensor, epoch: int) -> dict[str, Tensor]:
             groups = group_triplets(triplets[batch])
-            n_queries = len(groups.query_rows)
+            n_items, n_queries = len(groups.query_rows) + len(groups.doc_rows), len(groups.query_rows)
             teacher = torch.cat([queries[groups.query_rows], corpus[groups.doc_rows]]).to(device)  # (n, d)
             keys = torch.cat([-(groups.query_rows + 1), groups.doc_rows]).to(device)  # queries get negative keys
-            student_high = adapter(teacher)[:, stage_index]  # (n, D): x_D
             mask = selector.sample_mask(temperature(), noise_generator)  # (D,), hard D'-hot forward
-            slots, valid = memory.neighbors(teacher, keys, config.memory_top_k)  # (n, K)
-            has_neighbors = slots.numel() > 0
+            found = memory.search(teacher, keys, config.memory_top_k)  # (n, K); cosines are cos(x_i, m_j)
+            has_neighbors = found.slots.numel() > 0
+            inputs = teacher
             if has_neighbors:
-                unique_slots, inverse = torch.unique(slots, return_inverse=True)
-                neighbor_teacher_unique = memory.embeddings[unique_slots]
-                neighbor_high = adapter(neighbor_teacher_unique)[:, stage_index][inverse]  # (n, K, D)
-                neighbor_teacher = neighbor_teacher_unique[inverse]  # (n, K, d)
+                unique_slots, inverse = torch.unique(found.slots, return_inverse=True)
+                inputs = torch.cat([teacher, memory.embeddings[unique_slots]])
+            # One pass of g over the batch items and their distinct neighbours.
+            outputs = adapter.forward_columns(inputs, columns)
+            student_high, neighbor_high = outputs[:n_items], outputs[n_items:]  # x_D of items; of distinct neighbours
             terms: dict[str, Tensor] = {}
             for level, level_mask in (("high", None), ("low", mask)):
                 # Masking zeroes the unselected coordinates, so cosines equal those of the selected subset.
@@ -395,7 +458,10 @@ class SMECCompressor(Compressor):
                 terms[f"rank_{level}"] = triplet_rank_loss(student[:n_queries], student[n_queries:], groups)
                 if has_neighbors:
                     neighbor_student = neighbor_high if level_mask is None else neighbor_high * level_mask
-                    terms[f"sxbm_{level}"] = sxbm_loss(teacher, student, neighbor_teacher, neighbor_student, valid)
+                    # Normalise each distinct neighbour once, then pair it with every item that selected it.
+                    neighbor_unit = F.normalize(neighbor_student, dim=-1)[inverse]  # (n, K, D)
+                    student_cos = (F.normalize(student, dim=-1).unsqueeze(1) * neighbor_unit).sum(-1)  # (n, K)
+                    terms[f"sxbm_{level}"] = cosine_gap_loss(found.cosines, student_cos, found.valid)
                 else:
                     terms[f"sxbm_{level}"] = student.new_zeros(())
             memory.enqueue(teacher, keys)
