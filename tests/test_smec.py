@@ -217,3 +217,34 @@ def test_enqueue_with_a_key_repeated_in_one_batch_keeps_only_the_last():
     assert len(memory) == 2 and int(memory.occupied.sum()) == 2
     torch.testing.assert_close(memory.embeddings[memory.occupied & (memory.keys == 5)], torch.tensor([[3.0, 4.0]]))
     torch.testing.assert_close(memory.unit_embeddings[memory.occupied & (memory.keys == 5)], torch.tensor([[0.6, 0.8]]))
+
+
+def test_stage_epochs_per_stage_or_split_as_one_budget():
+    from embedtune.compress.smec import stage_epochs
+
+    assert stage_epochs(50, 3) == (50, 50, 50)
+    assert stage_epochs(50, 3, "total") == (17, 17, 16)
+    assert stage_epochs(50, 2, "total") == (25, 25)
+    assert sum(stage_epochs(7, 5, "total")) == 7
+    with pytest.raises(ValueError, match="at least 3"):
+        stage_epochs(2, 3, "total")
+    with pytest.raises(ValueError, match="epoch_budget"):
+        make_compressor("smec", dim=4, epoch_budget="half")
+
+
+def test_smec_total_epoch_budget_trains_fewer_epochs_per_stage():
+    rng = np.random.default_rng(1)
+    triplets = np.array([(q, q % 20, (q * 3 + 1) % 20) for q in range(8)])
+    train = TrainingData([f"q{i}" for i in range(8)], rng.normal(size=(8, 16)), [f"d{i}" for i in range(20)], rng.normal(size=(20, 16)), {}, triplets)
+    per_stage = make_compressor("smec", dim=3, epochs=4, batch_size=4, progress=False).fit(train)
+    total = make_compressor("smec", dim=3, epochs=4, batch_size=4, epoch_budget="total", progress=False).fit(train)
+    assert per_stage.stage_dims_ == total.stage_dims_ == (8, 4, 3)
+
+    def epochs_by_stage(model):
+        counts: dict[str, int] = {}
+        for record in model.history_:
+            counts[record["stage"]] = counts.get(record["stage"], 0) + 1
+        return list(counts.values())
+
+    assert epochs_by_stage(per_stage) == [4, 4, 4]
+    assert epochs_by_stage(total) == [2, 1, 1]
