@@ -189,3 +189,24 @@ def test_one_seed_cell_shows_its_mean_without_a_made_up_std():
     assert _fmt(0.51234, 0.01, 3) == "0.5123 ± 0.0100"
     assert _mean_std([{"metrics": {"ndcg@10": 0.4}}]) == "0.4000"
     assert _mean_std([{"metrics": {"ndcg@10": 0.4}}, {"metrics": {"ndcg@10": 0.6}}]) == "0.5000 ± 0.1414"
+
+
+def _main_record(method, seed, overrides, ndcg):
+    key = f"scifact/minilm/test/{method}/{','.join(f'{k}={v}' for k, v in overrides.items()) or 'default'}/k64-s{seed}"
+    spec = {"backbone": "minilm", "dataset": "scifact", "dim": 64, "method": method, "seed": seed, "key": key,
+            "overrides": overrides, "studies": ["main"]}
+    return {"spec": spec, "metrics": {"ndcg@10": ndcg}}
+
+
+def test_main_table_names_non_default_settings_and_refuses_mixed_configs():
+    from embedtune.bench.dive_report import group_runs, settings_label
+
+    assert settings_label("smec", {"epoch_budget": "total"}) == "smec (epoch_budget=total)"
+    assert settings_label("dive", {"heads": "auto", "max_heads": 4}) == "dive"  # heads go in the H column
+    assert settings_label("pca", {}) == "pca"
+    one_config = [_main_record("smec", seed, {"epoch_budget": "total"}, 0.5) for seed in (1, 2)]
+    assert len(group_runs(one_config, "main")) == 1
+    # The same seed under two settings of one method: pooling them would mix the two configs.
+    mixed = [*one_config, _main_record("smec", 1, {}, 0.6)]
+    with pytest.raises(ValueError, match="own --results folder"):
+        group_runs(mixed, "main")

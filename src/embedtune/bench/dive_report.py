@@ -49,7 +49,30 @@ def group_runs(records: list[dict], study: str) -> dict[tuple, list[dict]]:
             name, _, label = tag.partition(":")
             if name == study:
                 groups[(spec["backbone"], spec["dataset"], spec["dim"], spec["method"], label)].append(record)
+    for runs in groups.values():
+        by_seed: dict[int, str] = {}
+        for record in runs:
+            seed, key = record["spec"]["seed"], record["spec"]["key"]
+            if seed in by_seed:
+                # Two configs wrote into one folder (e.g. a method override changed): pooling them would mix settings.
+                raise ValueError(
+                    f"results for study {study!r} hold two runs of one setting and seed: {by_seed[seed]} and {key}. "
+                    "Each protocol config needs its own --results folder; move one set of runs elsewhere."
+                )
+            by_seed[seed] = key
     return groups
+
+
+# Shown in the H column rather than next to the method name.
+_HEAD_SETTINGS = ("heads", "max_heads")
+
+
+def settings_label(method: str, overrides: dict[str, Any]) -> str:
+    """``method``, plus any non-default settings of its runs, e.g. ``smec (epoch_budget=total)``."""
+    shown = {k: v for k, v in sorted(overrides.items()) if k not in _HEAD_SETTINGS}
+    if not shown:
+        return method
+    return f"{method} ({', '.join(f'{k}={v}' for k, v in shown.items())})"
 
 
 def _seed_values(runs: list[dict], metric: str) -> dict[int, float]:
@@ -73,6 +96,7 @@ def _collapse_communities(groups: dict[tuple, list[dict]]) -> dict[tuple, dict[s
             row["seeds"] = seeds
         row["fit_seconds"] = statistics.fmean(r["fit_seconds"] for runs in communities.values() for r in runs)
         row["heads"] = any_runs[0].get("heads")
+        row["overrides"] = dict(any_runs[0]["spec"].get("overrides") or {})
         row["out_dim"] = any_runs[0].get("out_dim")
         table[key] = row
     return table
@@ -160,7 +184,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                     row = main.get((backbone, dataset, dim, method, ""))
                     if row is None:
                         continue
-                    rows.append([dataset, method, row["out_dim"], row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])),
+                    rows.append([dataset, settings_label(method, row["overrides"]), row["out_dim"], row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])),
                                  _fmt(row["recall@10"], row["recall@10_std"], len(row["seeds"])), len(row["seeds"]), f"{row['fit_seconds']:.1f}"])
                     bars_ndcg[dataset][method] = (row["ndcg@10"], row["ndcg@10_std"])
                     bars_recall[dataset][method] = (row["recall@10"], row["recall@10_std"])
