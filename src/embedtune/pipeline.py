@@ -101,9 +101,7 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
     """
     import statistics
 
-    import numpy as np
-
-    from embedtune.bench.significance import paired_test
+    from embedtune.bench.significance import align_by_query, paired_test
 
     groups: dict[tuple[str, str], list[dict[str, float]]] = {}
     for row in rows:
@@ -113,8 +111,7 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
     pairs += [(("finetuned", name), ("base", name)) for model, name in means if model == "finetuned" and ("base", name) in means]
     comparisons = []
     for a, b in pairs:
-        queries = sorted(set(means[a]) & set(means[b]))
-        scores_a, scores_b = (np.array([means[key][q] for q in queries]) for key in (a, b))
+        scores_a, scores_b = align_by_query(means[a], means[b])
         test = paired_test(scores_a, scores_b, n_resamples)
         comparisons.append({"a": f"{a[0]}: {a[1]}", "b": f"{b[0]}: {b[1]}",
                             "mean_a": float(scores_a.mean()), "mean_b": float(scores_b.mean()),

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from embedtune.bench.dive_report import _compare
+from embedtune.bench.dive_report import compare_runs
 
 __all__ = ["beyond_sections"]
 
@@ -55,7 +55,7 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
             row = [backbone, dataset, dim, name, _mean_std(runs), len(runs)]
             for reference in ("dive", "pca"):
                 ref = main.get((backbone, dataset, dim, reference, ""))
-                row += list(_compare(runs, ref, n_resamples)) if ref else ["–", "–", "–"]
+                row += list(compare_runs(runs, ref, n_resamples)) if ref else ["–", "–", "–"]
                 if ref:
                     summary.setdefault("variants", {})[f"{backbone}/{dataset}/k{dim}/{name}-vs-{reference}"] = row[-3:]
             rows.append(row)
@@ -72,7 +72,7 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
         rho_curves: dict[tuple, dict[str, list[float]]] = defaultdict(dict)
         for (backbone, dataset, dim, _, name), runs in sorted(candidates.items()):
             paper = candidates.get((backbone, dataset, dim, "dive", PAPER_CANDIDATE))
-            comparison = _compare(runs, paper, n_resamples) if paper and name != PAPER_CANDIDATE else ("–", "–", "–")
+            comparison = compare_runs(runs, paper, n_resamples) if paper and name != PAPER_CANDIDATE else ("–", "–", "–")
             rows.append([backbone, dataset, dim, name, _mean_std(runs), len(runs), *comparison, _final_rho(runs)])
             first = sorted(runs, key=lambda r: r["spec"]["seed"])[0]
             selection = [h for h in first.get("history", []) if h.get("phase") in (None, "select")]
@@ -99,7 +99,7 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
             for (b, d, k, method, label), reference in sorted(main.items()):
                 if (b, d, k) != (backbone, dataset, dim) or label:
                     continue
-                rows.append([backbone, dataset, dim, name, _mean_std(runs), method, _mean_std(reference), *_compare(runs, reference, n_resamples)])
+                rows.append([backbone, dataset, dim, name, _mean_std(runs), method, _mean_std(reference), *compare_runs(runs, reference, n_resamples)])
                 summary.setdefault("preset_best", {})[f"{backbone}/{dataset}/k{dim}/{name}-vs-{method}"] = rows[-1][4:]
         out.append(_md_table(["backbone", "dataset", "k", "preset", "nDCG@10", "vs method", "method nDCG@10", "Δ", "95 % CI", "p"], rows) + "\n")
     return out

@@ -18,7 +18,7 @@ from embedtune.bench.aggregate import equal_weight_average, mean_std
 from embedtune.bench.datasets import community_parent
 from embedtune.bench.grid import RunStore
 from embedtune.bench.protocol_config import ALL_METHODS
-from embedtune.bench.significance import paired_test
+from embedtune.bench.significance import PairedTest, align_by_query, paired_test
 from embedtune.io import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -107,11 +107,14 @@ def _per_query_mean(runs: list[dict], metric: str = "ndcg@10") -> dict[str, floa
     return {q: statistics.fmean(r["per_query"][q][metric] for r in runs) for q in queries}
 
 
-def _compare(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> tuple[str, str, str]:
-    """Paired test of ``a − b`` on per-query nDCG@10 (means over seeds): ``(Δ, 95 % CI, p)`` as text."""
-    a, b = _per_query_mean(a_runs), _per_query_mean(b_runs)
-    queries = sorted(set(a) & set(b))
-    test = paired_test(np.array([a[q] for q in queries]), np.array([b[q] for q in queries]), n_resamples)
+def paired_runs_test(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> PairedTest:
+    """Paired test of ``a − b`` on per-query nDCG@10, each side averaged over its seeds."""
+    return paired_test(*align_by_query(_per_query_mean(a_runs), _per_query_mean(b_runs)), n_resamples)
+
+
+def compare_runs(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> tuple[str, str, str]:
+    """:func:`paired_runs_test` as text: ``(Δ, 95 % CI, p)``."""
+    test = paired_runs_test(a_runs, b_runs, n_resamples)
     return f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}"
 
 
@@ -204,7 +207,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
         reference = (*k[:4], "dive")
         # Paired on the validation queries, per-query means over seeds; a folder of communities has no single query set.
         compared = k[4] != "dive" and k in ablation_groups and reference in ablation_groups
-        delta, ci, p_value = _compare(ablation_groups[k], ablation_groups[reference], n_resamples) if compared else ("–", "–", "–")
+        delta, ci, p_value = compare_runs(ablation_groups[k], ablation_groups[reference], n_resamples) if compared else ("–", "–", "–")
         rows.append([k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])),
                      _fmt(r["recall@10"], r["recall@10_std"], len(r["seeds"])), len(r["seeds"]), delta, ci, p_value])
     out.append("Δ, its bootstrap 95 % CI and the paired permutation p are against DIVE (the paper's recipe) in the same cell.\n")
@@ -273,9 +276,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
         dive = main_groups.get((backbone, dataset, dim, "dive", ""))
         if method == "dive" or not dive:
             continue
-        a, b = _per_query_mean(dive), _per_query_mean(runs)
-        queries = sorted(set(a) & set(b))
-        test = paired_test(np.array([a[q] for q in queries]), np.array([b[q] for q in queries]), n_resamples)
+        test = paired_runs_test(dive, runs, n_resamples)
         sig_rows.append([backbone, dataset, dim, method, f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}", test.n_queries])
         summary.setdefault("significance", {})[f"{backbone}/{dataset}/k{dim}/dive-vs-{method}"] = test.to_dict()
     out.append("## 7. Significance: DIVE vs each method (paired permutation p, bootstrap 95 % CI of Δ nDCG@10, per-query means over seeds)\n")

@@ -6,11 +6,12 @@ bootstrap 95 % confidence interval of the mean difference, both with a fixed see
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["PairedTest", "paired_test"]
+__all__ = ["PairedTest", "align_by_query", "paired_test"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,12 @@ class PairedTest:
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+def align_by_query(a: Mapping[str, float], b: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+    """The scores of the queries ``a`` and ``b`` share, as two arrays in sorted query order."""
+    queries = sorted(set(a) & set(b))
+    return np.array([a[q] for q in queries]), np.array([b[q] for q in queries])
 
 
 def paired_test(a: np.ndarray, b: np.ndarray, n_resamples: int = 10_000, seed: int = 2027, confidence: float = 0.95) -> PairedTest:

@@ -252,8 +252,9 @@ class CrossBatchMemory:
             self._slot_of_key[key] = slot
         touched = written + freed
         self.occupied[touched] = torch.tensor([self._key_at_slot[slot] is not None for slot in touched], device=self.occupied.device)
-        self.embeddings[slots] = embeddings.to(self.embeddings)
-        self.unit_embeddings[slots] = F.normalize(embeddings.to(self.embeddings), dim=-1)
+        embeddings = embeddings.to(self.embeddings)
+        self.embeddings[slots] = embeddings
+        self.unit_embeddings[slots] = F.normalize(embeddings, dim=-1)
         self.keys[slots] = keys
         self._next = int((self._next + len(keys)) % self.size)
 
