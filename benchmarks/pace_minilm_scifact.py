@@ -6,7 +6,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("TOKENIZERS_
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 for n in ("sentence_transformers", "transformers", "httpx", "faiss.loader"): logging.getLogger(n).setLevel(logging.WARNING)
 from embedtune.finetune import preset_config, train_pace, evaluate_model
-from embedtune.evaluate.geometry import diagnose_model
+from embedtune.workflows.diagnose import diagnose_model
 from embedtune.io import atomic_write_json
 
 ROOT = os.environ.get("PACE_RUNS", "runs/pace")

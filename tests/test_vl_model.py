@@ -116,7 +116,7 @@ def test_two_stage_recipe_freezes_vision_and_trains_language_model(tmp_path):
     args = parser.parse_args(["evaluate-mmeb", "--model", str(model_dir), "--tasks", str(task_file), "--similarity", "cosine"])
     assert args.handler(args) == 0
 
-    from embedtune.evaluate.mmeb import evaluate_mmeb_model
+    from embedtune.workflows.mmeb import evaluate_mmeb_model
 
     scores = evaluate_mmeb_model(model_dir, [task_file])
     assert scores["similarity"] == "dot" and set(scores["per_dataset"]) == {"OK-VQA"}

@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def run_diagnose(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from embedtune.evaluate.geometry import diagnose_model
+    from embedtune.workflows.diagnose import diagnose_model
     from embedtune.io import atomic_write_json
 
     report = diagnose_model(

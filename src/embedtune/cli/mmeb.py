@@ -31,7 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate_mmeb(args: argparse.Namespace) -> int:
-    from embedtune.evaluate.mmeb import evaluate_mmeb_model
+    from embedtune.workflows.mmeb import evaluate_mmeb_model
 
     result = evaluate_mmeb_model(args.model, args.tasks, similarity=args.similarity, image_root=args.image_root,
                                  batch_size=args.batch_size, device=args.device, task=args.task_format, instruction=args.instruction)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.data.errors import DataFormatError
-from embedtune.encoders.vision_language import TASK_INSTRUCTIONS, VLInput, task_instruction
+from embedtune.data.vl_inputs import TASK_INSTRUCTIONS, VLInput, task_instruction
 
 __all__ = [
     "DATASET_TASK_FORMATS",

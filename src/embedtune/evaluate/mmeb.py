@@ -6,7 +6,8 @@ reference implementation's ``argmax``, which returns the first maximum and there
 tie to index 0 (the ground truth): a collapsed model that gives every candidate the same score
 would score 100% there and 0% here.
 
-Ranking uses the dot product for Stage II (dot-trained) models and cosine otherwise.
+Ranking uses the dot product for Stage II (dot-trained) models and cosine otherwise. Loading a saved
+model and its evaluation files is :func:`embedtune.workflows.mmeb.evaluate_mmeb_model`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["MMEB_TASKS", "META_TASKS", "precision_at_1", "aggregate_mmeb", "evaluate_mmeb_set", "evaluate_mmeb", "evaluate_mmeb_model"]
+__all__ = ["MMEB_TASKS", "META_TASKS", "precision_at_1", "aggregate_mmeb", "evaluate_mmeb_set", "evaluate_mmeb"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,21 +102,3 @@ def evaluate_mmeb(embedder, eval_sets: Sequence, similarity: Literal["cosine", "
     """``{"per_dataset": {name: P@1}, **aggregate_mmeb(...)}``."""
     per_dataset = {eval_set.name: evaluate_mmeb_set(embedder, eval_set, similarity, batch_size) for eval_set in eval_sets}
     return {"per_dataset": per_dataset, **aggregate_mmeb(per_dataset)}
-
-
-def evaluate_mmeb_model(model_dir, task_files: Sequence, similarity: Literal["auto", "cosine", "dot"] = "auto",
-                        image_root=None, batch_size: int = 8, device: str | None = None, task: str | None = None,
-                        instruction: str = "") -> dict[str, object]:
-    """Load a folder saved by :meth:`QwenVLEmbedder.save` and score it on MMEB-eval-style files.
-
-    ``similarity="auto"`` uses the one recorded at save time (``dot`` after Stage II). ``task`` /
-    ``instruction`` set the queries' Table 5 instruction per file (``task="auto"``: by dataset name);
-    see :func:`embedtune.data.mmeb.load_mmeb_eval`.
-    """
-    from embedtune.data.mmeb import load_mmeb_eval
-    from embedtune.encoders.vision_language import QwenVLEmbedder
-
-    embedder, saved_similarity = QwenVLEmbedder.load(model_dir, device=device)
-    chosen = saved_similarity if similarity == "auto" else similarity
-    eval_sets = [load_mmeb_eval(path, image_root=image_root, task=task, instruction=instruction) for path in task_files]
-    return {**evaluate_mmeb(embedder, eval_sets, chosen, batch_size), "similarity": chosen, "model": str(model_dir)}

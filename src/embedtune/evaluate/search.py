@@ -24,22 +24,31 @@ from embedtune.evaluate import kernels as _kernels
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["exact_search", "exact_search_blocks", "merge_topk", "search_ids", "rescore"]
+__all__ = ["as_rows", "break_ties", "exact_search", "exact_search_blocks", "merge_topk", "search_ids", "rescore"]
 
 # Extra candidates fetched past k so that kernel rounding cannot change which rows make the cut.
 TIE_MARGIN = 8
 _RESCORE_BYTES = 32 << 20
 
 
-def _as_rows(x: np.ndarray, name: str) -> np.ndarray:
+def as_rows(x: np.ndarray, name: str) -> np.ndarray:
+    """``x`` as a C-contiguous float32 matrix of shape (n, d), the input every search helper expects.
+
+    Raises:
+        ValueError: naming ``name`` when ``x`` is not two-dimensional.
+    """
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"{name} must have shape (n, d); got {x.shape}.")
     return x
 
 
-def _break_ties(D: np.ndarray, I: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Order equal scores by ascending corpus row, so results never depend on the kernel."""
+def break_ties(D: np.ndarray, I: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sort each query's ``(D, I)`` by descending score, equal scores by ascending corpus row.
+
+    Every search in embedtune returns this order, so results never depend on the kernel or index.
+    ``D`` and ``I`` have shape (nq, k); returns new arrays of the same shape.
+    """
     order = np.lexsort((I, -D), axis=1) if D.size else np.zeros_like(I)
     return np.take_along_axis(D, order, axis=1), np.take_along_axis(I, order, axis=1)
 
@@ -78,7 +87,7 @@ def _resolve_whole_corpus(q: np.ndarray, xb: np.ndarray, k: int, floor: float) -
         rows.append(np.flatnonzero(scores >= floor) + start)
     I = np.concatenate(rows)[None, :]
     D = rescore(q[None, :], xb, I)
-    D, I = _break_ties(D, I)
+    D, I = break_ties(D, I)
     return D[0, :k], I[0, :k]
 
 
@@ -88,7 +97,7 @@ def _search_batch(xq: np.ndarray, xb: np.ndarray, k: int, kernel: str) -> tuple[
     name = _kernels.select_kernel(xq, xb, fetch) if kernel == "auto" else kernel
     _, I = _kernels.KERNELS[name](xq, xb, fetch)
     D = rescore(xq, xb, I)
-    D, I = _break_ties(D, I)
+    D, I = break_ties(D, I)
     if fetch < nb:
         # A row left out scores (in the kernel) at most the last candidate's kernel score; if the
         # k-th canonical score is not clearly above the last candidate, rounding or a duplicate
@@ -120,7 +129,7 @@ def exact_search(
             fastest; a name pins one. ``EMBEDTUNE_SEARCH_KERNEL`` sets the default. The
             results do not depend on the kernel, only the speed does.
     """
-    xq, xb = _as_rows(xq, "xq"), _as_rows(xb, "xb")
+    xq, xb = as_rows(xq, "xq"), as_rows(xb, "xb")
     if xq.shape[1] != xb.shape[1]:
         raise ValueError(f"query dim {xq.shape[1]} != corpus dim {xb.shape[1]}.")
     kernel = kernel or os.environ.get("EMBEDTUNE_SEARCH_KERNEL", "auto")
@@ -146,7 +155,7 @@ def exact_search(
 def merge_topk(parts: Iterable[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
     """Merge per-block ``(D, I)`` results (global row ids) into the top ``k``, ties by row."""
     D_all, I_all = zip(*parts)
-    D, I = _break_ties(np.concatenate(D_all, axis=1), np.concatenate(I_all, axis=1))
+    D, I = break_ties(np.concatenate(D_all, axis=1), np.concatenate(I_all, axis=1))
     return D[:, :k], I[:, :k]
 
 
@@ -162,7 +171,7 @@ def exact_search_blocks(
     a memory-mapped ``.npy``): each block is searched exactly and the results are merged, so
     ``D, I`` equal one search over the concatenated corpus.
     """
-    xq = _as_rows(xq, "xq")
+    xq = as_rows(xq, "xq")
     merged: tuple[np.ndarray, np.ndarray] | None = None
     for start, block in blocks:
         D_b, I_b = exact_search(xq, block, k, batch_size)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.evaluate.search import _as_rows, exact_search
+from embedtune.evaluate.search import as_rows, exact_search
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def build_factory_index(xb: np.ndarray, factory: str, train_size: int = 100_000,
     """
     import faiss
 
-    xb = _as_rows(xb, "xb")
+    xb = as_rows(xb, "xb")
     start = time.perf_counter()
     index = faiss.index_factory(xb.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
@@ -72,7 +72,7 @@ def evaluate_ann(
     """Build ``factory`` over ``xb`` and report recall@k vs exact, memory, build time, latency, q/s."""
     import faiss
 
-    xb, xq = _as_rows(xb, "xb"), _as_rows(xq, "xq")
+    xb, xq = as_rows(xb, "xb"), as_rows(xq, "xq")
     if I_exact is None:
         _, I_exact = exact_search(xq, xb, k)
     index, build_seconds = build_factory_index(xb, factory, train_size)

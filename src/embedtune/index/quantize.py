@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from embedtune.evaluate.search import _as_rows, _break_ties, exact_search, rescore
+from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def sq8_index(d: int, ranges: tuple[np.ndarray, np.ndarray] | None = None, xb: n
         faiss.copy_array_to_vector(np.concatenate([vmin, vmax - vmin]).astype(np.float32), index.sq.trained)
         index.is_trained = True
     elif xb is not None:
-        index.train(_as_rows(xb, "xb"))
+        index.train(as_rows(xb, "xb"))
     else:
         raise ValueError("sq8_index needs ranges or xb to train on.")
     return index
@@ -93,16 +93,16 @@ def sq8_index(d: int, ranges: tuple[np.ndarray, np.ndarray] | None = None, xb: n
 
 def sq8_search(index, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Search a (SQ8 or any FAISS float) index, with ties by ascending row."""
-    xq = _as_rows(xq, "xq")
+    xq = as_rows(xq, "xq")
     k = min(k, index.ntotal)
     D, I = index.search(xq, k)
-    return _break_ties(D, I)
+    return break_ties(D, I)
 
 
 # -- int8: sentence-transformers (symmetric) -------------------------------------------------
 def int8_ranges(xb: np.ndarray) -> np.ndarray:
     """``(2, d)`` per-dimension min/max, the calibration sentence-transformers uses."""
-    xb = _as_rows(xb, "xb")
+    xb = as_rows(xb, "xb")
     return np.stack([xb.min(axis=0), xb.max(axis=0)]).astype(np.float32)
 
 
@@ -110,7 +110,7 @@ def int8_quantize(x: np.ndarray, ranges: np.ndarray) -> np.ndarray:
     """sentence-transformers ``quantize_embeddings(x, "int8", ranges=ranges)``: ``(n, d)`` int8."""
     from sentence_transformers.util.quantization import quantize_embeddings
 
-    return quantize_embeddings(_as_rows(x, "x"), precision="int8", ranges=ranges)
+    return quantize_embeddings(as_rows(x, "x"), precision="int8", ranges=ranges)
 
 
 def int8_search(codes_q: np.ndarray, codes_b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +149,7 @@ def hamming_search(index, codes_q: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     codes_q = np.ascontiguousarray(codes_q, dtype=np.uint8)
     k = min(k, index.ntotal)
     distances, I = index.search(codes_q, k)
-    return _break_ties(-distances.astype(np.float32), I)
+    return break_ties(-distances.astype(np.float32), I)
 
 
 def binary_search(
@@ -165,7 +165,7 @@ def binary_search(
     ``rescore_with="float"`` needs ``xb``, the float32 corpus (may be a memory map);
     ``"asym"`` scores the float query against the ±1 sign vectors of the candidates.
     """
-    xq = _as_rows(xq, "xq")
+    xq = as_rows(xq, "xq")
     start = time.perf_counter()
     if rescore_with is None:
         return hamming_search(index, binary_codes(xq), k)
@@ -184,6 +184,6 @@ def binary_search(
         D = np.einsum("qd,qmd->qm", xq.astype(np.float64), signs.reshape(len(xq), -1, d).astype(np.float64)).astype(np.float32)
     else:
         raise ValueError(f"rescore_with must be None, 'float' or 'asym'; got {rescore_with!r}.")
-    D, I = _break_ties(D, I)
+    D, I = break_ties(D, I)
     logger.debug("binary_search: %d queries, %d candidates rescored (%s) in %.3fs", len(xq), fetch, rescore_with, time.perf_counter() - start)
     return D[:, :k], I[:, :k]

@@ -28,7 +28,7 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress.base import Compressor
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
-from embedtune.evaluate.search import _as_rows, exact_search
+from embedtune.evaluate.search import as_rows, exact_search
 from embedtune.index import quantize
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.io import atomic_write, atomic_write_json, sha256_file
@@ -229,7 +229,7 @@ class Index:
         """
         import faiss
 
-        xq = _as_rows(xq, "xq")
+        xq = as_rows(xq, "xq")
         if xq.shape[1] != self.dim:
             raise ValueError(f"queries are {xq.shape[1]}-d but the index is {self.dim}-d (wrong or missing --adapter?).")
         kind = self.manifest["kind"]
