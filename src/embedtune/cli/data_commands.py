@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json
+from embedtune.data import load_beir, query_disjoint_split
 from embedtune.io import atomic_save_npy, atomic_write_json
 
 
@@ -41,8 +42,6 @@ def run_embed(args: argparse.Namespace) -> int:
 
 
 def run_split(args: argparse.Namespace) -> int:
-    from embedtune.data import load_beir, query_disjoint_split
-
     dataset = load_beir(args.data, args.split)
     split = query_disjoint_split(dataset, tuple(args.fractions), args.split_seed)
     split.save(args.out)

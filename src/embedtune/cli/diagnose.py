@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from embedtune.cli.common import print_json, print_table
+from embedtune.io import atomic_write_json
+from embedtune.workflows.diagnose import diagnose_model
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -32,11 +35,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from embedtune.workflows.diagnose import diagnose_model
-    from embedtune.io import atomic_write_json
-
     report = diagnose_model(
         args.model,
         data=args.data,

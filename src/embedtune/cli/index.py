@@ -6,7 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
+from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark
 from embedtune.cli.common import print_json, print_table
+from embedtune.compress import load_compressor
+from embedtune.data.beir import load_beir
+from embedtune.encoders import SentenceEncoder
+from embedtune.index import build_index, load_index
+from embedtune.io import atomic_write_json
 
 
 def _int_list(text: str) -> list[int]:
@@ -71,12 +77,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
-    from embedtune.index import build_index
-
     titles = None
     if args.data:
-        from embedtune.data.beir import load_beir
-
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
     out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
                       chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
@@ -92,10 +94,6 @@ def run_index_build(args: argparse.Namespace) -> int:
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
                  use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None) -> list[list[dict]]:
     """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each."""
-    from embedtune.compress import load_compressor
-    from embedtune.encoders import SentenceEncoder
-    from embedtune.index import load_index
-
     index = load_index(index_dir)
     model = model or index.manifest.get("model") or "minilm"
     if use_adapter and adapter is None:
@@ -126,9 +124,6 @@ def run_search(args: argparse.Namespace) -> int:
 
 
 def run_bench_index(args: argparse.Namespace) -> int:
-    from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark
-    from embedtune.io import atomic_write_json
-
     engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
     unknown = set(engines) - {"faiss", "embedtune"}
     if unknown or not engines:

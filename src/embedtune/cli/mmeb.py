@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from embedtune.cli.common import print_json, print_table
+from embedtune.workflows.mmeb import evaluate_mmeb_model
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -31,8 +32,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate_mmeb(args: argparse.Namespace) -> int:
-    from embedtune.workflows.mmeb import evaluate_mmeb_model
-
     result = evaluate_mmeb_model(args.model, args.tasks, similarity=args.similarity, image_root=args.image_root,
                                  batch_size=args.batch_size, device=args.device, task=args.task_format, instruction=args.instruction)
     if args.json:

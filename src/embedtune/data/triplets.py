@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from embedtune.data.errors import DataFormatError
+from embedtune.evaluate.search import exact_search
 from embedtune.io import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
@@ -308,8 +309,6 @@ def _hard_pools(
     (doubling) for the queries whose most demanding pair has fewer than ``hard_pool``
     survivors, until it has them or has reached the whole corpus.
     """
-    from embedtune.evaluate.search import exact_search
-
     n_docs = len(doc_embeddings)
     depth = skip_top + hard_pool + max(len(excluded) for _, _, excluded in plan)
     pools: list[list[np.ndarray] | None] = [None] * len(plan)

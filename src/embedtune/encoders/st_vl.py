@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from sentence_transformers.base.modules.input_module import InputModule
 
+from embedtune.data.mmeb import LazyImage
 from embedtune.encoders.vision_language import _MODEL_INPUTS, TASK_INSTRUCTIONS, QwenVLEmbedder, VLInput
 
 __all__ = ["QwenVLModule", "as_vl_input", "to_sentence_transformer", "save_sentence_transformer", "load_sentence_transformer"]
@@ -75,8 +76,6 @@ def as_vl_input(item: Any, prompt: str | None = None) -> VLInput:
 
 def _open(image: Any) -> Any:
     if isinstance(image, (str, os.PathLike)):
-        from embedtune.data.mmeb import LazyImage
-
         return LazyImage(Path(image))
     return image
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from embedtune.encoders.vision_language import QwenVLEmbedder, QwenVLInputProcessor
+from embedtune.encoders.vl_families import model_class_for
+
 __all__ = ["QWEN_SPECIAL_TOKENS", "TINY_FAMILIES", "tiny_vl_embedder", "tiny_qwen2_vl_embedder", "tiny_processor", "synthetic_image"]
 
 QWEN_SPECIAL_TOKENS = [
@@ -37,8 +40,6 @@ def tiny_processor(image_size: int = 56):
     """A Qwen2-VL processor with a word-level tokenizer and small images."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessor
-
-    from embedtune.encoders.vision_language import QwenVLInputProcessor
 
     vocabulary = {token: index for index, token in enumerate(QWEN_SPECIAL_TOKENS + _WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="[UNK]"))
@@ -104,9 +105,6 @@ def tiny_vl_embedder(family: str = "qwen2_vl", seed: int = 0, normalize: bool = 
         seed: torch seed of the random weights.
         hidden_size: language-model width (multiple of 32, so the M-RoPE sections are whole).
     """
-    from embedtune.encoders.vision_language import QwenVLEmbedder
-    from embedtune.encoders.vl_families import model_class_for
-
     if hidden_size % 32:
         raise ValueError(f"hidden_size must be a multiple of 32 (M-RoPE sections); got {hidden_size}.")
     processor = tiny_processor()

@@ -34,8 +34,16 @@ import torch
 from torch import Tensor, nn
 
 # Re-exported: the input types and Table 5 instructions live in data/, below the encoders.
+from embedtune import __version__
 from embedtune.data.vl_inputs import TASK_FORMATS, TASK_INSTRUCTIONS, VLInput, task_instruction
-from embedtune.encoders.vl_families import LANGUAGE_MODEL_LORA_TARGETS, VLFamily, family_for, is_projector_parameter, is_vision_parameter
+from embedtune.encoders.vl_families import (
+    LANGUAGE_MODEL_LORA_TARGETS,
+    VLFamily,
+    family_for,
+    is_projector_parameter,
+    is_vision_parameter,
+    load_vl_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +221,6 @@ class QwenVLEmbedder(nn.Module):
                         max_image_pixels: int | None = None, dtype: Any = None, attn_implementation: str | None = None,
                         device: str | None = None) -> QwenVLEmbedder:
         """A base checkpoint (local folder or hub id) of a supported family, with its processor."""
-        from embedtune.encoders.vl_families import load_vl_model
-
         model = load_vl_model(name_or_path, dtype=dtype, attn_implementation=attn_implementation)
         processor = load_processor(name_or_path)
         apply_max_image_pixels(processor, max_image_pixels)
@@ -345,6 +351,7 @@ class QwenVLEmbedder(nn.Module):
         :mod:`embedtune.encoders.st_vl`.
         """
         if sentence_transformers:
+            # st_vl subclasses this module's embedder for sentence-transformers, so it can only load after it.
             from embedtune.encoders.st_vl import save_sentence_transformer
 
             return save_sentence_transformer(self, directory, similarity=similarity)
@@ -352,8 +359,6 @@ class QwenVLEmbedder(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, similarity: str = "cosine") -> Path:
         """Hugging Face files (``config.json``, weights, processor) plus ``embedtune_vl.json``."""
-        from embedtune import __version__
-
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"similarity must be 'cosine' or 'dot'; got {similarity!r}.")
         directory = Path(directory)
@@ -368,8 +373,6 @@ class QwenVLEmbedder(nn.Module):
     @classmethod
     def load(cls, directory: str | os.PathLike, device: str | None = None, dtype: Any = None) -> tuple[QwenVLEmbedder, str]:
         """``(embedder, similarity)`` from a folder written by :meth:`save`."""
-        from embedtune.encoders.vl_families import load_vl_model
-
         directory = Path(directory)
         meta_path = directory / VL_CONFIG_FILE
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}

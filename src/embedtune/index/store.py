@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from embedtune import __version__
-from embedtune.compress.base import Compressor
+from embedtune.compress import load_compressor
+from embedtune.compress.base import Compressor, read_compressor_meta
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
+from embedtune.encoders.precomputed import read_ids
 from embedtune.evaluate.search import as_rows, exact_search
 from embedtune.index import quantize
 from embedtune.index.ann import default_params, set_search_params
@@ -49,8 +51,6 @@ INDEX_KINDS = ("flat", "sq8", "binary")
 
 def adapter_fingerprint(directory: str | Path) -> dict[str, Any]:
     """Path, method, dims and sha256 of every file of a saved compressor."""
-    from embedtune.compress.base import read_compressor_meta
-
     directory = Path(directory)
     meta = read_compressor_meta(directory)
     return {
@@ -100,8 +100,6 @@ def build_index(
     """
     import faiss
 
-    from embedtune.encoders.precomputed import read_ids
-
     start_time = time.perf_counter()
     embeddings, out = Path(embeddings), Path(out)
     n, d_in = embedding_file_shape(embeddings, vector_column)
@@ -111,8 +109,6 @@ def build_index(
         if isinstance(adapter, Compressor):
             compressor = adapter
         else:
-            from embedtune.compress import load_compressor
-
             compressor = load_compressor(adapter)
             adapter_info = adapter_fingerprint(adapter)
         if d_in != compressor.input_dim_:

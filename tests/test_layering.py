@@ -1,0 +1,186 @@
+"""Imports read top-down: an AST walk over ``src/embedtune`` that fails on any import climbing a layer.
+
+The layers, lowest first (a module may import its own layer and the layers below it)::
+
+    0 foundation  io, runtime, evaluate/ (exact search, kernels, metrics, scoring of given vectors)
+    1 data        data/
+    2 encoders    encoders/
+    3 methods     compress/, finetune/
+    4 workflows   workflows/ (and pipeline.py, experiment.py until they move there)
+    5 surfaces    index/, bench/, cli/
+
+Three rules, each failure printed as ``file:line: rule: detail``:
+
+* ``climb``: an import (module level or inside a function) of a higher layer.
+* ``private``: ``from embedtune.<other package>... import _name``; make the helper public instead.
+* ``function-body``: an import of an embedtune module inside a function, unless the pair is in
+  :data:`FUNCTION_BODY_ALLOWED`, whose entries must say why (a heavy optional dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "embedtune"
+
+# First component under ``embedtune`` -> layer. A new top-level module or package must be added here.
+LAYERS: dict[str, int] = {
+    "": 0,  # embedtune/__init__.py (the version)
+    "io": 0,
+    "runtime": 0,
+    "evaluate": 0,
+    "data": 1,
+    "encoders": 2,
+    "compress": 3,
+    "finetune": 3,
+    "workflows": 4,
+    "pipeline": 4,
+    "experiment": 4,
+    "index": 5,
+    "bench": 5,
+    "cli": 5,
+    "__main__": 5,
+}
+LAYER_NAMES = {0: "foundation", 1: "data", 2: "encoders", 3: "compress/finetune", 4: "workflows", 5: "index/bench/cli"}
+
+# (importing module, imported module) -> why the import waits until the function runs.
+# Only heavy optional dependencies belong here: importing them at module top would slow down
+# `embedtune --help` and `import embedtune.<package>` for everyone, or fail without the extra installed.
+FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
+    ("embedtune.workflows.mmeb", "embedtune.encoders.vision_language"): "the VL stack (torch, transformers, Qwen-VL)",
+    ("embedtune.encoders.vision_language", "embedtune.encoders.st_vl"): "sentence-transformers, only when saving in its layout",
+    ("embedtune.compress.ray_apply", "embedtune.compress"): "runs on ray workers, which import the registry themselves",
+    ("embedtune.finetune.vl_recipe", "embedtune.encoders.vision_language"): "the VL stack (torch, transformers, Qwen-VL)",
+    ("embedtune.finetune.vl_recipe", "embedtune.encoders.tiny_vl"): "the VL stack (torch, transformers, Qwen-VL)",
+    ("embedtune.finetune.vl_config", "embedtune.encoders.vision_language"): "the VL stack (torch, transformers, Qwen-VL)",
+    ("embedtune.finetune.config", "embedtune.finetune.losses.cached_focal_embedding"): "deepspeed, only when GradCache is asked for",
+}
+
+
+@dataclass(frozen=True)
+class ImportSite:
+    """One ``import``/``from ... import`` of an embedtune module."""
+
+    path: Path
+    line: int
+    source: str  # importing module, e.g. "embedtune.cli.index"
+    target: str  # imported module, e.g. "embedtune.evaluate.search"
+    names: tuple[str, ...]  # names taken by ``from ... import``; empty for ``import x``
+    in_function: bool
+
+    def where(self) -> str:
+        return f"{self.path.relative_to(PACKAGE_ROOT.parents[1])}:{self.line}"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(module: str) -> str:
+    """``embedtune.cli.index`` -> ``cli``; ``embedtune.io`` -> ``io``; ``embedtune`` -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _absolute(node: ast.ImportFrom, source: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = source.split(".") if is_package else source.split(".")[:-1]
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def import_sites(path: Path) -> list[ImportSite]:
+    """Every import of an embedtune module in ``path``, with whether it sits inside a function."""
+    source = module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    sites: list[ImportSite] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    if alias.name.split(".")[0] == "embedtune":
+                        sites.append(ImportSite(path, child.lineno, source, alias.name, (), inside))
+            elif isinstance(child, ast.ImportFrom):
+                target = _absolute(child, source, path.name == "__init__.py")
+                if target.split(".")[0] == "embedtune":
+                    sites.append(ImportSite(path, child.lineno, source, target, tuple(a.name for a in child.names), inside))
+            visit(child, inside)
+
+    visit(tree, False)
+    return sites
+
+
+def all_sites() -> list[ImportSite]:
+    return [site for path in sorted(PACKAGE_ROOT.rglob("*.py")) for site in import_sites(path)]
+
+
+def layering_violations(sites: list[ImportSite]) -> list[str]:
+    """``file:line: rule: detail`` for each broken rule."""
+    problems = []
+    for site in sites:
+        source_package, target_package = package_of(site.source), package_of(site.target)
+        for package, module in ((source_package, site.source), (target_package, site.target)):
+            if package not in LAYERS:
+                problems.append(f"{site.where()}: unmapped: {module} is in no layer; add {package!r} to LAYERS in tests/test_layering.py")
+        if source_package not in LAYERS or target_package not in LAYERS:
+            continue
+        source_layer, target_layer = LAYERS[source_package], LAYERS[target_package]
+        if target_layer > source_layer:
+            problems.append(
+                f"{site.where()}: climb: {site.source} ({LAYER_NAMES[source_layer]}) imports {site.target} "
+                f"({LAYER_NAMES[target_layer]}); move the code down, or the caller up"
+            )
+        if target_package != source_package:
+            for name in site.names:
+                if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):  # __version__ is public
+                    problems.append(f"{site.where()}: private: {site.source} imports {name} from {site.target}; make it public there")
+        if site.in_function and (site.source, site.target) not in FUNCTION_BODY_ALLOWED:
+            problems.append(
+                f"{site.where()}: function-body: {site.source} imports {site.target} inside a function; move it to the "
+                f"module top, or (heavy optional dependency only) add the pair with a reason to FUNCTION_BODY_ALLOWED"
+            )
+    return problems
+
+
+def test_imports_read_top_down():
+    problems = layering_violations(all_sites())
+    assert not problems, "imports that break the layering (see tests/test_layering.py):\n" + "\n".join(problems)
+
+
+def test_every_allowed_function_body_import_exists_and_says_why():
+    in_function = {(site.source, site.target) for site in all_sites() if site.in_function}
+    stale = [pair for pair in FUNCTION_BODY_ALLOWED if pair not in in_function]
+    assert not stale, f"FUNCTION_BODY_ALLOWED lists imports that no longer exist; remove them: {stale}"
+    assert all(reason.strip() for reason in FUNCTION_BODY_ALLOWED.values())
+
+
+def test_the_walk_sees_each_rule(tmp_path, monkeypatch):
+    """The checker itself: a climbing, a private and a function-body import are each reported."""
+    root = tmp_path / "embedtune"
+    (root / "data").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "data" / "__init__.py").write_text("")
+    (root / "data" / "bad.py").write_text(
+        "from embedtune.cli import main\n"
+        "from embedtune.evaluate.search import _hidden\n"
+        "def f():\n    from embedtune.io import atomic_write\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE_ROOT", root)
+    problems = layering_violations(import_sites(root / "data" / "bad.py"))
+    rules = sorted(problem.split(": ")[1] for problem in problems)
+    assert rules == ["climb", "function-body", "private"], problems
+    assert all(problem.startswith("src/embedtune/data/bad.py:") or "bad.py:" in problem for problem in problems)
+
+
+def test_importing_data_does_not_import_encoders():
+    code = "import sys, embedtune.data, embedtune.data.mmeb; print(sorted(m for m in sys.modules if m.startswith('embedtune.encoders')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"importing embedtune.data pulled in {out}"
