@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress.base import Compressor
+from embedtune.compress.registry import load_compressor
 from embedtune.compress.streaming import transform_rows
 
 logger = logging.getLogger(__name__)
@@ -82,8 +83,6 @@ class CompressorBatchFn:
         if isinstance(adapter, Compressor):
             self.compressor = adapter
         else:
-            from embedtune.compress import load_compressor
-
             self.compressor = load_compressor(adapter)
         self.compressor._check_fitted()
         self.vector_column = vector_column

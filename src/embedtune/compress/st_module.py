@@ -15,6 +15,7 @@ import torch
 from sentence_transformers.base.modules.module import Module
 
 from embedtune.compress.base import Compressor
+from embedtune.compress.registry import load_compressor
 
 __all__ = ["CompressorModule"]
 
@@ -64,8 +65,6 @@ class CompressorModule(Module):
         local_files_only: bool = False,
         **kwargs: Any,
     ) -> "CompressorModule":
-        from embedtune.compress.registry import load_compressor
-
         path = cls.load_dir_path(
             model_name_or_path,
             subfolder=subfolder,
