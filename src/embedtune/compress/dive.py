@@ -49,8 +49,10 @@ from torch import nn
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, self_limiting_triplet_loss
 from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
+from embedtune.compress.pca import principal_axes
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
+from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.io import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
@@ -280,8 +282,6 @@ def corpus_pca_rotation(doc_embeddings: np.ndarray, normalize_input: bool = True
     the sign convention of :func:`embedtune.compress.pca.flip_signs`; applied as ``x @ R``
     without centring, so inner products between rotated rows equal the originals.
     """
-    from embedtune.compress.pca import principal_axes
-
     rows = doc_embeddings
     if normalize_input:
         rows = doc_embeddings / np.maximum(np.linalg.norm(doc_embeddings, axis=1, keepdims=True), 1e-12)
@@ -533,8 +533,6 @@ class DIVECompressor(Compressor):
         return means
 
     def _validate(self, val: TrainingData) -> float:
-        from embedtune.evaluate.retrieval import evaluate_embeddings
-
         metrics = evaluate_embeddings(
             val.query_ids, self.transform(val.query_embeddings), val.doc_ids, self.transform(val.doc_embeddings), val.qrels
         )

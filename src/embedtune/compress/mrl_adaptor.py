@@ -66,6 +66,7 @@ from embedtune.compress.training import (
     transform_in_batches,
     unit_rows,
 )
+from embedtune.evaluate.search import exact_search
 
 logger = logging.getLogger(__name__)
 
@@ -165,8 +166,6 @@ def mine_corpus_neighbors(corpus: np.ndarray, k: int) -> np.ndarray:
 
     The row itself is dropped; if a duplicate outranks it, the last candidate is dropped instead.
     """
-    from embedtune.evaluate.search import exact_search
-
     n = len(corpus)
     k = min(k, n - 1)
     if k <= 0:
