@@ -9,6 +9,8 @@ import argparse
 import json
 
 from embedtune.cli.common import print_json, print_table
+from embedtune.cli.finetune_vl import register_vl
+from embedtune.finetune.config import PRESETS, preset_config
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -64,20 +66,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     pace.add_argument("--json", action="store_true", help="print the result as one JSON object")
     pace.set_defaults(handler=run_pace)
 
-    from embedtune.cli.finetune_vl import register_vl
-
     register_vl(methods)
 
 
 def _presets() -> dict[str, str]:
-    from embedtune.finetune.config import PRESETS
-
     return PRESETS
 
 
 def config_from_args(args: argparse.Namespace):
-    from embedtune.finetune.config import preset_config
-
     temperature = args.stage2_temperature
     if temperature is not None and temperature != "auto":
         temperature = float(temperature)
@@ -112,7 +108,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_pace(args: argparse.Namespace) -> int:
-    from embedtune.finetune.recipe import train_pace
+    from embedtune.finetune.recipe import train_pace  # heavy optional dependency: sentence-transformers and transformers
 
     if args.threads:
         import torch

@@ -11,11 +11,10 @@ import argparse
 from typing import Any
 
 from embedtune.cli.common import print_json, print_table
+from embedtune.finetune.vl_config import TINY_MODELS, VL_PRESETS, VLPACEConfig, vl_preset_config
 
 
 def register_vl(methods: argparse._SubParsersAction) -> None:
-    from embedtune.finetune.vl_config import TINY_MODELS, VL_PRESETS
-
     parser = methods.add_parser(
         "pace-vl",
         help="PACE on a Qwen-VL backbone (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5) from MMEB-train-style data",
@@ -79,8 +78,6 @@ _PER_STAGE = {
 
 def config_from_args(args: argparse.Namespace):
     """The validated :class:`VLPACEConfig`: ``--config`` or ``--preset``, then the flags that were given."""
-    from embedtune.finetune.vl_config import VLPACEConfig, vl_preset_config
-
     values: dict[str, Any] = VLPACEConfig.load(args.config).to_dict() if args.config else vl_preset_config(args.preset).to_dict()
     for flag, name in _TOP_LEVEL.items():
         if getattr(args, flag) is not None:
@@ -105,7 +102,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run_pace_vl(args: argparse.Namespace) -> int:
-    from embedtune.finetune.vl_recipe import run_vl_pace
+    from embedtune.finetune.vl_recipe import run_vl_pace  # heavy optional dependency: sentence-transformers and the VL stack
 
     result = run_vl_pace(config_from_args(args), evaluate_tasks=args.eval_tasks, device=args.device)
     summary = {key: value for key, value in result.to_dict().items() if key not in ("logs", "config")}

@@ -145,7 +145,7 @@ class PACEConfig:
         if self.mini_batch_size is not None and self.mini_batch_size < 1:
             raise ValueError(f"mini_batch_size must be >= 1 or None; got {self.mini_batch_size}.")
         if self.mini_batch_size is not None and self.deepspeed:
-            from embedtune.finetune.losses.cached_focal_embedding import DEEPSPEED_GRADCACHE_MESSAGE
+            from embedtune.finetune.losses.cached_focal_embedding import DEEPSPEED_GRADCACHE_MESSAGE  # heavy optional dependency: sentence-transformers
 
             raise ValueError(DEEPSPEED_GRADCACHE_MESSAGE)
         if self.deepspeed and not Path(self.deepspeed).is_file():

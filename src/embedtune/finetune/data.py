@@ -17,6 +17,7 @@ import numpy as np
 
 from embedtune.data.beir import BeirDataset, document_text
 from embedtune.data.triplets import mine_triplets
+from embedtune.encoders.dataset import embed_dataset
 from embedtune.io import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -92,8 +93,6 @@ def mine_training_tuples(
 
     Pairs whose pool holds fewer than ``n_negatives`` documents are skipped (logged).
     """
-    from embedtune.encoders.dataset import embed_dataset
-
     start = time.perf_counter()
     query_ids = list(query_ids) if query_ids is not None else dataset.judged_query_ids()
     embeddings = embed_dataset(encoder, dataset, cache=cache)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from embedtune.encoders.bundled import resolve_model_path
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -42,8 +44,6 @@ def load_base_model(model: str | os.PathLike, max_seq_length: int | None = None,
     """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize
-
-    from embedtune.encoders.bundled import resolve_model_path
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = resolve_model_path(str(model))

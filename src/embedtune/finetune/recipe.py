@@ -19,6 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from embedtune.data.beir import load_beir
+from embedtune.encoders.dataset import embed_dataset
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.finetune.config import PACEConfig, StageConfig, steps_per_epoch
 from embedtune.finetune.data import TrainingTuples, mine_training_tuples
 from embedtune.finetune.losses import CachedFocalEmbeddingLoss, FocalEmbeddingLoss
@@ -183,7 +187,7 @@ def run_stage(
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
 
-    from embedtune.finetune.trainer import PACETrainer, StageCheckpointCallback
+    from embedtune.finetune.trainer import PACETrainer, StageCheckpointCallback  # heavy optional dependency: transformers' Trainer
 
     world_size = _world_size()
     steps = stage.steps or steps_per_epoch(len(train_dataset), config.batch_size, world_size)
@@ -282,9 +286,6 @@ def train_pace(config: PACEConfig, tuples: TrainingTuples | None = None, evaluat
         evaluate_split: if given (e.g. ``"test"``), evaluate the final model on that qrels split with
             its training similarity (main process only).
     """
-    from embedtune.data.beir import load_beir
-    from embedtune.encoders.sentence_transformer import SentenceEncoder
-
     timings: dict[str, float] = {}
     started = time.perf_counter()
     output_dir = Path(config.output_dir)
@@ -376,11 +377,6 @@ def evaluate_model(
     L2-normalises first. This is what ``embedtune evaluate --similarity dot`` should call.
     Returns a :class:`embedtune.evaluate.RetrievalMetrics`.
     """
-    from embedtune.data.beir import load_beir
-    from embedtune.encoders.dataset import embed_dataset
-    from embedtune.encoders.sentence_transformer import SentenceEncoder
-    from embedtune.evaluate.retrieval import evaluate_embeddings
-
     if similarity not in ("cosine", "dot"):
         raise ValueError(f"similarity must be 'cosine' or 'dot'; got {similarity!r}.")
     dataset = load_beir(data, split)

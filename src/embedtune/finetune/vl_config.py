@@ -38,8 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from embedtune import __version__
+from embedtune.data.vl_inputs import task_instruction
 from embedtune.finetune.config import _parse_init, resolve_stage2_init_step
 from embedtune.finetune.losses.focal_embedding import SIMILARITIES, WEIGHTINGS
+from embedtune.io import atomic_write_json
 
 __all__ = ["VL_CONFIG_FILE", "VL_PRESETS", "VLStageConfig", "VLPACEConfig", "vl_preset_config", "TINY_MODELS"]
 
@@ -155,8 +158,6 @@ class VLPACEConfig:
         if self.instruction and self.task not in (None, "none"):
             raise ValueError(f"give instruction or task, not both (instruction={self.instruction!r}, task={self.task!r}).")
         if self.task not in (None, "none", "auto"):
-            from embedtune.encoders.vision_language import task_instruction
-
             task_instruction(self.task)  # raises naming the accepted formats
         self.stage2_init = _parse_init(self.stage2_init)
         if self.stage2 is None and self.stop_stage1_at_init:
@@ -176,9 +177,6 @@ class VLPACEConfig:
 
     def save(self, directory: str | Path) -> Path:
         """Write ``vl_pace_config.json`` (sorted keys, embedtune version stamped)."""
-        from embedtune import __version__
-        from embedtune.io import atomic_write_json
-
         return atomic_write_json(Path(directory) / VL_CONFIG_FILE, {**self.to_dict(), "embedtune_version": __version__})
 
     @classmethod

@@ -22,9 +22,12 @@ from typing import Any
 
 import torch
 
+from embedtune.data.mmeb import load_mmeb_eval, load_mmeb_train
+from embedtune.evaluate.mmeb import evaluate_mmeb
 from embedtune.finetune.losses import focal_embedding_loss
 from embedtune.finetune.modeling import add_lora, has_lora, merge_lora, save_adapter
 from embedtune.finetune.vl_config import TINY_MODELS, VLPACEConfig, VLStageConfig
+from embedtune.io import atomic_write_json
 
 __all__ = ["VLStageConfig", "VLPACEConfig", "VLStepLog", "VLPACEResult", "run_vl_stage", "train_vl_pace", "run_vl_pace",
            "load_vl_backbone", "stage_steps"]
@@ -213,10 +216,10 @@ def _save_adapter(embedder, checkpoint_dir: str | Path | None, name: str) -> Non
 
 def load_vl_backbone(config: VLPACEConfig, device: str | None = None):
     """The :class:`QwenVLEmbedder` named by ``config.model`` (a ``tiny-*`` name builds one offline)."""
-    from embedtune.encoders.vision_language import QwenVLEmbedder, apply_max_image_pixels
+    from embedtune.encoders.vision_language import QwenVLEmbedder, apply_max_image_pixels  # heavy optional dependency: the VL stack
 
     if config.model in TINY_MODELS:
-        from embedtune.encoders.tiny_vl import tiny_vl_embedder
+        from embedtune.encoders.tiny_vl import tiny_vl_embedder  # heavy optional dependency: the VL stack
 
         embedder = tiny_vl_embedder(TINY_MODELS[config.model], seed=config.seed)
         embedder.max_seq_length = config.max_seq_length
@@ -244,9 +247,6 @@ def run_vl_pace(config: VLPACEConfig, evaluate_tasks: Sequence[str | Path] = (),
     the final model (Hugging Face files + sentence-transformers layout + ``vl_pace_config.json``) and
     ``result.json``. ``evaluate_tasks``: MMEB-eval-style files scored after training (Precision@1).
     """
-    from embedtune.data.mmeb import load_mmeb_train
-    from embedtune.io import atomic_write_json
-
     if not config.train_data:
         raise ValueError("train_data is empty; give an MMEB-train-style .jsonl or .parquet file (--train FILE).")
     timings: dict[str, float] = {}
@@ -270,9 +270,6 @@ def run_vl_pace(config: VLPACEConfig, evaluate_tasks: Sequence[str | Path] = (),
     config.save(model_dir)
     metrics = None
     if evaluate_tasks:
-        from embedtune.data.mmeb import load_mmeb_eval
-        from embedtune.evaluate.mmeb import evaluate_mmeb
-
         start = time.perf_counter()
         eval_sets = [load_mmeb_eval(path, image_root=config.image_root, task="auto" if config.task == "auto" else None) for path in evaluate_tasks]
         metrics = evaluate_mmeb(embedder, eval_sets, outcome["similarity"])
