@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from embedtune import __version__
-from embedtune.io import atomic_write_json
+from embedtune.io import atomic_write_json, load_weights, save_weights
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +172,6 @@ class Compressor(abc.ABC):
         return self.config.dim
 
     def save(self, directory: str | Path) -> Path:
-        from embedtune.io import save_weights
-
         self._check_fitted()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -192,8 +190,6 @@ class Compressor(abc.ABC):
 
     @classmethod
     def load(cls: type[C], directory: str | Path) -> C:
-        from embedtune.io import load_weights
-
         directory = Path(directory)
         meta = read_compressor_meta(directory)
         if cls is not Compressor and meta["method"] != cls.method:
