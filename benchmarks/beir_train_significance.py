@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from embedtune.bench.significance import paired_test
+from embedtune.workflows.significance import paired_test
 
 root = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/dive-beir-train"
 groups = defaultdict(list)

@@ -11,7 +11,7 @@ import statistics
 
 import numpy as np
 
-from embedtune.bench.significance import paired_test
+from embedtune.workflows.significance import paired_test
 def runs(root, tag, ds, k):
     out = []
     for f in glob.glob(f"{root}/runs/{ds}/minilm/test/**/*.json", recursive=True):

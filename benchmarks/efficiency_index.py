@@ -1,4 +1,4 @@
-"""``embedtune bench index`` as a script: exact flat search at full vs compressed dims.
+"""``embedtune benchmark index`` as a script: exact flat search at full vs compressed dims.
 
     EMBEDTUNE_CACHE=/tmp/etcache python benchmarks/efficiency_index.py --data scifact,arguana \
         --synthetic 100000,1000000 --out benchmarks/results/efficiency/index.json

@@ -15,8 +15,9 @@ import logging
 import time
 
 from embedtune.bench.efficiency import QUANT_COLUMNS, format_table, machine_info, quantization_table
-from embedtune.bench.runner import fit_and_evaluate, shared_triplets
-from embedtune.experiment import load_experiment
+from embedtune.workflows.fit_and_score import fit_and_evaluate
+from embedtune.workflows.triplets import shared_triplets
+from embedtune.workflows.experiment import load_experiment
 from embedtune.io import atomic_write_json
 
 

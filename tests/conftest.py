@@ -47,6 +47,14 @@ def toy_beir(tmp_path) -> Path:
     return write_beir(tmp_path / "toy", corpus, queries, qrels)
 
 
+@pytest.fixture
+def toy40(tmp_path) -> Path:
+    """40 docs, 20 queries, one relevant doc each: enough for a 60/20/20 split and a tiny fit."""
+    corpus = [{"_id": f"d{i}", "text": f"document number {i} about topic {i % 5}"} for i in range(40)]
+    queries = [{"_id": f"q{i}", "text": f"what about topic {i % 5} number {i}"} for i in range(20)]
+    return write_beir(tmp_path / "toy40", corpus, queries, [(f"q{i}", f"d{i}", 1) for i in range(20)])
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     """A randomly initialised 1-layer BERT saved as a sentence-transformers folder (offline)."""

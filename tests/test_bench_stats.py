@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from embedtune.bench.aggregate import equal_weight_average, mean_std
-from embedtune.bench.significance import paired_test
+from embedtune.workflows.significance import paired_test
 
 
 def test_mean_and_sample_std():

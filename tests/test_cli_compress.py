@@ -7,15 +7,6 @@ from embedtune.cli import main
 from embedtune.compress import load_compressor
 
 
-@pytest.fixture
-def toy40(tmp_path):
-    from conftest import write_beir
-
-    corpus = [{"_id": f"d{i}", "text": f"document number {i} about topic {i % 5}"} for i in range(40)]
-    queries = [{"_id": f"q{i}", "text": f"what about topic {i % 5} number {i}"} for i in range(20)]
-    return write_beir(tmp_path / "toy40", corpus, queries, [(f"q{i}", f"d{i}", 1) for i in range(20)])
-
-
 def test_compress_train_apply_export(toy40, tiny_bert_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
@@ -28,13 +19,21 @@ def test_compress_train_apply_export(toy40, tiny_bert_dir, tmp_path, capsys):
     assert report["results"]["frozen"]["summary"]["dim"] == 32
     assert len(report["results"]["dive"]["history_seed0"]) == 2
     assert (out / "triplets-train.json").is_file() and (out / "report.json").is_file()
+    # Several seeds: one folder per seed; seed-free methods ran once, so they have no seed folder.
     adapter = out / "dive" / "seed-2027"
     assert (adapter / "training_log.jsonl").read_text().count("\n") == 2
+    assert (out / "dive" / "seed-2028" / "config.json").is_file() and (out / "pca" / "config.json").is_file()
 
     vectors = np.random.default_rng(0).normal(size=(50, 32)).astype(np.float32)
     np.save(tmp_path / "x.npy", vectors)
     assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "x.npy"),
-                 "--output", str(tmp_path / "y.npy"), "--chunk-size", "7"]) == 0
+                 "--out", str(tmp_path / "y.npy"), "--chunk-size", "7"]) == 0
+    capsys.readouterr()
+    # The old --output still works, with a one-line deprecation warning.
+    assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "x.npy"),
+                 "--output", str(tmp_path / "y2.npy")]) == 0
+    assert "--output is deprecated" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(tmp_path / "y2.npy"), np.load(tmp_path / "y.npy"))
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), load_compressor(adapter).transform(vectors), atol=1e-6)
 
     capsys.readouterr()
@@ -64,24 +63,25 @@ def test_dim_times_heads_error_names_both_fixes(toy40, tiny_bert_dir, capsys):
 
 
 def test_preset_flag_applies_dive_presets_and_rejects_bad_use(toy40, tiny_bert_dir, tmp_path, capsys, monkeypatch):
-    from embedtune.compress.dive import DIVEConfig
+    from embedtune.compress import DIVECompressor, Preset
 
-    monkeypatch.setitem(DIVEConfig.PRESETS, "test-preset", {"init": "pca", "margin": 0.3})
+    monkeypatch.setitem(DIVECompressor.presets, "test-preset", Preset("test-preset", {"init": "pca", "margin": 0.3}))
     code = main(["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
                  "--preset", "test-preset", "--epochs", "1", "--set", "batch_size=8", "--set", "margin=0.5", "--compare", "",
                  "--out", str(tmp_path / "run"), "--json"])
     assert code == 0
     capsys.readouterr()
-    config = load_compressor(tmp_path / "run" / "dive" / "seed-2027").config
+    config = load_compressor(tmp_path / "run" / "dive").config  # one seed: no seed folder
     assert config.init == "pca" and config.margin == 0.5  # --set overrides the preset
+    assert load_compressor(tmp_path / "run").config == config  # the --out folder holds exactly one
     assert main(["compress", "train", "--method", "dive", "--data", str(toy40), "--model", str(tiny_bert_dir), "--preset", "nope"]) == 2
     assert "unknown" in capsys.readouterr().err
     assert main(["compress", "train", "--method", "pca", "--data", str(toy40), "--model", str(tiny_bert_dir), "--preset", "paper"]) == 2
-    assert "DIVE preset" in capsys.readouterr().err
+    assert "pca has no preset by that name" in capsys.readouterr().err
 
 
 def test_dive_defaults_to_the_robust_preset_and_paper_is_one_flag_away(toy40, tiny_bert_dir, tmp_path, capsys):
-    from embedtune.cli.compress import MINING_PRESETS
+    from embedtune.compress import ROBUST
     from embedtune.compress.dive import DIVEConfig
 
     common = ["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
@@ -91,17 +91,17 @@ def test_dive_defaults_to_the_robust_preset_and_paper_is_one_flag_away(toy40, ti
     assert "--false-negative-margin none" in capsys.readouterr().err
     assert main([*common, "--false-negative-margin", "-1.0", "--out", str(tmp_path / "default")]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["dive_preset"] == "robust"
-    expected = {**MINING_PRESETS["robust"], "false_negative_margin": -1.0}
+    assert report["preset"] == "robust"
+    expected = {**ROBUST.mining.non_default(), "false_negative_margin": -1.0}
     assert {k: report["triplets"][k] for k in expected} == expected
-    config = load_compressor(tmp_path / "default" / "dive" / "seed-2027").config
+    config = load_compressor(tmp_path / "default" / "dive").config
     assert all(getattr(config, k) == v for k, v in DIVEConfig.PRESETS["robust"].items())
     assert config.init == "pca" and config.margin == 0.4 and config.epoch_selection == "best"
 
     assert main([*common, "--preset", "paper", "--out", str(tmp_path / "paper")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "false_negative_margin" not in report["triplets"] and "max_triplets_per_query" not in report["triplets"]
-    paper = load_compressor(tmp_path / "paper" / "dive" / "seed-2027").config
+    paper = load_compressor(tmp_path / "paper" / "dive").config
     assert (paper.init, paper.margin, paper.epoch_selection) == ("identity", 0.7, "last")
 
     # Explicit flags beat the preset; 'none' turns a filter off.
@@ -117,3 +117,42 @@ def test_text_table_prints_a_spread_only_with_several_seeds(toy40, tiny_bert_dir
     assert "pca" in one_seed and "±" not in one_seed
     assert main([*base, "--seeds", "2027", "2028"]) == 0
     assert "± 0.0000" in capsys.readouterr().out  # PCA ignores the seed: two identical runs, zero spread
+
+
+def test_adapter_accepts_the_out_folder_only_when_it_holds_one_compressor(toy40, tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["compress", "train", "--method", "pca", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",
+                 "--compare", "truncate", "--out", str(out)]) == 0
+    np.save(tmp_path / "x.npy", np.ones((3, 32), np.float32))
+    capsys.readouterr()
+    assert main(["compress", "apply", "--adapter", str(out), "--input", str(tmp_path / "x.npy"), "--out", str(tmp_path / "y.npy")]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 fitted compressors" in err and str(out / "pca") in err and str(out / "truncate") in err
+
+
+def test_lists_take_spaces_or_commas():
+    from embedtune.cli import build_parser
+
+    parser = build_parser()
+    spaced = parser.parse_args(["compress", "train", "--compare", "frozen", "pca", "--seeds", "1", "2"])
+    commas = parser.parse_args(["compress", "train", "--compare", "frozen,pca", "--seeds", "1,2"])
+    assert spaced.compare == commas.compare == ["frozen", "pca"] and spaced.seeds == commas.seeds == [1, 2]
+    assert parser.parse_args(["compress", "train", "--compare", ""]).compare == []
+
+
+def test_bench_is_a_deprecated_alias_of_benchmark(capsys):
+    from embedtune.cli import build_parser, main
+
+    args = build_parser().parse_args(["bench", "dive", "--config", "x.toml"])
+    assert args.handler.__name__ == "run_benchmark_dive"
+    assert main(["bench", "dive", "--config", "does-not-exist.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "`embedtune bench` is deprecated" in err and "does-not-exist.toml" in err
+
+
+def test_importing_the_compress_cli_does_not_import_bench():
+    import subprocess
+    import sys
+
+    code = "import embedtune.cli.compress, sys; assert not any(m.startswith('embedtune.bench') for m in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,8 +9,8 @@ from embedtune.bench.dive_protocol import ProtocolExecutor, plan_phase_one, run_
 from embedtune.bench.dive_report import build_report
 from embedtune.bench.grid import RunStore, run_grid
 from embedtune.bench.protocol_config import BackboneSpec, DatasetSpec, ProtocolConfig, load_protocol_config
-from embedtune.bench.runner import assert_no_test_queries
-from embedtune.experiment import load_experiment
+from embedtune.workflows.fit_and_score import assert_no_test_queries
+from embedtune.workflows.experiment import load_experiment
 
 
 def _toy(root, n_queries=20, offset=0):

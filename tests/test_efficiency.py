@@ -45,7 +45,7 @@ def test_ann_recall_against_exact(rng):
 
 def test_quantization_table(toy_beir, tiny_bert_dir):
     from embedtune.compress import make_compressor
-    from embedtune.experiment import load_experiment, training_data
+    from embedtune.workflows.experiment import load_experiment, training_data
 
     experiment = load_experiment(data=str(toy_beir), model=str(tiny_bert_dir))
     compressor = make_compressor("pca", dim=16).fit(training_data(experiment, "train+val"))
@@ -73,19 +73,19 @@ def test_streaming_benchmark(rng, tmp_path):
     assert row["peak_rss_bytes"] >= row["rss_before_bytes"] > 0
 
 
-def test_cli_bench_index_json(tmp_path, capsys):
-    from embedtune.cli import index as cli_index
+def test_cli_benchmark_index_json(tmp_path, capsys):
+    from embedtune.cli import bench as cli_bench
 
     parser = argparse.ArgumentParser()
-    cli_index.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["bench", "index", "--data", "", "--synthetic", "2000", "--synthetic-dim", "64", "--dims", "32",
+    cli_bench.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["benchmark", "index", "--data", "", "--synthetic", "2000", "--synthetic-dim", "64", "--dims", "32",
                               "--rounds", "1", "--singles", "3", "--batch", "16", "--out", str(tmp_path / "r.json"), "--json"])
     assert args.handler(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result == json.loads((tmp_path / "r.json").read_text())
     assert [r["d"] for r in result["flat"]] == [64, 64, 32, 32]
     assert "never on what the vectors contain" in result["note"] and result["machine"]["cpus"] >= 1
-    args = parser.parse_args(["bench", "index", "--data", "", "--synthetic", "2000", "--synthetic-dim", "64", "--dims", "32",
+    args = parser.parse_args(["benchmark", "index", "--data", "", "--synthetic", "2000", "--synthetic-dim", "64", "--dims", "32",
                               "--rounds", "1", "--singles", "2", "--batch", "16", "--engines", "embedtune"])
     assert args.handler(args) == 0
     out = capsys.readouterr().out

@@ -101,7 +101,7 @@ def test_build_errors(corpus, tmp_path):
 
 def test_cli_build_and_search(toy_beir, tiny_bert_dir, tmp_path, capsys):
     from embedtune.cli import index as cli_index
-    from embedtune.experiment import load_experiment
+    from embedtune.workflows.experiment import load_experiment
 
     experiment = load_experiment(data=str(toy_beir), model=str(tiny_bert_dir), split_seed=None)
     emb = experiment.embeddings

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from embedtune.bench.protocol_config import BackboneSpec, DatasetSpec, ProtocolConfig, load_protocol_config
-from embedtune.bench.runner import shared_triplets
+from embedtune.compress import MiningOptions
 from embedtune.data.synthetic import make_false_negative_dataset
 from embedtune.data.triplets import load_triplets, mine_triplets
+from embedtune.workflows.triplets import shared_triplets
 
 
 @pytest.fixture()
@@ -41,7 +42,7 @@ def test_shared_triplets_records_only_non_default_options(experiment, tmp_path):
     assert np.array_equal(triplets, mine_triplets(*experiment.data))
     assert not {"skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query"} & set(load_triplets(plain).meta)
 
-    capped = shared_triplets(experiment, "train", path=robust, **ROBUST)
+    capped = shared_triplets(experiment, "train", MiningOptions(**ROBUST), path=robust)
     assert np.array_equal(capped, mine_triplets(*experiment.data, **ROBUST))
     meta = load_triplets(robust).meta
     assert {key: meta[key] for key in ROBUST} == ROBUST
@@ -52,22 +53,27 @@ def test_shared_triplets_reuses_a_file_only_for_the_same_options(experiment, tmp
     default = shared_triplets(experiment, "train", path=path)
     # A file written before the options existed (its meta has none of them) is reused by a default call ...
     mined = []
-    monkeypatch.setattr("embedtune.bench.runner.mine_triplets", lambda *a, **k: mined.append(k) or mine_triplets(*a, **k))
+    monkeypatch.setattr("embedtune.workflows.triplets.mine_triplets", lambda *a, **k: mined.append(k) or mine_triplets(*a, **k))
     assert np.array_equal(shared_triplets(experiment, "train", path=path), default) and not mined
     # ... never by a call with other options, whose file then replaces it.
-    capped = shared_triplets(experiment, "train", path=path, max_triplets_per_query=5)
+    capped = shared_triplets(experiment, "train", MiningOptions(max_triplets_per_query=5), path=path)
     assert len(mined) == 1 and mined[0]["max_triplets_per_query"] == 5
     assert len(capped) < len(default) and load_triplets(path).meta["max_triplets_per_query"] == 5
-    assert np.array_equal(shared_triplets(experiment, "train", path=path, max_triplets_per_query=5), capped) and len(mined) == 1
+    assert np.array_equal(shared_triplets(experiment, "train", MiningOptions(max_triplets_per_query=5), path=path), capped) and len(mined) == 1
     shared_triplets(experiment, "train", path=path)
     assert len(mined) == 2
 
 
-def test_shared_triplets_validates_before_mining(experiment):
-    with pytest.raises(ValueError, match="shared_triplets: skip_top"):
-        shared_triplets(experiment, "train", skip_top=-2)
+def test_mining_options_are_validated_in_one_place():
+    with pytest.raises(ValueError, match="mining: skip_top"):
+        MiningOptions(skip_top=-2)
     with pytest.raises(ValueError, match="filter hard negatives"):
-        shared_triplets(experiment, "train", negatives="random", false_negative_margin=0.1)
+        MiningOptions(negatives="random", false_negative_margin=0.1)
+    with pytest.raises(ValueError, match="unknown mining options"):
+        MiningOptions().replace(margin=0.1)
+    # Switching to random negatives drops the (hard-negative) filter but keeps the cap.
+    robust = MiningOptions(**ROBUST)
+    assert robust.replace(negatives="random") == MiningOptions(negatives="random", max_triplets_per_query=10)
 
 
 def _minimal(**fields):
@@ -76,13 +82,13 @@ def _minimal(**fields):
 
 def test_protocol_defaults_and_toml_keys(tmp_path):
     default = load_protocol_config()
-    assert default.triplet_options() == {"skip_top": 0, "false_negative_margin": None, "false_negative_reference": "pair",
+    assert default.mining().filter_options() == {"skip_top": 0, "false_negative_margin": None, "false_negative_reference": "pair",
                                          "max_triplets_per_query": None}
-    assert load_protocol_config("benchmarks/dive_paper.toml").triplet_options() == default.triplet_options()
+    assert load_protocol_config("benchmarks/dive_paper.toml").mining().filter_options() == default.mining().filter_options()
     path = tmp_path / "robust.toml"
     path.write_text('[protocol]\nskip_top = 10\nfalse_negative_margin = 0.05\nfalse_negative_reference = "query-min"\n'
                     "max_triplets_per_query = 64\n")
-    assert load_protocol_config(path).triplet_options() == {"skip_top": 10, "false_negative_margin": 0.05,
+    assert load_protocol_config(path).mining().filter_options() == {"skip_top": 10, "false_negative_margin": 0.05,
                                                             "false_negative_reference": "query-min", "max_triplets_per_query": 64}
 
 
@@ -111,7 +117,7 @@ def test_protocol_toml_errors_name_the_file_and_key(tmp_path, body, message):
 def test_protocol_config_object_is_validated_too():
     with pytest.raises(ValueError, match="max_triplets_per_query"):
         _minimal(max_triplets_per_query=-3)
-    assert _minimal(false_negative_margin=0, skip_top=3).triplet_options()["skip_top"] == 3
+    assert _minimal(false_negative_margin=0, skip_top=3).mining().filter_options()["skip_top"] == 3
 
 
 def _write_precomputed(tmp_path, experiment_data):
@@ -170,4 +176,4 @@ def test_compress_train_rejects_filters_with_random_negatives_before_loading(cap
     from embedtune.cli import main
 
     assert main(["compress", "train", "--data", "nowhere", "--negatives", "random", "--skip-top", "2"]) == 2
-    assert "compress train: skip_top and false_negative_margin filter hard negatives" in capsys.readouterr().err
+    assert "mining: skip_top and false_negative_margin filter hard negatives" in capsys.readouterr().err

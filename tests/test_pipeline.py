@@ -8,7 +8,7 @@ import pytest
 
 from conftest import write_beir
 from embedtune.finetune import preset_config
-from embedtune.pipeline import RESULT_NAME, PipelineConfig, run_pipeline
+from embedtune.workflows.pipeline import RESULT_NAME, PipelineConfig, run_pipeline
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def _pace(tiny_bert_dir, data, **overrides):
 
 
 def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_train_test, tmp_path, monkeypatch):
-    config = PipelineConfig(methods=["dive", "pca"], dim=8, seeds=[2027],
+    config = PipelineConfig(methods=["dive", "pca"], dim=8, seeds=[2027], dive_preset="paper",
                             compressor_overrides={"dive": {"epochs": 1, "batch_size": 8}},
                             variants={"norm-preserving": {"method": "dive", "output_norm": "input", "epochs": 1, "batch_size": 8}})
     result = run_pipeline(_pace(tiny_bert_dir, toy_train_test), config, tmp_path / "run")
@@ -52,9 +52,7 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
         assert c["difference"] == pytest.approx(c["mean_a"] - c["mean_b"])
 
     # A second run reuses the fine-tuning instead of training again.
-    import embedtune.finetune.recipe as recipe
-
-    monkeypatch.setattr(recipe, "train_pace", lambda *a, **k: pytest.fail("fine-tuning should have been reused"))
+    monkeypatch.setattr("embedtune.workflows.pipeline.train_pace", lambda *a, **k: pytest.fail("fine-tuning should have been reused"))
     again = run_pipeline(_pace(tiny_bert_dir, toy_train_test), config, tmp_path / "run")
     def scores(rows):
         return [{k: v for k, v in row.items() if k != "fit_seconds"} for row in rows]
@@ -71,13 +69,15 @@ def test_pipeline_rejects_training_on_the_test_split(tiny_bert_dir, toy_train_te
         PipelineConfig(methods=[])
 
 
-def test_pipeline_cli_uses_the_best_dive_preset(tiny_bert_dir, toy_train_test, tmp_path, capsys):
-    from embedtune.cli import main
+def test_pipeline_cli_applies_the_dive_preset(tiny_bert_dir, toy_train_test, tmp_path, capsys):
+    from embedtune.cli import build_parser, main
 
+    # One default preset across commands: robust, as in `compress train`.
+    assert build_parser().parse_args(["pipeline", "--out", "x"]).dive_preset == "robust"
     code = main(["pipeline", "--model", str(tiny_bert_dir), "--data", str(toy_train_test), "--out", str(tmp_path / "run"),
                  "--stage1-steps", "2", "--stage2-steps", "1", "--stage2-init", "1", "--batch-size", "4", "--dim", "8",
-                 "--methods", "dive", "--no-base", "--json"])
+                 "--methods", "dive", "--dive-preset", "best", "--no-base", "--json"])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["pipeline_config"]["compressor_overrides"]["dive"] == {"init": "pca", "margin": 0.4}
+    assert result["pipeline_config"]["dive_preset"] == "best"
     assert [r["method"] for r in result["rows"]] == ["full", "dive"]

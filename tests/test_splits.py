@@ -101,7 +101,7 @@ def test_beir_train_protocol_rejects_queries_judged_in_both_files(with_train_qre
 def test_load_experiment_beir_train_merges_qrels(with_train_qrels):
     import numpy as np
 
-    from embedtune.experiment import load_experiment
+    from embedtune.workflows.experiment import load_experiment
 
     rng = np.random.default_rng(0)
     d = with_train_qrels

@@ -22,7 +22,7 @@ HIDDEN = 32
 
 
 @pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory):
+def tiny_hf_bert(tmp_path_factory):
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     folder = tmp_path_factory.mktemp("tiny_bert")
@@ -35,11 +35,11 @@ def tiny_bert_dir(tmp_path_factory):
     return folder
 
 
-def _base(tiny_bert_dir, normalize: bool):
+def _base(tiny_hf_bert, normalize: bool):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    transformer = Transformer(str(tiny_bert_dir), max_seq_length=32)
+    transformer = Transformer(str(tiny_hf_bert), max_seq_length=32)
     modules = [transformer, Pooling(HIDDEN, "mean")] + ([Normalize()] if normalize else [])
     return SentenceTransformer(modules=modules, device="cpu")
 
@@ -69,10 +69,10 @@ def _fit_dive(base, **overrides) -> DIVECompressor:
         (True, {"init": "pca", "normalize_input": False}),
     ],
 )
-def test_builtin_export_matches_transform_without_trust_remote_code(tiny_bert_dir, tmp_path, base_normalizes, overrides):
+def test_builtin_export_matches_transform_without_trust_remote_code(tiny_hf_bert, tmp_path, base_normalizes, overrides):
     from sentence_transformers import SentenceTransformer
 
-    base = _base(tiny_bert_dir, base_normalizes)
+    base = _base(tiny_hf_bert, base_normalizes)
     compressor = _fit_dive(base, **overrides)
     out = export_sentence_transformer(compressor, base, tmp_path / "exported")
     types = [entry["type"] for entry in json.loads((out / "modules.json").read_text())]
@@ -88,10 +88,10 @@ def test_builtin_export_matches_transform_without_trust_remote_code(tiny_bert_di
     assert DIVECompressor.load(out / COMPRESSOR_SUBFOLDER).heads_ == 4
 
 
-def test_embedtune_module_export_matches_transform(tiny_bert_dir, tmp_path):
+def test_embedtune_module_export_matches_transform(tiny_hf_bert, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    base = _base(tiny_bert_dir, normalize=True)
+    base = _base(tiny_hf_bert, normalize=True)
     compressor = _fit_dive(base)
     out = export_sentence_transformer(compressor, base, tmp_path / "exported", module_format="embedtune")
     types = [entry["type"] for entry in json.loads((out / "modules.json").read_text())]
@@ -118,12 +118,12 @@ class _NoTorch(Compressor):
         pass
 
 
-def test_export_errors(tiny_bert_dir, tmp_path):
-    base = _base(tiny_bert_dir, normalize=False)
+def test_export_errors(tiny_hf_bert, tmp_path):
+    base = _base(tiny_hf_bert, normalize=False)
     ids = ["a", "b"]
     X = np.ones((2, HIDDEN), np.float32)
     plain = _NoTorch(CompressorConfig(dim=4)).fit(TrainingData(ids, X, ids, X, {}))
-    with pytest.raises(ValueError, match="DIVE only"):
+    with pytest.raises(ValueError, match="no built-in sentence-transformers form"):
         export_sentence_transformer(plain, base, tmp_path / "a", module_format="builtin")
     with pytest.raises(NotImplementedError, match="torch_module"):
         export_sentence_transformer(plain, base, tmp_path / "b")

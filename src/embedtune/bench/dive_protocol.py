@@ -16,17 +16,16 @@ from typing import Any
 
 from embedtune.bench.datasets import expand_dataset
 from embedtune.bench.grid import RunSpec, RunStore, dedupe, make_spec, run_grid
-from embedtune.bench.protocol_config import SUPERVISED_BASELINES, ProtocolConfig
-from embedtune.bench.runner import fit_and_evaluate, shared_triplets
+from embedtune.bench.protocol_config import ProtocolConfig, audited_methods
 from embedtune.compress import get_compressor_class
-from embedtune.experiment import Experiment, load_experiment
+from embedtune.runtime import set_threads
+from embedtune.workflows.experiment import Experiment, load_experiment
+from embedtune.workflows.fit_and_score import fit_and_evaluate
+from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["plan_phase_one", "plan_phase_two", "select_preset", "selection_records", "ProtocolExecutor", "run_protocol", "SEED_FREE_METHODS"]
-
-# Their output does not depend on the seed: one run stands for all seeds (std 0).
-SEED_FREE_METHODS = {"frozen", "truncate", "pca"}
+__all__ = ["plan_phase_one", "plan_phase_two", "select_preset", "selection_records", "ProtocolExecutor", "run_protocol"]
 
 
 def _dive_heads(config: ProtocolConfig) -> dict[str, Any]:
@@ -49,7 +48,8 @@ def plan_phase_one(config: ProtocolConfig) -> list[RunSpec]:
 
                 if {"main", "unsupervised", "significance", "dynamics"} & set(config.studies):
                     for method in config.methods:
-                        seeds = config.final_seeds[:1] if method in SEED_FREE_METHODS else config.final_seeds
+                        # A seed-free method (Compressor.seed_dependent False): one run stands for all seeds (std 0).
+                        seeds = config.final_seeds if get_compressor_class(method).seed_dependent else config.final_seeds[:1]
                         for seed in seeds:
                             overrides = _dive_heads(config) if method == "dive" else {}
                             specs.append(spec("test", method, seed, overrides, "main"))
@@ -73,7 +73,7 @@ def plan_phase_one(config: ProtocolConfig) -> list[RunSpec]:
                         for seed in config.selection_seeds:
                             specs.append(spec("val", "dive", seed, {**_dive_heads(config), **overrides}, f"candidate:{name}"))
                 if "lr_audit" in config.studies:
-                    for method in SUPERVISED_BASELINES:
+                    for method in audited_methods():
                         if method not in config.methods:
                             continue
                         for lr in config.lr_candidates.get(method, []):
@@ -181,8 +181,7 @@ class ProtocolExecutor:
         triplets = None
         if cls.supervised:
             name = f"{spec.dataset.replace('/', '__')}-{spec.backbone}-{part}.json"
-            triplets = shared_triplets(experiment, part, self.config.n_negatives, self.config.negatives, self.config.split_seed,
-                                       self.cache_dir / "triplets" / name, **self.config.triplet_options())
+            triplets = shared_triplets(experiment, part, self.config.mining(), self.config.split_seed, self.cache_dir / "triplets" / name)
         overrides = {**overrides, "progress": False} if "progress" in {f for f in cls.config_class.__dataclass_fields__} else overrides
         run = fit_and_evaluate(experiment, spec.method, spec.dim, spec.seed, spec.stage == "test", triplets, overrides)
         compressor = run.compressor
@@ -191,7 +190,7 @@ class ProtocolExecutor:
             "metrics": run.metrics.aggregate,
             "n_queries": run.metrics.n_queries,
             "per_query": {qid: {"ndcg@10": v["ndcg@10"], "recall@10": v["recall@10"]} for qid, v in run.metrics.per_query.items()},
-            "history": getattr(compressor, "history_", None) or [],
+            "history": compressor.history_ if compressor is not None else [],
             "fit_seconds": run.fit_seconds,
             "heads": run.details.get("heads"),
             "out_dim": run.details.get("out_dim"),
@@ -261,8 +260,6 @@ def run_protocol(
 
 
 def _run_protocol(config: ProtocolConfig, progress: bool, phase_two: bool) -> dict[str, dict[str, Any]]:
-    from embedtune.runtime import set_threads
-
     set_threads(config.threads)
     root = Path(config.results_dir)
     store = RunStore(root)

@@ -17,8 +17,8 @@ import numpy as np
 from embedtune.bench.aggregate import equal_weight_average, mean_std
 from embedtune.bench.datasets import community_parent
 from embedtune.bench.grid import RunStore
-from embedtune.bench.protocol_config import ALL_METHODS
-from embedtune.bench.significance import PairedTest, align_by_query, paired_test
+from embedtune.compress import available_methods
+from embedtune.workflows.significance import PairedTest, align_by_query, paired_test
 from embedtune.io import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _plot_bars(path: Path, title: str, data: dict[str, dict[str, tuple[float, fl
     import matplotlib.pyplot as plt
 
     datasets = list(data)
-    methods = [m for m in ALL_METHODS if any(m in data[d] for d in datasets)]
+    methods = [m for m in available_methods() if any(m in data[d] for d in datasets)]
     width = 0.8 / max(1, len(methods))
     fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(datasets) + 2), 4))
     for i, method in enumerate(methods):
@@ -183,7 +183,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
         for dim in sorted({k[2] for k in main if k[0] == backbone}):
             rows, bars_ndcg, bars_recall = [], defaultdict(dict), defaultdict(dict)
             for dataset in sorted({k[1] for k in main if k[0] == backbone and k[2] == dim}):
-                for method in ALL_METHODS:
+                for method in available_methods():
                     row = main.get((backbone, dataset, dim, method, ""))
                     if row is None:
                         continue

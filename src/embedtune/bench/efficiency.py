@@ -1,6 +1,6 @@
 """Retrieval efficiency at full vs compressed dimensions (DIVE paper §4.9, Figure 8).
 
-``embedtune bench index`` measures exact flat inner-product search at full ``d`` and at
+``embedtune benchmark index`` measures exact flat inner-product search at full ``d`` and at
 compressed dims (256, 128, 64): index memory, build time, single-query latency (p50/p95 over
 many timed searches, after warm-up) and batched throughput (256 queries per search), for FAISS
 ``IndexFlatIP`` and for embedtune's :func:`~embedtune.evaluate.search.exact_search` side by side.
@@ -25,7 +25,18 @@ import sys
 import time
 from typing import Any
 
+import faiss
 import numpy as np
+import torch
+
+from embedtune.compress import TrainingData, load_compressor, make_compressor
+from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks
+from embedtune.evaluate.kernels import kernel_choices, search_threads
+from embedtune.evaluate.metrics import evaluate_run
+from embedtune.evaluate.search import exact_search, run_from_topk
+from embedtune.index import quantize
+from embedtune.index.ann import evaluate_ann
+from embedtune.workflows.experiment import load_experiment
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +64,6 @@ CONTENT_NOTE = "An exact flat index scores every vector, so its cost depends onl
 
 def machine_info() -> dict[str, Any]:
     """CPU, thread settings and library versions, to print beside every figure."""
-    import faiss
-    import torch
-
-    from embedtune.evaluate.kernels import search_threads
-
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
@@ -105,9 +111,6 @@ def corpus_cases(data: str, model: str, dims: list[int], compressor: str = "pca"
     The smaller dims come from ``compressor`` (default PCA) fitted on the corpus: the cost of a
     flat index does not depend on which compressor made the vectors.
     """
-    from embedtune.compress import TrainingData, make_compressor
-    from embedtune.experiment import load_experiment
-
     experiment = load_experiment(data=data, model=model, split_seed=None)
     emb = experiment.embeddings
     xb = np.ascontiguousarray(emb.doc_embeddings, dtype=np.float32)
@@ -125,7 +128,6 @@ def corpus_cases(data: str, model: str, dims: list[int], compressor: str = "pca"
 
 # -- exact flat search -----------------------------------------------------------------------
 def _faiss_flat(xb: np.ndarray):
-    import faiss
 
     start = time.perf_counter()
     index = faiss.IndexFlatIP(xb.shape[1])
@@ -135,7 +137,6 @@ def _faiss_flat(xb: np.ndarray):
 
 def _stored_vectors(index) -> np.ndarray:
     """The float32 rows inside a FAISS flat index, as a numpy view (no copy)."""
-    import faiss
 
     return faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d).reshape(index.ntotal, index.d)
 
@@ -159,9 +160,6 @@ def flat_search_benchmark(
     time is ``tune_s``. Within a round the engines alternate order, and every case runs in
     every round, so slow drifts of the machine hit all of them alike.
     """
-    from embedtune.evaluate.kernels import kernel_choices
-    from embedtune.evaluate.search import exact_search
-
     states = []
     for label, d, xb, xq in cases:
         xq = np.ascontiguousarray(xq, dtype=np.float32)
@@ -268,9 +266,7 @@ def run_index_benchmark(
     engines: tuple[str, ...] = ("faiss", "embedtune"),
     ann: list[str] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """The whole ``bench index`` run: real corpora, then each synthetic size, each in one timed group."""
-    from embedtune.evaluate.kernels import kernel_choices
-
+    """The whole ``benchmark index`` run: real corpora, then each synthetic size, each in one timed group."""
     result: dict[str, Any] = {"machine": machine_info(), "note": CONTENT_NOTE, "paper": PAPER_REFERENCE, "flat": [], "ann": []}
     for data in datasets:
         cases = list(corpus_cases(data, model, list(dims)))
@@ -295,8 +291,6 @@ def run_index_benchmark(
 
 def ann_benchmark(xb: np.ndarray, xq: np.ndarray, factory: str, k: int = 10) -> dict[str, Any]:
     """:func:`embedtune.index.ann.evaluate_ann` with an nlist that fits the corpus size."""
-    from embedtune.index.ann import evaluate_ann
-
     n = len(xb)
     if factory.startswith("IVF"):
         nlist = int(factory[3:].split(",")[0])
@@ -315,10 +309,6 @@ def quantization_table(experiment, compressor=None, part: str = "test", top_k: i
     with asymmetric rescoring of the top ``candidates``, binary with float32 rescoring (the
     float vectors then stay on disk; ``disk_bytes_per_vector`` counts them).
     """
-    from embedtune.evaluate.metrics import evaluate_run
-    from embedtune.evaluate.search import exact_search, run_from_topk
-    from embedtune.index import quantize
-
     ids = experiment.part_ids(part)
     qrels = experiment.qrels_for(ids)
     ids = [qid for qid in ids if qrels.get(qid)]
@@ -395,9 +385,6 @@ def streaming_benchmark(adapter_dir: str, input_path: str, output_path: str, chu
     then the real apply in a fresh subprocess. So both compute figures read from the page
     cache; the read-only pass shows what the reading alone costs.
     """
-    from embedtune.compress import load_compressor
-    from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks
-
     compressor = load_compressor(adapter_dir)
     n, d = embedding_file_shape(input_path)
     start = time.perf_counter()
@@ -428,7 +415,6 @@ def streaming_benchmark(adapter_dir: str, input_path: str, output_path: str, chu
 # -- output ----------------------------------------------------------------------------------
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain-text table (floats to 3 significant decimals)."""
-
     def cell(value: Any) -> str:
         if isinstance(value, float):
             return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedtune.data.triplets import check_mining_options
+from embedtune.compress import available_methods, get_compressor_class
+from embedtune.compress.presets import MiningOptions
 
-__all__ = ["ProtocolConfig", "DatasetSpec", "BackboneSpec", "load_protocol_config", "ALL_METHODS", "STUDIES"]
+__all__ = ["ProtocolConfig", "DatasetSpec", "BackboneSpec", "load_protocol_config", "STUDIES", "audited_methods", "default_lr_candidates"]
 
-ALL_METHODS = ["frozen", "truncate", "pca", "autoencoder", "mrl-adaptor", "search-adaptor", "smec", "dive"]
-SUPERVISED_BASELINES = ["mrl-adaptor", "search-adaptor", "smec"]
 STUDIES = ["main", "ablation", "unsupervised", "lr_audit", "heads", "dynamics", "significance", "variants", "preset"]
 PROTOCOLS = ("paper", "beir-train")
 DEFAULT_ABLATIONS = {
@@ -30,7 +29,16 @@ DEFAULT_ABLATIONS = {
 PROTOCOL_KEYS = ("methods", "studies", "split_seed", "qrels_split", "final_seeds", "selection_seeds", "n_negatives", "negatives",
                  "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query",
                  "heads", "head_values", "n_resamples", "results_dir", "threads", "protocol", "val_fraction")
-DEFAULT_LR_CANDIDATES = {"mrl-adaptor": [5e-5, 2e-4, 1e-3], "search-adaptor": [5e-5, 2e-4, 1e-3], "smec": [5e-6, 5e-5, 5e-4]}
+
+
+def audited_methods() -> list[str]:
+    """The methods of the learning-rate audit: registered methods that declare ``lr_candidates``, in registry order."""
+    return [m for m in available_methods() if get_compressor_class(m).lr_candidates]
+
+
+def default_lr_candidates() -> dict[str, list[float]]:
+    """Each audited method's ``lr_candidates``, from the registry."""
+    return {m: list(get_compressor_class(m).lr_candidates) for m in audited_methods()}
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class BackboneSpec:
 class ProtocolConfig:
     datasets: list[DatasetSpec]
     backbones: list[BackboneSpec]
-    methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    methods: list[str] = field(default_factory=available_methods)
     studies: list[str] = field(default_factory=lambda: list(STUDIES))
     split_seed: int = 2027
     fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
@@ -68,7 +76,7 @@ class ProtocolConfig:
     heads: int = 4
     head_values: list[int] = field(default_factory=lambda: [2, 4, 8])
     ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS))
-    lr_candidates: dict[str, list[float]] = field(default_factory=lambda: {k: list(v) for k, v in DEFAULT_LR_CANDIDATES.items()})
+    lr_candidates: dict[str, list[float]] = field(default_factory=default_lr_candidates)
     method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Beyond the paper: named DIVE settings scored on held-out test ("variants"), and candidates
     # for the validation-selected preset ("preset"), e.g. {"pca": {"init": "pca"}}.
@@ -84,9 +92,12 @@ class ProtocolConfig:
     source: str = "<defaults>"
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in ALL_METHODS]
-        if unknown:
-            raise ValueError(f"{self.source}: field 'methods' has unknown entries {unknown}; valid: {ALL_METHODS}.")
+        registered = available_methods()
+        for table, names in (("methods", self.methods), ("lr_candidates", list(self.lr_candidates)),
+                             ("method_overrides", list(self.method_overrides))):
+            unknown = [m for m in names if m not in registered]
+            if unknown:
+                raise ValueError(f"{self.source}: field '{table}' has unknown methods {unknown}; registered: {registered}.")
         unknown = [s for s in self.studies if s not in STUDIES]
         if unknown:
             raise ValueError(f"{self.source}: field 'studies' has unknown entries {unknown}; valid: {STUDIES}.")
@@ -101,19 +112,15 @@ class ProtocolConfig:
             raise ValueError(f"{self.source}: [studies.preset_candidates] needs a 'paper' entry (the reference, usually {{}}).")
         if not self.datasets or not self.backbones:
             raise ValueError(f"{self.source}: give at least one [[datasets]] and one [[backbones]] entry.")
-        if isinstance(self.n_negatives, bool) or not isinstance(self.n_negatives, int) or self.n_negatives < 1:
-            raise ValueError(f"{self.source} [protocol]: n_negatives must be an integer >= 1; got {self.n_negatives!r}.")
-        check_mining_options(self.negatives, self.skip_top, self.false_negative_margin, self.false_negative_reference,
-                             self.max_triplets_per_query, where=f"{self.source} [protocol]")
+        try:
+            self.mining()
+        except ValueError as error:
+            raise ValueError(f"{self.source} [protocol]: {str(error).removeprefix('mining: ')}") from None
 
-    def triplet_options(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`embedtune.bench.runner.shared_triplets` for the false-negative filter and cap."""
-        return {
-            "skip_top": self.skip_top,
-            "false_negative_margin": self.false_negative_margin,
-            "false_negative_reference": self.false_negative_reference,
-            "max_triplets_per_query": self.max_triplets_per_query,
-        }
+    def mining(self) -> MiningOptions:
+        """The shared triplets' mining (validated by :class:`MiningOptions`)."""
+        return MiningOptions(self.negatives, self.n_negatives, self.skip_top, self.false_negative_margin,
+                             self.false_negative_reference, self.max_triplets_per_query)
 
 
 def load_protocol_config(path: str | Path | None = None, **overrides: Any) -> ProtocolConfig:

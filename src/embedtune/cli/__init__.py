@@ -9,11 +9,15 @@ import sys
 import warnings
 
 from embedtune import __version__
+from embedtune.cli.common import warn_deprecated
+from embedtune.runtime import set_threads
 
 __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
+    # __init__, and one command's module must not load every other command's stack (bench, PACE).
     from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline
 
     parser = argparse.ArgumentParser(
@@ -52,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     warnings.simplefilter("default", UserWarning)
     if args.threads is not None:
-        from embedtune.runtime import set_threads
-
         set_threads(args.threads)
+    if args.command == "bench":  # the deprecated name of `benchmark`
+        warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
     try:
         return int(args.handler(args) or 0)
     except (FileNotFoundError, ValueError) as error:

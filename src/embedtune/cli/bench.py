@@ -1,25 +1,41 @@
-"""``embedtune benchmark dive`` and ``embedtune report dive``."""
+"""``embedtune benchmark dive|index`` and ``embedtune report dive``.
+
+``embedtune bench`` is the deprecated old name of ``benchmark`` (one release).
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+
+from embedtune.bench.dive_protocol import run_protocol
+from embedtune.bench.dive_report import build_report
+from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark
+from embedtune.bench.protocol_config import load_protocol_config
+from embedtune.cli.common import add_data_flags, add_list_flag, print_json
+from embedtune.io import atomic_write_json
+
+DEPRECATED_NAME = "bench"
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    bench = commands.add_parser("benchmark", help="run a paper's evaluation protocol (resumable)")
-    sub = bench.add_subparsers(dest="benchmark_name", metavar="PROTOCOL", required=True)
+    bench = commands.add_parser("benchmark", aliases=[DEPRECATED_NAME],
+                                help="run a benchmark: a paper's protocol grid (dive) or search efficiency (index); "
+                                "`bench` is a deprecated alias")
+    sub = bench.add_subparsers(dest="benchmark_name", metavar="BENCHMARK", required=True)
     dive = sub.add_parser("dive", formatter_class=fmt, help="the DIVE paper's protocol: every table and figure",
                           description="Runs the main comparison, ablation, unsupervised, learning-rate audit, head-count, dynamics "
                           "and significance studies. Finished runs are skipped, so an interrupted grid resumes where it stopped.")
     dive.add_argument("--config", default=None, help="protocol TOML (default: the paper's protocol, benchmarks/dive_paper.toml)")
-    dive.add_argument("--backbones", nargs="+", default=None, help="only these backbone names from the config")
-    dive.add_argument("--datasets", nargs="+", default=None, help="only these dataset names from the config")
-    dive.add_argument("--studies", nargs="+", default=None, help="only these studies")
-    dive.add_argument("--methods", nargs="+", default=None, help="only these methods")
-    dive.add_argument("--final-seeds", type=int, nargs="+", default=None, help="override the final seeds")
-    dive.add_argument("--selection-seeds", type=int, nargs="+", default=None, help="override the validation-study seeds")
-    dive.add_argument("--results", default=None, help="results folder (default: the config's results_dir)")
+    add_list_flag(dive, "--backbones", default=None, help="only these backbone names from the config")
+    add_list_flag(dive, "--datasets", default=None, help="only these dataset names from the config")
+    add_list_flag(dive, "--studies", default=None, help="only these studies")
+    add_list_flag(dive, "--methods", default=None, help="only these methods")
+    add_list_flag(dive, "--final-seeds", default=None, item_type=int, help="override the final seeds")
+    add_list_flag(dive, "--selection-seeds", default=None, item_type=int, help="override the validation-study seeds")
+    dive.add_argument("--out", "--results", dest="results", default=None,
+                      help="results folder, read to resume and written (default: the config's results_dir)")
     dive.add_argument("--no-report", action="store_true", help="skip building REPORT.md at the end")
     dive.add_argument("--protocol", default=None, choices=["paper", "beir-train"],
                       help="paper: 60/20/20 of the test qrels; beir-train: train on qrels/train.tsv, test on every test query")
@@ -30,6 +46,28 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "2 on a 2-core machine halves the wall-clock time")
     dive.set_defaults(handler=run_benchmark_dive)
 
+    index = sub.add_parser("index", formatter_class=fmt, help="exact flat search at full vs compressed dims (DIVE §4.9)",
+                           description="Memory, build time, single-query latency p50/p95 and batched throughput of exact "
+                           "inner-product search, FAISS IndexFlatIP beside embedtune's exact_search, with ratios against full d "
+                           "measured in the same run. An exact flat index costs the same whatever the vectors contain.")
+    add_data_flags(index, split=False, many=True, help="BEIR corpora ('' for none)")
+    index.add_argument("--model", default="minilm", help="encoder of the corpora")
+    add_list_flag(index, "--synthetic", default=[100000], item_type=int,
+                  help="synthetic corpus sizes, e.g. 100000 1000000 ('' for none)")
+    index.add_argument("--synthetic-dim", type=int, default=768, help="full dimension of the synthetic corpora")
+    add_list_flag(index, "--dims", default=[256, 128, 64], item_type=int, help="compressed dims to compare with full d")
+    index.add_argument("--k", type=int, default=10, help="neighbours per query")
+    index.add_argument("--batch", type=int, default=256, help="queries per batched search")
+    index.add_argument("--rounds", type=int, default=5, help="timing rounds (every dim and engine per round)")
+    index.add_argument("--singles", type=int, default=20, help="single-query searches per dim, engine and round")
+    add_list_flag(index, "--engines", default=["faiss", "embedtune"], help="faiss, embedtune, or both")
+    # index_factory strings contain commas, so this list is space-separated only (';' still works).
+    index.add_argument("--ann", nargs="*", default=[],
+                       help="index_factory strings for approximate indexes, e.g. --ann IVF1024,Flat HNSW32")
+    index.add_argument("--out", default=None, help="write the full result as JSON here")
+    index.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    index.set_defaults(handler=run_benchmark_index)
+
     report = commands.add_parser("report", help="build a Markdown report from a results folder")
     rsub = report.add_subparsers(dest="report_name", metavar="PROTOCOL", required=True)
     rdive = rsub.add_parser("dive", formatter_class=fmt, help="REPORT.md + PNGs from a DIVE protocol results folder")
@@ -39,12 +77,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_benchmark_dive(args: argparse.Namespace) -> int:
-    import time
-
-    from embedtune.bench.dive_protocol import run_protocol
-    from embedtune.bench.dive_report import build_report
-    from embedtune.bench.protocol_config import load_protocol_config
-
     config = load_protocol_config(args.config, studies=args.studies, methods=args.methods, final_seeds=args.final_seeds,
                                   selection_seeds=args.selection_seeds, results_dir=args.results, protocol=args.protocol)
     if args.backbones:
@@ -65,8 +97,42 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_report_dive(args: argparse.Namespace) -> int:
-    from embedtune.bench.dive_report import build_report
+def run_benchmark_index(args: argparse.Namespace) -> int:
+    unknown = set(args.engines) - {"faiss", "embedtune"}
+    if unknown or not args.engines:
+        raise ValueError(f"--engines takes faiss and/or embedtune; got {args.engines!r}.")
+    result = run_index_benchmark(
+        datasets=args.data,
+        model=args.model,
+        synthetic=args.synthetic,
+        synthetic_dim=args.synthetic_dim,
+        dims=args.dims,
+        k=args.k,
+        batch=args.batch,
+        rounds=args.rounds,
+        singles=args.singles,
+        engines=tuple(args.engines),
+        ann=[factory.strip() for value in args.ann for factory in value.split(";") if factory.strip()],
+    )
+    if args.out:
+        atomic_write_json(args.out, result)
+    if args.json:
+        print_json(result)
+        return 0
+    machine = result["machine"]
+    print(f"machine: {machine['cpu']}, {machine['cpus']} CPUs, threads {machine['threads']}, FAISS {machine['faiss']} "
+          f"({machine['faiss_simd_level']}), torch {machine['torch']}; {machine['date']}")
+    print(result["note"])
+    print(format_table(result["flat"], FLAT_COLUMNS))
+    print("ratios: against the largest d of the same corpus and engine, measured in this run (higher is better).")
+    print(result["paper"])
+    if result["ann"]:
+        print(format_table(result["ann"], ANN_COLUMNS))
+    if args.out:
+        print(f"saved to {args.out}")
+    return 0
 
+
+def run_report_dive(args: argparse.Namespace) -> int:
     print(build_report(args.results, args.n_resamples))
     return 0

@@ -5,13 +5,74 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from embedtune.workflows.experiment import Experiment, load_experiment
 
-def add_data_flags(parser: argparse.ArgumentParser) -> None:
+DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
+
+
+class _ListAction(argparse.Action):
+    """``--flag a b c``; ``--flag a,b,c`` (the older form) is accepted too, and both may mix."""
+
+    def __init__(self, *args: Any, item_type: Callable[[str], Any] = str, **kwargs: Any) -> None:
+        self.item_type = item_type
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        items = []
+        for value in values if isinstance(values, list) else [values]:
+            for part in str(value).split(","):
+                if part.strip():
+                    try:
+                        items.append(self.item_type(part.strip()))
+                    except ValueError:
+                        parser.error(f"{option_string}: invalid value {part.strip()!r}")
+        setattr(namespace, self.dest, items)
+
+
+def add_list_flag(parser: Any, flag: str, default: Sequence[Any] | None, help: str, item_type: Callable[[str], Any] = str,
+                  **kwargs: Any) -> None:
+    """A list flag, given the one way every command takes lists: space-separated (commas also work).
+
+    ``--flag ''`` gives an empty list.
+    """
+    parser.add_argument(flag, nargs="*" if default is not None else "+", action=_ListAction, item_type=item_type,
+                        default=list(default) if default is not None else None, help=help, **kwargs)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old flag or command name kept for one release: stores the value and warns once."""
+
+    def __init__(self, *args: Any, replacement: str, **kwargs: Any) -> None:
+        self.replacement = replacement
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        warn_deprecated(str(option_string), self.replacement)
+        setattr(namespace, self.dest, values)
+
+
+def warn_deprecated(old: str, new: str) -> None:
+    """One line on stderr: ``old`` still works for now, use ``new``."""
+    print(f"embedtune: warning: {old} is deprecated and will be removed in the next release; use {new}.", file=sys.stderr)
+
+
+def add_data_flags(parser: argparse.ArgumentParser, split: bool = True, default: str | None = "scifact", help: str = DATA_HELP,
+                   split_default: str = "test", split_help: str = "qrels split to load (qrels/<split>.tsv)",
+                   many: bool = False) -> None:
+    """``--data`` (and ``--split``), the one declaration every command uses.
+
+    ``many=True``: several datasets, given like every list flag (space-separated; commas work too).
+    """
     group = parser.add_argument_group("data")
-    group.add_argument("--data", default="scifact", help="BEIR folder, BEIR-layout .zip, or bundled name 'scifact'")
-    group.add_argument("--split", default="test", help="qrels split to load (qrels/<split>.tsv)")
+    if many:
+        add_list_flag(group, "--data", default=[default] if default else [], help=help)
+    else:
+        group.add_argument("--data", default=default, help=help)
+    if split:
+        group.add_argument("--split", default=split_default, help=split_help)
 
 
 def add_split_flags(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +98,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--query-ids", default=None, help="ids of --query-embeddings rows")
 
 
-def experiment_from_args(args: argparse.Namespace, with_split: bool = True):
-    from embedtune.experiment import load_experiment
-
+def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> Experiment:
+    """The :class:`Experiment` named by the data, model and split flags."""
     return load_experiment(
         data=args.data,
         model=args.model,

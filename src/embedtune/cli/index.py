@@ -1,4 +1,4 @@
-"""``embedtune index build``, ``embedtune search`` and ``embedtune bench index``."""
+"""``embedtune index build`` and ``embedtune search``."""
 
 from __future__ import annotations
 
@@ -6,17 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark
-from embedtune.cli.common import print_json, print_table
+from embedtune.cli.common import add_data_flags, print_json, print_table
 from embedtune.compress import load_compressor
 from embedtune.data.beir import load_beir
 from embedtune.encoders import SentenceEncoder
 from embedtune.index import build_index, load_index
-from embedtune.io import atomic_write_json
-
-
-def _int_list(text: str) -> list[int]:
-    return [int(value) for value in text.split(",") if value.strip()]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -29,10 +23,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "only the index has to fit in memory.")
     build.add_argument("--embeddings", required=True, help="(n, d) float32/float16 .npy, or .parquet with an id column")
     build.add_argument("--ids", default=None, help="ids of the .npy rows (one per line, or a JSON list)")
-    build.add_argument("--adapter", default=None, help="compressor folder (compress train --out) applied before indexing")
+    build.add_argument("--adapter", default=None,
+                       help="compressor applied before indexing: its folder, or a `compress train --out` folder holding exactly one")
     build.add_argument("--out", required=True, help="index folder to write")
     build.add_argument("--kind", default="flat", help="flat (exact), sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'")
-    build.add_argument("--data", default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
+    add_data_flags(build, split=False, default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
     build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default")
     build.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
     build.add_argument("--id-column", default="id", help="parquet id column")
@@ -53,27 +48,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     search.set_defaults(handler=run_search)
-
-    bench = commands.add_parser("bench", help="efficiency benchmarks")
-    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
-    bindex = bsub.add_parser("index", formatter_class=fmt, help="exact flat search at full vs compressed dims (DIVE §4.9)",
-                             description="Memory, build time, single-query latency p50/p95 and batched throughput of exact "
-                             "inner-product search, FAISS IndexFlatIP beside embedtune's exact_search, with ratios against full d "
-                             "measured in the same run. An exact flat index costs the same whatever the vectors contain.")
-    bindex.add_argument("--data", default="scifact", help="comma-separated BEIR corpora ('' for none)")
-    bindex.add_argument("--model", default="minilm", help="encoder of the corpora")
-    bindex.add_argument("--synthetic", default="100000", help="comma-separated synthetic corpus sizes, e.g. 100000,1000000 ('' for none)")
-    bindex.add_argument("--synthetic-dim", type=int, default=768, help="full dimension of the synthetic corpora")
-    bindex.add_argument("--dims", default="256,128,64", help="compressed dims to compare with full d")
-    bindex.add_argument("--k", type=int, default=10, help="neighbours per query")
-    bindex.add_argument("--batch", type=int, default=256, help="queries per batched search")
-    bindex.add_argument("--rounds", type=int, default=5, help="timing rounds (every dim and engine per round)")
-    bindex.add_argument("--singles", type=int, default=20, help="single-query searches per dim, engine and round")
-    bindex.add_argument("--engines", default="faiss,embedtune", help="faiss, embedtune, or both")
-    bindex.add_argument("--ann", default="", help="';'-separated index_factory strings for approximate indexes, e.g. 'IVF1024,Flat;HNSW32'")
-    bindex.add_argument("--out", default=None, help="write the full result as JSON here")
-    bindex.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    bindex.set_defaults(handler=run_bench_index)
 
 
 def run_index_build(args: argparse.Namespace) -> int:
@@ -120,41 +94,4 @@ def run_search(args: argparse.Namespace) -> int:
         for hit in hits:
             hit["title"] = (hit.get("title") or "")[:80]
         print_table(hits, ["rank", "score", "id", "title"])
-    return 0
-
-
-def run_bench_index(args: argparse.Namespace) -> int:
-    engines = tuple(e.strip() for e in args.engines.split(",") if e.strip())
-    unknown = set(engines) - {"faiss", "embedtune"}
-    if unknown or not engines:
-        raise ValueError(f"--engines takes faiss and/or embedtune; got {args.engines!r}.")
-    result = run_index_benchmark(
-        datasets=[d.strip() for d in args.data.split(",") if d.strip()],
-        model=args.model,
-        synthetic=_int_list(args.synthetic),
-        synthetic_dim=args.synthetic_dim,
-        dims=_int_list(args.dims),
-        k=args.k,
-        batch=args.batch,
-        rounds=args.rounds,
-        singles=args.singles,
-        engines=engines,
-        ann=[f.strip() for f in args.ann.split(";") if f.strip()],
-    )
-    if args.out:
-        atomic_write_json(args.out, result)
-    if args.json:
-        print_json(result)
-        return 0
-    machine = result["machine"]
-    print(f"machine: {machine['cpu']}, {machine['cpus']} CPUs, threads {machine['threads']}, FAISS {machine['faiss']} "
-          f"({machine['faiss_simd_level']}), torch {machine['torch']}; {machine['date']}")
-    print(result["note"])
-    print(format_table(result["flat"], FLAT_COLUMNS))
-    print("ratios: against the largest d of the same corpus and engine, measured in this run (higher is better).")
-    print(result["paper"])
-    if result["ann"]:
-        print(format_table(result["ann"], ANN_COLUMNS))
-    if args.out:
-        print(f"saved to {args.out}")
     return 0

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from embedtune.cli.common import print_json, print_table
+from embedtune.cli.common import add_data_flags, add_list_flag, print_json, print_table
+from embedtune.compress import DIVECompressor
+from embedtune.finetune.config import preset_config
+from embedtune.workflows.pipeline import PipelineConfig, run_pipeline
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -20,7 +23,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
-    parser.add_argument("--data", default="scifact", help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
+    add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
     parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, pipeline_result.json)")
     parser.add_argument("--preset", default="pace", help="PACE preset (see `embedtune finetune pace --help`)")
     parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
@@ -31,8 +34,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--stop-stage1-at-init", action="store_true", help="end Stage I at the Stage II init checkpoint")
     parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
     parser.add_argument("--max-seq-length", type=int, default=None, help="token cap for training and encoding")
-    parser.add_argument("--methods", default="dive", help="comma-separated compressors, e.g. dive,pca")
-    parser.add_argument("--dive-preset", default="best", help="DIVE preset for the compression step ('best' or 'paper')")
+    add_list_flag(parser, "--methods", default=["dive"], help="compressors, e.g. --methods dive pca")
+    parser.add_argument("--dive-preset", default=DIVECompressor.default_preset, choices=sorted(DIVECompressor.presets),
+                        help="DIVE preset for the compression step (settings and triplet mining)")
     parser.add_argument("--dim", type=int, default=128, help="compressed dimension k")
     parser.add_argument("--seeds", type=int, nargs="+", default=[2027], help="compressor seeds")
     parser.add_argument("--norm-preserving", action="store_true",
@@ -44,9 +48,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
-    from embedtune.finetune.config import preset_config
-    from embedtune.pipeline import PipelineConfig, run_pipeline
-
     init = args.stage2_init
     init = init if init == "final" else (float(init) if "." in init else int(init))
     pace_config = preset_config(
@@ -54,15 +55,9 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
         train_split=args.train_split, output_dir=args.out, stage2_init=init, stop_stage1_at_init=args.stop_stage1_at_init,
         batch_size=args.batch_size, max_seq_length=args.max_seq_length, seed=args.seed,
     )
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    from embedtune.compress.dive import DIVEConfig
-
-    if args.dive_preset not in DIVEConfig.PRESETS:
-        raise ValueError(f"--dive-preset {args.dive_preset!r} is unknown; choose one of: {', '.join(sorted(DIVEConfig.PRESETS))}.")
-    dive_settings = dict(DIVEConfig.PRESETS[args.dive_preset])
-    variants = {"norm-preserving": {"method": "dive", **dive_settings, "output_norm": "input"}} if args.norm_preserving else {}
-    config = PipelineConfig(methods=methods, dim=args.dim, seeds=args.seeds, variants=variants, test_split=args.test_split,
-                            split_seed=args.seed, compare_base=not args.no_base, compressor_overrides={"dive": dive_settings})
+    variants = {"norm-preserving": {"method": "dive", "output_norm": "input"}} if args.norm_preserving else {}
+    config = PipelineConfig(methods=args.methods, dim=args.dim, seeds=args.seeds, dive_preset=args.dive_preset, variants=variants,
+                            test_split=args.test_split, split_seed=args.seed, compare_base=not args.no_base)
     result = run_pipeline(pace_config, config, args.out)
     if args.json:
         print_json(result)

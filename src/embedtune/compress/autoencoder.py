@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedtune.compress.base import Compressor, TrainingData
+from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS
 from embedtune.compress.training import (
@@ -80,6 +81,8 @@ class AutoencoderCompressor(Compressor):
     method = "autoencoder"
     config_class = AutoencoderConfig
     supervised = False
+    help = "an MLP autoencoder trained to reconstruct the corpus"
+    presets = presets_from_config(AutoencoderConfig)
 
     def __init__(self, config: AutoencoderConfig | None = None) -> None:
         super().__init__(config)

@@ -1,8 +1,14 @@
 """The compressor contract shared by DIVE and every baseline.
 
 A compressor is built from a validated config dataclass and follows scikit-learn's estimator
-shape: ``fit(train, val=None) -> self``, ``transform(X) -> (n, k)`` float32 rows with unit L2
-norm, ``save(dir)`` and ``load(dir)``. The benchmark treats every registered method the same way.
+shape: ``fit(train, val=None, log_path=None) -> self``, ``transform(X) -> (n, k)`` float32 rows
+with unit L2 norm, ``save(dir)`` and ``load(dir)``. The benchmark treats every registered method
+the same way.
+
+Everything the CLI, the workflows and the protocol grid need to know about a method is a class
+trait here (``supervised``, ``seed_dependent``, ``help``, ``lr_candidates``, ``presets``,
+``default_preset``) or a hook (``fit_details``, ``sentence_transformer_modules``), so a new
+method is one new module and nothing else.
 """
 
 from __future__ import annotations
@@ -14,12 +20,17 @@ import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from embedtune import __version__
+from embedtune.compress.presets import Preset
 from embedtune.io import atomic_write_json, load_weights, save_weights
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -130,21 +141,57 @@ class Compressor(abc.ABC):
     """Abstract estimator: ``fit``, ``transform``, ``save`` and ``load``.
 
     Subclasses set ``method`` (the registry name) and ``config_class``, implement ``_fit``,
-    ``_transform``, ``_state_dict`` and ``_load_state_dict``. Learned state ends in ``_``.
+    ``_transform``, ``_state_dict`` and ``_load_state_dict``, and declare their traits below.
+    Learned state ends in ``_``.
+
+    Attributes:
+        history_ : list of dict, one diagnostics row per training epoch (empty for methods that
+            do not train by epochs).
     """
 
     method: ClassVar[str]
     config_class: ClassVar[type[CompressorConfig]]
+    #: Learns from the shared training triplets (they are mined only when some method needs them).
     supervised: ClassVar[bool] = False
+    #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
+    seed_dependent: ClassVar[bool] = True
+    #: One line for ``compress train --help``.
+    help: ClassVar[str] = ""
+    #: Learning rates of the protocol's validation-only audit (empty: not audited).
+    lr_candidates: ClassVar[tuple[float, ...]] = ()
+    #: Named recipes for ``--preset`` (see :mod:`embedtune.compress.presets`).
+    presets: ClassVar[Mapping[str, Preset]] = {}
+    #: The preset used when none is named (None: the config defaults).
+    default_preset: ClassVar[str | None] = None
 
     def __init__(self, config: CompressorConfig | None = None) -> None:
         self.config = config if config is not None else self.config_class()
         if not isinstance(self.config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}; got {type(self.config).__name__}.")
         self.input_dim_: int | None = None
+        self.history_: list[dict[str, Any]] = []
+
+    @classmethod
+    def get_preset(cls, name: str | None) -> Preset:
+        """The preset ``name`` (None: :attr:`default_preset`, else the config defaults)."""
+        name = cls.default_preset if name is None else name
+        if name is None:
+            return Preset("defaults")
+        if name not in cls.presets:
+            known = ", ".join(sorted(cls.presets)) or "none"
+            raise ValueError(f"unknown preset {name!r}: {cls.method} has no preset by that name; its presets: {known}.")
+        return cls.presets[name]
 
     # -- public API -------------------------------------------------------------------------
-    def fit(self: C, train: TrainingData, val: TrainingData | None = None) -> C:
+    def fit(self: C, train: TrainingData, val: TrainingData | None = None, log_path: str | Path | None = None) -> C:
+        """Learn the map from ``train`` and return ``self``.
+
+        Args:
+            train: embeddings (and triplets, for supervised methods).
+            val: held-out queries that methods with epoch selection may score after each epoch.
+            log_path: a JSONL file that methods which log per-epoch diagnostics append to;
+                methods without such a log ignore it.
+        """
         self.input_dim_ = train.dim
         try:
             self._fit(train, val)
@@ -160,9 +207,22 @@ class Compressor(abc.ABC):
         out = self._transform(X)
         return l2_normalize(out)
 
-    def torch_module(self) -> "torch.nn.Module":  # noqa: F821
+    def torch_module(self) -> "torch.nn.Module":
         """The fitted transform as a torch module (for export); methods that can, override this."""
         raise NotImplementedError(f"{type(self).__name__} has no torch_module() yet, so it cannot be exported as a torch module.")
+
+    def sentence_transformer_modules(self, input_is_normalized: bool) -> "list[torch.nn.Module] | None":
+        """The fitted transform as built-in sentence-transformers modules, or None when it has none.
+
+        Export uses these when possible, so the model loads without ``trust_remote_code``;
+        otherwise it wraps :meth:`torch_module`. ``input_is_normalized``: the base model
+        already ends with ``Normalize``.
+        """
+        return None
+
+    def fit_details(self) -> dict[str, Any]:
+        """Fitted facts a run record should keep beside its metrics (e.g. DIVE's resolved heads)."""
+        return {}
 
     def fit_transform(self, train: TrainingData, X: Any) -> np.ndarray:
         return self.fit(train).transform(X)

@@ -50,6 +50,7 @@ from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, self_limiting_triplet_loss
 from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
 from embedtune.compress.pca import principal_axes
+from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
 from embedtune.evaluate.retrieval import evaluate_embeddings
@@ -57,7 +58,7 @@ from embedtune.io import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME"]
+__all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME", "ROBUST"]
 
 TRAINING_LOG_NAME = "training_log.jsonl"
 INIT_KINDS = ("identity", "pca")
@@ -120,9 +121,9 @@ class DIVEConfig(CompressorConfig):
         # see benchmarks/RESULTS.md, "Beyond the paper".
         "best": {"init": "pca", "margin": 0.4},
         # "best" plus the safety net of issue 9 §6: keep the best epoch (0 = the PCA projection)
-        # on half of the training queries, then refit. With the CLI's false-negative filter and
+        # on half of the training queries, then refit. With ROBUST's false-negative filter and
         # triplet cap it does not collapse where the paper recipe does, and it costs nothing
-        # significant on SciFact/ArguAna held-out test. The CLI's default.
+        # significant on SciFact/ArguAna held-out test. The default (see ROBUST below).
         "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5},
     }
 
@@ -324,6 +325,22 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# The default recipe of `compress train`, `pipeline` and fit_compressor: DIVEConfig.PRESETS["robust"]
+# plus triplets without likely false negatives (score above the query's lowest positive - 0.05)
+# and at most 32 per query (benchmarks/RESULTS.md, issue 9 §6).
+ROBUST = Preset(
+    "robust",
+    DIVEConfig.PRESETS["robust"],
+    MiningOptions(false_negative_margin=0.05, false_negative_reference="query-min", max_triplets_per_query=32),
+    help="'best' plus best-epoch selection and false-negative-filtered, capped triplets (the default)",
+)
+PRESETS = {
+    "paper": Preset("paper", DIVEConfig.PRESETS["paper"], help="the DIVE paper's settings (Table 2, §4.1)"),
+    "best": Preset("best", DIVEConfig.PRESETS["best"], help="PCA-rotated init and margin 0.4, selected on validation queries"),
+    "robust": ROBUST,
+}
+
+
 @register
 class DIVECompressor(Compressor):
     """DIVE compressor: ``fit`` on triplets, ``transform`` with head 1 only.
@@ -339,6 +356,9 @@ class DIVECompressor(Compressor):
     method = "dive"
     config_class = DIVEConfig
     supervised = True
+    help = "DIVE: multi-head residual adapter with self-limiting updates (the default)"
+    presets = PRESETS
+    default_preset = "robust"
     config: DIVEConfig
 
     def __init__(self, config: DIVEConfig | None = None) -> None:
@@ -373,6 +393,23 @@ class DIVECompressor(Compressor):
         """A CPU copy of the inference path as an ``nn.Module`` (for export), in eval mode."""
         self._check_fitted()
         return DIVEEncoder(copy.deepcopy(self.adapter_).cpu(), self.config.output_norm == "input").eval()
+
+    def sentence_transformer_modules(self, input_is_normalized: bool) -> list[nn.Module] | None:
+        """Built-in s-t modules equal to :meth:`transform` (see :mod:`embedtune.compress.dive_export`).
+
+        None with ``output_norm='input'``: scaling by the input norm has no built-in module.
+        """
+        self._check_fitted()
+        if self.config.output_norm != "unit":
+            return None
+        # Loads sentence-transformers (heavy), which only export needs.
+        from embedtune.compress.dive_export import dive_builtin_modules
+
+        return dive_builtin_modules(self, input_is_normalized)
+
+    def fit_details(self) -> dict[str, Any]:
+        """The resolved head count H (with heads='auto' it depends on the input dimension)."""
+        return {"heads": int(self.heads_)} if self.heads_ is not None else {}
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)

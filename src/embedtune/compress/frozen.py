@@ -32,6 +32,8 @@ class FrozenCompressor(Compressor):
     method = "frozen"
     config_class = FrozenConfig
     supervised = False
+    seed_dependent = False
+    help = "the uncompressed frozen embedding (full d), the reference"
 
     @property
     def output_dim(self) -> int:

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
+from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.compress.training import (
@@ -238,6 +239,10 @@ class MRLAdaptorCompressor(Compressor):
     method = "mrl-adaptor"
     config_class = MRLAdaptorConfig
     supervised = True
+    help = "Matryoshka-Adaptor (Yoon et al. 2024b), read at the prefix k"
+    # The DIVE paper's §4.3 learning-rate audit (validation queries only).
+    lr_candidates = (5e-5, 2e-4, 1e-3)
+    presets = presets_from_config(MRLAdaptorConfig)
 
     def __init__(self, config: MRLAdaptorConfig | None = None) -> None:
         super().__init__(config)

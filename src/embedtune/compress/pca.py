@@ -88,6 +88,8 @@ class PCACompressor(Compressor):
     method = "pca"
     config_class = PCAConfig
     supervised = False
+    seed_dependent = False
+    help = "corpus PCA onto the top-k principal axes"
 
     def __init__(self, config: PCAConfig | None = None) -> None:
         super().__init__(config)

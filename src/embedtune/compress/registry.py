@@ -1,7 +1,9 @@
 """Compressors by name, as used by ``--method``.
 
 Each method module registers its class with :func:`register`; importing
-``embedtune.compress`` imports them all.
+``embedtune.compress`` imports them all. Everything else that lists methods (the CLI help, the
+protocol config, the report) reads this registry, so a new method is one module that ends with
+``@register`` on its class.
 """
 
 from __future__ import annotations
@@ -9,21 +11,38 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from embedtune.compress.base import Compressor, read_compressor_meta
+from embedtune.compress.base import CONFIG_NAME, Compressor, read_compressor_meta
 
-__all__ = ["register", "get_compressor_class", "available_methods", "make_compressor", "load_compressor"]
+__all__ = [
+    "register", "unregister", "get_compressor_class", "available_methods", "make_compressor", "load_compressor",
+    "find_compressor_dir",
+]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
 
 
 def register(cls: type[Compressor]) -> type[Compressor]:
-    if cls.method in _REGISTRY and _REGISTRY[cls.method] is not cls:
-        raise ValueError(f"compressor method {cls.method!r} is registered twice.")
-    _REGISTRY[cls.method] = cls
+    """Add ``cls`` under ``cls.method`` (a class decorator); its traits are checked here."""
+    method = getattr(cls, "method", None)
+    if not isinstance(method, str) or not method:
+        raise TypeError(f"{cls.__name__} needs a class attribute method = '<name>' to be registered.")
+    if method in _REGISTRY and _REGISTRY[method] is not cls:
+        raise ValueError(f"compressor method {method!r} is registered twice.")
+    if not isinstance(cls.lr_candidates, tuple):
+        raise TypeError(f"{cls.__name__}.lr_candidates must be a tuple of learning rates; got {cls.lr_candidates!r}.")
+    if cls.default_preset is not None and cls.default_preset not in cls.presets:
+        raise ValueError(f"{cls.__name__}.default_preset {cls.default_preset!r} is not one of its presets {sorted(cls.presets)}.")
+    _REGISTRY[method] = cls
     return cls
 
 
+def unregister(method: str) -> None:
+    """Remove ``method`` from the registry (e.g. a plug-in or a test's toy method)."""
+    _REGISTRY.pop(method, None)
+
+
 def available_methods() -> list[str]:
+    """Registered method names, in registration order (the order reports list them)."""
     return list(_REGISTRY)
 
 
@@ -40,7 +59,38 @@ def make_compressor(method: str, **config_values: Any) -> Compressor:
     return cls(cls.config_class(**config_values))
 
 
+def find_compressor_dir(directory: str | Path) -> Path:
+    """The saved compressor in ``directory``: the folder itself, or the one fitted compressor below it.
+
+    ``compress train --out OUT`` saves to ``OUT/<method>/`` (one seed) or
+    ``OUT/<method>/seed-N/``, so ``OUT`` itself is accepted when it holds exactly one.
+    """
+    directory = Path(directory)
+    if (directory / CONFIG_NAME).is_file() or not directory.is_dir():
+        return directory  # read_compressor_meta names a missing folder or config
+    found = sorted(path.parent for depth in ("*", "*/*") for path in directory.glob(f"{depth}/{CONFIG_NAME}") if _is_compressor(path.parent))
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise FileNotFoundError(f"{directory}: no fitted compressor here or in its sub-folders; pass a folder written by `save(dir)`.")
+    choices = ", ".join(str(path) for path in found)
+    raise ValueError(f"{directory} holds {len(found)} fitted compressors; pick one: {choices}.")
+
+
+def _is_compressor(directory: Path) -> bool:
+    try:
+        read_compressor_meta(directory)
+    except (ValueError, FileNotFoundError):
+        return False  # e.g. a transformers config.json inside an exported model
+    return True
+
+
 def load_compressor(directory: str | Path) -> Compressor:
-    """Load any saved compressor; the method is read from its ``config.json``."""
-    meta = read_compressor_meta(Path(directory))
+    """Load any saved compressor; the method is read from its ``config.json``.
+
+    ``directory`` may also be a ``compress train --out`` folder holding exactly one fitted
+    compressor (see :func:`find_compressor_dir`).
+    """
+    directory = find_compressor_dir(directory)
+    meta = read_compressor_meta(directory)
     return get_compressor_class(meta["method"]).load(directory)

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
+from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.compress.training import (
@@ -144,6 +145,10 @@ class SearchAdaptorCompressor(Compressor):
     method = "search-adaptor"
     config_class = SearchAdaptorConfig
     supervised = True
+    help = "Search-Adaptor (Yoon et al. 2024a), truncated to k"
+    # The DIVE paper's §4.3 learning-rate audit (validation queries only).
+    lr_candidates = (5e-5, 2e-4, 1e-3)
+    presets = presets_from_config(SearchAdaptorConfig)
 
     def __init__(self, config: SearchAdaptorConfig | None = None) -> None:
         super().__init__(config)

@@ -73,6 +73,7 @@ from torch import Tensor, nn
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
+from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.compress.training import (
@@ -397,6 +398,10 @@ class SMECCompressor(Compressor):
     method = "smec"
     config_class = SMECConfig
     supervised = True
+    help = "SMEC (Zhang et al. 2025): sequential Matryoshka with adaptive dimension selection"
+    # The DIVE paper's §4.3 learning-rate audit (validation queries only).
+    lr_candidates = (5e-6, 5e-5, 5e-4)
+    presets = presets_from_config(SMECConfig)
 
     def __init__(self, config: SMECConfig | None = None) -> None:
         super().__init__(config)

@@ -33,6 +33,8 @@ class TruncateCompressor(Compressor):
     method = "truncate"
     config_class = TruncateConfig
     supervised = False
+    seed_dependent = False
+    help = "the first k coordinates, renormalised"
 
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         check_output_dim(self.method, self.config.dim, train.dim)

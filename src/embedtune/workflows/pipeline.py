@@ -17,14 +17,23 @@ recipe matches, embeddings come from the embedding cache, and the result is writ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedtune.compress import get_compressor_class
+from embedtune.compress.presets import MiningOptions
+from embedtune.finetune.recipe import train_pace
 from embedtune.io import atomic_write_json
+from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.fit_and_score import fit_and_evaluate
+from embedtune.workflows.significance import align_by_query, paired_test
+from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
 
@@ -37,22 +46,27 @@ _RECIPE_NEUTRAL = {"output_dir", "save_steps", "logging_steps", "deepspeed", "pr
 
 @dataclass
 class PipelineConfig:
-    """What to compress after fine-tuning, and how to evaluate it."""
+    """What to compress after fine-tuning, and how to evaluate it.
+
+    Every DIVE run (in ``methods`` or a variant) starts from the ``dive_preset`` settings, under
+    ``compressor_overrides["dive"]`` and the variant's own; the shared triplets are mined with
+    ``mining``, or the preset's mining when it is None.
+    """
 
     methods: list[str] = field(default_factory=lambda: ["dive"])
     dim: int = 128
     seeds: list[int] = field(default_factory=lambda: [2027])
+    dive_preset: str = "robust"
     compressor_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     test_split: str = "test"
     val_fraction: float = 0.2
     split_seed: int = 2027
-    n_negatives: int = 4
+    mining: MiningOptions | None = None
     compare_base: bool = True
 
     def __post_init__(self) -> None:
-        from embedtune.compress import get_compressor_class
-
+        get_compressor_class("dive").get_preset(self.dive_preset)  # fail fast on an unknown preset
         if not self.methods and not self.variants:
             raise ValueError("pipeline: give at least one compressor method (e.g. methods=['dive']).")
         for method in self.methods:
@@ -99,10 +113,6 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
     (unit heads); across models, the fine-tuned minus the base model for the same compressor.
     Each entry: ``{"a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"}``.
     """
-    import statistics
-
-    from embedtune.bench.significance import align_by_query, paired_test
-
     groups: dict[tuple[str, str], list[dict[str, float]]] = {}
     for row in rows:
         groups.setdefault((row["model"], _label(row)), []).append(row["per_query_ndcg@10"])
@@ -123,10 +133,6 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
 def _evaluate_model(
     model: str, similarity: str, label: str, pace_config: Any, config: PipelineConfig, out_dir: Path
 ) -> list[dict[str, Any]]:
-    from embedtune.bench.runner import fit_and_evaluate, shared_triplets
-    from embedtune.compress import get_compressor_class
-    from embedtune.experiment import load_experiment
-
     experiment = load_experiment(
         pace_config.data, model, config.test_split, config.split_seed, protocol="beir-train", val_fraction=config.val_fraction,
         encoder_options={"normalize": similarity == "cosine", "max_seq_length": pace_config.max_seq_length, "show_progress": True},
@@ -135,13 +141,16 @@ def _evaluate_model(
     rows = [{"model": label, "similarity": similarity, "method": "full", "variant": "", "dim": experiment.embeddings.dim,
              "seed": None, "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries,
              "per_query_ndcg@10": _per_query_ndcg(full)}]
-    triplets = shared_triplets(experiment, "train+val", config.n_negatives, "hard", config.split_seed,
-                               out_dir / "triplets" / f"{label}.json")
+    preset = get_compressor_class("dive").get_preset(config.dive_preset)
+    mining = config.mining if config.mining is not None else preset.mining
+    triplets = shared_triplets(experiment, "train+val", mining, config.split_seed, out_dir / "triplets" / f"{label}.json")
     runs = [(method, "", config.compressor_overrides.get(method, {})) for method in config.methods]
     runs += [(overrides.get("method", "dive"), name, {k: v for k, v in overrides.items() if k != "method"})
              for name, overrides in config.variants.items()]
     for method, variant, overrides in runs:
         cls = get_compressor_class(method)
+        if method == "dive":
+            overrides = {**preset.settings, **overrides}
         if "progress" in cls.config_class.__dataclass_fields__:
             overrides = {"progress": False, **overrides}
         for seed in config.seeds:
@@ -166,10 +175,6 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
         (model, method, seed) with held-out nDCG@10, Recall@10 and the per-query nDCG@10;
         ``comparisons`` are the paired tests of :func:`paired_comparisons`.
     """
-    import dataclasses
-
-    from embedtune.finetune.recipe import train_pace
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     pace_config = dataclasses.replace(pace_config, output_dir=str(out_dir / "finetune"))

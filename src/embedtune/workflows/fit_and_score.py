@@ -1,14 +1,13 @@
 """Fit any registered compressor on a query-disjoint split and score it, the same way for all.
 
-This is the one code path behind ``embedtune compress train``, ``make demo`` and the protocol
-benchmark: shared deterministic triplets, ``fit`` on train (or train+val with ``final``),
+This is the one code path behind ``embedtune compress train``, ``make demo``, the pipeline and
+the protocol benchmark: ``fit`` on train (or train+val with ``final``) with the shared triplets,
 ``transform`` of the queries and the whole corpus, exact search, pytrec_eval.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import statistics
 import time
@@ -19,17 +18,18 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import Compressor, get_compressor_class
-from embedtune.data.triplets import check_mining_options, load_triplets, mine_triplets, mining_options, save_triplets
 from embedtune.evaluate.metrics import RetrievalMetrics
-from embedtune.experiment import Experiment, training_data
+from embedtune.workflows.experiment import Experiment, training_data
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MethodRun", "assert_no_test_queries", "shared_triplets", "build_config", "fit_and_evaluate", "summarize"]
+__all__ = ["MethodRun", "assert_no_test_queries", "build_config", "fit_and_evaluate", "summarize"]
 
 
 @dataclass
 class MethodRun:
+    """One fitted and scored (method, dim, seed); ``details`` holds ``out_dim`` and the method's ``fit_details()``."""
+
     method: str
     dim: int
     seed: int
@@ -51,62 +51,6 @@ class MethodRun:
             "fit_s": round(self.fit_seconds, 2),
             **self.details,
         }
-
-
-def shared_triplets(
-    experiment: Experiment,
-    part: str,
-    n_negatives: int = 4,
-    negatives: str = "hard",
-    seed: int = 2027,
-    path: str | Path | None = None,
-    *,
-    skip_top: int = 0,
-    false_negative_margin: float | None = None,
-    false_negative_reference: str = "pair",
-    max_triplets_per_query: int | None = None,
-) -> np.ndarray:
-    """Mine (or reload from ``path``) the triplets of one split part; every method gets these.
-
-    ``skip_top``, ``false_negative_margin``, ``false_negative_reference`` and
-    ``max_triplets_per_query`` are :func:`embedtune.data.triplets.mine_triplets`'s false-negative
-    filter and cap. The file at ``path`` is reused only if its metadata equals this call's; the
-    options enter the metadata only when they differ from their defaults, so files mined before
-    they existed still match a default call, and a file mined with other options never does.
-    """
-    check_mining_options(negatives, skip_top, false_negative_margin, false_negative_reference, max_triplets_per_query, where="shared_triplets")
-    robust = mining_options(skip_top, false_negative_margin, false_negative_reference, max_triplets_per_query)
-    query_ids = experiment.part_ids(part)
-    meta = {
-        "dataset": experiment.dataset.name,
-        "qrels_split": experiment.dataset.split,
-        "part": part,
-        "split_seed": experiment.split.seed if experiment.split else None,
-        "n_negatives": n_negatives,
-        "negatives": negatives,
-        "seed": seed,
-        "source_sha256": experiment.dataset.fingerprints,
-        **robust,
-    }
-    if path is not None and Path(path).is_file():
-        stored = load_triplets(path)
-        if stored.meta == meta:
-            return stored.rows(query_ids, experiment.embeddings.doc_ids)
-        logger.info("%s was mined with other settings; mining again", path)
-    triplets = mine_triplets(
-        query_ids,
-        experiment.embeddings.queries(query_ids),
-        experiment.embeddings.doc_ids,
-        np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32),
-        experiment.qrels_for(query_ids),
-        n_negatives=n_negatives,
-        negatives=negatives,  # type: ignore[arg-type]
-        seed=seed,
-        **robust,
-    )
-    if path is not None:
-        save_triplets(path, triplets, query_ids, experiment.embeddings.doc_ids, meta)
-    return triplets
 
 
 def assert_no_test_queries(experiment: Experiment, parts: list[str]) -> None:
@@ -142,30 +86,30 @@ def fit_and_evaluate(
     overrides: dict[str, Any] | None = None,
     out_dir: str | Path | None = None,
 ) -> MethodRun:
-    """Fit ``method`` on train (``final``: train+val) and evaluate on val (``final``: test)."""
+    """Fit ``method`` on train (``final``: train+val) and evaluate on val (``final``: test).
+
+    With ``out_dir`` the fitted compressor is saved there, with its per-epoch log (for methods
+    that write one) in ``training_log.jsonl``.
+    """
     train_part, eval_part = ("train+val", "test") if final else ("train", "val")
     if not final:
         assert_no_test_queries(experiment, ["train", "val"])
     cls = get_compressor_class(method)
     compressor = cls(build_config(method, dim, seed, overrides))
     train = training_data(experiment, train_part, triplets if cls.supervised else None)
-    fit_kwargs: dict[str, Any] = {}
-    signature = inspect.signature(compressor.fit).parameters
-    if not final and "val" in signature:
-        fit_kwargs["val"] = training_data(experiment, "val")
-    if out_dir is not None and "log_path" in signature:
-        fit_kwargs["log_path"] = Path(out_dir) / "training_log.jsonl"
-        Path(fit_kwargs["log_path"]).unlink(missing_ok=True)
+    val = None if final else training_data(experiment, "val")
+    log_path = None
+    if out_dir is not None:
+        log_path = Path(out_dir) / "training_log.jsonl"
+        log_path.unlink(missing_ok=True)
     start = time.perf_counter()
-    compressor.fit(train, **fit_kwargs)
+    compressor.fit(train, val, log_path=log_path)
     fit_seconds = time.perf_counter() - start
     eval_ids = experiment.part_ids(eval_part)
     queries = compressor.transform(experiment.embeddings.queries(eval_ids))
     docs = compressor.transform(experiment.embeddings.doc_embeddings)
     metrics = experiment.evaluate(eval_part, queries, docs)
-    details: dict[str, Any] = {"out_dim": int(queries.shape[1])}
-    if getattr(compressor, "heads_", None) is not None:
-        details["heads"] = int(compressor.heads_)
+    details: dict[str, Any] = {"out_dim": int(queries.shape[1]), **compressor.fit_details()}
     if out_dir is not None:
         compressor.save(out_dir)
     logger.info("%s k=%d seed=%d: nDCG@10 %.4f on %d %s queries (fit %.1fs)", method, dim, seed, metrics["ndcg@10"], metrics.n_queries, eval_part, fit_seconds)
@@ -180,5 +124,5 @@ def summarize(runs: list[MethodRun], metrics: tuple[str, ...] = ("ndcg@10", "rec
         summary[name] = statistics.fmean(values)
         summary[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
     summary["fit_s"] = statistics.fmean(r.fit_seconds for r in runs)
-    summary.update({k: v for k, v in runs[0].details.items() if k == "heads"})
+    summary.update({k: v for k, v in runs[0].details.items() if k != "out_dim"})
     return summary

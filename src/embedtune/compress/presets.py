@@ -1,0 +1,93 @@
+"""Named recipes for fitting a compressor: config overrides plus how its triplets are mined.
+
+A :class:`Preset` is what ``compress train --preset NAME`` and
+:func:`embedtune.workflows.fit_compressor` apply. Each compressor class lists its presets in
+``Compressor.presets``; DIVE's default, ``robust``, is :data:`embedtune.compress.dive.ROBUST`.
+
+:class:`MiningOptions` is the single place the triplet-mining options are validated: the CLI,
+the protocol TOML and :func:`embedtune.workflows.shared_triplets` all build one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedtune.data.triplets import check_mining_options, mining_options
+
+__all__ = ["MiningOptions", "Preset", "presets_from_config"]
+
+
+@dataclass(frozen=True)
+class MiningOptions:
+    """How the shared training triplets are mined (see :func:`embedtune.data.triplets.mine_triplets`).
+
+    The defaults are the DIVE paper's plain mining: top-50 hard negatives, no filter, no cap.
+    """
+
+    negatives: str = field(default="hard", metadata={"help": "'hard' (the frozen model's top-50 non-relevant docs) or 'random'."})
+    n_negatives: int = field(default=4, metadata={"help": "Negatives per (query, relevant doc) pair."})
+    skip_top: int = field(default=0, metadata={"help": "Never use the frozen model's top-N non-relevant docs."})
+    false_negative_margin: float | None = field(
+        default=None, metadata={"help": "Drop candidates scoring above score(query, positive) - margin; None: no filter."}
+    )
+    false_negative_reference: str = field(
+        default="pair", metadata={"help": "'pair' (the pair's own positive score) or 'query-min' (the query's lowest)."}
+    )
+    max_triplets_per_query: int | None = field(default=None, metadata={"help": "Cap on each query's triplets; None: no cap."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_negatives, bool) or not isinstance(self.n_negatives, int) or self.n_negatives < 1:
+            raise ValueError(f"mining: n_negatives must be an integer >= 1; got {self.n_negatives!r}.")
+        check_mining_options(self.negatives, self.skip_top, self.false_negative_margin, self.false_negative_reference,
+                             self.max_triplets_per_query, where="mining")
+
+    def replace(self, **changes: Any) -> "MiningOptions":
+        """A copy with ``changes`` applied (and validated).
+
+        Switching to ``negatives='random'`` also resets the false-negative filter (it ranks hard
+        candidates) unless ``changes`` set it; the cap is kept.
+        """
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown mining options {unknown}; valid: {[f.name for f in dataclasses.fields(self)]}.")
+        if changes.get("negatives") == "random":
+            changes = {"skip_top": 0, "false_negative_margin": None, "false_negative_reference": "pair", **changes}
+        return dataclasses.replace(self, **changes)
+
+    def filter_options(self) -> dict[str, Any]:
+        """The false-negative filter and cap, as keyword arguments of ``mine_triplets``."""
+        return {
+            "skip_top": self.skip_top,
+            "false_negative_margin": self.false_negative_margin,
+            "false_negative_reference": self.false_negative_reference,
+            "max_triplets_per_query": self.max_triplets_per_query,
+        }
+
+    def non_default(self) -> dict[str, Any]:
+        """The filter and cap that differ from the defaults (what a triplet file's metadata records)."""
+        return mining_options(**self.filter_options())
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named recipe: config field overrides plus the mining of the shared triplets.
+
+    Args:
+        name: what ``--preset`` calls it.
+        settings: config field overrides, applied before the user's own.
+        mining: how the triplets are mined (used by supervised methods only).
+        help: one line for ``--help``.
+    """
+
+    name: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    mining: MiningOptions = field(default_factory=MiningOptions)
+    help: str = ""
+
+
+def presets_from_config(config_class: type) -> dict[str, Preset]:
+    """Wrap a config class's ``PRESETS`` (name -> field overrides) as :class:`Preset` objects with default mining."""
+    return {name: Preset(name, overrides) for name, overrides in getattr(config_class, "PRESETS", {}).items()}
