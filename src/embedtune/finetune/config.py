@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["StageConfig", "PACEConfig", "PRESETS", "preset_config", "PARAMETER_MODES"]
 
 PARAMETER_MODES = ("lora", "full")
+LOSSES = ("focal", "mnrl")
+HARDNESS_MODES = (None, "in_batch_negatives", "hard_negatives", "all_negatives")
 CONFIG_FILE = "pace_config.json"
 
 
@@ -50,8 +52,27 @@ class StageConfig:
         default="focal", metadata={"help": "focal (PACE), random / qp / qn (Figure 6b controls) or none (InfoNCE)"}
     )
     gamma: float = field(default=2.0, metadata={"help": "focal parameter γ (Table 7: 0.5, 2, 4)"})
+    loss: Literal["focal", "mnrl"] = field(
+        default="focal",
+        metadata={"help": "focal: embedtune's Focal Embedding Loss (weighting picks focal/InfoNCE/...); mnrl: "
+                          "sentence-transformers' MultipleNegativesRankingLoss with its hardness weighting (a baseline)"},
+    )
+    hardness_mode: str | None = field(
+        default=None, metadata={"help": "mnrl only: None, 'in_batch_negatives', 'hard_negatives' or 'all_negatives'"}
+    )
+    hardness_strength: float = field(default=0.0, metadata={"help": "mnrl only: hardness_strength α (Lan et al. 9, EmbeddingGemma 5)"})
 
     def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {list(LOSSES)}; got {self.loss!r}.")
+        if self.hardness_mode not in HARDNESS_MODES:
+            raise ValueError(f"hardness_mode must be one of {list(HARDNESS_MODES)}; got {self.hardness_mode!r}.")
+        if self.hardness_strength < 0:
+            raise ValueError(f"hardness_strength must be >= 0; got {self.hardness_strength}.")
+        if self.loss == "focal" and self.hardness_mode is not None:
+            raise ValueError("hardness_mode is a setting of loss='mnrl' (sentence-transformers' MNRL); set loss='mnrl' or drop it.")
+        if self.loss == "mnrl" and self.similarity != "cosine":
+            raise ValueError("loss='mnrl' is the cosine baseline; use similarity='cosine'.")
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"similarity must be one of {list(SIMILARITIES)}; got {self.similarity!r}.")
         if self.parameters not in PARAMETER_MODES:
@@ -251,6 +272,8 @@ PRESETS: dict[str, str] = {
     "full-to-lora": "reversed parameter order: Stage I full, Stage II LoRA",
     "s2-from-final": "Stage II from the final Stage I checkpoint",
     "stage1-only": "Stage I alone (cosine+LoRA, focal): the setting of the focal-variant and γ ablations",
+    "st-hardness": "baseline: one stage, cosine+LoRA, sentence-transformers' MNRL with hardness weighting "
+                   "(hard_negatives, α=5 unless overridden), lr 2e-5",
 }
 
 
@@ -283,7 +306,9 @@ def preset_config(
         similarity="dot", parameters="full", steps=stage2_steps, learning_rate=2e-6, temperature="auto"
     )
     init = overrides.pop("stage2_init", 0.25)
-    if name in ("infonce-lora", "direct-dot-full", "stage1-only"):
+    hardness_mode = overrides.pop("hardness_mode", "hard_negatives")
+    hardness_strength = overrides.pop("hardness_strength", 5.0)
+    if name in ("infonce-lora", "direct-dot-full", "stage1-only", "st-hardness"):
         if steps is None and name != "stage1-only":
             if stage1_steps is None or stage2_steps is None:
                 raise ValueError(f"preset {name!r} needs steps=, or stage1_steps= and stage2_steps= to match PACE's total.")
@@ -293,6 +318,9 @@ def preset_config(
             steps = stage1_steps
         if name == "infonce-lora":
             stage1 = StageConfig(similarity="cosine", parameters="lora", steps=steps, learning_rate=2e-5, temperature=0.1, weighting="none")
+        elif name == "st-hardness":
+            stage1 = StageConfig(similarity="cosine", parameters="lora", steps=steps, learning_rate=2e-5, temperature=0.1,
+                                 weighting="none", loss="mnrl", hardness_mode=hardness_mode, hardness_strength=hardness_strength)
         elif name == "direct-dot-full":
             stage1 = StageConfig(similarity="dot", parameters="full", steps=steps, learning_rate=2e-5, temperature="auto", weighting="none")
         else:

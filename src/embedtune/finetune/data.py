@@ -79,6 +79,9 @@ def mine_training_tuples(
     hard_pool: int = 50,
     seed: int = 2027,
     cache: bool = True,
+    *,
+    false_negative_margin: float | None = None,
+    false_negative_reference: str = "pair",
 ) -> TrainingTuples:
     """Mine ``n_negatives`` hard negatives per (query, positive) pair with a frozen encoder.
 
@@ -90,6 +93,9 @@ def mine_training_tuples(
         hard_pool: the frozen model's top-N non-relevant documents to draw from.
         seed: mining seed.
         cache: use the embedding cache (the frozen corpus embeddings are shared with evaluation).
+        false_negative_margin, false_negative_reference: drop candidates that score within the
+            margin of the positive (see :func:`embedtune.data.triplets.mine_triplets`): likely
+            unjudged positives, which hard mining would otherwise push away.
 
     Pairs whose pool holds fewer than ``n_negatives`` documents are skipped (logged).
     """
@@ -107,6 +113,8 @@ def mine_training_tuples(
         negatives="hard",
         hard_pool=hard_pool,
         seed=seed,
+        false_negative_margin=false_negative_margin,
+        false_negative_reference=false_negative_reference,  # type: ignore[arg-type]
     )
     # mine_triplets emits each (query, positive) pair's negatives consecutively.
     tuples_q: list[str] = []
@@ -136,6 +144,8 @@ def mine_training_tuples(
         "n_tuples": len(tuples_q),
         "n_negatives": n_negatives,
         "hard_pool": hard_pool,
+        "false_negative_margin": false_negative_margin,
+        "false_negative_reference": false_negative_reference,
         "seed": seed,
         "miner": encoder.model_name,
         "max_seq_length": encoder.max_seq_length,

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -154,7 +154,19 @@ def auto_temperature(model, train_dataset, base_temperature: float = 0.1, n_samp
 
 
 def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float):
-    """The stage's Focal Embedding Loss (GradCache version when ``config.mini_batch_size`` is set)."""
+    """The stage's Focal Embedding Loss (GradCache version when ``config.mini_batch_size`` is set), or
+    sentence-transformers' own MNRL with hardness weighting when ``stage.loss == "mnrl"`` (a baseline)."""
+    if stage.loss == "mnrl":
+        from sentence_transformers.sentence_transformer.losses import (
+            CachedMultipleNegativesRankingLoss,
+            MultipleNegativesRankingLoss,
+        )
+
+        mnrl = dict(scale=1.0 / temperature, hardness_mode=stage.hardness_mode, hardness_strength=stage.hardness_strength,
+                    gather_across_devices=True)
+        if config.mini_batch_size is not None:
+            return CachedMultipleNegativesRankingLoss(model, mini_batch_size=config.mini_batch_size, **mnrl)
+        return MultipleNegativesRankingLoss(model, **mnrl)
     common = dict(
         similarity=stage.similarity,
         temperature=temperature,
@@ -179,10 +191,13 @@ def run_stage(
     output_dir: Path,
     save_at: set[int] | None = None,
     stop_after: int | None = None,
+    callbacks: list | None = None,
 ) -> StageResult:
     """Train ``model`` in place for one stage with the s-t trainer.
 
-    ``model`` must already be prepared (LoRA attached or all parameters trainable).
+    ``model`` must already be prepared (LoRA attached or all parameters trainable). Checkpoints keep
+    the optimizer and scheduler state, so a killed stage resumes from its latest checkpoint in
+    ``output_dir`` (same data order, same schedule).
     """
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
@@ -216,7 +231,7 @@ def run_stage(
         ddp_find_unused_parameters=world_size > 1,
         save_strategy="steps",
         save_steps=config.save_steps,
-        save_only_model=True,
+        save_only_model=False,  # optimizer + scheduler + RNG state, so a killed stage resumes exactly
         logging_steps=config.logging_steps,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
@@ -225,13 +240,16 @@ def run_stage(
         **_precision(config),
     )
     callback = StageCheckpointCallback(save_at=save_at, stop_after=stop_after)
-    trainer = PACETrainer(model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[callback])
+    trainer = PACETrainer(model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[callback, *(callbacks or [])])
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     logger.info("%s: %s + %s, %d steps, lr %.2g, τ %.4g, weighting %s (γ=%s); %d of %d parameters trainable",
                 name, stage.similarity, stage.parameters, steps, stage.learning_rate, temperature, stage.weighting, stage.gamma, trainable, total)
+    resume = latest_resumable_checkpoint(output_dir)
+    if resume is not None:
+        logger.info("%s: resuming from %s", name, resume)
     start = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     seconds = time.perf_counter() - start
     checkpoints = sorted((str(p) for p in output_dir.glob("checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
     return StageResult(
@@ -251,6 +269,16 @@ def run_stage(
         checkpoints=checkpoints,
         log_history=list(trainer.state.log_history),
     )
+
+
+def latest_resumable_checkpoint(output_dir: Path) -> Path | None:
+    """The highest-step ``checkpoint-N`` in ``output_dir`` that holds a complete trainer state."""
+    candidates = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        suffix = path.name.rsplit("-", 1)[1]
+        if suffix.isdigit() and (path / "trainer_state.json").is_file() and (path / "optimizer.pt").is_file():
+            candidates.append((int(suffix), path))
+    return max(candidates)[1] if candidates else None
 
 
 def _prepare_parameters(model, stage: StageConfig, config: PACEConfig):
@@ -276,7 +304,12 @@ def prepare_stage_two(config: PACEConfig, checkpoint: str | Path):
     return _prepare_parameters(model, config.stage2, config)
 
 
-def train_pace(config: PACEConfig, tuples: TrainingTuples | None = None, evaluate_split: str | None = None) -> PACEResult:
+def train_pace(
+    config: PACEConfig,
+    tuples: TrainingTuples | None = None,
+    evaluate_split: str | None = None,
+    stage_callbacks: Callable[[str, int, str], list] | None = None,
+) -> PACEResult:
     """Run the recipe ``config`` describes and save the final model to ``<output_dir>/model``.
 
     Args:
@@ -285,6 +318,11 @@ def train_pace(config: PACEConfig, tuples: TrainingTuples | None = None, evaluat
             with the frozen ``config.model``.
         evaluate_split: if given (e.g. ``"test"``), evaluate the final model on that qrels split with
             its training similarity (main process only).
+        stage_callbacks: ``(stage_name, update_offset, similarity) -> [TrainerCallback, ...]``, e.g. a
+            :class:`embedtune.finetune.validation.ValidationCallback` per stage. ``update_offset`` is the
+            number of optimizer updates on the final model's path before this stage.
+
+    A killed run resumes: each stage continues from its latest checkpoint in ``output_dir``.
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
@@ -317,6 +355,7 @@ def train_pace(config: PACEConfig, tuples: TrainingTuples | None = None, evaluat
         output_dir / "stage1",
         save_at={init_step, stage1_steps} if init_step else {stage1_steps},
         stop_after=init_step if config.stop_stage1_at_init else None,
+        callbacks=stage_callbacks("stage1", 0, config.stage1.similarity) if stage_callbacks else None,
     )
     timings["stage1"] = stage1.seconds
     stages = [stage1]
@@ -330,7 +369,8 @@ def train_pace(config: PACEConfig, tuples: TrainingTuples | None = None, evaluat
         model = prepare_stage_two(config, checkpoint)
         timings["stage2_prepare"] = time.perf_counter() - start
         fingerprint = parameter_fingerprint(model)
-        stage2 = run_stage("stage2", model, train_dataset, config.stage2, config, output_dir / "stage2", save_at=set())
+        stage2 = run_stage("stage2", model, train_dataset, config.stage2, config, output_dir / "stage2", save_at=set(),
+                           callbacks=stage_callbacks("stage2", init_step, config.stage2.similarity) if stage_callbacks else None)
         stage2.init_checkpoint = str(checkpoint)
         stage2.init_fingerprint = fingerprint
         timings["stage2"] = stage2.seconds

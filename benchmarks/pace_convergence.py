@@ -1,0 +1,245 @@
+"""PACE trained long enough to judge (issue 20): MiniLM on SciFact, every configuration on one budget.
+
+Usage (from the repo root, one torch thread; every step is resumable, rerun the same command):
+
+    python benchmarks/pace_convergence.py prepare              # split, mining, validation pool
+    python benchmarks/pace_convergence.py step-cost            # per-step seconds of each loss, measured alone
+    python benchmarks/pace_convergence.py frozen infonce-lora pace ...
+
+Settings (same for every configuration): train on 80 % of SciFact qrels ``train`` queries (the other
+20 % is validation, ``train_qrels_split`` seed 2027), one hard negative per (query, positive) pair
+from the frozen top 50 with the false-negative filter (query-min, margin 0.05), batch 16 queries,
+max sequence length 256 (the model's own), ``UPDATES`` optimizer updates on the final model's path,
+seed 2027 (same data order). Validation nDCG@10 every ``EVAL_STEPS`` on a sub-corpus (the frozen
+top 20 of every validation query plus their positives). Final scores: all 300 SciFact test queries
+and all ArguAna queries (zero-shot), each ranked with the model's own similarity.
+
+Results: ``benchmarks/results/pace-convergence/<config>.json`` (metrics with per-query nDCG@10,
+the validation curve, weight change per stage, geometry diagnostics, timings). Checkpoints and
+models live under ``$PACE_RUNS`` (default ``runs/pace-convergence``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+
+torch.set_num_threads(int(os.environ.get("PACE_THREADS", "1")))
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+for noisy in ("sentence_transformers", "transformers", "httpx", "faiss.loader", "datasets"):
+    logging.getLogger(noisy).setLevel(logging.WARNING)
+
+from embedtune.data.beir import load_beir
+from embedtune.data.splits import train_qrels_split
+from embedtune.encoders.dataset import embed_dataset
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.evaluate.geometry import diagnose_model
+from embedtune.finetune import preset_config, train_pace
+from embedtune.finetune.data import TrainingTuples, mine_training_tuples
+from embedtune.finetune.recipe import evaluate_model
+from embedtune.finetune.validation import ValidationCallback, ValidationSet, build_validation_set
+from embedtune.io import atomic_write_json
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("PACE_RUNS", REPO / "runs" / "pace-convergence"))
+RESULTS = REPO / "benchmarks" / "results" / "pace-convergence"
+SHARED = REPO.parent / "shared" / "data" / "beir"
+SCIFACT = str(SHARED / "scifact") if (SHARED / "scifact").is_dir() else "scifact"
+ARGUANA = SHARED / "arguana"
+
+MODEL = "minilm"
+SEED = 2027
+MAX_SEQ = 256
+BATCH = 16
+N_NEGATIVES = 1
+HARD_POOL = 50
+FN_MARGIN, FN_REFERENCE = 0.05, "query-min"
+VAL_FRACTION = 0.2
+VAL_POOL = 20
+UPDATES = int(os.environ.get("PACE_UPDATES", "300"))
+EVAL_STEPS = int(os.environ.get("PACE_EVAL_STEPS", "50"))
+SAVE_STEPS = 25
+STAGE2_INIT = 0.25  # the paper's transition: step 2,000 of 7,847
+COMMON = dict(model=MODEL, data=SCIFACT, train_split="train", max_seq_length=MAX_SEQ, batch_size=BATCH,
+              n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED, save_steps=SAVE_STEPS, logging_steps=5)
+log = logging.getLogger("pace_convergence")
+
+
+def two_stage_steps(updates: int, init: float = STAGE2_INIT) -> tuple[int, int]:
+    """Stage I schedule and Stage II length for a path of ``updates`` updates to the final model.
+
+    Stage I keeps the one-stage baselines' schedule (``updates`` steps, the same warm-up and decay),
+    Stage II starts from its checkpoint at ``init`` of it and runs the remaining updates.
+    """
+    init_step = max(1, round(init * updates))
+    return updates, updates - init_step
+
+
+def prepare() -> tuple[TrainingTuples, ValidationSet]:
+    """Split, mine and pick the validation pool once; every configuration reads the same files."""
+    tuples_path, val_path = ROOT / "data" / "train_tuples.json", ROOT / "data" / "validation.json"
+    train = load_beir(SCIFACT, "train")
+    if tuples_path.is_file() and val_path.is_file():
+        rows = json.loads(tuples_path.read_text())
+        tuples = TrainingTuples([r[0] for r in rows["tuples"]], [r[1] for r in rows["tuples"]], [r[2] for r in rows["tuples"]], rows["meta"])
+        manifest = json.loads(val_path.read_text())
+        validation = ValidationSet(
+            query_ids=manifest["query_ids"], query_texts=[train.queries[q] for q in manifest["query_ids"]],
+            doc_ids=manifest["doc_ids"], doc_texts=[_doc_text(train, d) for d in manifest["doc_ids"]],
+            qrels={q: dict(train.qrels[q]) for q in manifest["query_ids"]},
+        )
+        return tuples, validation
+    test = load_beir(SCIFACT, "test")
+    split = train_qrels_split(train, test, val_fraction=VAL_FRACTION, seed=SEED)
+    encoder = SentenceEncoder(MODEL, max_seq_length=MAX_SEQ, normalize=True, show_progress=False)
+    tuples = mine_training_tuples(train, encoder, query_ids=split.train, n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED,
+                                  false_negative_margin=FN_MARGIN, false_negative_reference=FN_REFERENCE)
+    frozen = embed_dataset(encoder, train)
+    validation = build_validation_set(train, split.val, frozen.queries(split.val), frozen.doc_ids, frozen.doc_embeddings, VAL_POOL)
+    tuples.save(tuples_path)
+    atomic_write_json(val_path, {**validation.manifest(), "train_query_ids": split.train, "pool": VAL_POOL})
+    log.info("prepared %d tuples (%d train queries), validation %d queries over %d docs",
+             len(tuples), len(split.train), len(validation.query_ids), len(validation.doc_ids))
+    return tuples, validation
+
+
+def _doc_text(dataset, doc_id: str) -> str:
+    from embedtune.data.beir import document_text
+
+    return document_text(dataset.corpus[doc_id])
+
+
+def config_for(name: str, out: Path):
+    preset, _, variant = name.partition("@")
+    extra: dict = {}
+    if preset == "st-hardness" and variant:
+        mode, _, strength = variant.partition(":")
+        extra.update(hardness_mode=mode, hardness_strength=float(strength))
+    if preset in ("infonce-lora", "direct-dot-full", "st-hardness"):
+        return preset_config(preset, steps=UPDATES, output_dir=str(out), **COMMON, **extra)
+    stage1, stage2 = two_stage_steps(UPDATES)
+    if variant.startswith("s2lr"):
+        extra["stage2_lr"] = float(variant[4:])
+    stage2_lr = extra.pop("stage2_lr", None)
+    config = preset_config(preset, stage1_steps=stage1, stage2_steps=stage2, output_dir=str(out), stop_stage1_at_init=True,
+                           **COMMON, **extra)
+    if stage2_lr is not None:
+        config.stage2.learning_rate = stage2_lr
+    return config
+
+
+def weight_change(before, after) -> float:
+    """Relative L2 change of the transformer weights: ‖θ_after − θ_before‖ / ‖θ_before‖."""
+    a = dict(before.named_parameters())
+    num = den = 0.0
+    for key, value in after.named_parameters():
+        if key in a and a[key].shape == value.shape:
+            num += float((value.detach().double() - a[key].detach().double()).pow(2).sum())
+            den += float(a[key].detach().double().pow(2).sum())
+    return (num / den) ** 0.5 if den else float("nan")
+
+
+def score(model_dir: str, similarity: str) -> dict:
+    out = {}
+    for label, data in (("scifact", SCIFACT), ("arguana", str(ARGUANA))):
+        start = time.perf_counter()
+        metrics = evaluate_model(model_dir, data, "test", similarity=similarity, max_seq_length=MAX_SEQ)
+        out[label] = {**metrics.to_dict(), "per_query_ndcg@10": {q: v["ndcg@10"] for q, v in sorted(metrics.per_query.items())},
+                      "seconds": round(time.perf_counter() - start, 1)}
+        log.info("%s %s: nDCG@10 %.4f over %d queries", model_dir, label, metrics["ndcg@10"], metrics.n_queries)
+    return out
+
+
+def run(name: str) -> None:
+    result_path = RESULTS / f"{name}.json"
+    if result_path.is_file():
+        log.info("%s: already finished (%s)", name, result_path)
+        return
+    tuples, validation = prepare()
+    out = ROOT / name
+    record: dict = {"name": name, "model": MODEL, "max_seq_length": MAX_SEQ, "batch": BATCH, "n_negatives": N_NEGATIVES,
+                    "updates": UPDATES, "eval_steps": EVAL_STEPS, "seed": SEED, "n_tuples": len(tuples),
+                    "validation": {"n_queries": len(validation.query_ids), "n_docs": len(validation.doc_ids)}}
+    start = time.perf_counter()
+    curve_path = out / "validation.jsonl"
+    if name == "frozen":
+        from embedtune.finetune.modeling import load_base_model
+        from embedtune.finetune.validation import score_model
+
+        similarity, model_dir = "cosine", MODEL
+        record["curve"] = [{"stage": "frozen", "step": 0, "update": 0, **score_model(load_base_model(MODEL, MAX_SEQ), validation, "cosine")}]
+    else:
+        config = config_for(name, out)
+
+        def callbacks(stage: str, offset: int, similarity: str):
+            return [ValidationCallback(validation, curve_path, EVAL_STEPS, similarity, stage=stage, update_offset=offset)]
+
+        result = train_pace(config, tuples=tuples, stage_callbacks=callbacks)
+        similarity, model_dir = result.similarity, result.model_dir
+        record["config"] = result.config
+        record["stages"] = [{k: getattr(s, k) for k in ("name", "similarity", "parameters", "steps", "steps_run", "learning_rate",
+                                                          "temperature", "norm_product_median", "weighting", "gamma", "seconds",
+                                                          "init_checkpoint", "trainable_parameters", "total_parameters")}
+                            for s in result.stages]
+        record["curve"] = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
+        record["weight_change"] = _weight_changes(config, result)
+    record["similarity"] = similarity
+    record["train_seconds"] = round(time.perf_counter() - start, 1)
+    record["test"] = score(model_dir, similarity)
+    report = diagnose_model(model_dir, SCIFACT, "train", n_pairs=None, seed=0, max_seq_length=MAX_SEQ)
+    record["diagnostics"] = {k: v for k, v in report.to_dict().items() if not isinstance(v, (list, dict))}
+    record["wall_seconds"] = round(time.perf_counter() - start, 1)
+    record["torch_threads"] = torch.get_num_threads()
+    atomic_write_json(result_path, record)
+    log.info("DONE %s: SciFact %.4f, ArguAna %.4f", name, record["test"]["scifact"]["ndcg@10"], record["test"]["arguana"]["ndcg@10"])
+
+
+def _weight_changes(config, result) -> dict:
+    from embedtune.finetune.modeling import load_base_model, load_stage_checkpoint
+
+    base = load_base_model(MODEL, MAX_SEQ)
+    final = load_base_model(result.model_dir, MAX_SEQ)
+    changes = {"total": weight_change(base, final)}
+    if len(result.stages) == 2:
+        init = load_stage_checkpoint(result.stages[1].init_checkpoint, MODEL, MAX_SEQ)
+        changes["stage1"] = weight_change(base, init)
+        changes["stage2"] = weight_change(init, final)
+    return changes
+
+
+def step_cost(n_steps: int = 4) -> None:
+    """Seconds per optimizer step of each loss on the same batches, measured alone (one thread)."""
+    tuples, _ = prepare()
+    rows = {}
+    for name in ("infonce-lora", "pace", "direct-dot-full", "st-hardness"):
+        config = config_for(name, ROOT / "step-cost" / name)
+        config.stage1.steps = n_steps
+        config.stage2 = None
+        config.save_steps = 10_000
+        small = TrainingTuples(tuples.query_ids[: BATCH * n_steps], tuples.positive_ids[: BATCH * n_steps],
+                               tuples.negative_ids[: BATCH * n_steps], tuples.meta)
+        result = train_pace(config, tuples=small)
+        rows[name] = round(result.stages[0].seconds / n_steps, 2)
+        log.info("step cost %s: %.2f s/step", name, rows[name])
+    atomic_write_json(RESULTS / "step_cost.json", {"seconds_per_step": rows, "batch": BATCH, "n_negatives": N_NEGATIVES,
+                                                   "max_seq_length": MAX_SEQ, "steps": n_steps, "torch_threads": torch.get_num_threads()})
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        if arg == "prepare":
+            prepare()
+        elif arg == "step-cost":
+            step_cost()
+        else:
+            run(arg)
