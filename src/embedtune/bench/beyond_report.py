@@ -20,7 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from embedtune.bench.dive_report import compare_runs
+from embedtune.bench.dive_protocol import select_preset
+from embedtune.bench.report_parts import compare_runs, group_runs, md_table, plot_curves
 
 __all__ = ["beyond_sections"]
 
@@ -41,8 +42,6 @@ def _final_rho(runs: list[dict]) -> str:
 
 def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: dict[str, Any]) -> list[str]:
     """Markdown sections (and PNGs in ``root``) for variants, preset candidates and the best preset."""
-    from embedtune.bench.dive_report import _md_table, _plot_curves, group_runs
-
     out: list[str] = []
     main = group_runs(records, "main")
 
@@ -59,13 +58,11 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
                 if ref:
                     summary.setdefault("variants", {})[f"{backbone}/{dataset}/k{dim}/{name}-vs-{reference}"] = row[-3:]
             rows.append(row)
-        out.append(_md_table(
+        out.append(md_table(
             ["backbone", "dataset", "k", "variant", "nDCG@10", "seeds", "Δ vs DIVE", "95 % CI", "p", "Δ vs PCA", "95 % CI", "p"], rows) + "\n")
 
     candidates = group_runs(records, "candidate")
     if candidates:
-        from embedtune.bench.dive_protocol import select_preset
-
         out.append("## 9. Preset candidates (init × objective × margin): validation queries only\n")
         out.append(f"Δ and p against the `{PAPER_CANDIDATE}` candidate (the paper's recipe); ρ is the final-epoch active ratio.\n")
         rows = []
@@ -78,10 +75,10 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
             selection = [h for h in first.get("history", []) if h.get("phase") in (None, "select")]
             if selection:
                 rho_curves[(backbone, dataset, dim)][name] = [h["active_ratio"] for h in selection]
-        out.append(_md_table(["backbone", "dataset", "k", "candidate", "val nDCG@10", "seeds", "Δ vs paper", "95 % CI", "p", "final ρ"], rows) + "\n")
+        out.append(md_table(["backbone", "dataset", "k", "candidate", "val nDCG@10", "seeds", "Δ vs paper", "95 % CI", "p", "final ρ"], rows) + "\n")
         for (backbone, dataset, dim), curves in sorted(rho_curves.items()):
             png = f"candidates_rho_{backbone}_{dataset.replace('/', '__')}_k{dim}.png"
-            _plot_curves(root / png, f"active ratio ρ(t), {dataset}, {backbone}, k={dim} (first seed)", curves, "ρ")
+            plot_curves(root / png, f"active ratio ρ(t), {dataset}, {backbone}, k={dim} (first seed)", curves, "ρ")
             out.append(f"![rho]({png})\n")
         chosen = select_preset({str(i): r for i, r in enumerate(records)})
         if chosen is not None:
@@ -101,5 +98,5 @@ def beyond_sections(records: list[dict], root: Path, n_resamples: int, summary: 
                     continue
                 rows.append([backbone, dataset, dim, name, _mean_std(runs), method, _mean_std(reference), *compare_runs(runs, reference, n_resamples)])
                 summary.setdefault("preset_best", {})[f"{backbone}/{dataset}/k{dim}/{name}-vs-{method}"] = rows[-1][4:]
-        out.append(_md_table(["backbone", "dataset", "k", "preset", "nDCG@10", "vs method", "method nDCG@10", "Δ", "95 % CI", "p"], rows) + "\n")
+        out.append(md_table(["backbone", "dataset", "k", "preset", "nDCG@10", "vs method", "method nDCG@10", "Δ", "95 % CI", "p"], rows) + "\n")
     return out

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from embedtune.bench.aggregate import equal_weight_average, mean_std
+from embedtune.bench.beyond_report import beyond_sections
 from embedtune.bench.datasets import community_parent
 from embedtune.bench.grid import RunStore
+from embedtune.bench.report_parts import compare_runs, group_runs, md_table, paired_runs_test, plot_curves
 from embedtune.compress import available_methods
-from embedtune.workflows.significance import PairedTest, align_by_query, paired_test
 from embedtune.io import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -33,34 +34,6 @@ def _fmt(mean: float, std: float, n_seeds: int | None = None) -> str:
     if n_seeds == 1:
         return f"{mean:.4f}"
     return f"{mean:.4f} ± {std:.4f}"
-
-
-def group_runs(records: list[dict], study: str) -> dict[tuple, list[dict]]:
-    """Runs tagged ``study`` (or ``study:label``), keyed by (backbone, dataset, dim, method, label).
-
-    CQADupStack communities stay separate here; :func:`_collapse_communities` merges them.
-    """
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for record in records:
-        spec = record["spec"]
-        if record.get("skipped"):
-            continue
-        for tag in spec.get("studies", []):
-            name, _, label = tag.partition(":")
-            if name == study:
-                groups[(spec["backbone"], spec["dataset"], spec["dim"], spec["method"], label)].append(record)
-    for runs in groups.values():
-        by_seed: dict[int, str] = {}
-        for record in runs:
-            seed, key = record["spec"]["seed"], record["spec"]["key"]
-            if seed in by_seed:
-                # Two configs wrote into one folder (e.g. a method override changed): pooling them would mix settings.
-                raise ValueError(
-                    f"results for study {study!r} hold two runs of one setting and seed: {by_seed[seed]} and {key}. "
-                    "Each protocol config needs its own --results folder; move one set of runs elsewhere."
-                )
-            by_seed[seed] = key
-    return groups
 
 
 # Shown in the H column rather than next to the method name.
@@ -102,22 +75,6 @@ def _collapse_communities(groups: dict[tuple, list[dict]]) -> dict[tuple, dict[s
     return table
 
 
-def _per_query_mean(runs: list[dict], metric: str = "ndcg@10") -> dict[str, float]:
-    queries = runs[0]["per_query"].keys()
-    return {q: statistics.fmean(r["per_query"][q][metric] for r in runs) for q in queries}
-
-
-def paired_runs_test(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> PairedTest:
-    """Paired test of ``a − b`` on per-query nDCG@10, each side averaged over its seeds."""
-    return paired_test(*align_by_query(_per_query_mean(a_runs), _per_query_mean(b_runs)), n_resamples)
-
-
-def compare_runs(a_runs: list[dict], b_runs: list[dict], n_resamples: int) -> tuple[str, str, str]:
-    """:func:`paired_runs_test` as text: ``(Δ, 95 % CI, p)``."""
-    test = paired_runs_test(a_runs, b_runs, n_resamples)
-    return f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}"
-
-
 def _plot_bars(path: Path, title: str, data: dict[str, dict[str, tuple[float, float]]], ylabel: str) -> None:
     import matplotlib
 
@@ -140,30 +97,6 @@ def _plot_bars(path: Path, title: str, data: dict[str, dict[str, tuple[float, fl
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _plot_curves(path: Path, title: str, curves: dict[str, list[float]], ylabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for label, values in curves.items():
-        ax.plot(range(1, len(values) + 1), values, label=label)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
@@ -193,7 +126,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                     bars_recall[dataset][method] = (row["recall@10"], row["recall@10_std"])
                     summary.setdefault("main", {}).setdefault(f"{backbone}/{dataset}/k{dim}", {})[method] = row
             out.append(f"### {backbone}, k = {dim}\n")
-            out.append(_md_table(["dataset", "method", "dim", "H", "nDCG@10", "Recall@10", "seeds", "fit s"], rows) + "\n")
+            out.append(md_table(["dataset", "method", "dim", "H", "nDCG@10", "Recall@10", "seeds", "fit s"], rows) + "\n")
             for metric, bars in (("ndcg", bars_ndcg), ("recall", bars_recall)):
                 png = f"main_{metric}_{backbone}_k{dim}.png"
                 _plot_bars(root / png, f"{backbone}, k={dim}: held-out {metric}@10", bars, f"{metric}@10")
@@ -211,33 +144,33 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
         rows.append([k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])),
                      _fmt(r["recall@10"], r["recall@10_std"], len(r["seeds"])), len(r["seeds"]), delta, ci, p_value])
     out.append("Δ, its bootstrap 95 % CI and the paired permutation p are against DIVE (the paper's recipe) in the same cell.\n")
-    out.append(_md_table(["backbone", "dataset", "k", "variant", "val nDCG@10", "val Recall@10", "seeds", "Δ vs DIVE", "95 % CI", "p"], rows) + "\n"
+    out.append(md_table(["backbone", "dataset", "k", "variant", "val nDCG@10", "val Recall@10", "seeds", "Δ vs DIVE", "95 % CI", "p"], rows) + "\n"
                if rows else "_no ablation runs_\n")
 
     # -- 3. Unsupervised comparison --------------------------------------------------------
     out.append("## 3. Unsupervised compressors (Table 4): held-out test\n")
     rows = [[k[0], k[1], k[2], k[3], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])), _fmt(r["recall@10"], r["recall@10_std"], len(r["seeds"]))]
             for k, r in sorted(main.items()) if k[3] in ("pca", "autoencoder", "dive")]
-    out.append(_md_table(["backbone", "dataset", "k", "method", "nDCG@10", "Recall@10"], rows) + "\n" if rows else "_none_\n")
+    out.append(md_table(["backbone", "dataset", "k", "method", "nDCG@10", "Recall@10"], rows) + "\n" if rows else "_none_\n")
 
     # -- 4. Learning-rate audit ------------------------------------------------------------
     out.append("## 4. Learning-rate audit (Figure 3): three candidates per supervised baseline, selected on validation\n")
     lr_val = _collapse_communities(group_runs(records, "lr_audit"))
     rows = [[k[0], k[1], k[2], k[3], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"]))] for k, r in sorted(lr_val.items())]
-    out.append(_md_table(["backbone", "dataset", "k", "method", "lr", "val nDCG@10"], rows) + "\n" if rows else "_no audit runs_\n")
+    out.append(md_table(["backbone", "dataset", "k", "method", "lr", "val nDCG@10"], rows) + "\n" if rows else "_no audit runs_\n")
     rows = []
     for key, row in sorted(_collapse_communities(group_runs(records, "lr_selected")).items()):
         dive = main.get((*key[:3], "dive", ""))
         rows.append([*key[:4], key[4], _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])), _fmt(dive["ndcg@10"], dive["ndcg@10_std"], len(dive["seeds"])) if dive else "–"])
         summary.setdefault("lr_audit", {})[f"{key[0]}/{key[1]}/k{key[2]}/{key[3]}"] = {"selected_lr": float(key[4]), **row}
-    out.append("Selected learning rate, retrained on train+val, held-out test:\n\n" + (_md_table(["backbone", "dataset", "k", "method", "selected lr", "test nDCG@10", "DIVE test nDCG@10"], rows) + "\n" if rows else "_phase 2 not run yet_\n"))
+    out.append("Selected learning rate, retrained on train+val, held-out test:\n\n" + (md_table(["backbone", "dataset", "k", "method", "selected lr", "test nDCG@10", "DIVE test nDCG@10"], rows) + "\n" if rows else "_phase 2 not run yet_\n"))
 
     # -- 5. Head count ---------------------------------------------------------------------
     out.append("## 5. Head-count sensitivity (Figure 4): validation\n")
     heads = _collapse_communities(group_runs(records, "heads"))
     rows = [[k[0], k[1], k[2], k[4], _fmt(r["ndcg@10"], r["ndcg@10_std"], len(r["seeds"])), len(r["seeds"])]
             for k, r in sorted(heads.items(), key=lambda kv: (kv[0][:3], int(kv[0][4])))]
-    out.append(_md_table(["backbone", "dataset", "k", "H", "val nDCG@10", "seeds"], rows) + "\n" if rows else "_none_\n")
+    out.append(md_table(["backbone", "dataset", "k", "H", "val nDCG@10", "seeds"], rows) + "\n" if rows else "_none_\n")
     skipped = sorted({f"{r['spec']['backbone']} {r['spec']['dataset']} k={r['spec']['dim']} H={r['spec']['overrides'].get('heads')}"
                       for r in records if r.get("skipped")})
     if skipped:
@@ -259,14 +192,14 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                         losses_dataset = key[1]
             if rho:
                 png = f"dynamics_rho_{backbone}_k{dim}.png"
-                _plot_curves(root / png, f"active ratio ρ(t), {backbone}, k={dim}", rho, "ρ")
+                plot_curves(root / png, f"active ratio ρ(t), {backbone}, k={dim}", rho, "ρ")
                 out.append(f"![rho]({png})\n")
                 png = f"dynamics_losses_{backbone}_k{dim}.png"
-                _plot_curves(root / png, f"weighted loss terms ({losses_dataset}), {backbone}, k={dim}", losses, "loss")
+                plot_curves(root / png, f"weighted loss terms ({losses_dataset}), {backbone}, k={dim}", losses, "loss")
                 out.append(f"![losses]({png})\n")
                 marks = [1, 10, 20, 30, 40, 50]
                 rows = [[d, *[f"{v[m - 1]:.3f}" if m <= len(v) else "" for m in marks]] for d, v in rho.items()]
-                out.append(_md_table(["dataset", *[f"ρ@{m}" for m in marks]], rows) + "\n")
+                out.append(md_table(["dataset", *[f"ρ@{m}" for m in marks]], rows) + "\n")
                 summary.setdefault("dynamics", {})[f"{backbone}/k{dim}"] = rho
 
     # -- 7. Significance (DIVE vs each method, per-query nDCG@10 averaged over seeds) -------
@@ -280,9 +213,7 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
         sig_rows.append([backbone, dataset, dim, method, f"{test.mean_difference:+.4f}", f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}]", f"{test.p_value:.4f}", test.n_queries])
         summary.setdefault("significance", {})[f"{backbone}/{dataset}/k{dim}/dive-vs-{method}"] = test.to_dict()
     out.append("## 7. Significance: DIVE vs each method (paired permutation p, bootstrap 95 % CI of Δ nDCG@10, per-query means over seeds)\n")
-    out.append(_md_table(["backbone", "dataset", "k", "vs method", "Δ nDCG@10", "95 % CI", "p", "queries"], sig_rows) + "\n" if sig_rows else "_none_\n")
-
-    from embedtune.bench.beyond_report import beyond_sections
+    out.append(md_table(["backbone", "dataset", "k", "vs method", "Δ nDCG@10", "95 % CI", "p", "queries"], sig_rows) + "\n" if sig_rows else "_none_\n")
 
     out += beyond_sections(records, root, n_resamples, summary)
 
