@@ -64,6 +64,8 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     ("embedtune.compress.st_export", "embedtune.compress.st_module"): "sentence-transformers, only when exporting",
     ("embedtune.encoders.vision_language", "embedtune.encoders.st_vl"): "sentence-transformers, only when saving in its layout "
                                                                         "(st_vl also builds on this module)",
+    ("embedtune.cli.pipeline", "embedtune.workflows.pipeline"): "sentence-transformers and transformers (PACE training)",
+    ("embedtune.cli.bench", "embedtune.bench.efficiency"): "faiss (a fifth of a second), only for `benchmark index`",
     # Each command's module loads its own stack; `import embedtune.cli.<command>` must not load them all.
     ("embedtune.cli", "embedtune.cli"): "every command's stack (PACE, VL, benchmarks), only when the parser is built",
 }

@@ -10,7 +10,6 @@ import time
 
 from embedtune.bench.dive_protocol import run_protocol
 from embedtune.bench.dive_report import build_report
-from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark
 from embedtune.bench.protocol_config import load_protocol_config
 from embedtune.cli.common import add_data_flags, add_list_flag, print_json
 from embedtune.io import atomic_write_json
@@ -98,6 +97,8 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
 
 
 def run_benchmark_index(args: argparse.Namespace) -> int:
+    from embedtune.bench.efficiency import ANN_COLUMNS, FLAT_COLUMNS, format_table, run_index_benchmark  # heavy optional dependency: faiss
+
     unknown = set(args.engines) - {"faiss", "embedtune"}
     if unknown or not args.engines:
         raise ValueError(f"--engines takes faiss and/or embedtune; got {args.engines!r}.")

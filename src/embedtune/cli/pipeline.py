@@ -7,7 +7,6 @@ import argparse
 from embedtune.cli.common import add_data_flags, add_list_flag, print_json, print_table
 from embedtune.compress import DIVECompressor
 from embedtune.finetune.config import preset_config
-from embedtune.workflows.pipeline import PipelineConfig, run_pipeline
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,6 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_pipeline_command(args: argparse.Namespace) -> int:
+    # heavy optional dependency: sentence-transformers and transformers (PACE training, through finetune.recipe)
+    from embedtune.workflows.pipeline import PipelineConfig, run_pipeline
+
     init = args.stage2_init
     init = init if init == "final" else (float(init) if "." in init else int(init))
     pace_config = preset_config(
