@@ -28,7 +28,7 @@ steps, hidden, family = int(os.environ["STEPS"]), int(os.environ["HIDDEN"]), os.
 from embedtune.data.mmeb import MMEBTrainExample
 from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder
 from embedtune.encoders.vision_language import TASK_INSTRUCTIONS, VLInput
-from embedtune.finetune.vl_recipe import VLPACEConfig, VLStageConfig, train_vl_pace
+from embedtune.finetune import PACEConfig, StageConfig, train_vl_pace
 
 embedder = tiny_vl_embedder(family, seed=0, hidden_size=hidden).to(device)
 examples = [
@@ -37,9 +37,10 @@ examples = [
     for i in range(16)
 ]
 vision_before = {name: p.detach().clone() for name, p in embedder.vision_parameters()}
-config = VLPACEConfig(stage1=VLStageConfig(steps=steps, similarity="cosine", lora=True),
-                      stage2=VLStageConfig(steps=steps, similarity="dot", lora=False, learning_rate=1e-5, temperature=1.0),
-                      batch_size=8, lora_rank=8)
+config = PACEConfig(backbone="vl", seed=0, n_negatives=None, stage2_init="final",
+                    stage1=StageConfig(steps=steps, similarity="cosine", parameters="lora", learning_rate=1e-4, temperature=0.02, warmup_ratio=0.0),
+                    stage2=StageConfig(steps=steps, similarity="dot", parameters="full", learning_rate=1e-5, temperature=1.0, warmup_ratio=0.0),
+                    batch_size=8, lora_rank=8)
 if device == "cuda":
     torch.cuda.reset_peak_memory_stats()
 start = time.perf_counter()

@@ -53,12 +53,11 @@ LAYER_NAMES = {0: "foundation", 1: "data", 2: "encoders", 3: "compress/finetune"
 FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     # The VL stack (Qwen-VL code on torch and transformers): only the VL commands need it.
     ("embedtune.workflows.mmeb", "embedtune.encoders.vision_language"): "the VL stack",
-    ("embedtune.finetune.vl_recipe", "embedtune.encoders.vision_language"): "the VL stack",
-    ("embedtune.finetune.vl_recipe", "embedtune.encoders.tiny_vl"): "the VL stack",
-    ("embedtune.cli.finetune_vl", "embedtune.finetune.vl_recipe"): "the VL stack and sentence-transformers",
+    ("embedtune.finetune.backbones.vl", "embedtune.encoders.vision_language"): "the VL stack",
+    ("embedtune.finetune.backbones.vl", "embedtune.encoders.tiny_vl"): "the VL stack",
     # sentence-transformers / transformers' Trainer: several seconds to import.
     ("embedtune.cli.finetune", "embedtune.finetune.recipe"): "sentence-transformers and transformers (PACE training)",
-    ("embedtune.finetune.recipe", "embedtune.finetune.trainer"): "transformers' Trainer, only when a stage trains",
+    ("embedtune.finetune.backbones.text", "embedtune.finetune.trainer"): "transformers' Trainer, only when a stage trains",
     ("embedtune.finetune.config", "embedtune.finetune.losses.cached_focal_embedding"): "sentence-transformers (GradCache), only to word an error",
     ("embedtune.compress.dive", "embedtune.compress.dive_export"): "sentence-transformers, only when exporting",
     ("embedtune.compress.st_export", "embedtune.compress.st_module"): "sentence-transformers, only when exporting",

@@ -193,7 +193,7 @@ def test_cli_handler_one_stage_baseline_and_dot_evaluation(tiny_bert_dir, toy_da
     finetune.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args([
         "finetune", "pace", "--preset", "direct-dot-full", "--steps", "2", "--model", str(tiny_bert_dir), "--data", str(toy_data),
-        "--train-split", "test", "--output", str(tmp_path / "cli"), "--batch-size", "4", "--n-negatives", "2", "--hard-pool", "5",
+        "--train-split", "test", "--out", str(tmp_path / "cli"), "--batch-size", "4", "--n-negatives", "2", "--hard-pool", "5",
         "--evaluate-split", "test", "--json",
     ])
     assert args.handler(args) == 0

@@ -98,16 +98,16 @@ def _examples():
 
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_vision_and_projector_bit_identical_after_both_stages(family):
-    from embedtune.finetune.vl_recipe import VLPACEConfig, VLStageConfig, train_vl_pace
+    from embedtune.finetune import PACEConfig, StageConfig, train_vl_pace
 
     embedder = tiny_vl_embedder(family, seed=2)
     vision_before = {name: parameter.detach().clone() for name, parameter in embedder.vision_parameters()}
     projector = {name for name, _ in embedder.projector_parameters()}
     language_before = {name: parameter.detach().clone() for name, parameter in embedder.language_parameters()}
     assert projector and projector <= set(vision_before)
-    config = VLPACEConfig(stage1=VLStageConfig(steps=2, learning_rate=1e-2, similarity="cosine", lora=True),
-                          stage2=VLStageConfig(steps=2, learning_rate=1e-3, similarity="dot", lora=False, temperature=1.0),
-                          batch_size=4, lora_rank=2)
+    config = PACEConfig(backbone="vl", stage1=StageConfig(steps=2, learning_rate=1e-2, similarity="cosine", parameters="lora", temperature=0.02),
+                        stage2=StageConfig(steps=2, learning_rate=1e-3, similarity="dot", parameters="full", temperature=1.0),
+                        batch_size=4, lora_rank=2, n_negatives=None)
     result = train_vl_pace(embedder, _examples(), config)
     assert [log.stage for log in result["logs"]] == [1, 1, 2, 2]
     assert all(torch.isfinite(torch.tensor(log.loss)) for log in result["logs"])

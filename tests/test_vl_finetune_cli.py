@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder  # noqa: E402
-from embedtune.finetune.vl_config import VLPACEConfig, VLStageConfig, vl_preset_config  # noqa: E402
+from embedtune.finetune import PACEConfig, StageConfig, preset_config  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,30 +44,33 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
     train_file, eval_file = _write_data(tmp_path)
     out = tmp_path / "run"
     code = main([
-        "finetune", "pace-vl", "--model", "tiny-qwen2.5-vl", "--train", str(train_file), "--output", str(out),
+        "finetune", "pace-vl", "--model", "tiny-qwen2.5-vl", "--data", str(train_file), "--out", str(out),
         "--stage1-steps", "3", "--stage2-steps", "2", "--stage2-init", "2", "--batch-size", "2", "--lora-rank", "2",
         "--stage1-lr", "1e-2", "--stage2-lr", "1e-3", "--stage2-temperature", "1", "--n-negatives", "1",
         "--precision", "fp32", "--eval-tasks", str(eval_file), "--json",
     ])
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["similarity"] == "dot" and summary["stage1_steps"] == 3 and summary["stage2_init_step"] == 2
+    assert summary["similarity"] == "dot" and summary["backbone"] == "vl" and summary["stage2_init_step"] == 2
+    assert [(stage["name"], stage["steps"], stage["steps_run"]) for stage in summary["stages"]] == [("stage1", 3, 3), ("stage2", 2, 2)]
     assert set(summary["metrics"]["per_dataset"]) == {"OK-VQA"}
 
     result = json.loads((out / "result.json").read_text())
-    assert [log["stage"] for log in result["logs"]] == [1, 1, 1, 2, 2]
-    assert all(log["loss"] == log["loss"] for log in result["logs"])  # finite, not NaN
+    assert [len(stage["log_history"]) for stage in result["stages"]] == [3, 2]
+    assert all(entry["loss"] is not None for stage in result["stages"] for entry in stage["log_history"])  # finite, not NaN
+    assert result["stages"][1]["init_checkpoint"].endswith("adapter-step-2")
     assert (out / "stage1" / "adapter-step-2" / "adapter_config.json").is_file()
     assert (out / "stage1" / "adapter-final" / "adapter_config.json").is_file()
 
     # The validated config is saved next to the weights and reads back as what the flags asked for.
-    saved = VLPACEConfig.load(out / "model")
-    assert saved == VLPACEConfig.load(out)
+    saved = PACEConfig.load(out / "model")
+    assert saved == PACEConfig.load(out)
+    assert saved.backbone == "vl" and saved.data == str(train_file)
     assert saved.preset == "pace" and saved.model == "tiny-qwen2.5-vl" and saved.lora_rank == 2 and saved.batch_size == 2
-    assert (saved.stage1.steps, saved.stage1.learning_rate, saved.stage1.similarity, saved.stage1.lora) == (3, 1e-2, "cosine", True)
-    assert (saved.stage2.steps, saved.stage2.learning_rate, saved.stage2.temperature, saved.stage2.lora) == (2, 1e-3, 1.0, False)
-    assert saved.stage2_init == 2 and saved.n_negatives == 1 and saved.max_image_pixels == 1_605_632  # untouched preset value
-    assert json.loads((out / "model" / "vl_pace_config.json").read_text())["embedtune_version"]
+    assert (saved.stage1.steps, saved.stage1.learning_rate, saved.stage1.similarity, saved.stage1.parameters) == (3, 1e-2, "cosine", "lora")
+    assert (saved.stage2.steps, saved.stage2.learning_rate, saved.stage2.temperature, saved.stage2.parameters) == (2, 1e-3, 1.0, "full")
+    assert saved.stage2_init == 2 and saved.n_negatives == 1 and saved.vl.max_image_pixels == 1_605_632  # untouched preset value
+    assert json.loads((out / "model" / "pace_config.json").read_text())["embedtune_version"]
 
     embedder, similarity = QwenVLEmbedder.load(out / "model")
     assert similarity == "dot" and embedder.family.model_type == "qwen2_5_vl" and not embedder.lora_modules()
@@ -77,10 +80,10 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
     assert scored["similarity"] == "dot" and scored["vqa"] == scored["per_dataset"]["OK-VQA"]
 
     # Rerun from the saved config (one flag changed): same recipe, new output.
-    code = main(["finetune", "pace-vl", "--config", str(out / "vl_pace_config.json"), "--output", str(tmp_path / "rerun"),
+    code = main(["finetune", "pace-vl", "--config", str(out / "pace_config.json"), "--out", str(tmp_path / "rerun"),
                  "--stage2-steps", "1", "--json"])
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["stage2_steps"] == 1
+    assert json.loads(capsys.readouterr().out)["stages"][1]["steps"] == 1
 
 
 def test_stage2_starts_from_the_stage1_init_step_checkpoint(tmp_path):
@@ -88,12 +91,12 @@ def test_stage2_starts_from_the_stage1_init_step_checkpoint(tmp_path):
     from peft import PeftModel
 
     from embedtune.data.mmeb import load_mmeb_train
-    from embedtune.finetune.vl_recipe import train_vl_pace
+    from embedtune.finetune import train_vl_pace
 
     train_file, _ = _write_data(tmp_path)
     examples = load_mmeb_train(train_file)
-    config = VLPACEConfig(stage1=VLStageConfig(steps=3, learning_rate=1e-2), stage2=VLStageConfig(steps=0, similarity="dot", lora=False),
-                          stage2_init=1, batch_size=2, lora_rank=2)
+    config = PACEConfig(backbone="vl", stage1=StageConfig(steps=3, learning_rate=1e-2), stage2=StageConfig(steps=0, similarity="dot", parameters="full"),
+                        stage2_init=1, batch_size=2, lora_rank=2, n_negatives=None)
     embedder = tiny_vl_embedder("qwen2_vl", seed=7)
     outcome = train_vl_pace(embedder, examples, config, checkpoint_dir=tmp_path / "stage1")
     assert outcome["stage2_init_step"] == 1 and len(outcome["logs"]) == 3
@@ -109,35 +112,52 @@ def test_stage2_starts_from_the_stage1_init_step_checkpoint(tmp_path):
 
 
 def test_presets_mirror_appendix_a():
-    config = vl_preset_config("pace")
-    assert (config.stage1.similarity, config.stage1.lora, config.stage1.learning_rate, config.stage1.temperature) == ("cosine", True, 2e-5, 0.1)
-    assert (config.stage2.similarity, config.stage2.lora, config.stage2.learning_rate, config.stage2.temperature) == ("dot", False, 2e-6, 100.0)
+    config = preset_config("pace", backbone="vl")
+    assert (config.stage1.similarity, config.stage1.parameters, config.stage1.learning_rate, config.stage1.temperature) == ("cosine", "lora", 2e-5, 0.1)
+    assert (config.stage2.similarity, config.stage2.parameters, config.stage2.learning_rate, config.stage2.temperature) == ("dot", "full", 2e-6, 100.0)
     assert config.stage1.warmup_ratio == config.stage2.warmup_ratio == 0.05 and config.stage1.steps is None  # one epoch each
-    assert (config.lora_rank, config.batch_size, config.n_negatives, config.gamma, config.stage2_init) == (32, 32, 5, 2.0, 0.25)
-    assert (config.max_seq_length, config.max_image_pixels, config.precision) == (8192, 1_605_632, "auto")
+    assert (config.lora_rank, config.batch_size, config.n_negatives, config.stage1.gamma, config.stage2_init) == (32, 32, 5, 2.0, 0.25)
+    assert (config.max_seq_length, config.vl.max_image_pixels, config.precision, config.seed) == (8192, 1_605_632, "auto", 0)
     assert config.stage2_init_step(7847) == 1962  # ≈ the paper's step 2,000
-    baseline = vl_preset_config("vlm2vec")
-    assert baseline.stage2 is None and baseline.stage1.weighting == "none" and baseline.stage1.lora
-    assert vl_preset_config("no-focal").stage2.weighting == "none"
+    baseline = preset_config("vlm2vec", backbone="vl")
+    assert baseline.stage2 is None and baseline.stage1.weighting == "none" and baseline.stage1.parameters == "lora"
+    assert preset_config("no-focal", backbone="vl").stage2.weighting == "none"
+    # The same preset names work for both families; only the paper's per-family values differ.
+    text = preset_config("pace", stage1_steps=10, stage2_steps=5)
+    assert text.stage2.temperature == "auto" and text.vl is None and text.seed == 2027
 
 
 def test_config_errors_name_the_field_and_the_fix(tmp_path, capsys):
     from embedtune.cli import main
 
-    with pytest.raises(ValueError, match="stage2.lora=True is not supported.*set stage2.lora=False"):
-        VLPACEConfig(stage2=VLStageConfig(similarity="dot", lora=True))
+    with pytest.raises(ValueError, match="stage2.parameters='lora' is not supported.*set stage2.parameters='full'"):
+        PACEConfig(backbone="vl", stage2=StageConfig(similarity="dot", parameters="lora"))
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        VLPACEConfig(batch_size=0)
+        PACEConfig(backbone="vl", batch_size=0)
     with pytest.raises(ValueError, match="stage1 has unknown keys \\['lr'\\]"):
-        VLPACEConfig(stage1={"lr": 1e-3})
+        PACEConfig(backbone="vl", stage1={"lr": 1e-3})
     with pytest.raises(ValueError, match="task='grounding' is not a PACE task format"):
-        VLPACEConfig(task="grounding")
+        PACEConfig(backbone="vl", vl={"task": "grounding"})
+    with pytest.raises(ValueError, match="vl options are for backbone='vl'"):
+        PACEConfig(vl={"task": "vqa"})
+    with pytest.raises(ValueError, match="mini_batch_size is not supported for backbone='vl'"):
+        PACEConfig(backbone="vl", mini_batch_size=2)
+    with pytest.raises(ValueError, match="backbone='vl' trains with loss='focal'"):
+        preset_config("st-hardness", backbone="vl", steps=3)
     with pytest.raises(ValueError, match="stage2_init=9 is beyond Stage I's 3 steps"):
-        VLPACEConfig(stage2_init=9).stage2_init_step(3)
-    with pytest.raises(ValueError, match="preset='paper' is unknown"):
-        vl_preset_config("paper")
-    assert main(["finetune", "pace-vl", "--model", "tiny-qwen2-vl", "--output", str(tmp_path / "x")]) == 2
-    assert "--train is required" in capsys.readouterr().err
-    assert main(["finetune", "pace-vl", "--preset", "vlm2vec", "--model", "tiny-qwen2-vl", "--train", "t.jsonl",
-                 "--output", str(tmp_path / "y"), "--stage2-steps", "3"]) == 2
-    assert "--stage2-steps was given but preset 'vlm2vec' has no stage2" in capsys.readouterr().err
+        PACEConfig(backbone="vl", stage2_init=9).stage2_init_step(3)
+    with pytest.raises(ValueError, match="unknown preset 'paper'"):
+        preset_config("paper", backbone="vl")
+    assert main(["finetune", "pace-vl", "--model", "tiny-qwen2-vl", "--out", str(tmp_path / "x")]) == 2
+    assert "--data is required" in capsys.readouterr().err
+    assert main(["finetune", "pace-vl", "--preset", "vlm2vec", "--model", "tiny-qwen2-vl", "--data", "t.jsonl",
+                 "--out", str(tmp_path / "y"), "--stage2-steps", "3"]) == 2
+    assert "preset 'vlm2vec' needs steps=, or stage1_steps= and stage2_steps=" in capsys.readouterr().err
+    assert main(["finetune", "pace", "--config", str(_vl_config_file(tmp_path)), "--out", str(tmp_path / "z")]) == 2
+    assert "run it with `embedtune finetune pace-vl`" in capsys.readouterr().err
+
+
+def _vl_config_file(tmp_path):
+    path = tmp_path / "vl" / "pace_config.json"
+    PACEConfig(backbone="vl", data="t.jsonl").save(path.parent)
+    return path

@@ -68,7 +68,7 @@ def test_lora_targets_only_the_language_model():
 
 def test_two_stage_recipe_freezes_vision_and_trains_language_model(tmp_path):
     from embedtune.data.mmeb import MMEBTrainExample
-    from embedtune.finetune.vl_recipe import VLPACEConfig, VLStageConfig, train_vl_pace
+    from embedtune.finetune import PACEConfig, StageConfig, train_vl_pace
 
     embedder = tiny_qwen2_vl_embedder(seed=2)
     examples = [
@@ -81,9 +81,9 @@ def test_two_stage_recipe_freezes_vision_and_trains_language_model(tmp_path):
     vision_before = {name: parameter.detach().clone() for name, parameter in embedder.vision_parameters()}
     language_before = {name: parameter.detach().clone() for name, parameter in embedder.language_parameters()}
     assert any(name.startswith("visual.merger.") for name in vision_before)  # the projector is covered
-    config = VLPACEConfig(stage1=VLStageConfig(steps=2, learning_rate=1e-2, similarity="cosine", lora=True),
-                          stage2=VLStageConfig(steps=2, learning_rate=1e-3, similarity="dot", lora=False, temperature=1.0),
-                          batch_size=4, lora_rank=2)
+    config = PACEConfig(backbone="vl", stage1=StageConfig(steps=2, learning_rate=1e-2, similarity="cosine", parameters="lora", temperature=0.02),
+                        stage2=StageConfig(steps=2, learning_rate=1e-3, similarity="dot", parameters="full", temperature=1.0),
+                        batch_size=4, lora_rank=2, n_negatives=None)
     result = train_vl_pace(embedder, examples, config)
     assert [log.stage for log in result["logs"]] == [1, 1, 2, 2]
     assert all(torch.isfinite(torch.tensor(log.loss)) for log in result["logs"])

@@ -17,7 +17,6 @@ import abc
 import dataclasses
 import json
 import logging
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress.presets import Preset
-from embedtune.io import atomic_write_json, load_weights, save_weights
+from embedtune.io import atomic_write_json, config_from_dict, load_weights, save_weights
 
 if TYPE_CHECKING:
     import torch
@@ -127,11 +126,8 @@ class CompressorConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CompressorConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            warnings.warn(f"{cls.__name__}: ignoring unknown config keys {unknown} (saved by another version?)")
-        return cls(**{key: value for key, value in values.items() if key in known})
+        """Unknown keys (saved by another embedtune version) are dropped with a warning."""
+        return config_from_dict(cls, values)
 
 
 C = TypeVar("C", bound="Compressor")

@@ -1,5 +1,8 @@
 """PACE: progressive fine-tuning of the embedding model (cosine+LoRA, then dot+full) with the Focal Embedding Loss.
 
+One config (:class:`PACEConfig`), one recipe (:func:`train_pace`) for text and vision-language
+backbones; ``config.backbone`` picks the family (:mod:`embedtune.finetune.backbones`).
+
 Quick start::
 
     from embedtune.finetune import preset_config, train_pace
@@ -7,6 +10,10 @@ Quick start::
     config = preset_config("pace", stage1_steps=400, stage2_steps=300, output_dir="runs/pace", max_seq_length=128)
     result = train_pace(config, evaluate_split="test")
     print(result.model_dir, result.metrics)
+
+    vl = preset_config("pace", backbone="vl", model="Qwen/Qwen2-VL-2B-Instruct", data="mmeb_train.jsonl",
+                       output_dir="runs/pace-vl")
+    train_pace(vl, evaluate_tasks=["OK-VQA.jsonl"])
 
 Names are imported lazily, so ``import embedtune.finetune.losses.focal_embedding`` needs only torch.
 """
@@ -20,6 +27,7 @@ _EXPORTS = {
     "PRESETS": "embedtune.finetune.config",
     "PACEConfig": "embedtune.finetune.config",
     "StageConfig": "embedtune.finetune.config",
+    "VLOptions": "embedtune.finetune.config",
     "preset_config": "embedtune.finetune.config",
     "TrainingTuples": "embedtune.finetune.data",
     "mine_training_tuples": "embedtune.finetune.data",
@@ -31,18 +39,25 @@ _EXPORTS = {
     "load_stage_checkpoint": "embedtune.finetune.modeling",
     "merge_lora": "embedtune.finetune.modeling",
     "PACEResult": "embedtune.finetune.recipe",
-    "StageResult": "embedtune.finetune.recipe",
-    "auto_temperature": "embedtune.finetune.recipe",
     "evaluate_model": "embedtune.finetune.recipe",
-    "prepare_stage_two": "embedtune.finetune.recipe",
-    "run_stage": "embedtune.finetune.recipe",
     "train_pace": "embedtune.finetune.recipe",
-    "VLPACEConfig": "embedtune.finetune.vl_config",
-    "VLStageConfig": "embedtune.finetune.vl_config",
-    "vl_preset_config": "embedtune.finetune.vl_config",
-    "VLPACEResult": "embedtune.finetune.vl_recipe",
-    "run_vl_pace": "embedtune.finetune.vl_recipe",
-    "train_vl_pace": "embedtune.finetune.vl_recipe",
+    "Backbone": "embedtune.finetune.stages",
+    "StageResult": "embedtune.finetune.stages",
+    "run_stages": "embedtune.finetune.stages",
+    "TextBackbone": "embedtune.finetune.backbones",
+    "VisionLanguageBackbone": "embedtune.finetune.backbones",
+    "backbone_for": "embedtune.finetune.backbones",
+    "auto_temperature": "embedtune.finetune.backbones.text",
+    "prepare_stage_two": "embedtune.finetune.backbones.text",
+    "run_stage": "embedtune.finetune.backbones.text",
+    "latest_resumable_checkpoint": "embedtune.finetune.backbones.text",
+    "train_vl_pace": "embedtune.finetune.backbones.vl",
+    # Deprecated names of the former vision-language stack (finetune/vl_config.py, vl_recipe.py), for one release.
+    "VLPACEConfig": "embedtune.finetune.config",
+    "VLStageConfig": "embedtune.finetune.config",
+    "vl_preset_config": "embedtune.finetune.config",
+    "VLPACEResult": "embedtune.finetune.recipe",
+    "run_vl_pace": "embedtune.finetune.recipe",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -210,10 +210,9 @@ def finalize_for_similarity(model, similarity: str):
 
 def parameter_fingerprint(model) -> dict[str, Any]:
     """Cheap summary of the weights (count, sum, sum of squares) used to tell checkpoints apart."""
+    count, total, total_sq = 0, 0, 0
     with torch.no_grad():
-        values = [p.detach().double() for p in model.parameters()]
-        return {
-            "parameters": int(sum(v.numel() for v in values)),
-            "sum": float(sum(v.sum() for v in values)),
-            "sum_sq": float(sum((v * v).sum() for v in values)),
-        }
+        for parameter in model.parameters():  # one float64 copy at a time: a VL model's would not fit twice
+            value = parameter.detach().double()
+            count, total, total_sq = count + value.numel(), total + value.sum(), total_sq + (value * value).sum()
+    return {"parameters": int(count), "sum": float(total), "sum_sq": float(total_sq)}

@@ -1,0 +1,329 @@
+"""Text backbones: a sentence-transformers model trained with the s-t trainer (PACE §3.3, §4.1).
+
+Training data are (query, positive, K hard negatives) tuples mined from BEIR qrels with the frozen
+model; each stage is one ``SentenceTransformerTrainer`` run whose checkpoints keep the optimizer and
+scheduler state, so a killed stage resumes from its latest checkpoint. Stage II starts from the Stage I
+checkpoint on disk. The final model is a plain s-t folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedtune.data.beir import load_beir
+from embedtune.encoders.dataset import embed_dataset
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.evaluate.retrieval import evaluate_embeddings
+from embedtune.finetune.stages import StageResult
+from embedtune.finetune.config import PACEConfig, StageConfig, steps_per_epoch
+from embedtune.finetune.data import TrainingTuples, mine_training_tuples
+from embedtune.finetune.losses import CachedFocalEmbeddingLoss, FocalEmbeddingLoss
+from embedtune.finetune.modeling import (
+    add_lora,
+    enable_all_gradients,
+    finalize_for_similarity,
+    load_base_model,
+    load_stage_checkpoint,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TextBackbone",
+    "auto_temperature",
+    "build_loss",
+    "evaluate_model",
+    "is_main_process",
+    "latest_resumable_checkpoint",
+    "prepare_stage_two",
+    "run_stage",
+    "world_size",
+]
+
+# lr_scheduler_type of transformers' Trainer for each StageConfig.scheduler
+_SCHEDULERS = {"linear": "linear", "constant": "constant_with_warmup"}
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _precision(config: PACEConfig) -> dict[str, bool]:
+    if config.precision == "fp32":
+        return {}
+    supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if config.precision == "bf16" and not supported:
+        raise ValueError("precision='bf16' needs a GPU with bf16 support; use 'auto' or 'fp32' on this machine.")
+    return {"bf16": True} if supported else {}
+
+
+@torch.no_grad()
+def auto_temperature(model, train_dataset, base_temperature: float = 0.1, n_samples: int = 32, batch_size: int = 32, seed: int = 0) -> tuple[float, float]:
+    """``τ = base_temperature × median(‖q‖·‖c‖)`` over a sample of training queries and candidates.
+
+    The dot-product logit ``q·c/τ = cos(q, c) · ‖q‖‖c‖ / τ`` then starts at the scale of the
+    cosine logit ``cos/τ_1`` for a typical pair. Every (query, candidate) pair of the sample counts.
+
+    Returns:
+        ``(τ, median)``.
+    """
+    n_rows = len(train_dataset)
+    rows = np.sort(np.random.default_rng(seed).choice(n_rows, size=min(n_samples, n_rows), replace=False)).tolist()
+    sample = train_dataset.select(rows)
+    candidate_columns = [name for name in sample.column_names if name != "anchor"]
+    was_training = model.training
+    model.eval()
+    queries = model.encode(list(sample["anchor"]), batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False, show_progress_bar=False)
+    candidates = model.encode(
+        [text for name in candidate_columns for text in sample[name]],
+        batch_size=batch_size,
+        convert_to_tensor=True,
+        normalize_embeddings=False,
+        show_progress_bar=False,
+    )
+    model.train(was_training)
+    products = torch.outer(queries.float().norm(dim=1), candidates.float().norm(dim=1))  # (n_q, n_c)
+    median = float(products.median())
+    return base_temperature * median, median
+
+
+def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float):
+    """The stage's Focal Embedding Loss (GradCache version when ``config.mini_batch_size`` is set), or
+    sentence-transformers' own MNRL with hardness weighting when ``stage.loss == "mnrl"`` (a baseline)."""
+    if stage.loss == "mnrl":
+        from sentence_transformers.sentence_transformer.losses import (
+            CachedMultipleNegativesRankingLoss,
+            MultipleNegativesRankingLoss,
+        )
+
+        mnrl = dict(scale=1.0 / temperature, hardness_mode=stage.hardness_mode, hardness_strength=stage.hardness_strength,
+                    gather_across_devices=True)
+        if config.mini_batch_size is not None:
+            return CachedMultipleNegativesRankingLoss(model, mini_batch_size=config.mini_batch_size, **mnrl)
+        return MultipleNegativesRankingLoss(model, **mnrl)
+    common = dict(
+        similarity=stage.similarity,
+        temperature=temperature,
+        weight_temperature=config.weight_temperature,
+        gamma=stage.gamma,
+        weighting=stage.weighting,
+        normalize=config.normalize,
+        gather_across_devices=True,
+        seed=config.seed,
+    )
+    if config.mini_batch_size is not None:
+        return CachedFocalEmbeddingLoss(model, mini_batch_size=config.mini_batch_size, **common)
+    return FocalEmbeddingLoss(model, **common)
+
+
+def run_stage(
+    name: str,
+    model,
+    train_dataset,
+    stage: StageConfig,
+    config: PACEConfig,
+    output_dir: Path,
+    save_at: set[int] | None = None,
+    stop_after: int | None = None,
+    callbacks: list | None = None,
+    *,
+    steps: int | None = None,
+    temperature: float | None = None,
+    norm_product_median: float | None = None,
+) -> StageResult:
+    """Train ``model`` in place for one stage with the s-t trainer.
+
+    ``model`` must already be prepared (LoRA attached or all parameters trainable). ``steps`` and a
+    resolved ``temperature`` default to the stage's (one epoch; 'auto' measured here). Checkpoints keep
+    the optimizer and scheduler state, so a killed stage resumes from its latest checkpoint in
+    ``output_dir`` (same data order, same schedule).
+    """
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    from embedtune.finetune.trainer import PACETrainer, StageCheckpointCallback  # heavy optional dependency: transformers' Trainer
+
+    processes = world_size()
+    steps = steps or stage.steps or steps_per_epoch(len(train_dataset), config.batch_size, processes)
+    if temperature is None:
+        temperature = stage.temperature
+        if temperature == "auto":
+            temperature, norm_product_median = auto_temperature(
+                model, train_dataset, stage.base_temperature, config.auto_temperature_samples, config.batch_size, config.seed
+            )
+    loss = build_loss(model, stage, config, float(temperature))
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=stage.learning_rate,
+        warmup_steps=stage.warmup_ratio,  # a float < 1 is a ratio in transformers >= 5
+        lr_scheduler_type=_SCHEDULERS[stage.scheduler],
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_grad_norm=config.max_grad_norm if config.max_grad_norm is not None else 0.0,  # 0: no clipping
+        seed=config.seed,
+        data_seed=config.seed,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        dataloader_drop_last=processes > 1,  # the global gather needs equal per-process batches
+        ddp_find_unused_parameters=processes > 1,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_only_model=False,  # optimizer + scheduler + RNG state, so a killed stage resumes exactly
+        logging_steps=config.logging_steps,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        deepspeed=config.deepspeed,
+        disable_tqdm=True,
+        **_precision(config),
+    )
+    callback = StageCheckpointCallback(save_at=save_at, stop_after=stop_after)
+    trainer = PACETrainer(model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[callback, *(callbacks or [])])
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    logger.info("%s: %s + %s, %d steps, lr %.2g, τ %.4g, weighting %s (γ=%s); %d of %d parameters trainable",
+                name, stage.similarity, stage.parameters, steps, stage.learning_rate, temperature, stage.weighting, stage.gamma, trainable, total)
+    resume = latest_resumable_checkpoint(output_dir)
+    if resume is not None:
+        logger.info("%s: resuming from %s", name, resume)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    seconds = time.perf_counter() - start
+    checkpoints = sorted((str(p) for p in output_dir.glob("checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
+    return StageResult(
+        name=name,
+        similarity=stage.similarity,
+        parameters=stage.parameters,
+        steps=steps,
+        steps_run=int(trainer.state.global_step),
+        learning_rate=stage.learning_rate,
+        temperature=float(temperature),
+        weighting=stage.weighting,
+        gamma=stage.gamma,
+        trainable_parameters=trainable,
+        total_parameters=total,
+        seconds=seconds,
+        norm_product_median=norm_product_median,
+        checkpoints=checkpoints,
+        log_history=list(trainer.state.log_history),
+    )
+
+
+def latest_resumable_checkpoint(output_dir: Path) -> Path | None:
+    """The highest-step ``checkpoint-N`` in ``output_dir`` that holds a complete trainer state."""
+    candidates = []
+    for path in Path(output_dir).glob("checkpoint-*"):
+        suffix = path.name.rsplit("-", 1)[1]
+        if suffix.isdigit() and (path / "trainer_state.json").is_file() and (path / "optimizer.pt").is_file():
+            candidates.append((int(suffix), path))
+    return max(candidates)[1] if candidates else None
+
+
+def _prepare_parameters(model, stage: StageConfig, config: PACEConfig):
+    if stage.parameters == "lora":
+        return add_lora(
+            model,
+            rank=config.lora_rank,
+            alpha=config.resolved_lora_alpha,
+            dropout=config.lora_dropout,
+            target_modules=config.lora_target_modules,
+            exclude_modules=config.lora_exclude_modules,
+        )
+    enable_all_gradients(model)
+    return model
+
+
+def prepare_stage_two(config: PACEConfig, checkpoint: str | Path):
+    """Stage II's starting model: the Stage I checkpoint, LoRA merged (``merge_and_unload``), then
+    every parameter trainable (``full``) or a fresh LoRA adapter (``lora``: the S2-LoRA ablation)."""
+    if config.stage2 is None:
+        raise ValueError("this config has no Stage II.")
+    model = load_stage_checkpoint(checkpoint, config.model, max_seq_length=config.max_seq_length)
+    return _prepare_parameters(model, config.stage2, config)
+
+
+def evaluate_model(
+    model: str | Path,
+    data: str | Path = "scifact",
+    split: str = "test",
+    similarity: str = "cosine",
+    max_seq_length: int | None = None,
+    batch_size: int = 64,
+    cache: bool = True,
+    top_k: int = 100,
+):
+    """Retrieval metrics of ``model`` on ``data``'s ``split`` qrels, ranking by ``similarity``.
+
+    ``"dot"`` ranks by the unnormalised dot product (the PACE Stage II setting); ``"cosine"``
+    L2-normalises first. This is what ``embedtune evaluate --similarity dot`` should call.
+    Returns a :class:`embedtune.evaluate.RetrievalMetrics`.
+    """
+    if similarity not in ("cosine", "dot"):
+        raise ValueError(f"similarity must be 'cosine' or 'dot'; got {similarity!r}.")
+    dataset = load_beir(data, split)
+    encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=similarity == "cosine", show_progress=False)
+    embeddings = embed_dataset(encoder, dataset, cache=cache)
+    ids = dataset.judged_query_ids()
+    return evaluate_embeddings(ids, embeddings.queries(ids), embeddings.doc_ids, embeddings.doc_embeddings, {q: dataset.qrels[q] for q in ids}, top_k)
+
+
+class TextBackbone:
+    """PACE on a sentence-transformers model: BEIR data, the s-t trainer, checkpoints on disk."""
+
+    @property
+    def world_size(self) -> int:
+        return world_size()
+
+    def seed(self, config: PACEConfig) -> None:
+        torch.manual_seed(config.seed)
+
+    def load_training_data(self, config: PACEConfig, output_dir: Path, prepared: TrainingTuples | None = None):
+        dataset = load_beir(config.data, config.train_split)
+        tuples = prepared
+        if tuples is None:
+            encoder = SentenceEncoder(config.model, max_seq_length=config.max_seq_length, normalize=True, show_progress=False)
+            tuples = mine_training_tuples(dataset, encoder, n_negatives=config.n_negatives, hard_pool=config.hard_pool, seed=config.seed)
+        if is_main_process():
+            tuples.save(output_dir / "train_tuples.json")
+        return tuples.to_dataset(dataset)
+
+    def load_model(self, config: PACEConfig):
+        return load_base_model(config.model, max_seq_length=config.max_seq_length)
+
+    def prepare_stage_one(self, model, config: PACEConfig):
+        return _prepare_parameters(model, config.stage1, config)
+
+    def norm_product_median(self, model, data, config: PACEConfig) -> float:
+        return auto_temperature(model, data, 1.0, config.auto_temperature_samples, config.batch_size, config.seed)[1]
+
+    def run_stage(self, name, model, data, stage, config, output_dir, *, steps, temperature, save_at, stop_after, callbacks,
+                  norm_product_median=None) -> StageResult:
+        return run_stage(name, model, data, stage, config, output_dir, save_at=save_at, stop_after=stop_after, callbacks=callbacks,
+                         steps=steps, temperature=temperature, norm_product_median=norm_product_median)
+
+    def start_stage_two(self, model, config: PACEConfig, stage1: StageResult | None, stage1_dir: Path | None, init_step: int | None):
+        checkpoint = Path(stage1_dir) / f"checkpoint-{init_step}"
+        del model  # Stage II reloads Stage I's weights at init_step from disk
+        return prepare_stage_two(config, checkpoint), str(checkpoint)
+
+    def finalize(self, model, similarity: str):
+        return finalize_for_similarity(model, similarity)
+
+    def save_model(self, model, config: PACEConfig, model_dir: Path, similarity: str) -> None:
+        if is_main_process():
+            model.save(str(model_dir))
+
+    def evaluate(self, model, model_dir: Path, config: PACEConfig, similarity: str, target: Any) -> dict[str, Any]:
+        metrics = evaluate_model(model_dir, config.data, target, similarity=similarity, max_seq_length=config.max_seq_length)
+        return metrics.to_dict()
