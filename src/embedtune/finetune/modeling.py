@@ -30,6 +30,7 @@ __all__ = [
     "enable_all_gradients",
     "save_adapter",
     "load_stage_checkpoint",
+    "load_adapter_weights",
     "finalize_for_similarity",
 ]
 
@@ -179,6 +180,24 @@ def load_stage_checkpoint(checkpoint: str | os.PathLike, base_model: str, max_se
         enable_all_gradients(model)
         return model
     raise FileNotFoundError(f"{checkpoint}: neither a LoRA checkpoint (adapter_config.json) nor an s-t model folder.")
+
+
+def load_adapter_weights(model, checkpoint: str | os.PathLike) -> None:
+    """Load the LoRA weights of a stage checkpoint into ``model``, which carries the same adapter (resuming).
+
+    s-t's trainer would reload the checkpoint as a fresh model whose adapter is not wrapped in a
+    ``PeftModel`` and copy its state dict over, which fails on the ``base_model.model.`` key prefix.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    checkpoint = Path(checkpoint)
+    weights = checkpoint / _transformer_subdir(checkpoint) / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}: no LoRA adapter weights in this checkpoint.")
+    outcome = set_peft_model_state_dict(hf_model(transformer_module(model)), load_file(str(weights)))
+    if outcome.unexpected_keys:
+        raise ValueError(f"{weights}: adapter weights {outcome.unexpected_keys[:3]}... do not fit this model's LoRA adapter.")
 
 
 def _transformer_subdir(checkpoint: Path) -> str:

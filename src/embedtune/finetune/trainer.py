@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import PrinterCallback, TrainerCallback
+
+from embedtune.finetune.modeling import has_lora, load_adapter_weights
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +32,17 @@ class PACETrainer(SentenceTransformerTrainer):
         super().__init__(*args, **kwargs)
         self.remove_callback(PrinterCallback)
         self.add_callback(LoggingCallback())
+
+    def load_checkpoint(self, checkpoint: str) -> None:
+        """Load the model weights of a checkpoint of this stage (a stage already complete on disk)."""
+        self._load_from_checkpoint(checkpoint)
+
+    def _load_from_checkpoint(self, checkpoint, *args, **kwargs) -> None:
+        # A LoRA stage resumes by loading the adapter weights into the adapter it already has.
+        if has_lora(self.model):
+            load_adapter_weights(self.model, checkpoint)
+            return
+        super()._load_from_checkpoint(checkpoint, *args, **kwargs)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:

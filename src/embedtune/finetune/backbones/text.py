@@ -151,6 +151,7 @@ def run_stage(
     """
     from sentence_transformers import SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
+    from transformers import TrainerState
 
     from embedtune.finetune.trainer import PACETrainer, StageCheckpointCallback  # heavy optional dependency: transformers' Trainer
 
@@ -195,10 +196,18 @@ def run_stage(
     logger.info("%s: %s + %s, %d steps, lr %.2g, τ %.4g, weighting %s (γ=%s); %d of %d parameters trainable",
                 name, stage.similarity, stage.parameters, steps, stage.learning_rate, temperature, stage.weighting, stage.gamma, trainable, total)
     resume = latest_resumable_checkpoint(output_dir)
-    if resume is not None:
-        logger.info("%s: resuming from %s", name, resume)
+    end_step = min(steps, stop_after) if stop_after is not None else steps
     start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    if resume is not None and int(resume.name.rsplit("-", 1)[1]) >= end_step:
+        # A rerun of a finished stage: transformers would take one step past the checkpoint before it stops.
+        logger.info("%s: already complete at %s", name, resume)
+        trainer.load_checkpoint(str(resume))
+        state = TrainerState.load_from_json(str(resume / "trainer_state.json"))
+    else:
+        if resume is not None:
+            logger.info("%s: resuming from %s", name, resume)
+        trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+        state = trainer.state
     seconds = time.perf_counter() - start
     checkpoints = sorted((str(p) for p in output_dir.glob("checkpoint-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
     return StageResult(
@@ -206,7 +215,7 @@ def run_stage(
         similarity=stage.similarity,
         parameters=stage.parameters,
         steps=steps,
-        steps_run=int(trainer.state.global_step),
+        steps_run=int(state.global_step),
         learning_rate=stage.learning_rate,
         temperature=float(temperature),
         weighting=stage.weighting,
@@ -216,7 +225,7 @@ def run_stage(
         seconds=seconds,
         norm_product_median=norm_product_median,
         checkpoints=checkpoints,
-        log_history=list(trainer.state.log_history),
+        log_history=list(state.log_history),
     )
 
 
