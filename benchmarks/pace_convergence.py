@@ -43,7 +43,7 @@ from embedtune.data.beir import load_beir
 from embedtune.data.splits import train_qrels_split
 from embedtune.encoders.dataset import embed_dataset
 from embedtune.encoders.sentence_transformer import SentenceEncoder
-from embedtune.evaluate.geometry import diagnose_model
+from embedtune.workflows.diagnose import diagnose_model
 from embedtune.finetune import preset_config, train_pace
 from embedtune.finetune.data import TrainingTuples, mine_training_tuples
 from embedtune.finetune.recipe import evaluate_model
