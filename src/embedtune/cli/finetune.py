@@ -87,7 +87,7 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     required = "" if backbone == "text" else " (required unless --config)"
     parser.add_argument("--preset", default="pace", choices=sorted(PRESETS), help="recipe, baseline or ablation")
     parser.add_argument("--config", default=None, metavar="JSON", help="start from a saved pace_config.json (or its folder) instead of --preset")
-    parser.add_argument("--model", default=None, help=f"{model_help} (preset: {'minilm' if backbone == 'text' else 'required'})")
+    parser.add_argument("--model", default=None, help=f"{model_help} " + ("(preset: minilm)" if backbone == "text" else "(required unless --config)"))
     parser.add_argument("--data", default=None, help=f"{data_help}{required}" + (" (preset: scifact)" if backbone == "text" else ""))
     parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, result.json "
                                                                    "(required unless --config)")
