@@ -106,6 +106,7 @@ def world() -> World:
     return World()
 
 
+@pytest.mark.slow
 def test_paper_recipe_collapses_far_below_pca(world):
     pca_judged, pca_true = world.pca
     assert pca_true > 0.85 and pca_judged > 0.12  # PCA itself is a sound baseline here
@@ -119,6 +120,7 @@ def test_paper_recipe_collapses_far_below_pca(world):
     assert true < 0.5 * pca_true and true < pca_true - 0.3
 
 
+@pytest.mark.slow
 def test_robust_recipe_does_not_collapse(world):
     pca_judged, pca_true = world.pca
 

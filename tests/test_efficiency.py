@@ -61,6 +61,7 @@ def test_quantization_table(toy_beir, tiny_bert_dir):
     assert all(0.0 <= r["ndcg@10"] <= 1.0 and r["n_queries"] == 10 for r in rows)
 
 
+@pytest.mark.slow
 def test_streaming_benchmark(rng, tmp_path):
     from embedtune.compress import TrainingData, make_compressor
 
@@ -73,6 +74,7 @@ def test_streaming_benchmark(rng, tmp_path):
     assert row["peak_rss_bytes"] >= row["rss_before_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_cli_benchmark_index_json(tmp_path, capsys):
     from embedtune.cli import bench as cli_bench
 

@@ -69,6 +69,7 @@ def test_pipeline_rejects_training_on_the_test_split(tiny_bert_dir, toy_train_te
         PipelineConfig(methods=[])
 
 
+@pytest.mark.slow
 def test_pipeline_cli_applies_the_dive_preset(tiny_bert_dir, toy_train_test, tmp_path, capsys):
     from embedtune.cli import build_parser, main
 

@@ -130,6 +130,7 @@ print(json.dumps({"before": before, "peak": status("VmHWM:")}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_streaming_memory_stays_bounded(fitted, tmp_path):
     n, d = 200_000, 48  # 38 MB of float32 input, 9.6 MB of output
