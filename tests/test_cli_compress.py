@@ -1,7 +1,6 @@
 import json
 
 import numpy as np
-import pytest
 
 from embedtune.cli import main
 from embedtune.compress import load_compressor
