@@ -9,6 +9,7 @@ from embedtune.compress.registry import (
     make_compressor,
     register,
     unregister,
+    unsupervised_methods,
 )
 
 # Importing the method modules fills the registry, in the order `--method` lists them.
@@ -30,4 +31,5 @@ __all__ = [
     "make_compressor",
     "register",
     "unregister",
+    "unsupervised_methods",
 ]

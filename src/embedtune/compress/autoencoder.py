@@ -81,6 +81,7 @@ class AutoencoderCompressor(Compressor):
     method = "autoencoder"
     config_class = AutoencoderConfig
     supervised = False
+    supports_unsupervised = True
     help = "an MLP autoencoder trained to reconstruct the corpus"
     presets = presets_from_config(AutoencoderConfig)
 

@@ -6,8 +6,8 @@ with unit L2 norm, ``save(dir)`` and ``load(dir)``. The benchmark treats every r
 the same way.
 
 Everything the CLI, the workflows and the protocol grid need to know about a method is a class
-trait here (``supervised``, ``seed_dependent``, ``help``, ``lr_candidates``, ``presets``,
-``default_preset``) or a hook (``fit_details``, ``sentence_transformer_modules``), so a new
+trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``help``,
+``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``sentence_transformer_modules``), so a new
 method is one new module and nothing else.
 """
 
@@ -97,9 +97,24 @@ class TrainingData:
                 raise ValueError("triplets index a query or document row that does not exist.")
             self.triplets = triplets
 
+    @classmethod
+    def corpus_only(cls, doc_embeddings: Any, doc_ids: list[str] | None = None) -> "TrainingData":
+        """Training data with documents only: no queries, no labels (what unsupervised fitting reads).
+
+        ``doc_ids`` defaults to the row numbers as strings.
+        """
+        docs = as_float32_rows(doc_embeddings, "doc_embeddings")
+        ids = [str(i) for i in range(len(docs))] if doc_ids is None else list(doc_ids)
+        return cls([], np.zeros((0, docs.shape[1]), dtype=np.float32), ids, docs, {}, None)
+
     @property
     def dim(self) -> int:
         return int(self.query_embeddings.shape[1])
+
+    @property
+    def has_queries(self) -> bool:
+        """Whether any query rows are present (False for :meth:`corpus_only` data)."""
+        return len(self.query_ids) > 0
 
     def require_triplets(self, method: str) -> np.ndarray:
         if self.triplets is None or len(self.triplets) == 0:
@@ -149,6 +164,10 @@ class Compressor(abc.ABC):
     config_class: ClassVar[type[CompressorConfig]]
     #: Learns from the shared training triplets (they are mined only when some method needs them).
     supervised: ClassVar[bool] = False
+    #: Can fit on corpus vectors alone, no queries or labels: ``fit_unsupervised(corpus)``. For a
+    #: method that is supervised by default this is its own unsupervised setting (see
+    #: :meth:`unsupervised_config`).
+    supports_unsupervised: ClassVar[bool] = False
     #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
     seed_dependent: ClassVar[bool] = True
     #: One line for ``compress train --help``.
@@ -196,6 +215,41 @@ class Compressor(abc.ABC):
             self.input_dim_ = None
             raise
         return self
+
+    def fit_unsupervised(self: C, corpus: Any, log_path: str | Path | None = None) -> C:
+        """Learn the map from corpus vectors alone (no queries, no labels) and return ``self``.
+
+        Methods that are supervised by default switch to their unsupervised setting first
+        (``self.config`` becomes :meth:`unsupervised_config` of it, so ``save`` records it).
+
+        Args:
+            corpus: (n_docs, d) document vectors, or a :class:`TrainingData` (only its
+                ``doc_embeddings`` are read).
+            log_path: as in :meth:`fit`.
+
+        Raises:
+            ValueError: the method has no unsupervised setting (``supports_unsupervised`` is False).
+        """
+        if not self.supports_unsupervised:
+            raise ValueError(
+                f"{self.method} cannot be fitted without labels; it needs training triplets. "
+                "Give queries with relevance labels, or pick a method that supports unsupervised fitting: "
+                "embedtune.compress.unsupervised_methods()."
+            )
+        train = corpus if isinstance(corpus, TrainingData) else TrainingData.corpus_only(corpus)
+        train = TrainingData.corpus_only(train.doc_embeddings, train.doc_ids)
+        self.config = self.unsupervised_config(self.config)
+        return self.fit(train, log_path=log_path)
+
+    @classmethod
+    def unsupervised_config(cls, config: CompressorConfig) -> CompressorConfig:
+        """``config`` set for corpus-only fitting (identity for methods that never read labels)."""
+        return config
+
+    @property
+    def is_unsupervised(self) -> bool:
+        """Whether this estimator, as configured, fits without labels (methods that never read labels: True)."""
+        return not self.supervised
 
     def transform(self, X: Any) -> np.ndarray:
         self._check_fitted()

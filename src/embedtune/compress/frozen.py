@@ -32,6 +32,7 @@ class FrozenCompressor(Compressor):
     method = "frozen"
     config_class = FrozenConfig
     supervised = False
+    supports_unsupervised = True
     seed_dependent = False
     help = "the uncompressed frozen embedding (full d), the reference"
 

@@ -88,6 +88,7 @@ class PCACompressor(Compressor):
     method = "pca"
     config_class = PCAConfig
     supervised = False
+    supports_unsupervised = True
     seed_dependent = False
     help = "corpus PCA onto the top-k principal axes"
 

@@ -14,8 +14,8 @@ from typing import Any
 from embedtune.compress.base import CONFIG_NAME, Compressor, read_compressor_meta
 
 __all__ = [
-    "register", "unregister", "get_compressor_class", "available_methods", "make_compressor", "load_compressor",
-    "find_compressor_dir",
+    "register", "unregister", "get_compressor_class", "available_methods", "unsupervised_methods", "make_compressor",
+    "load_compressor", "find_compressor_dir",
 ]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
@@ -44,6 +44,11 @@ def unregister(method: str) -> None:
 def available_methods() -> list[str]:
     """Registered method names, in registration order (the order reports list them)."""
     return list(_REGISTRY)
+
+
+def unsupervised_methods() -> list[str]:
+    """Registered methods that can fit on corpus vectors alone (``supports_unsupervised``)."""
+    return [name for name, cls in _REGISTRY.items() if cls.supports_unsupervised]
 
 
 def get_compressor_class(method: str) -> type[Compressor]:

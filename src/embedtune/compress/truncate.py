@@ -33,6 +33,7 @@ class TruncateCompressor(Compressor):
     method = "truncate"
     config_class = TruncateConfig
     supervised = False
+    supports_unsupervised = True
     seed_dependent = False
     help = "the first k coordinates, renormalised"
 
