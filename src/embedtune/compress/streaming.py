@@ -19,10 +19,11 @@ one padded), see :func:`transform_rows`. 4096 rows is also the fastest tile meas
 (PCA 768 -> 128: 238k vectors/s, against 131k for 256-row tiles and 98k for one call on
 131k rows, whose temporaries leave the cache). BLAS picks its kernel by matrix shape, and kernels
 round differently: a row transformed in a 300-row call and in a 50-row call can differ in
-the last bit (measured: OpenBLAS for output dims under 32, and any BLAS under ~19 rows). With
-one fixed tile shape every row's output is the same bits wherever the block boundaries fall
-(measured: any offset, PCA and a torch compressor), so chunked, in-memory and Ray applies
-agree exactly.
+the last bit (measured: OpenBLAS for output dims under 32, and any BLAS under ~19 rows). Even
+inside one tile shape, some CPUs round a row differently by its position in the tile (OpenBLAS
+Haswell kernels, 384 -> 128: every 192nd row or so). So the file is re-cut into tile-aligned
+pieces (:func:`tile_aligned_blocks`) whatever the read chunk size, and chunked, in-memory and
+Ray applies (batch sizes that are multiples of the tile) agree exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+import collections
 from typing import Iterator
 
 import numpy as np
@@ -62,8 +64,10 @@ def iter_row_blocks(xb: np.ndarray, chunk_size: int):
 def transform_rows(compressor: Compressor, X: np.ndarray, tile: int = TILE_ROWS) -> np.ndarray:
     """``compressor.transform(X)`` computed in tiles of exactly ``tile`` rows (the last padded).
 
-    Each row's output then depends only on the row, never on how the input was split into
-    blocks or batches: streaming, in-memory and Ray applies give the same bits.
+    Each row's output then depends only on the row and its position modulo ``tile``, never on how
+    the input was split into tile-aligned blocks: streaming, in-memory and Ray applies, which all
+    cut at multiples of ``tile``, give the same bits. Blocks cut elsewhere agree to float32
+    rounding (BLAS may handle a tile's last rows with a different kernel).
     """
     X = np.asarray(X)
     n = len(X)
@@ -74,6 +78,33 @@ def transform_rows(compressor: Compressor, X: np.ndarray, tile: int = TILE_ROWS)
             rows = np.concatenate([rows, np.repeat(rows[-1:], tile - len(rows), axis=0)])
         out[start : start + tile] = compressor.transform(rows)[: min(tile, n - start)]
     return out
+
+
+def tile_aligned_blocks(
+    blocks: Iterator[tuple[int, list[str] | None, np.ndarray]], tile: int = TILE_ROWS
+) -> Iterator[tuple[int, list[str] | None, np.ndarray]]:
+    """Re-cut ``(start, ids, block)`` pieces so that every piece but the last starts at a multiple of ``tile``.
+
+    A row's bits depend on its position inside a tile (BLAS kernels), so the file is always
+    transformed in the same tiles, whatever the read chunk size. Carries at most ``tile - 1`` rows
+    (copied, since readers may reuse their buffer) from one piece to the next.
+    """
+    carry_start, carry_ids, carry = 0, None, None
+    for start, ids, block in blocks:
+        if carry is not None:
+            block = np.concatenate([carry, block])
+            ids = None if ids is None else [*carry_ids, *ids]
+            start = carry_start
+        cut = (len(block) // tile) * tile
+        if cut:
+            yield start, (None if ids is None else ids[:cut]), block[:cut]
+        if cut < len(block):
+            carry_start, carry = start + cut, np.array(block[cut:], copy=True)
+            carry_ids = None if ids is None else list(ids[cut:])
+        else:
+            carry, carry_ids = None, None
+    if carry is not None:
+        yield carry_start, carry_ids, carry
 
 
 def ids_path_for(output_path: str | Path) -> Path:
@@ -262,11 +293,36 @@ def apply_compressor_streaming(
     k = compressor.output_dim
     start_time = time.perf_counter()
 
-    def compressed():
+    def checked_blocks():
         for start, ids, block in iter_embedding_blocks(input_path, chunk_size, id_column, vector_column, reuse_buffer=True):
             if ids is not None and output_path.suffix == ".npy" and any("\n" in i or "\r" in i for i in ids):
                 raise ValueError(f"{input_path}: ids contain line breaks, which ids.txt cannot hold; write .parquet output instead.")
-            yield start, ids, transform_rows(compressor, block)
+            yield start, ids, block
+
+    def compressed():
+        # Transform in tile-aligned pieces (same bits whatever chunk_size is), but hand the
+        # writer one output block per read chunk, so row groups and memory follow chunk_size.
+        pending: collections.deque[tuple[int, list[str] | None, int]] = collections.deque()
+        outputs: list[np.ndarray] = []
+
+        def recorded():
+            for start, ids, block in checked_blocks():
+                pending.append((start, ids, len(block)))
+                yield start, ids, block
+
+        def ready():
+            available = sum(len(o) for o in outputs)
+            while pending and pending[0][2] <= available:
+                start, ids, rows = pending.popleft()
+                merged = np.concatenate(outputs) if len(outputs) > 1 else outputs[0]
+                outputs[:] = [merged[rows:]] if rows < len(merged) else []
+                available -= rows
+                yield start, ids, merged[:rows]
+
+        for _, _, block in tile_aligned_blocks(recorded(), TILE_ROWS):
+            outputs.append(transform_rows(compressor, block))
+            yield from ready()
+        yield from ready()
 
     if output_path.suffix == ".parquet":
         atomic_write(output_path, lambda tmp: _write_parquet(tmp, compressed(), k, id_column, vector_column))
