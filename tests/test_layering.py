@@ -2,7 +2,7 @@
 
 The layers, lowest first (a module may import its own layer and the layers below it)::
 
-    0 foundation  io, runtime, evaluate/ (exact search, kernels, metrics, scoring of given vectors)
+    0 foundation  io, errors, runtime, evaluate/ (exact search, kernels, metrics, scoring of given vectors)
     1 data        data/
     2 encoders    encoders/
     3 methods     compress/, finetune/
@@ -31,6 +31,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "embedtune"
 LAYERS: dict[str, int] = {
     "": 0,  # embedtune/__init__.py (the version)
     "io": 0,
+    "errors": 0,
     "runtime": 0,
     "evaluate": 0,
     "data": 1,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from embedtune.errors import EmbedtuneError
+
 __all__ = ["DataFormatError"]
 
 
-class DataFormatError(ValueError):
+class DataFormatError(EmbedtuneError):
     def __init__(self, file: str, problem: str, fix: str, line: int | None = None, field: str | None = None) -> None:
         where = f"{file}:{line}" if line is not None else str(file)
         field_part = f" field {field!r}:" if field else ""
