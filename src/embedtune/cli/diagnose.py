@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from embedtune.cli.common import print_json, print_table
+from embedtune.cli.common import add_data_flags, print_json, print_table
 from embedtune.io import atomic_write_json
 from embedtune.workflows.diagnose import diagnose_model
 
@@ -22,8 +22,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--model", required=True, help="'minilm', 'mpnet', or a local sentence-transformers folder")
-    parser.add_argument("--data", default="scifact", help="BEIR folder, BEIR-layout .zip, or bundled name 'scifact'")
-    parser.add_argument("--split", default="train", help="qrels split whose (query, positive) pairs are sampled")
+    add_data_flags(parser, split_default="train", split_help="qrels split whose (query, positive) pairs are sampled")
     parser.add_argument("--n-pairs", type=int, default=1000, help="pairs sampled (0 = all)")
     parser.add_argument("--random-pairs", type=int, default=10000, help="random (query, candidate) pairs for the mean cosine")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")

@@ -6,7 +6,7 @@ import argparse
 
 from embedtune.cli.common import add_data_flags, add_list_flag, print_json, print_table
 from embedtune.compress import DIVECompressor
-from embedtune.finetune.config import preset_config
+from embedtune.finetune.config import parse_stage2_init, preset_config
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--test-split", default="test", help="qrels split of the held-out evaluation")
     parser.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (default: one epoch)")
     parser.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (default: one epoch)")
-    parser.add_argument("--stage2-init", default="0.25", help="Stage II init checkpoint: fraction of Stage I, a step, or 'final'")
+    parser.add_argument("--stage2-init", type=parse_stage2_init, default=0.25, help="Stage II init checkpoint: fraction of Stage I, a step, or 'final'")
     parser.add_argument("--stop-stage1-at-init", action="store_true", help="end Stage I at the Stage II init checkpoint")
     parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
     parser.add_argument("--max-seq-length", type=int, default=None, help="token cap for training and encoding")
@@ -51,7 +51,6 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     from embedtune.workflows.pipeline import PipelineConfig, run_pipeline
 
     init = args.stage2_init
-    init = init if init == "final" else (float(init) if "." in init else int(init))
     pace_config = preset_config(
         args.preset, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps, model=args.model, data=args.data,
         train_split=args.train_split, output_dir=args.out, stage2_init=init, stop_stage1_at_init=args.stop_stage1_at_init,
