@@ -2,7 +2,7 @@
 
 The layers, lowest first (a module may import its own layer and the layers below it)::
 
-    0 foundation  io, errors, runtime, evaluate/ (exact search, kernels, metrics, scoring of given vectors)
+    0 foundation  io, errors, outputs, runtime, evaluate/ (exact search, kernels, metrics, scoring of given vectors)
     1 data        data/
     2 encoders    encoders/
     3 methods     compress/, finetune/
@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "": 0,  # embedtune/__init__.py (the version)
     "io": 0,
     "errors": 0,
+    "outputs": 0,
     "runtime": 0,
     "evaluate": 0,
     "data": 1,

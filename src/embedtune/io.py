@@ -3,9 +3,19 @@
 Every write goes to a temporary file in the destination folder and is then renamed over the
 target, so a crash never leaves a half-written file behind (``os.replace`` is atomic on POSIX).
 
+Files get the permissions the umask allows (``0666 & ~umask``), as ``open(path, "w")`` would:
+the temporary file is created with :func:`os.open`, not :func:`tempfile.mkstemp` (which makes
+every file ``0600``, unreadable to the other users of a shared model or index).
+
 Every config dataclass (PACE configs, compressor configs) is saved and read by :func:`save_config`
 and :func:`load_config`, in the PEFT way: indent 2, sorted keys, the embedtune version stamped in,
 and keys written by another version dropped with a warning instead of crashing.
+
+Integrity: a JSON file written by :func:`write_json_with_digest` carries the sha256 of its own
+content, and :func:`read_json_verified` refuses it when one byte of the content changed;
+:func:`verify_sha256` checks a file against a recorded digest before it is used.
+:func:`check_version_stamp` warns about a file written by a newer embedtune (and refuses one of
+a newer major version).
 """
 
 from __future__ import annotations
@@ -13,8 +23,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
-import tempfile
+import re
+import secrets
+import threading
 import types
 import typing
 import warnings
@@ -24,13 +37,24 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from embedtune import __version__
+from embedtune.errors import EmbedtuneError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
+    "IntegrityError",
+    "DIGEST_KEY",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_save_npy",
     "sha256_file",
+    "sha256_json",
+    "verify_sha256",
+    "write_json_with_digest",
+    "read_json_verified",
+    "check_version_stamp",
+    "current_umask",
     "save_weights",
     "load_weights",
     "VERSION_KEY",
@@ -43,13 +67,52 @@ VERSION_KEY = "embedtune_version"
 T = TypeVar("T")
 
 
+class IntegrityError(EmbedtuneError):
+    """A file embedtune wrote no longer holds what it wrote (damaged, truncated or edited).
+
+    An :class:`~embedtune.errors.EmbedtuneError`, so the command line prints it as one message; it names the file, the
+    expected and the actual digest, and the fix.
+    """
+
+
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux ``/proc``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _umask_lock:  # os.umask can only be read by setting it: restore it at once
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def _temporary_path(path: Path) -> tuple[int, Path]:
+    """An exclusive new file next to ``path``, created with mode ``0666`` so the umask applies."""
+    for _ in range(100):
+        candidate = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(candidate, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: could not create a temporary file next to {path.name}.")
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
+    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically.
+
+    The file gets the permissions the umask allows (``0666 & ~umask``), like any file a program opens.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temporary_path(path)
     os.close(fd)
-    tmp = Path(tmp_name)
     try:
         writer(tmp)
         os.replace(tmp, path)
@@ -85,8 +148,127 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def verify_sha256(path: str | os.PathLike, expected: str, fix: str) -> None:
+    """Raise :class:`IntegrityError` when ``path``'s sha256 is not ``expected``.
+
+    ``fix`` completes the message: what recreates the file (e.g. "re-export the adapter").
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found (it was recorded with sha256 {expected}). {fix}")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise IntegrityError(
+            f"{path}: sha256 mismatch: expected {expected}, got {actual}; the file is damaged or was edited after it was written. {fix}"
+        )
+
+
+# -- JSON files that carry the digest of their own content ----------------------------------
+DIGEST_KEY = "content_sha256"
+
+
+def _looks_like_digest_key(key: str, value: Any) -> bool:
+    """``key`` is :data:`DIGEST_KEY` with a few bytes overwritten, holding a 64-character string."""
+    return (isinstance(value, str) and len(value) == 64 and len(key) == len(DIGEST_KEY)
+            and sum(a != b for a, b in zip(key, DIGEST_KEY)) <= 4)
+
+
+def sha256_json(obj: Any) -> str:
+    """sha256 of the canonical JSON of ``obj`` (sorted keys, no whitespace), so layout does not count."""
+    text = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def write_json_with_digest(path: str | os.PathLike, obj: dict[str, Any]) -> Path:
+    """:func:`atomic_write_json` of ``obj`` plus :data:`DIGEST_KEY`, the sha256 of the rest of it."""
+    body = {key: value for key, value in obj.items() if key != DIGEST_KEY}
+    return atomic_write_json(path, {**body, DIGEST_KEY: sha256_json(body)})
+
+
+def read_json_verified(path: str | os.PathLike, fix: str, require_digest: bool = False) -> tuple[dict[str, Any], bool]:
+    """Read a JSON object written by :func:`write_json_with_digest` and check its digest.
+
+    Returns ``(obj, verified)``, ``obj`` without the digest field; ``verified`` is False for a
+    file written before digests existed (no digest field), which ``require_digest`` refuses.
+    Raises :class:`IntegrityError` (naming ``path`` and ending with ``fix``) on invalid UTF-8 or
+    JSON, a non-object, or a digest that does not match the content.
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise IntegrityError(f"{path}: not UTF-8 text (byte {error.start}); the file is damaged. {fix}") from error
+    except json.JSONDecodeError as error:
+        raise IntegrityError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno} ({error.msg}); the file is damaged. {fix}") from error
+    if not isinstance(obj, dict):
+        raise IntegrityError(f"{path}: expected a JSON object, found {type(obj).__name__}; the file is damaged. {fix}")
+    expected = obj.pop(DIGEST_KEY, None)
+    if expected is None:
+        # Overwritten bytes in the digest's key still parse, under another name of the same length.
+        renamed = [key for key, value in obj.items() if _looks_like_digest_key(key, value)]
+        if require_digest or renamed:
+            raise IntegrityError(f"{path}: the {DIGEST_KEY!r} field is missing or damaged. {fix}")
+        return obj, False
+    actual = sha256_json(obj)
+    if actual != expected:
+        raise IntegrityError(
+            f"{path}: content sha256 mismatch: expected {expected}, got {actual}; the file is damaged or was edited. {fix}"
+        )
+    return obj, True
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(\.\d+)*", version.strip())
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def check_version_stamp(stamp: Any, where: str) -> None:
+    """Warn when ``stamp`` (a saved ``embedtune_version``) is newer than the installed embedtune.
+
+    A newer major version is an error: its files may mean something this version cannot read.
+    """
+    if not isinstance(stamp, str):
+        return
+    saved, installed = _version_tuple(stamp), _version_tuple(__version__)
+    if not saved or not installed or saved <= installed:
+        return
+    if saved[0] != installed[0]:
+        raise ValueError(
+            f"{where}: written by embedtune {stamp}, a newer major version than the installed embedtune {__version__}; "
+            f"upgrade embedtune (pip install -U embedtune) to read it."
+        )
+    warnings.warn(
+        f"{where}: written by embedtune {stamp}, newer than the installed embedtune {__version__}; "
+        "settings it added are ignored. Upgrade embedtune to use them.",
+        stacklevel=3,
+    )
+
+
+def _sort_safetensors_header(path: Path) -> None:
+    """Rewrite ``path``'s safetensors header with sorted keys, in place.
+
+    safetensors writes ``__metadata__`` in hash-map order, which varies between runs; sorted, two
+    saves of the same tensors give the same bytes. The header keeps its length (same JSON, other
+    order), so the tensor offsets stay valid.
+    """
+    with open(path, "r+b") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        raw = handle.read(size)
+        text = raw.decode("utf-8")
+        stripped = text.rstrip(" ")
+        ordered = json.dumps(json.loads(stripped), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        encoded = ordered.encode("utf-8")
+        if len(encoded) > size:  # another writer's spacing: leave the file as written
+            return
+        handle.seek(8)
+        handle.write(encoded + b" " * (size - len(encoded)))
+
+
 def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dict[str, str] | None = None) -> Path:
-    """Save a dict of torch tensors or numpy arrays to safetensors, atomically."""
+    """Save a dict of torch tensors or numpy arrays to safetensors, atomically, with a sorted header.
+
+    Equal tensors and metadata give byte-identical files.
+    """
     import torch
     from safetensors.torch import save_file
 
@@ -94,7 +276,12 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
         name: (torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value.detach().cpu().contiguous())
         for name, value in tensors.items()
     }
-    return atomic_write(path, lambda tmp: save_file(contiguous, str(tmp), metadata=metadata))
+
+    def write(tmp: Path) -> None:
+        save_file(contiguous, str(tmp), metadata=metadata)
+        _sort_safetensors_header(tmp)
+
+    return atomic_write(path, write)
 
 
 def load_weights(path: str | os.PathLike) -> dict[str, Any]:

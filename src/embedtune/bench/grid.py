@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from embedtune import __version__
-from embedtune.io import atomic_write_json
+from embedtune.io import IntegrityError, read_json_verified, write_json_with_digest
 
 logger = logging.getLogger(__name__)
 
@@ -89,15 +89,14 @@ class RunStore:
         path = self.path(spec)
         if not path.is_file():
             return None
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            logger.warning("%s is unreadable; the run will be redone", path)
+        record = read_record(path, "The run is treated as unfinished and redone.")
+        if record is None:
             return None
         return record if record.get("spec", {}).get("key") == spec.key and "metrics" in record else None
 
     def save(self, spec: RunSpec, record: dict[str, Any]) -> Path:
-        return atomic_write_json(self.path(spec), {"spec": spec.to_dict(), "embedtune_version": __version__, **record})
+        """Write the record with the digest of its content (:func:`embedtune.io.write_json_with_digest`)."""
+        return write_json_with_digest(self.path(spec), {"spec": spec.to_dict(), "embedtune_version": __version__, **record})
 
     def claim_path(self, spec: RunSpec) -> Path:
         # Flat names: claims are transient, and nested folders would outlive them.
@@ -153,11 +152,19 @@ class RunStore:
     def all_records(self) -> list[dict[str, Any]]:
         records = []
         for path in sorted((self.root / "runs").rglob("*.json")):
-            try:
-                records.append(json.loads(path.read_text(encoding="utf-8")))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                logger.warning("skipping unreadable %s", path)
+            record = read_record(path, "Skipping it; re-run the grid to redo it.")
+            if record is not None:
+                records.append(record)
         return records
+
+
+def read_record(path: Path, fix: str) -> dict[str, Any] | None:
+    """A run record, its content digest checked; None, with a warning ending in ``fix``, when damaged."""
+    try:
+        return read_json_verified(path, fix)[0]
+    except (IntegrityError, OSError) as error:
+        logger.warning("%s", error)
+        return None
 
 
 def dedupe(specs: Iterable[RunSpec]) -> list[RunSpec]:
@@ -200,7 +207,7 @@ def run_grid(
         if merged != stored_studies:
             # A finished run now also serves another study: record that, so reports see it.
             record["spec"]["studies"] = merged
-            atomic_write_json(store.path(spec), record)
+            write_json_with_digest(store.path(spec), record)
         records[spec.key] = record
     logger.info("grid: %d runs, %d already finished, %d to do", len(specs), len(records), len(todo))
     todo.sort(key=lambda s: (s.backbone, s.dataset))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,17 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress.presets import Preset
-from embedtune.io import atomic_write_json, config_from_dict, load_weights, save_weights
+from embedtune.io import (
+    IntegrityError,
+    check_version_stamp,
+    config_from_dict,
+    load_weights,
+    read_json_verified,
+    save_weights,
+    sha256_file,
+    verify_sha256,
+    write_json_with_digest,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -282,31 +291,51 @@ class Compressor(abc.ABC):
         return self.config.dim
 
     def save(self, directory: str | Path) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` to ``directory``.
+
+        ``config.json`` records the sha256 of the weights file (``weights_sha256``) and of its own
+        content, so :meth:`load` detects a damaged file before using it. Equal fits give
+        byte-identical files.
+        """
         self._check_fitted()
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {key: np.ascontiguousarray(value) for key, value in self._state_dict().items()}
-        save_weights(directory / WEIGHTS_NAME, state, metadata={"method": self.method, "embedtune_version": __version__})
-        atomic_write_json(
+        weights = save_weights(directory / WEIGHTS_NAME, state, metadata={"method": self.method, "embedtune_version": __version__})
+        write_json_with_digest(
             directory / CONFIG_NAME,
             {
                 "method": self.method,
                 "embedtune_version": __version__,
                 "input_dim": self.input_dim_,
                 "config": self.config.to_dict(),
+                "weights_sha256": sha256_file(weights),
             },
         )
         return directory
 
     @classmethod
     def load(cls: type[C], directory: str | Path) -> C:
+        """Load a compressor saved by :meth:`save`, after checking its files' digests.
+
+        A damaged ``config.json`` or ``model.safetensors`` raises an error naming the file and
+        both digests; a folder saved before digests were recorded loads with a note.
+        """
         directory = Path(directory)
-        meta = read_compressor_meta(directory)
+        meta, verified = _read_meta(directory)
+        check_version_stamp(meta.get("embedtune_version"), str(directory / CONFIG_NAME))
         if cls is not Compressor and meta["method"] != cls.method:
             raise ValueError(
                 f"{directory / CONFIG_NAME}: field 'method' is {meta['method']!r} but {cls.__name__} loads "
                 f"{cls.method!r}. Use embedtune.compress.load_compressor(dir) to load any method."
             )
+        if isinstance(meta.get("weights_sha256"), str):
+            verify_sha256(directory / WEIGHTS_NAME, meta["weights_sha256"], REFIT_HINT)
+        elif verified:  # a verified config always names its weights' digest
+            raise IntegrityError(f"{directory / CONFIG_NAME}: field 'weights_sha256' is missing or damaged. {REFIT_HINT}")
+        else:
+            logger.info("%s: saved without integrity digests (by an older embedtune), so its files are loaded unchecked; "
+                        "save it again to add them", directory)
         estimator = cls(cls.config_class.from_dict(meta["config"]))
         estimator.input_dim_ = int(meta["input_dim"])
         tensors = load_weights(directory / WEIGHTS_NAME)
@@ -341,15 +370,21 @@ class Compressor(abc.ABC):
         return f"{type(self).__name__}({self.config!r})"
 
 
-def read_compressor_meta(directory: Path) -> dict[str, Any]:
+REFIT_HINT = "Re-create it: re-train the adapter (`embedtune compress train`) or re-export it, or restore it from a copy."
+
+
+def _read_meta(directory: Path) -> tuple[dict[str, Any], bool]:
+    """``(config.json of a saved compressor, whether it carried a content digest)``."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no compressor config here. Pass a folder written by `save(dir)`.")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: invalid JSON at line {error.lineno} ({error.msg}). Re-create it with `save(dir)`.") from error
+    meta, verified = read_json_verified(path, REFIT_HINT)
     for field in ("method", "config", "input_dim"):
         if field not in meta:
             raise ValueError(f"{path}: missing field {field!r}; this is not an embedtune compressor config.")
-    return meta
+    return meta, verified
+
+
+def read_compressor_meta(directory: Path) -> dict[str, Any]:
+    """The ``config.json`` of a saved compressor, its content digest checked (when it has one)."""
+    return _read_meta(directory)[0]

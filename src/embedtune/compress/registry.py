@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.compress.base import CONFIG_NAME, Compressor, read_compressor_meta
+from embedtune.io import IntegrityError
 
 __all__ = [
     "register", "unregister", "get_compressor_class", "available_methods", "unsupervised_methods", "make_compressor",
@@ -85,6 +86,8 @@ def find_compressor_dir(directory: str | Path) -> Path:
 def _is_compressor(directory: Path) -> bool:
     try:
         read_compressor_meta(directory)
+    except IntegrityError:
+        return True  # a damaged compressor config: loading it names the damage
     except (ValueError, FileNotFoundError):
         return False  # e.g. a transformers config.json inside an exported model
     return True

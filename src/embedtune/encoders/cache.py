@@ -3,30 +3,39 @@
 Each entry is a folder named by a sha256 key over the model fingerprint, the data-file
 fingerprint, the text recipe, the max sequence length and normalisation. It holds
 ``embeddings.npy`` (memory-mappable), ``ids.json`` and ``meta.json``; ``meta.json`` is written
-last, so an entry without it is incomplete. A truncated or mismatched entry is detected on
-load, logged and rebuilt.
+last, so an entry without it is incomplete. ``meta.json`` records the sha256 of the array file
+and of the ids, and carries the digest of its own content, so a truncated, damaged or mismatched
+entry is detected on load (one flipped byte is enough), logged and rebuilt.
+
+One process at a time computes an entry: :meth:`EmbeddingCache.get_or_compute` takes an
+exclusive ``fcntl.flock`` on ``<key>.lock`` next to the entry before encoding, so a second
+process that wants the same entry waits, then reuses the first one's result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from embedtune.encoders.paths import cache_root
-from embedtune.io import atomic_save_npy, atomic_write_json, sha256_file
+from embedtune.io import atomic_save_npy, atomic_write_json, read_json_verified, sha256_file, sha256_json, write_json_with_digest
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: entries are computed without a lock
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["EmbeddingCache", "cache_key"]
-
-# Above this size the full checksum costs more than re-reading is worth; size and shape still guard.
-_CHECKSUM_LIMIT_BYTES = 512 << 20
 
 
 def cache_key(parts: dict[str, Any]) -> str:
@@ -40,15 +49,43 @@ class EmbeddingCache:
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def load(self, key: str, expected_ids: list[str] | None = None) -> tuple[list[str], np.ndarray] | None:
-        """Return ``(ids, embeddings)`` (memory-mapped) or None on a miss or a bad entry."""
+    def lock_path(self, key: str) -> Path:
+        """The lock file of ``key``: beside the entry, so removing a bad entry keeps the lock."""
+        return self.root / key[:2] / f"{key}.lock"
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Hold the exclusive lock of entry ``key`` (waits while another process holds it)."""
+        if fcntl is None:
+            yield
+            return
+        path = self.lock_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                logger.info("embedding cache entry %s is being computed by another process; waiting for it", key[:12])
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def load(self, key: str, expected_ids: list[str] | None = None, remove_bad: bool = True) -> tuple[list[str], np.ndarray] | None:
+        """Return ``(ids, embeddings)`` (memory-mapped) or None on a miss or a bad entry.
+
+        Every file is checked before use: ``meta.json``'s own digest, the sha256 of
+        ``embeddings.npy`` and of the ids, the shape and the dtype. A bad entry is logged and
+        (``remove_bad``) removed, so the caller rebuilds it.
+        """
         folder = self.entry(key)
         meta_path = folder / "meta.json"
         if not meta_path.is_file():
             return None
         try:
-            meta = json.loads(meta_path.read_text())
-            ids = json.loads((folder / "ids.json").read_text())
+            meta, _ = read_json_verified(meta_path, "The entry is rebuilt.")
+            ids_text = (folder / "ids.json").read_text(encoding="utf-8")
             array_path = folder / "embeddings.npy"
             if meta.get("key") != key:
                 raise ValueError("meta.json key does not match its folder")
@@ -56,12 +93,20 @@ class EmbeddingCache:
                 raise ValueError(f"embeddings.npy has {array_path.stat().st_size} bytes, expected {meta['nbytes_file']}")
             if meta.get("sha256") and sha256_file(array_path) != meta["sha256"]:
                 raise ValueError("embeddings.npy checksum mismatch")
+            ids = json.loads(ids_text)
+            if meta.get("ids_sha256") and sha256_json(ids) != meta["ids_sha256"]:
+                raise ValueError("ids.json checksum mismatch")
             embeddings = np.load(array_path, mmap_mode="r", allow_pickle=False)
+            if embeddings.dtype != np.float32:
+                raise ValueError(f"embeddings.npy holds {embeddings.dtype}, expected float32")
             if list(embeddings.shape) != meta["shape"] or len(ids) != embeddings.shape[0]:
                 raise ValueError(f"shape {embeddings.shape} does not match meta {meta['shape']} / {len(ids)} ids")
             if expected_ids is not None and ids != list(expected_ids):
                 raise ValueError("cached ids differ from the requested ids")
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            if not remove_bad:
+                logger.debug("embedding cache entry %s is not usable (%s)", folder, error)
+                return None
             logger.warning("embedding cache entry %s is corrupt (%s); rebuilding it", folder, error)
             shutil.rmtree(folder, ignore_errors=True)
             return None
@@ -74,14 +119,15 @@ class EmbeddingCache:
         array_path = atomic_save_npy(folder / "embeddings.npy", np.ascontiguousarray(embeddings, dtype=np.float32))
         atomic_write_json(folder / "ids.json", list(ids))
         size = array_path.stat().st_size
-        atomic_write_json(
+        write_json_with_digest(
             folder / "meta.json",
             {
                 **meta,
                 "key": key,
                 "shape": list(embeddings.shape),
                 "nbytes_file": size,
-                "sha256": sha256_file(array_path) if size <= _CHECKSUM_LIMIT_BYTES else None,
+                "sha256": sha256_file(array_path),
+                "ids_sha256": sha256_json(list(ids)),
             },
         )
         return folder
@@ -99,9 +145,19 @@ class EmbeddingCache:
         encode resumes from the last finished shard instead of starting over.
         """
         key = cache_key(parts)
-        cached = self.load(key, expected_ids=ids)
+        cached = self.load(key, expected_ids=ids, remove_bad=False)
         if cached is not None:
             return cached[1], True
+        with self.lock(key):
+            # Checked again under the lock: another process may have computed it meanwhile.
+            cached = self.load(key, expected_ids=ids)
+            if cached is not None:
+                logger.info("embedding cache entry %s was computed by another process; reusing it", key[:12])
+                return cached[1], True
+            return self._compute(key, parts, ids, compute, shard_size), False
+
+    def _compute(self, key: str, parts: dict[str, Any], ids: list[str], compute: Callable[[int, int], np.ndarray], shard_size: int) -> np.ndarray:
+        """Encode entry ``key`` shard by shard (the caller holds its lock) and store it."""
         partial = self.entry(key) / "partial"
         partial.mkdir(parents=True, exist_ok=True)
         shards = []
@@ -125,4 +181,4 @@ class EmbeddingCache:
         embeddings = np.concatenate(shards) if shards else np.zeros((0, 0), np.float32)
         self.store(key, ids, embeddings, {"parts": parts})
         shutil.rmtree(partial, ignore_errors=True)
-        return embeddings, False
+        return embeddings

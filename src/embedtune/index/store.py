@@ -6,11 +6,16 @@ Layout of an index folder::
     ids.txt         one document id per line, row-aligned with the index
     titles.json     optional, a JSON list of titles row-aligned with ids.txt
     vectors.npy     optional (binary with float rescoring): the float32 vectors the bits came from
-    manifest.json   kind, dims, counts, the adapter (path + sha256 of its files) and the model
+    manifest.json   kind, dims, counts, the adapter (path + sha256 of its files), the model, the
+                    sha256 of every file above, and the digest of its own content
 
 Building streams the embeddings in chunks (:func:`embedtune.compress.streaming.iter_embedding_blocks`),
 applies the adapter per chunk and adds it to the index, so only the index itself has to fit in
 memory. Every file is written atomically, the manifest last.
+
+Loading checks every file against the manifest's sha256 before FAISS reads it: FAISS has no
+checksum of its own, and damaged bytes can make ``faiss.read_index`` crash the process or load an
+index that returns wrong neighbours.
 """
 
 from __future__ import annotations
@@ -33,11 +38,19 @@ from embedtune.encoders.precomputed import read_ids
 from embedtune.evaluate.search import as_rows, exact_search
 from embedtune.index import quantize
 from embedtune.index.ann import default_params, set_search_params
-from embedtune.io import atomic_write, atomic_write_json, sha256_file
+from embedtune.io import (
+    atomic_write,
+    atomic_write_json,
+    check_version_stamp,
+    read_json_verified,
+    sha256_file,
+    verify_sha256,
+    write_json_with_digest,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INDEX_KINDS", "build_index", "load_index", "Index", "adapter_fingerprint"]
+__all__ = ["INDEX_KINDS", "build_index", "load_index", "verify_index", "Index", "adapter_fingerprint"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -45,6 +58,7 @@ INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.txt"
 TITLES_FILE = "titles.json"
 VECTORS_FILE = "vectors.npy"
+REBUILD_HINT = "Rebuild the index with `embedtune index build` (or restore the folder from a copy)."
 INDEX_KINDS = ("flat", "sq8", "binary")
 """Built-in kinds; any other string is passed to ``faiss.index_factory`` (e.g. ``IVF1024,Flat``)."""
 
@@ -162,6 +176,8 @@ def build_index(
             vectors_out.flush()
             del vectors_out
             (out / f".{VECTORS_FILE}.tmp").replace(out / VECTORS_FILE)
+        else:
+            (out / VECTORS_FILE).unlink(missing_ok=True)  # a previous build's, which this index does not match
     except BaseException:
         (out / f".{VECTORS_FILE}.tmp").unlink(missing_ok=True)
         raise
@@ -195,9 +211,11 @@ def build_index(
         "model": model,
         "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
         "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None, "vectors": VECTORS_FILE if keep_vectors else None},
+        "sha256": {name: sha256_file(out / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE)
+                   if (out / name).is_file() and (name != TITLES_FILE or titles is not None) and (name != VECTORS_FILE or keep_vectors)},
         "build_seconds": seconds,
     }
-    atomic_write_json(out / MANIFEST, manifest)
+    write_json_with_digest(out / MANIFEST, manifest)
     logger.info("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
     return out
 
@@ -248,19 +266,44 @@ class Index:
         return results
 
 
-def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
-    """Load an index folder written by :func:`build_index`."""
-    import faiss
+def verify_index(path: str | Path) -> dict[str, Any]:
+    """Check an index folder's manifest and every file it lists against their sha256; return the manifest.
 
+    Raises :class:`embedtune.io.IntegrityError` naming the damaged file (nothing is handed to FAISS).
+    A folder built before digests were recorded passes with a note.
+    """
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path}: no {MANIFEST}; build the index with `embedtune index build`.")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest, verified = read_json_verified(manifest_path, REBUILD_HINT)
     if manifest.get("format") != "embedtune-index":
         raise ValueError(f"{manifest_path}: not an embedtune index manifest.")
     if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
         raise ValueError(f"{manifest_path}: format_version {manifest['format_version']} is newer than this embedtune reads ({FORMAT_VERSION}).")
+    check_version_stamp(manifest.get("embedtune_version"), str(manifest_path))
+    digests = manifest.get("sha256")
+    if not isinstance(digests, dict):
+        if verified:
+            raise ValueError(f"{manifest_path}: field 'sha256' is missing. {REBUILD_HINT}")
+        logger.info("%s: built without file digests (by an older embedtune), so its files are loaded unchecked; rebuild it to add them", path)
+        return manifest
+    if INDEX_FILE not in digests or IDS_FILE not in digests:
+        raise ValueError(f"{manifest_path}: field 'sha256' lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
+    for name, digest in digests.items():
+        verify_sha256(path / name, digest, REBUILD_HINT)
+    for name in (TITLES_FILE, VECTORS_FILE):
+        if (path / name).is_file() and name not in digests:
+            raise ValueError(f"{path / name}: not listed in {MANIFEST}, so it cannot be checked; remove it or rebuild the index.")
+    return manifest
+
+
+def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
+    """Load an index folder written by :func:`build_index`, after checking every file's sha256."""
+    import faiss
+
+    path = Path(path)
+    manifest = verify_index(path)
     reader = faiss.read_index_binary if manifest["kind"] == "binary" else faiss.read_index
     index = reader(str(path / INDEX_FILE))
     if manifest.get("search_params"):
