@@ -1,0 +1,127 @@
+"""Report of the PACE convergence study (issue 20): table, validation curves PNG, diagnostics, paired tests.
+
+Usage: python benchmarks/pace_convergence_report.py [--results benchmarks/results/pace-convergence]
+
+Reads the per-configuration JSONs written by benchmarks/pace_convergence.py and writes REPORT.md and
+curves.png into the same folder. Only configurations that have finished appear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from embedtune.io import atomic_write_bytes
+from embedtune.workflows.significance import align_by_query, paired_test
+
+ORDER = ["frozen", "infonce-lora", "st-hardness", "direct-dot-full", "pace", "no-focal", "no-dot", "s2-from-final"]
+ANCHORS = ["infonce-lora", "st-hardness"]
+
+
+def load(folder: Path) -> dict[str, dict]:
+    runs = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if "test" in record:
+            runs[record["name"]] = record
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return dict(sorted(runs.items(), key=lambda item: (rank.get(item[0].split("@")[0], 99), item[0])))
+
+
+def table(runs: dict[str, dict]) -> str:
+    lines = ["| configuration | ranking | SciFact nDCG@10 | SciFact R@10 | ArguAna nDCG@10 | best val nDCG@10 (update) | Δθ S1 | Δθ S2 | Δθ total |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        scifact, arguana = run["test"]["scifact"], run["test"]["arguana"]
+        curve = run.get("curve", [])
+        best = max(curve, key=lambda row: row["ndcg@10"]) if curve else None
+        change = run.get("weight_change", {})
+        fmt = lambda key: f"{change[key]:.2e}" if key in change else "–"  # noqa: E731
+        lines.append(
+            f"| {name} | {run['similarity']} | {scifact['ndcg@10']:.4f} | {scifact['recall@10']:.4f} | {arguana['ndcg@10']:.4f} | "
+            + (f"{best['ndcg@10']:.4f} ({best['update']})" if best else "–")
+            + f" | {fmt('stage1')} | {fmt('stage2')} | {fmt('total')} |"
+        )
+    return "\n".join(lines)
+
+
+def diagnostics(runs: dict[str, dict]) -> str:
+    lines = ["| configuration | Pearson r (norm vs cosine) | mean random-pair cosine |", "|---|---|---|"]
+    for name, run in runs.items():
+        diag = run.get("diagnostics", {})
+        r = diag.get("coupling_r")
+        lines.append(f"| {name} | {'undefined' if r is None else f'{r:+.3f}'} | {diag.get('random_pair_cosine', float('nan')):.4f} |")
+    return "\n".join(lines)
+
+
+def significance(runs: dict[str, dict]) -> str:
+    lines = ["| comparison | dataset | Δ nDCG@10 | 95 % CI | p |", "|---|---|---|---|---|"]
+    for anchor_prefix in ANCHORS:
+        anchors = [n for n in runs if n.split("@")[0] == anchor_prefix]
+        for anchor in anchors:
+            for name in runs:
+                if name == anchor or name == "frozen":
+                    continue
+                for dataset in ("scifact", "arguana"):
+                    a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[anchor]["test"][dataset]["per_query_ndcg@10"])
+                    test = paired_test(a, b)
+                    lines.append(f"| {name} − {anchor} | {dataset} | {test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict], path: Path) -> None:
+    import matplotlib  # heavy optional dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, run in runs.items():
+        curve = sorted(run.get("curve", []), key=lambda row: row["update"])
+        if name == "frozen" and curve:
+            ax.axhline(curve[0]["ndcg@10"], color="grey", linestyle=":", label="frozen")
+            continue
+        stage2 = [row for row in curve if row["stage"] == "stage2"]
+        stage1 = [row for row in curve if row["stage"] == "stage1"]
+        line, = ax.plot([r["update"] for r in stage1], [r["ndcg@10"] for r in stage1], marker="o", markersize=3, label=name)
+        if stage2:
+            # Stage II continues from the Stage I checkpoint at its first update.
+            start = [r for r in stage1 if r["update"] <= stage2[0]["update"]]
+            xs = ([start[-1]["update"]] if start else []) + [r["update"] for r in stage2]
+            ys = ([start[-1]["ndcg@10"]] if start else []) + [r["ndcg@10"] for r in stage2]
+            ax.plot(xs, ys, marker="s", markersize=3, linestyle="--", color=line.get_color(), label=f"{name} (Stage II)")
+    ax.set_xlabel("optimizer updates on the final model's path")
+    ax.set_ylabel("validation nDCG@10 (sub-corpus)")
+    ax.set_title("PACE convergence study: MiniLM, SciFact train (80 %), validation 20 %")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default="benchmarks/results/pace-convergence")
+    args = parser.parse_args()
+    folder = Path(args.results)
+    runs = load(folder)
+    if not runs:
+        raise SystemExit(f"{folder}: no finished configuration yet.")
+    plot(runs, folder / "curves.png")
+    text = "\n\n".join([
+        "# PACE convergence study (issue 20)",
+        f"Built from {len(runs)} finished configuration(s) in `{folder}` by `benchmarks/pace_convergence_report.py`.",
+        "## Test scores (all 300 SciFact test queries; all ArguAna queries, zero-shot)", table(runs),
+        "Δθ: relative L2 change of the transformer weights, ‖θ_after − θ_before‖ / ‖θ_before‖, per stage.",
+        "## Validation curves", "![curves](curves.png)",
+        "## Geometry diagnostics (SciFact train pairs)", diagnostics(runs),
+        "## Paired tests (per-query nDCG@10; permutation p, bootstrap 95 % CI)", significance(runs),
+    ]) + "\n"
+    atomic_write_bytes(folder / "REPORT.md", text.encode("utf-8"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
