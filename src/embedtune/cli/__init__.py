@@ -9,7 +9,8 @@ import sys
 import warnings
 
 from embedtune import __version__
-from embedtune.cli.common import warn_deprecated
+from embedtune.cli.common import positive_int, warn_deprecated
+from embedtune.errors import EmbedtuneError
 from embedtune.runtime import set_threads
 
 __all__ = ["main", "build_parser"]
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"embedtune {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads for torch and FAISS (default: their own; 1 is often fastest for small adapters on a busy machine)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     data_commands.register(commands)
@@ -61,11 +62,31 @@ def main(argv: list[str] | None = None) -> int:
         warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
     try:
         return int(args.handler(args) or 0)
-    except (FileNotFoundError, ValueError) as error:
-        if args.verbose:
-            raise
-        print(f"embedtune: error: {error}", file=sys.stderr)
+    except (Exception, KeyboardInterrupt) as error:
+        if args.verbose and not isinstance(error, KeyboardInterrupt):
+            raise  # -v: the full traceback
+        return report_error(error)
+
+
+# Errors that mean bad input, data or state (their messages name the file, row, field and fix):
+# one line and exit 2. Anything else is a bug: one line that says so, and exit 1.
+EXPECTED_ERRORS = (EmbedtuneError, ValueError, OSError)
+
+
+def report_error(error: BaseException) -> int:
+    """Print ``error`` as one ``embedtune: error: ...`` line on stderr; return the exit status."""
+    if isinstance(error, KeyboardInterrupt):
+        print("embedtune: interrupted", file=sys.stderr)
+        return 130
+    message = str(error).strip() or type(error).__name__
+    if isinstance(error, EXPECTED_ERRORS):
+        if isinstance(error, OSError) and error.filename is not None:
+            message = f"{error.filename}: {error.strerror or message}"
+        print(f"embedtune: error: {message}", file=sys.stderr)
         return 2
+    print(f"embedtune: error: unexpected {type(error).__name__}: {message} (a bug in embedtune or a dependency; "
+          "rerun with -v for the traceback and report it)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from embedtune.encoders.similarity import resolve_similarity
 from embedtune.workflows.experiment import Experiment, load_experiment
 
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
@@ -88,8 +89,10 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-seq-length", type=int, default=None, help="override the model's max sequence length")
     group.add_argument("--query-prompt", default="", help="text prepended to queries (instruction models)")
     group.add_argument("--doc-prompt", default="", help="text prepended to documents")
-    group.add_argument("--similarity", default="cosine", choices=["cosine", "dot"],
-                       help="cosine: L2-normalise before search; dot: rank by the raw dot product (PACE Stage II models)")
+    group.add_argument("--similarity", default=None, choices=["cosine", "dot"],
+                       help="cosine: L2-normalise before search (precomputed vectors too); dot: rank by the raw dot product. "
+                            "Default: the model's own (similarity_fn_name of a sentence-transformers folder, e.g. dot for "
+                            "PACE Stage II models), else cosine")
     group.add_argument("--no-cache", action="store_true", help="do not read or write the embedding cache")
     pre = parser.add_argument_group("precomputed embeddings (skip encoding)")
     pre.add_argument("--doc-embeddings", default=None, help="(n_docs, d) .npy or .parquet of corpus vectors")
@@ -99,7 +102,14 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> Experiment:
-    """The :class:`Experiment` named by the data, model and split flags."""
+    """The :class:`Experiment` named by the data, model and split flags.
+
+    ``args.similarity`` is resolved first (the flag, else the model's own, else cosine) and set
+    to the similarity used.
+    """
+    choice = resolve_similarity(getattr(args, "similarity", None), args.model,
+                                precomputed=getattr(args, "doc_embeddings", None) is not None)
+    args.similarity, args.similarity_source = choice.name, choice.source
     return load_experiment(
         data=args.data,
         model=args.model,
@@ -111,7 +121,7 @@ def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> E
             "max_seq_length": args.max_seq_length,
             "query_prompt": args.query_prompt,
             "document_prompt": args.doc_prompt,
-            "normalize": getattr(args, "similarity", "cosine") != "dot",
+            "normalize": choice.name != "dot",
         },
         cache=not args.no_cache,
         doc_embeddings=args.doc_embeddings,
@@ -135,3 +145,14 @@ def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     print("  ".join("-" * widths[c] for c in columns))
     for row in rows:
         print("  ".join(cell(row.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--top-k 0`` or ``--threads 0`` is refused with the flag named)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
+    return value

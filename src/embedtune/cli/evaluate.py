@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json, print_table
+from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, positive_int, print_json, print_table
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_split_flags(parser)
     parser.add_argument("--queries", default="all", choices=["all", "train", "val", "test", "train+val"],
                         help="which judged queries: all of them, or one part of the query-disjoint split")
-    parser.add_argument("--top-k", type=int, default=100, help="documents retrieved per query")
+    parser.add_argument("--top-k", type=positive_int, default=100, help="documents retrieved per query (>= 1)")
     parser.add_argument("--keep-identical-ids", action="store_true",
                         help="keep retrieved docs whose id equals the query id (BEIR drops them by default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -38,7 +38,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         "model": args.model if args.doc_embeddings is None else "precomputed",
         "dim": emb.dim,
         "queries": args.queries,
-        "similarity": args.similarity,
+        "similarity": experiment.similarity,  # the one used: the flag, else the model's own, else cosine
+        "similarity_source": args.similarity_source,
         "ignore_identical_ids": not args.keep_identical_ids,
         "cache_hits": emb.cache_hits,
         "encode_seconds": emb.timings,

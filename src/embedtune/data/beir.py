@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from embedtune.data.errors import DataFormatError
+from embedtune.errors import NoQueriesError
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,22 @@ class _Source:
         return sorted(PurePosixPath(n).stem for n in names if n.startswith("qrels/") and n.endswith(".tsv"))
 
 
+def _decode(label: str, data: bytes) -> str:
+    """``data`` as text: UTF-8, a leading byte-order mark dropped; an error names the line of a bad byte."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise DataFormatError(
+            label, f"not valid UTF-8 (byte 0x{data[error.start]:02x} at column {column})",
+            "save the file as UTF-8, e.g. `iconv -f latin1 -t utf-8 in > out`", line,
+        ) from None
+
+
 def _jsonl(label: str, data: bytes) -> Iterator[tuple[int, dict]]:
-    for line_number, raw in enumerate(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"), 1):
+    # Universal newlines, as a text-mode file reads them (\n, \r\n or \r).
+    for line_number, raw in enumerate(io.StringIO(_decode(label, data), newline=None), 1):
         if not raw.strip():
             continue
         try:
@@ -166,7 +181,9 @@ def _records(label: str, data: bytes, required: tuple[str, ...], optional: tuple
 
 def _qrels(label: str, data: bytes) -> dict[str, dict[str, int]]:
     qrels: dict[str, dict[str, int]] = {}
-    lines = data.decode("utf-8").splitlines()
+    first_line: dict[tuple[str, str], int] = {}
+    duplicates: list[tuple[int, int, str, str]] = []
+    lines = _decode(label, data).splitlines()
     if not lines or tuple(cell.strip() for cell in lines[0].split("\t")) != QRELS_HEADER:
         found = lines[0] if lines else "<empty file>"
         raise DataFormatError(label, f"bad qrels header {found!r}", "start the file with 'query-id<TAB>corpus-id<TAB>score'", 1)
@@ -181,8 +198,36 @@ def _qrels(label: str, data: bytes) -> dict[str, dict[str, int]]:
             relevance = int(score)
         except ValueError:
             raise DataFormatError(label, f"score {score!r} is not an integer", "use integer relevance grades (0, 1, 2, ...)", line_number, "score") from None
+        pair = (query_id, doc_id)
+        if pair in first_line:
+            duplicates.append((line_number, first_line[pair], query_id, doc_id))
+        else:
+            first_line[pair] = line_number
         qrels.setdefault(query_id, {})[doc_id] = relevance
+    if duplicates:
+        line_number, first, query_id, doc_id = duplicates[0]
+        warnings.warn(
+            f"{label}: {len(duplicates)} line(s) repeat an earlier (query-id, corpus-id) pair and the last score wins "
+            f"(e.g. line {line_number} repeats line {first}: {query_id!r}, {doc_id!r}); a repeated 0 can drop a judged "
+            "query. Keep one line per pair.",
+            stacklevel=3,
+        )
     return qrels
+
+
+def _why_no_judged_query(qrels_all: dict[str, dict[str, int]], corpus: dict, queries: dict) -> str:
+    """Which step left no judged query: an empty file, unknown ids, or no positive score."""
+    judgments = [(qid, did, rel) for qid, docs in qrels_all.items() for did, rel in docs.items()]
+    if not judgments:
+        return "the file has a header but no judgment lines. Fix: add 'query-id<TAB>corpus-id<TAB>score' lines"
+    known = [(qid, did, rel) for qid, did, rel in judgments if qid in queries and did in corpus]
+    if not known:
+        qid, did, _ = judgments[0]
+        missing = f"query {qid!r} is not in queries.jsonl" if qid not in queries else f"document {did!r} is not in corpus.jsonl"
+        return (f"all {len(judgments)} judgment(s) name queries or documents absent from the data files (e.g. {missing}). "
+                "Fix: use the qrels that belong to this corpus and these queries")
+    return (f"none of the {len(known)} judgment(s) of known ids has a positive score. "
+            "Fix: mark relevant documents with a score of 1 or more")
 
 
 def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
@@ -216,6 +261,13 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         if qid in queries
     }
     qrels = {qid: docs for qid, docs in qrels.items() if docs}
+    if not corpus:
+        raise DataFormatError(source.label("corpus.jsonl"), "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
+    if not queries:
+        raise DataFormatError(source.label("queries.jsonl"), "holds no queries", "write one JSON object per query: {\"_id\": ..., \"text\": ...}")
+    if not any(rel > 0 for docs in qrels.values() for rel in docs.values()):
+        raise NoQueriesError(f"{source.label(qrels_file)}: no judged query is left, so there is nothing to score: "
+                             f"{_why_no_judged_query(qrels_all, corpus, queries)}.")
     name = root.stem if root.is_file() else root.name
     return BeirDataset(
         name=name,

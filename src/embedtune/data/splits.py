@@ -14,12 +14,14 @@ query ids and the sha256 of every source file, and is byte-identical across re-r
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from embedtune import __version__
 from embedtune.data.beir import BeirDataset
+from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 
 __all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
@@ -47,11 +49,39 @@ class QuerySplit:
         return self.train + self.val
 
     def part(self, name: str) -> list[str]:
+        """The query ids of one part (``train``, ``val``, ``test`` or ``train+val``).
+
+        Raises:
+            NoQueriesError: the part is empty, with the reason (a fraction of 0, or too few
+                judged queries for the fractions) and the fix, so nothing is trained or scored
+                on zero queries.
+        """
         if name == "train+val":
-            return self.train_val
-        if name not in PARTS:
+            ids = self.train_val
+        elif name not in PARTS:
             raise ValueError(f"unknown split part {name!r}; choose train, val, test or train+val.")
-        return getattr(self, name)
+        else:
+            ids = getattr(self, name)
+        if not ids:
+            raise NoQueriesError(self._why_empty(name))
+        return ids
+
+    def _why_empty(self, name: str) -> str:
+        parts = ["train", "val"] if name == "train+val" else [name]
+        fraction = sum(self.fractions[PARTS.index(p)] for p in parts)
+        n = len(self.train) + len(self.val) + len(self.test)
+        where = (f"{self.dataset}: the query-disjoint split (seed {self.seed}, fractions "
+                 f"{'/'.join(f'{f:g}' for f in self.fractions)}) of the {n} judged queries of qrels {self.qrels_split!r}")
+        label = {"val": "validation"}.get(name, name)
+        if "+" in self.qrels_split:  # beir-train: train and validation both come from the train qrels
+            return (f"{self.dataset}: the beir-train split (seed {self.seed}) of qrels {self.qrels_split!r} leaves 0 {label} "
+                    f"queries ({len(self.train) + len(self.val)} judged train queries). Fix: the train qrels need at least 2 "
+                    "judged queries, or use the paper protocol.")
+        if fraction <= 0:
+            return f"{where} has no {label} queries: its fraction is 0. Fix: give the {label} part a fraction above 0."
+        needed = math.ceil(0.5 / fraction)
+        return (f"{where} leaves 0 {label} queries ({n} x {fraction:g} rounds to 0). Fix: use a dataset with at least "
+                f"{needed} judged queries, or a larger {label} fraction.")
 
     def manifest(self) -> dict[str, Any]:
         return {

@@ -10,9 +10,37 @@ from pathlib import Path
 
 import numpy as np
 
+from embedtune.data.beir import BeirDataset
 from embedtune.data.errors import DataFormatError
+from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
 
 __all__ = ["load_embeddings", "read_ids"]
+
+
+_FINITE_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
+
+
+def _read_text(path: Path) -> str:
+    """UTF-8 text (a byte-order mark dropped); a bad byte is an error naming the file and line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataFormatError(str(path), f"not valid UTF-8 (byte 0x{data[error.start]:02x})", "save the file as UTF-8", line) from None
+
+
+def _load_npy(path: Path, mmap: bool) -> np.ndarray:
+    """``np.load`` without pickle; a file it cannot read is an error naming it."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as error:
+        if "object" in str(error).lower() or "pickle" in str(error).lower():
+            raise DataFormatError(str(path), "holds Python objects (dtype object), which embedtune never unpickles",
+                                  "save a numeric array: np.save(path, np.asarray(vectors, dtype=np.float32))") from None
+        raise DataFormatError(str(path), f"not a readable .npy array ({error})", "save an (n, d) float32 array with np.save") from None
+    except (OSError, EOFError) as error:
+        raise DataFormatError(str(path), f"not a readable .npy array ({error})", "save an (n, d) float32 array with np.save") from None
 
 
 def read_ids(path: str | Path) -> list[str]:
@@ -20,12 +48,16 @@ def read_ids(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: ids file not found; give one id per line, or a JSON list.")
+    text = _read_text(path)
     if path.suffix == ".json":
-        ids = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataFormatError(str(path), f"not valid JSON ({error.msg})", "write a JSON array such as [\"d1\", \"d2\"]", error.lineno) from None
         if not isinstance(ids, list):
             raise DataFormatError(str(path), "expected a JSON list of ids", "write a JSON array such as [\"d1\", \"d2\"]")
         return [str(i) for i in ids]
-    return [line.rstrip("\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [line.rstrip("\n") for line in text.splitlines() if line.strip()]
 
 
 def load_embeddings(
@@ -40,7 +72,7 @@ def load_embeddings(
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".npy":
-        vectors = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        vectors = _load_npy(path, mmap)
         if vectors.ndim != 2 or vectors.dtype not in (np.float32, np.float16):
             raise DataFormatError(str(path), f"expected a 2-D float32/float16 array, got {vectors.dtype} {vectors.shape}", "save an (n, d) float32 array with np.save")
         if ids is None:
@@ -48,6 +80,7 @@ def load_embeddings(
         id_list = list(ids) if isinstance(ids, list) else read_ids(ids)
         if len(id_list) != vectors.shape[0]:
             raise DataFormatError(str(path), f"{vectors.shape[0]} rows but {len(id_list)} ids", "give exactly one id per row")
+        check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
         return id_list, vectors
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -60,5 +93,31 @@ def load_embeddings(
         column = table.column(vector_column).combine_chunks()
         width = len(column[0]) if len(column) else 0
         vectors = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(column), width)
+        check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
         return id_list, np.ascontiguousarray(vectors)
     raise DataFormatError(str(path), f"unsupported extension {path.suffix!r}", "use .npy (with an ids file) or .parquet")
+
+
+def check_precomputed_pair(doc_path: str | Path, doc_ids: list[str], doc_vectors: np.ndarray, query_path: str | Path,
+                           query_vectors: np.ndarray, dataset: BeirDataset) -> None:
+    """Check that precomputed doc and query vectors can be scored together against ``dataset``.
+
+    Raises:
+        EmbedtuneError: the two files have different dimensions (both files and dims named).
+        NoQueriesError: no doc id of ``doc_path`` is a document of the dataset's corpus, so every
+            metric would be 0.
+    """
+    if doc_vectors.shape[1] != query_vectors.shape[1]:
+        raise EmbedtuneError(
+            f"{query_path} holds {query_vectors.shape[1]}-d vectors but {doc_path} holds {doc_vectors.shape[1]}-d vectors. "
+            "Fix: embed queries and documents with the same model."
+        )
+    if len(doc_ids) == 0:
+        raise DataFormatError(str(doc_path), "holds no document vectors", "give one row per corpus document")
+    corpus = dataset.corpus
+    if not any(doc_id in corpus for doc_id in doc_ids):
+        raise NoQueriesError(
+            f"{doc_path}: none of its {len(doc_ids)} doc ids (e.g. {doc_ids[0]!r}) is a document of {dataset.source} "
+            f"(e.g. {next(iter(corpus))!r}), so no relevant document could ever be retrieved. "
+            "Fix: pass the ids file that belongs to these vectors, with the corpus' '_id' values."
+        )

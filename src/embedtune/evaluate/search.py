@@ -24,7 +24,7 @@ from embedtune.evaluate import kernels as _kernels
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["as_rows", "break_ties", "exact_search", "exact_search_blocks", "merge_topk", "search_ids", "rescore"]
+__all__ = ["as_rows", "unit_rows", "break_ties", "exact_search", "exact_search_blocks", "merge_topk", "search_ids", "rescore"]
 
 # Extra candidates fetched past k so that kernel rounding cannot change which rows make the cut.
 TIE_MARGIN = 8
@@ -41,6 +41,25 @@ def as_rows(x: np.ndarray, name: str) -> np.ndarray:
     if x.ndim != 2:
         raise ValueError(f"{name} must have shape (n, d); got {x.shape}.")
     return x
+
+
+def unit_rows(x: np.ndarray, tolerance: float = 1e-4) -> np.ndarray:
+    """``x`` with every row scaled to unit L2 norm (cosine similarity as an inner product).
+
+    Rows already within ``tolerance`` of unit norm are kept bit for bit (encoders that normalise,
+    and compressors, give such rows), so scores of normalised inputs do not change; a zero row
+    stays zero. Returns ``x`` itself when every row is unit, else a float32 copy.
+    """
+    x = as_rows(x, "x")
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))  # (n,)
+    off = np.abs(norms - 1.0) > tolerance
+    if not off.any():
+        return x
+    scale = np.ones_like(norms)
+    scale[off & (norms > 0)] = 1.0 / norms[off & (norms > 0)]
+    out = x.copy()
+    out[off] = (x[off].astype(np.float64) * scale[off, None]).astype(np.float32)
+    return out
 
 
 def break_ties(D: np.ndarray, I: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,8 +149,13 @@ def exact_search(
             results do not depend on the kernel, only the speed does.
     """
     xq, xb = as_rows(xq, "xq"), as_rows(xb, "xb")
+    if len(xb) == 0:
+        raise ValueError("the corpus to search is empty (0 document vectors). Fix: give at least one document.")
     if xq.shape[1] != xb.shape[1]:
-        raise ValueError(f"query dim {xq.shape[1]} != corpus dim {xb.shape[1]}.")
+        raise ValueError(
+            f"the queries have {xq.shape[1]} dimensions but the documents have {xb.shape[1]}. "
+            "Fix: embed (or compress) queries and documents with the same model."
+        )
     kernel = kernel or os.environ.get("EMBEDTUNE_SEARCH_KERNEL", "auto")
     if kernel != "auto" and kernel not in _kernels.KERNELS:
         raise ValueError(f"unknown search kernel {kernel!r}; valid: auto, {', '.join(_kernels.KERNELS)}.")

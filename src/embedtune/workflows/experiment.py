@@ -18,10 +18,11 @@ from embedtune.data.beir import BeirDataset, load_beir
 from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
-from embedtune.encoders.precomputed import load_embeddings
+from embedtune.encoders.precomputed import check_precomputed_pair, load_embeddings
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
+from embedtune.evaluate.search import unit_rows
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class Experiment:
     dataset: BeirDataset
     embeddings: DatasetEmbeddings
     split: QuerySplit | None = None
+    # "cosine": both sides L2-normalised before search (whatever the vectors' source); "dot": raw inner product.
+    similarity: str = "cosine"
 
     def qrels_for(self, query_ids: list[str]) -> dict[str, dict[str, int]]:
         return {qid: self.dataset.qrels[qid] for qid in query_ids if qid in self.dataset.qrels}
@@ -68,7 +71,8 @@ class Experiment:
             query_embeddings = self.embeddings.queries(ids)
         if doc_embeddings is None:
             doc_embeddings = np.ascontiguousarray(self.embeddings.doc_embeddings, dtype=np.float32)
-        return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k, ignore_identical_ids)
+        return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k,
+                                   ignore_identical_ids, similarity=self.similarity)  # type: ignore[arg-type]
 
 
 def load_experiment(
@@ -92,9 +96,13 @@ def load_experiment(
     ``protocol="beir-train"`` trains on ``qrels/train.tsv`` (``val_fraction`` of it held out for
     validation) and tests on every judged query of ``qrels_split``. The experiment's qrels then
     hold both files' judgments (their queries are disjoint).
+
+    ``encoder_options["normalize"]`` (default True) sets the experiment's similarity: cosine
+    (precomputed vectors are L2-normalised as well) or, with False, the raw dot product.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}; got {protocol!r}.")
+    similarity = "cosine" if (encoder_options or {}).get("normalize", True) else "dot"
     dataset = load_beir(data, qrels_split)
     beir_split: QuerySplit | None = None
     if protocol == "beir-train":
@@ -109,6 +117,9 @@ def load_experiment(
         start = time.perf_counter()
         d_ids, d_vecs = load_embeddings(doc_embeddings, doc_ids)
         q_ids, q_vecs = load_embeddings(query_embeddings, query_ids)
+        check_precomputed_pair(doc_embeddings, d_ids, d_vecs, query_embeddings, q_vecs, dataset)
+        if similarity == "cosine":  # cosine normalises whatever the vectors' source, as the encoder does
+            d_vecs, q_vecs = unit_rows(d_vecs), unit_rows(q_vecs)
         embeddings = DatasetEmbeddings(d_ids, d_vecs, q_ids, q_vecs, {"load": time.perf_counter() - start}, {})
         missing = [qid for qid in dataset.judged_query_ids() if qid not in set(q_ids)]
         if missing:
@@ -120,7 +131,7 @@ def load_experiment(
         split = beir_split
     else:
         split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
-    return Experiment(dataset, embeddings, split)
+    return Experiment(dataset, embeddings, split, similarity)
 
 
 def training_data(experiment: Experiment, part: str, triplets: np.ndarray | None = None) -> TrainingData:
