@@ -140,6 +140,13 @@ def test_export_errors(tiny_hf_bert, tmp_path):
     compressor = _fit_dive(base)
     with pytest.raises(FileExistsError, match="occupied"):
         export_sentence_transformer(compressor, base, occupied)
-    export_sentence_transformer(compressor, base, occupied, overwrite=True)
-    assert not (occupied / "keep.txt").exists() and (occupied / "modules.json").is_file()
+    # overwrite replaces only what embedtune wrote: a folder without its marker is refused, untouched.
+    with pytest.raises(FileExistsError, match="no .embedtune-output.json"):
+        export_sentence_transformer(compressor, base, occupied, overwrite=True)
+    assert (occupied / "keep.txt").read_text() == "x"
+    exported = tmp_path / "exported"
+    export_sentence_transformer(compressor, base, exported)
+    (exported / "notes.txt").write_text("mine")
+    export_sentence_transformer(compressor, base, exported, overwrite=True)
+    assert (exported / "notes.txt").read_text() == "mine" and (exported / "modules.json").is_file()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

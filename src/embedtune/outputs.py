@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "MARKER_NAME",
+    "OVERWRITE_HELP",
     "OutputExistsError",
     "prepare_output_dir",
     "finish_output_dir",
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 MARKER_NAME = ".embedtune-output.json"
+OVERWRITE_HELP = ("replace what an earlier embedtune run wrote in --out (files embedtune did not write are kept, "
+                  "and the inputs are never removed); without it, a non-empty --out is refused")
 
 
 class OutputExistsError(FileExistsError, EmbedtuneError):
@@ -104,6 +107,7 @@ def prepare_output_dir(
     resume: bool = False,
     legacy_names: Iterable[str] = (),
     flag: str = "--out",
+    check_only: bool = False,
 ) -> Path:
     """Make ``path`` ready for ``command`` to write into, or refuse; returns it.
 
@@ -116,6 +120,8 @@ def prepare_output_dir(
         legacy_names: with ``resume``, files whose presence marks a folder this command wrote
             before markers existed (e.g. ``pace_config.json``); such a folder is resumed too.
         flag: the option that named ``path``, for the messages.
+        check_only: only raise what would be refused; create, remove and write nothing (call
+            again without it right before writing, e.g. after a long build).
 
     Raises:
         OutputExistsError: ``path`` is a file, is not empty (without ``overwrite``), has no
@@ -128,17 +134,21 @@ def prepare_output_dir(
     marker = read_marker(directory) if entries else None
     foreign = [name for name in entries if name != MARKER_NAME]
     if not foreign:
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_marker(directory, command, kept=(), complete=False)
+        if not check_only:
+            directory.mkdir(parents=True, exist_ok=True)
+            _write_marker(directory, command, kept=(), complete=False)
         return directory
     if resume and not overwrite:
         if marker is not None and marker["command"] == command:
-            logger.info("%s: resuming the earlier `embedtune %s` run in this folder", directory, command)
+            if not check_only:
+                logger.info("%s: resuming the earlier `embedtune %s` run in this folder", directory, command)
             return directory
         legacy = [name for name in legacy_names if (directory / name).exists()]
         if marker is None and legacy:
-            logger.info("%s: resuming an earlier `embedtune %s` run (written before output markers; %s found)", directory, command, legacy[0])
-            _write_marker(directory, command, kept=(), complete=False)
+            if not check_only:
+                logger.info("%s: resuming an earlier `embedtune %s` run (written before output markers; %s found)",
+                            directory, command, legacy[0])
+                _write_marker(directory, command, kept=(), complete=False)
             return directory
     if not overwrite:
         what = f"an earlier `embedtune {marker['command']}` run" if marker is not None else "files embedtune did not write"
@@ -163,6 +173,8 @@ def prepare_output_dir(
                     f"{directory}: --overwrite would remove {entry}, which holds the input {source}; "
                     f"copy the input elsewhere or choose another {flag}."
                 )
+    if check_only:
+        return directory
     for entry in owned:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

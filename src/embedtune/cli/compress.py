@@ -19,8 +19,9 @@ from embedtune.cli.common import (
 )
 from embedtune.compress import available_methods, get_compressor_class, load_compressor
 from embedtune.compress.st_export import export_sentence_transformer
-from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape
+from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape, ids_path_for
 from embedtune.encoders import resolve_model_path
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
 from embedtune.workflows.train_compressor import CompressionResult, fit_compressor
 
 # The mining flags, each a MiningOptions field; unset flags keep the preset's value.
@@ -145,6 +146,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
                        "the triplets and report.json")
+    train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     train.set_defaults(handler=run_train)
 
@@ -158,13 +160,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     apply.add_argument("--id-column", default="id", help="parquet id column")
     apply.add_argument("--vector-column", default="embedding", help="parquet vector column")
     apply.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
+    apply.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never the --input)")
     apply.set_defaults(handler=run_apply)
 
     export = sub.add_parser("export", help="write a sentence-transformers model with the compressor appended", formatter_class=fmt)
     export.add_argument("--adapter", required=True, help=ADAPTER_HELP)
     export.add_argument("--model", default="minilm", help="the base model the compressor was trained on")
     export.add_argument("--out", required=True, help="output model folder")
-    export.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    export.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     export.set_defaults(handler=run_export)
 
 
@@ -182,8 +185,13 @@ def run_train(args: argparse.Namespace) -> int:
     # Validated here, before any encoding; unset flags keep the preset's mining.
     mining = preset.mining.replace(**{name: getattr(args, name) for name in MINING_FLAGS if hasattr(args, name)})
     seeds = args.seeds or [2027]
+    if args.out:
+        prepare_output_dir(args.out, args.overwrite, command="compress train", inputs=[
+            args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
     result = fit_compressor(experiment_from_args(args), args.method, args.dim, preset, seeds, args.final, settings, mining,
                             args.compare, args.out, labels={"model": args.model})
+    if args.out:
+        finish_output_dir(args.out, "compress train")
     if args.json:
         print_json(result.report)
     else:
@@ -210,6 +218,9 @@ def _print_summary(result: CompressionResult, model: str, split_seed: int, seeds
 
 
 def run_apply(args: argparse.Namespace) -> int:
+    prepare_output_file(args.out, args.overwrite, inputs=[args.input])
+    if args.input.endswith(".parquet") and args.out.endswith(".npy"):  # the ids go beside the vectors
+        prepare_output_file(ids_path_for(args.out), args.overwrite, inputs=[args.input], flag="--out's ids file")
     compressor = load_compressor(args.adapter)
     start = time.perf_counter()
     path = apply_compressor_streaming(compressor, args.input, args.out, args.chunk_size,
@@ -222,6 +233,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> int:
     compressor = load_compressor(args.adapter)
-    path = export_sentence_transformer(compressor, resolve_model_path(args.model), args.out, overwrite=args.overwrite)
+    path = export_sentence_transformer(compressor, resolve_model_path(args.model), args.out, overwrite=args.overwrite,
+                                       inputs=[args.adapter])
     print_json({"out": str(path), "dim": compressor.output_dim})
     return 0

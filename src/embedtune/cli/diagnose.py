@@ -7,6 +7,7 @@ from pathlib import Path
 
 from embedtune.cli.common import add_data_flags, print_json, print_table
 from embedtune.io import atomic_write_json
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.diagnose import diagnose_model
 
 
@@ -29,11 +30,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-seq-length", type=int, default=None, help="cap on tokens per text")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--out", default=None, help="folder for the PNGs and report.json")
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(handler=run_diagnose)
 
 
 def run_diagnose(args: argparse.Namespace) -> int:
+    if args.out:
+        prepare_output_dir(args.out, args.overwrite, command="diagnose", inputs=[args.model, args.data])
     report = diagnose_model(
         args.model,
         data=args.data,
@@ -48,6 +52,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
     result = report.to_dict()
     if args.out:
         atomic_write_json(Path(args.out) / "report.json", result)
+        finish_output_dir(args.out, "diagnose")
     if args.json:
         print_json(result)
     else:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from embedtune.cli.common import DeprecatedAlias, add_list_flag, print_json, print_table
 from embedtune.finetune.config import PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
 from embedtune.finetune.losses.focal_embedding import WEIGHTINGS
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 __all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune"]
 
@@ -92,6 +94,8 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, result.json "
                                                                    "(required unless --config)")
     parser.add_argument("--output", dest="out", action=DeprecatedAlias, replacement="--out", help=argparse.SUPPRESS)
+    parser.add_argument("--overwrite", action="store_true",
+                        help=OVERWRITE_HELP + " (re-running the same command into its own --out resumes instead)")
     stages = parser.add_argument_group("stages")
     stages.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (preset: one epoch)")
     stages.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (preset: one epoch)")
@@ -189,8 +193,17 @@ def run_finetune(args: argparse.Namespace) -> int:
     from embedtune.finetune.recipe import train_pace  # heavy optional dependency: sentence-transformers and transformers
 
     config = config_from_args(args)
+    command = f"finetune {next(name for name, family in COMMANDS.items() if family == args.backbone)}"
+    # A killed run resumes in its own folder (the marker says which command wrote it); with several
+    # processes (accelerate launch) the first one alone prepares the folder.
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if main_process:
+        prepare_output_dir(config.output_dir, args.overwrite, command=command, inputs=[args.config, config.data, config.model],
+                           resume=True, legacy_names=["pace_config.json"])
     result = train_pace(config, evaluate_split=getattr(args, "evaluate_split", None), evaluate_tasks=getattr(args, "eval_tasks", ()),
                         device=getattr(args, "device", None))
+    if main_process:
+        finish_output_dir(config.output_dir, command)
     stages = [
         {**{key: getattr(stage, key) for key in ("name", "similarity", "parameters", "steps", "steps_run", "temperature", "weighting",
                                                   "gamma", "seconds", "init_checkpoint")},

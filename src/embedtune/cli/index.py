@@ -11,6 +11,7 @@ from embedtune.compress import load_compressor
 from embedtune.data.beir import load_beir
 from embedtune.encoders import SentenceEncoder
 from embedtune.index import build_index, load_index
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -26,6 +27,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--adapter", default=None,
                        help="compressor applied before indexing: its folder, or a `compress train --out` folder holding exactly one")
     build.add_argument("--out", required=True, help="index folder to write")
+    build.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     build.add_argument("--kind", default="flat", help="flat (exact), sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'")
     add_data_flags(build, split=False, default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
     build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default")
@@ -51,11 +53,13 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
+    prepare_output_dir(args.out, args.overwrite, command="index build", inputs=[args.embeddings, args.ids, args.adapter, args.data])
     titles = None
     if args.data:
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
     out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
                       chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
+    finish_output_dir(out, "index build")
     manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
     if args.json:
         print_json(manifest)

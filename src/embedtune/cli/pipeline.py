@@ -7,6 +7,7 @@ import argparse
 from embedtune.cli.common import add_data_flags, add_list_flag, print_json, print_table
 from embedtune.compress import DIVECompressor
 from embedtune.finetune.config import parse_stage2_init, preset_config
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
     parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, pipeline_result.json)")
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (re-running into the same --out resumes instead)")
     parser.add_argument("--preset", default="pace", help="PACE preset (see `embedtune finetune pace --help`)")
     parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
     parser.add_argument("--test-split", default="test", help="qrels split of the held-out evaluation")
@@ -59,7 +61,10 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     variants = {"norm-preserving": {"method": "dive", "output_norm": "input"}} if args.norm_preserving else {}
     config = PipelineConfig(methods=args.methods, dim=args.dim, seeds=args.seeds, dive_preset=args.dive_preset, variants=variants,
                             test_split=args.test_split, split_seed=args.seed, compare_base=not args.no_base)
+    prepare_output_dir(args.out, args.overwrite, command="pipeline", inputs=[args.data, args.model], resume=True,
+                       legacy_names=["finetune", "pipeline_result.json"])
     result = run_pipeline(pace_config, config, args.out)
+    finish_output_dir(args.out, "pipeline")
     if args.json:
         print_json(result)
     else:

@@ -21,9 +21,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from embedtune.compress.base import Compressor
+from embedtune.io import current_umask
+from embedtune.outputs import OutputExistsError, finish_output_dir, prepare_output_dir
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -35,6 +38,7 @@ __all__ = ["export_sentence_transformer", "COMPRESSOR_SUBFOLDER"]
 # The compressor's own save(dir) is kept next to the s-t modules, so it can be reloaded as is.
 COMPRESSOR_SUBFOLDER = "embedtune_compressor"
 MODULE_FORMATS = ("auto", "builtin", "embedtune")
+EXPORT_COMMAND = "compress export"
 
 
 def export_sentence_transformer(
@@ -43,6 +47,7 @@ def export_sentence_transformer(
     out_dir: str | Path,
     module_format: Literal["auto", "builtin", "embedtune"] = "auto",
     overwrite: bool = False,
+    inputs: Sequence[str | os.PathLike] = (),
 ) -> Path:
     """Write ``base_model`` followed by ``compressor`` as a sentence-transformers folder.
 
@@ -53,7 +58,11 @@ def export_sentence_transformer(
         module_format: ``"builtin"`` (built-in s-t modules, loads without ``trust_remote_code``;
             for methods that provide them, e.g. DIVE), ``"embedtune"`` (one ``CompressorModule``,
             loads with ``trust_remote_code=True``), or ``"auto"`` (builtin when possible).
-        overwrite: replace an existing ``out_dir``.
+        overwrite: replace what an earlier embedtune run wrote in ``out_dir`` (recognised by its
+            ``.embedtune-output.json`` marker); other files there are kept, and a folder without
+            a marker is refused (see :func:`embedtune.outputs.prepare_output_dir`).
+        inputs: files or folders the export reads (e.g. the adapter's folder); a path
+            ``base_model`` is added. ``overwrite`` refuses to remove them.
 
     Returns:
         ``out_dir`` as a Path.
@@ -67,8 +76,9 @@ def export_sentence_transformer(
         raise ValueError(f"module_format must be one of {list(MODULE_FORMATS)}; got {module_format!r}.")
     compressor._check_fitted()
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir}: folder exists and is not empty; pass overwrite=True or choose a new folder.")
+    inputs = [*inputs, *([base_model] if isinstance(base_model, (str, os.PathLike)) else [])]
+    # Refused now, before the build; nothing is removed until the new model is ready.
+    prepare_output_dir(out_dir, overwrite, inputs=inputs, command=EXPORT_COMMAND, check_only=True)
     if isinstance(base_model, (str, os.PathLike)):
         base_model = SentenceTransformer(str(base_model), device="cpu")
     base_dim = base_model.get_embedding_dimension()
@@ -90,17 +100,27 @@ def export_sentence_transformer(
     for module in builtin or [CompressorModule(compressor)]:
         model.append(module)
 
-    # Write next to the target, then swap it in, so a crash leaves no half-written model.
+    # Write next to the target, then move it in, so a crash leaves no half-written model.
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700: the model would be unreadable to others
     try:
         model.save(str(staging))
         compressor.save(staging / COMPRESSOR_SUBFOLDER)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
+        if not out_dir.exists():
+            os.replace(staging, out_dir)
+        else:
+            prepare_output_dir(out_dir, overwrite, inputs=inputs, command=EXPORT_COMMAND)
+            clashes = [entry.name for entry in staging.iterdir() if (out_dir / entry.name).exists()]
+            if clashes:
+                raise OutputExistsError(f"{out_dir}: holds {', '.join(sorted(clashes))}, which embedtune did not write and the "
+                                        "exported model needs; move them away or choose another folder.")
+            for entry in staging.iterdir():
+                os.replace(entry, out_dir / entry.name)
+            staging.rmdir()
+        finish_output_dir(out_dir, EXPORT_COMMAND)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    logger.info("exported %s + %s to %s", type(base_model).__name__, compressor.method, out_dir)
+    logger.debug("exported %s + %s to %s", type(base_model).__name__, compressor.method, out_dir)
     return out_dir
