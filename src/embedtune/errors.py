@@ -39,12 +39,18 @@ class NonFiniteError(EmbedtuneError):
         count: how many rows hold a non-finite value.
     """
 
-    def __init__(self, source: str, what: str, row: int, column: int, value: float, count: int, fix: str) -> None:
-        self.source, self.what, self.row, self.column, self.value, self.count = source, what, row, column, value, count
-        more = f"; {count} rows in all are not finite" if count > 1 else ""
+    def __init__(self, source: str, what: str, row: int, column: int, value: float, count: int, fix: str, partial: bool = False) -> None:
+        self.source, self.what, self.row, self.column, self.value, self.count, self.fix = source, what, row, column, value, count, fix
+        self.partial = partial
+        more = (f"; at least {count} rows are not finite" if partial else f"; {count} rows in all are not finite") if count > 1 else ""
         super().__init__(
             f"{source}: {what} row {row} (0-based) holds {value!r} at column {column}{more}. Fix: {fix}"
         )
+
+    def shifted(self, offset: int, source: str | None = None, what: str | None = None) -> "NonFiniteError":
+        """The same error for rows counted ``offset`` further on (a block of a larger array), optionally renamed."""
+        return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, self.count,
+                              self.fix, partial=True)
 
 
 class NoQueriesError(EmbedtuneError):
@@ -58,6 +64,7 @@ def check_finite(
     *,
     row_offset: int = 0,
     fix: str = "drop or repair those rows (e.g. re-encode them) before using the file",
+    partial: bool = False,
 ) -> None:
     """Raise :class:`NonFiniteError` if ``array`` holds NaN or infinity, naming the first bad row.
 
@@ -70,6 +77,7 @@ def check_finite(
         what: what the rows are, e.g. ``"doc vectors"`` or ``"output of pca"``.
         row_offset: added to reported rows, for a block that starts at row ``row_offset`` of ``source``.
         fix: what the user should do about it.
+        partial: ``array`` is one block of ``source``, so the count of bad rows is a lower bound.
     """
     values = np.asarray(array) if not isinstance(array, np.ndarray) else array
     if values.dtype.kind not in "fc" or values.size == 0:
@@ -91,4 +99,4 @@ def check_finite(
             first = (lo + row, column, block[row, column].item())
     if first is not None:
         row, column, value = first
-        raise NonFiniteError(source, what, row + row_offset, column, value, count, fix)
+        raise NonFiniteError(source, what, row + row_offset, column, value, count, fix, partial=partial)

@@ -25,6 +25,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress.presets import Preset
+from embedtune.errors import check_finite
 from embedtune.io import (
     IntegrityError,
     check_version_stamp,
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
 
 CONFIG_NAME = "config.json"
+_OUTPUT_FIX = ("the input rows are finite, so the compressor's weights hold NaN or infinity (a damaged file or a diverged fit); "
+               "re-fit it or restore the adapter folder from a good copy")
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -55,8 +58,7 @@ def as_float32_rows(X: Any, name: str = "X", dim: int | None = None) -> np.ndarr
         raise ValueError(f"{name} must be a 2-D array of shape (n, d); got shape {array.shape}.")
     if dim is not None and array.shape[1] != dim:
         raise ValueError(f"{name} has {array.shape[1]} columns but the compressor was fitted on {dim}-d input.")
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or infinite values.")
+    check_finite(array, name, "input", fix="drop or repair the rows holding NaN or infinity before compressing them")
     return array
 
 
@@ -264,6 +266,8 @@ class Compressor(abc.ABC):
         self._check_fitted()
         X = as_float32_rows(X, "X", self.input_dim_)
         out = self._transform(X)
+        # Finite input, non-finite output: the weights themselves are damaged or diverged.
+        check_finite(out, f"{type(self).__name__}.transform", "output", fix=_OUTPUT_FIX)
         return l2_normalize(out)
 
     def torch_module(self) -> "torch.nn.Module":

@@ -37,6 +37,7 @@ from typing import Iterator
 import numpy as np
 
 from embedtune.compress.base import Compressor
+from embedtune.errors import NonFiniteError, check_finite
 from embedtune.io import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,10 @@ def transform_rows(compressor: Compressor, X: np.ndarray, tile: int = TILE_ROWS)
         rows = X[start : start + tile]
         if len(rows) < tile:
             rows = np.concatenate([rows, np.repeat(rows[-1:], tile - len(rows), axis=0)])
-        out[start : start + tile] = compressor.transform(rows)[: min(tile, n - start)]
+        try:
+            out[start : start + tile] = compressor.transform(rows)[: min(tile, n - start)]
+        except NonFiniteError as error:
+            raise error.shifted(start) from None  # rows of X, not of the tile
     return out
 
 
@@ -297,6 +301,8 @@ def apply_compressor_streaming(
         for start, ids, block in iter_embedding_blocks(input_path, chunk_size, id_column, vector_column, reuse_buffer=True):
             if ids is not None and output_path.suffix == ".npy" and any("\n" in i or "\r" in i for i in ids):
                 raise ValueError(f"{input_path}: ids contain line breaks, which ids.txt cannot hold; write .parquet output instead.")
+            check_finite(block, str(input_path), "input vectors", row_offset=start,
+                         fix="drop or repair the rows holding NaN or infinity before compressing the file", partial=True)
             yield start, ids, block
 
     def compressed():
@@ -319,8 +325,11 @@ def apply_compressor_streaming(
                 available -= rows
                 yield start, ids, merged[:rows]
 
-        for _, _, block in tile_aligned_blocks(recorded(), TILE_ROWS):
-            outputs.append(transform_rows(compressor, block))
+        for start, _, block in tile_aligned_blocks(recorded(), TILE_ROWS):
+            try:
+                outputs.append(transform_rows(compressor, block))
+            except NonFiniteError as error:  # finite input rows: the adapter's weights are not
+                raise error.shifted(start, source=f"{input_path} through the {compressor.method} adapter") from None
             yield from ready()
         yield from ready()
 

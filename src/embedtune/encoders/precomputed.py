@@ -1,20 +1,57 @@
 """Precomputed embeddings as first-class input: ``.npy`` plus ids, or parquet with an id column.
 
-A user with their own (say 4096-d) vectors passes them here and nothing is encoded.
+A user with their own (say 4096-d, from an API) vectors passes them here and nothing is
+encoded; no corpus text is needed. float64 and float16 vectors are cast to float32 with a
+one-line note; ids must be unique. :func:`vector_fingerprints` gives the sha256 of the files, so
+a report can say ``model: precomputed`` and exactly which vectors it used.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from embedtune.data.beir import BeirDataset
 from embedtune.data.errors import DataFormatError
+from embedtune.data.pairs import file_sha256
 from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
 
-__all__ = ["load_embeddings", "read_ids"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["load_embeddings", "read_ids", "check_unique_ids", "require_ids", "vector_fingerprints", "PRECOMPUTED_MODEL"]
+
+#: What a report records as the model when the vectors were given, not encoded.
+PRECOMPUTED_MODEL = "precomputed"
+_CAST_DTYPES = (np.float64, np.float16)
+
+
+def check_unique_ids(ids: list[str], source: str | Path) -> None:
+    """Raise naming ``source`` and the first repeated id (and both of its rows) if ids repeat."""
+    seen: dict[str, int] = {}
+    for row, item in enumerate(ids):
+        if item in seen:
+            raise DataFormatError(str(source), f"duplicate id {item!r} (rows {seen[item]} and {row})", "give every row a unique id")
+        seen[item] = row
+
+
+def require_ids(available: Iterable[str], needed: Iterable[str], source: str | Path, needed_by: str | Path, kind: str = "id") -> None:
+    """Raise naming ``source`` and the first of ``needed`` (used by ``needed_by``) that ``available`` lacks."""
+    have = set(available)
+    missing = [item for item in needed if item not in have]
+    if missing:
+        raise DataFormatError(
+            str(source), f"no vector for {kind} {missing[0]!r}, which {needed_by} uses ({len(missing)} {kind}s missing)",
+            f"add a row for every {kind} {needed_by} names, or drop those labels",
+        )
+
+
+def vector_fingerprints(*paths: str | Path | None) -> dict[str, str]:
+    """``{file name: sha256}`` of the given vector and id files (None entries are skipped)."""
+    return {Path(path).name: file_sha256(path) for path in paths if path is not None and Path(path).is_file()}
 
 
 _FINITE_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
@@ -66,20 +103,35 @@ def load_embeddings(
     id_column: str = "id",
     vector_column: str = "embedding",
     mmap: bool = True,
+    cast: bool = True,
+    unique: bool = False,
 ) -> tuple[list[str], np.ndarray]:
-    """Load ``(ids, vectors)``; ``.npy`` is memory-mapped, float16 is accepted and kept as is."""
+    """Load ``(ids, vectors)``; ``.npy`` is memory-mapped.
+
+    Args:
+        cast: float64 and float16 ``.npy`` vectors are cast to float32 (in memory) with a
+            one-line note; False keeps float16 as is (streaming readers cast per chunk).
+        unique: raise if an id repeats (naming the ids file and the id).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".npy":
         vectors = _load_npy(path, mmap)
-        if vectors.ndim != 2 or vectors.dtype not in (np.float32, np.float16):
-            raise DataFormatError(str(path), f"expected a 2-D float32/float16 array, got {vectors.dtype} {vectors.shape}", "save an (n, d) float32 array with np.save")
+        allowed = (np.float32, np.float16, np.float64) if cast else (np.float32, np.float16)
+        if vectors.ndim != 2 or vectors.dtype not in allowed:
+            names = "/".join(np.dtype(d).name for d in allowed)
+            raise DataFormatError(str(path), f"expected a 2-D {names} array, got {vectors.dtype} {vectors.shape}", "save an (n, d) float32 array with np.save")
         if ids is None:
             raise ValueError(f"{path}: a .npy file carries no ids; pass the ids file too (one id per line or a JSON list).")
         id_list = list(ids) if isinstance(ids, list) else read_ids(ids)
         if len(id_list) != vectors.shape[0]:
             raise DataFormatError(str(path), f"{vectors.shape[0]} rows but {len(id_list)} ids", "give exactly one id per row")
+        if unique:
+            check_unique_ids(id_list, ids if not isinstance(ids, list) else path)
+        if cast and vectors.dtype in _CAST_DTYPES:
+            logger.info("%s: %s vectors cast to float32 (%d x %d).", path, vectors.dtype, *vectors.shape)
+            vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
         return id_list, vectors
     if path.suffix == ".parquet":
@@ -93,6 +145,8 @@ def load_embeddings(
         column = table.column(vector_column).combine_chunks()
         width = len(column[0]) if len(column) else 0
         vectors = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(column), width)
+        if unique:
+            check_unique_ids(id_list, path)
         check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
         return id_list, np.ascontiguousarray(vectors)
     raise DataFormatError(str(path), f"unsupported extension {path.suffix!r}", "use .npy (with an ids file) or .parquet")
