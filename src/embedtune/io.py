@@ -115,6 +115,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     os.close(fd)
     try:
         writer(tmp)
+        # Some writers replace the file with their own (safetensors makes it 0600): set the mode last.
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
