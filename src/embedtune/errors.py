@@ -48,9 +48,11 @@ class NonFiniteError(EmbedtuneError):
         )
 
     def shifted(self, offset: int, source: str | None = None, what: str | None = None) -> "NonFiniteError":
-        """The same error for rows counted ``offset`` further on (a block of a larger array), optionally renamed."""
-        return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, self.count,
-                              self.fix, partial=True)
+        """The same first bad row, counted ``offset`` further on (a block of a larger array), optionally renamed.
+
+        The count is dropped: a padded or partial block cannot say how many rows of the whole are bad.
+        """
+        return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, 1, self.fix)
 
 
 class NoQueriesError(EmbedtuneError):
