@@ -36,6 +36,7 @@ __all__ = [
     "NEGATIVE_KINDS",
     "MARGIN_REFERENCES",
     "MINING_DEFAULTS",
+    "explain_no_triplets",
 ]
 
 NEGATIVE_KINDS = ("hard", "random")
@@ -115,6 +116,40 @@ def mining_options(
         "max_triplets_per_query": None if max_triplets_per_query is None else int(max_triplets_per_query),
     }
     return {key: value for key, value in given.items() if value != MINING_DEFAULTS[key]}
+
+
+def explain_no_triplets(
+    query_ids: list[str],
+    doc_ids: list[str],
+    qrels: dict[str, dict[str, int]],
+    *,
+    skip_top: int = 0,
+    false_negative_margin: float | None = None,
+    false_negative_reference: str = "pair",
+) -> tuple[str, str]:
+    """Which mining step left no triplet, as ``(step, sentence)``, so an error blames the right one.
+
+    ``step`` is ``"queries"`` (no training query), ``"judgments"`` (no query has a relevant
+    document), ``"corpus"`` (no relevant document, or no other document, is in the corpus),
+    ``"false_negative_filter"`` or ``"skip_top"``. The checks run in mining order.
+    """
+    if not query_ids:
+        return "queries", "the training split has no queries, so there is nothing to mine"
+    positives = {doc_id for qid in query_ids for doc_id, rel in qrels.get(qid, {}).items() if rel > 0}
+    if not positives:
+        return "judgments", f"none of the {len(query_ids)} training queries has a relevant (score > 0) judgment"
+    corpus = set(doc_ids)
+    if positives.isdisjoint(corpus):
+        return "corpus", (f"none of the {len(positives)} relevant documents of the {len(query_ids)} training queries "
+                          f"(e.g. {sorted(positives)[0]!r}) is in the corpus")
+    if corpus <= positives | set(query_ids):
+        return "corpus", f"the corpus ({len(corpus)} documents) holds nothing but relevant documents, so no negative can be drawn"
+    if false_negative_margin is not None:
+        return "false_negative_filter", (f"the false-negative filter (margin {false_negative_margin}, reference "
+                                         f"{false_negative_reference!r}) dropped every candidate negative")
+    if skip_top:
+        return "skip_top", f"skip_top={skip_top} skipped every candidate negative"
+    return "corpus", "no candidate negative was left after the exclusions"
 
 
 def mine_triplets(
@@ -284,9 +319,9 @@ def mine_triplets(
     if short:
         logger.warning("mine_triplets: %d (query, positive) pairs had fewer than %d candidate negatives.", short, n_negatives)
     if capped:
-        logger.info("mine_triplets: %d queries capped at %d triplets.", capped, max_triplets_per_query)
+        logger.debug("mine_triplets: %d queries capped at %d triplets.", capped, max_triplets_per_query)
     result = np.array(triplets, dtype=np.int64).reshape(-1, 3)
-    logger.info(
+    logger.debug(
         "mine_triplets: %d triplets (%s negatives) for %d queries in %.2fs", len(result), negatives, len(plan), time.perf_counter() - start
     )
     return result
@@ -338,7 +373,7 @@ def _hard_pools(
         depth = min(2 * depth, n_docs)
     if margin is not None:
         n_pairs = sum(len(positives) for _, positives, _ in plan)
-        logger.info("mine_triplets: the false-negative margin %s skipped %.1f candidates per (query, positive) pair.", margin, dropped / n_pairs)
+        logger.debug("mine_triplets: the false-negative margin %s skipped %.1f candidates per (query, positive) pair.", margin, dropped / n_pairs)
     return pools  # type: ignore[return-value]
 
 
