@@ -1,0 +1,186 @@
+"""Nothing is overwritten unasked (issue 17): ``--out`` rules, the marker, ``--overwrite`` and inputs.
+
+One test per defect: ``compress export --overwrite`` deleted the whole tree (the adapter too),
+``compress export`` into a non-empty folder ended in a traceback, ``compress apply`` with the
+output equal to the input overwrote it, ``compress train --out EXISTING`` left another run's
+adapters beside the new report, ``embed``/``split``/``index build`` overwrote their targets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedtune.cli import main
+from embedtune.compress import DIVECompressor, DIVEConfig, load_compressor, make_compressor
+from embedtune.compress.base import TrainingData
+from embedtune.outputs import MARKER_NAME, OutputExistsError, finish_output_dir, prepare_output_dir, prepare_output_file, read_marker
+
+
+def _adapter(folder: Path, d: int = 32, method: str = "pca") -> Path:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, d)).astype(np.float32)
+    ids = [f"x{i}" for i in range(len(X))]
+    if method == "dive":  # exportable; untrained (epochs=0) is enough here
+        compressor = DIVECompressor(DIVEConfig(dim=4, heads=2, epochs=0, device="cpu", progress=False))
+        compressor.fit(TrainingData(ids, X, ids, X, {}, np.array([[0, 0, 1]])))
+    else:
+        compressor = make_compressor(method, dim=4).fit(TrainingData(ids, X, ids, X, {}))
+    compressor.save(folder)
+    return folder
+
+
+# -- the helper -------------------------------------------------------------------------------
+def test_a_new_or_empty_folder_is_used_and_marked(tmp_path):
+    out = prepare_output_dir(tmp_path / "new", command="embed")
+    (out / "a.npy").write_bytes(b"x")
+    finish_output_dir(out, "embed")
+    marker = read_marker(out)
+    assert marker["command"] == "embed" and marker["complete"] and marker["written"] == ["a.npy"]
+
+
+def test_a_non_empty_folder_is_refused_without_overwrite(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep")
+    with pytest.raises(OutputExistsError, match=r"is not empty \(it holds files embedtune did not write: mine\.txt\).*--overwrite"):
+        prepare_output_dir(tmp_path, command="embed")
+    with pytest.raises(OutputExistsError, match=f"no {MARKER_NAME}"):
+        prepare_output_dir(tmp_path, overwrite=True, command="embed")
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_overwrite_removes_only_what_embedtune_wrote(tmp_path):
+    out = tmp_path / "out"
+    prepare_output_dir(out, command="compress train")
+    (out / "dive").mkdir()
+    (out / "dive" / "config.json").write_text("{}")
+    (out / "report.json").write_text("{}")
+    finish_output_dir(out, "compress train")
+    (out / "notes.md").write_text("the user's")
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "notes.md"]
+    # An unfinished run: everything but what was there before it counts as its output.
+    (out / "pca").mkdir()
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "notes.md"]
+
+
+def test_overwrite_never_removes_an_input(tmp_path):
+    out = prepare_output_dir(tmp_path / "out", command="compress train")
+    adapter = _adapter(out / "dive")
+    finish_output_dir(out, "compress train")
+    with pytest.raises(OutputExistsError, match=r"would remove .*dive, which holds the input"):
+        prepare_output_dir(out, overwrite=True, inputs=[adapter], command="compress export")
+    assert (adapter / "model.safetensors").is_file()
+
+
+def test_a_command_resumes_its_own_folder_only(tmp_path):
+    out = prepare_output_dir(tmp_path / "run", command="finetune pace", resume=True)
+    (out / "stage1").mkdir()
+    assert prepare_output_dir(out, command="finetune pace", resume=True) == out  # killed and restarted
+    assert (out / "stage1").is_dir()
+    with pytest.raises(OutputExistsError, match="an earlier `embedtune finetune pace` run"):
+        prepare_output_dir(out, command="pipeline", resume=True)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "pace_config.json").write_text("{}")  # written before markers existed
+    assert prepare_output_dir(legacy, command="finetune pace", resume=True, legacy_names=["pace_config.json"]) == legacy
+
+
+def test_an_output_file_equal_to_an_input_is_refused(tmp_path):
+    source = tmp_path / "a.npy"
+    source.write_bytes(b"x")
+    with pytest.raises(OutputExistsError, match="is the input file"):
+        prepare_output_file(tmp_path / "." / "a.npy", overwrite=True, inputs=[source])
+    with pytest.raises(OutputExistsError, match="already exists.*--overwrite"):
+        prepare_output_file(source, inputs=[tmp_path / "b.npy"])
+    assert prepare_output_file(source, overwrite=True, inputs=[tmp_path / "b.npy"]) == source
+
+
+# -- the commands -----------------------------------------------------------------------------
+def test_compress_apply_refuses_to_write_over_its_input(tmp_path, capsys):
+    adapter = _adapter(tmp_path / "adapter")
+    vectors = np.random.default_rng(1).normal(size=(10, 32)).astype(np.float32)
+    np.save(tmp_path / "a.npy", vectors)
+    assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "a.npy"), "--out", str(tmp_path / "a.npy")]) == 2
+    assert "is the input file" in capsys.readouterr().err
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), vectors)
+    assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "a.npy"), "--out", str(tmp_path / "b.npy")]) == 0
+    assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "a.npy"), "--out", str(tmp_path / "b.npy")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["compress", "apply", "--adapter", str(adapter), "--input", str(tmp_path / "a.npy"), "--out", str(tmp_path / "b.npy"),
+                 "--overwrite"]) == 0
+
+
+def test_compress_export_into_a_non_empty_folder_is_one_error_line(tmp_path, tiny_bert_dir, capsys):
+    adapter = _adapter(tmp_path / "adapter", method="dive")
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("x")
+    assert main(["compress", "export", "--adapter", str(adapter), "--model", str(tiny_bert_dir), "--out", str(occupied)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("embedtune: error:") and "is not empty" in err and "Traceback" not in err
+    assert main(["compress", "export", "--adapter", str(adapter), "--model", str(tiny_bert_dir), "--out", str(occupied), "--overwrite"]) == 2
+    assert (occupied / "keep.txt").read_text() == "x"
+
+
+def test_compress_export_overwrite_keeps_the_adapter_it_reads_and_foreign_files(tmp_path, tiny_bert_dir, capsys):
+    out = tmp_path / "model"
+    adapter = _adapter(tmp_path / "adapter", method="dive")
+    assert main(["compress", "export", "--adapter", str(adapter), "--model", str(tiny_bert_dir), "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine")
+    inner = out / "embedtune_compressor"  # the adapter copy inside the exported folder
+    capsys.readouterr()
+    assert main(["compress", "export", "--adapter", str(inner), "--model", str(tiny_bert_dir), "--out", str(out), "--overwrite"]) == 2
+    assert "holds the input" in capsys.readouterr().err
+    assert load_compressor(inner).output_dim == 4 and (out / "notes.txt").read_text() == "mine"
+    assert main(["compress", "export", "--adapter", str(adapter), "--model", str(tiny_bert_dir), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "mine" and (out / "modules.json").is_file()
+
+
+def test_compress_train_into_an_existing_run_is_refused_and_overwrite_clears_it(toy40, tiny_bert_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["compress", "train", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "4", "--compare", "", "--out", str(out)]
+    assert main([*base, "--method", "pca"]) == 0
+    assert main([*base, "--method", "truncate"]) == 2
+    assert "an earlier `embedtune compress train` run" in capsys.readouterr().err
+    assert main([*base, "--method", "truncate", "--overwrite", "--json"]) == 0
+    assert not (out / "pca").exists(), "another run's adapter was left beside the new report"
+    assert (out / "truncate" / "config.json").is_file()
+    assert set(json.loads((out / "report.json").read_text())["results"]) == {"truncate"}
+
+
+def test_split_and_embed_do_not_overwrite_silently(toy40, tiny_bert_dir, tmp_path, capsys):
+    manifest = tmp_path / "manifest.json"
+    assert main(["split", "--data", str(toy40), "--out", str(manifest)]) == 0
+    assert main(["split", "--data", str(toy40), "--out", str(manifest), "--split-seed", "1"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["split", "--data", str(toy40), "--out", str(manifest), "--split-seed", "1", "--overwrite"]) == 0
+
+    emb = tmp_path / "emb"
+    emb.mkdir()
+    (emb / "doc_embeddings.npy").write_bytes(b"someone else's")
+    assert main(["embed", "--data", str(toy40), "--model", str(tiny_bert_dir), "--out", str(emb)]) == 2
+    assert (emb / "doc_embeddings.npy").read_bytes() == b"someone else's"
+    fresh = tmp_path / "fresh"
+    assert main(["embed", "--data", str(toy40), "--model", str(tiny_bert_dir), "--out", str(fresh)]) == 0
+    assert main(["embed", "--data", str(toy40), "--model", str(tiny_bert_dir), "--out", str(fresh)]) == 2
+    assert main(["embed", "--data", str(toy40), "--model", str(tiny_bert_dir), "--out", str(fresh), "--overwrite"]) == 0
+
+
+def test_index_build_refuses_a_non_empty_out(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
+    command = ["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--ids", str(tmp_path / "ids.txt"), "--out", str(tmp_path / "index")]
+    assert main(command) == 0
+    assert main(command) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert main([*command, "--overwrite"]) == 0
+    # Files that appeared after the build are not embedtune's: --overwrite keeps them, even as the input.
+    (tmp_path / "index" / "vectors").mkdir()
+    np.save(tmp_path / "index" / "vectors" / "x.npy", np.load(tmp_path / "x.npy"))
+    command[3] = str(tmp_path / "index" / "vectors" / "x.npy")
+    assert main([*command, "--overwrite"]) == 0
+    assert (tmp_path / "index" / "vectors" / "x.npy").is_file() and (tmp_path / "index" / "index.faiss").is_file()
