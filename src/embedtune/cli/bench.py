@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from embedtune.bench.dive_protocol import run_protocol
+from embedtune.bench.dive_protocol import plan_protocol, run_protocol
 from embedtune.bench.dive_report import build_report
 from embedtune.bench.protocol_config import load_protocol_config
 from embedtune.cli.common import add_data_flags, add_list_flag, print_json
@@ -43,6 +43,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     dive.add_argument("--workers", type=int, default=1,
                       help="processes sharing the grid through claim files (each uses the config's threads); "
                            "2 on a 2-core machine halves the wall-clock time")
+    dive.add_argument("--rerun-changed", action="store_true",
+                      help="run again the finished runs made with other inputs (split, mining, data, model or method config); "
+                           "without it such runs stop the benchmark with the differing fields, so a results folder never mixes configs")
+    dive.add_argument("--dry-run", action="store_true",
+                      help="say how many runs are finished, to do, or made with other inputs, then exit (runs and writes nothing)")
     dive.set_defaults(handler=run_benchmark_dive)
 
     index = sub.add_parser("index", formatter_class=fmt, help="exact flat search at full vs compressed dims (DIVE §4.9)",
@@ -88,8 +93,12 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
         if missing:
             raise ValueError(f"--datasets {sorted(missing)} not in {config.source}; known: {[d.name for d in config.datasets]}.")
         config.datasets = [d for d in config.datasets if d.name in args.datasets]
+    if args.dry_run:
+        for phase, plan in plan_protocol(config, rerun_changed=args.rerun_changed).items():
+            print(f"{phase}: {plan.summary()}")
+        return 0
     start = time.perf_counter()
-    records = run_protocol(config, phase_two=not args.selection_only, workers=args.workers)
+    records = run_protocol(config, phase_two=not args.selection_only, workers=args.workers, rerun_changed=args.rerun_changed)
     print(f"{len(records)} runs finished in {time.perf_counter() - start:.1f}s; results in {config.results_dir}")
     if not args.no_report:
         print(f"report: {build_report(config.results_dir, config.n_resamples)}")
