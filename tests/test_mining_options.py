@@ -145,8 +145,10 @@ def test_compress_train_flags_reach_the_triplets(experiment, tmp_path, capsys):
                  "--out", str(out), "--skip-top", "3", "--false-negative-margin", "0.02", "--max-triplets-per-query", "6", *flags])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
+    # Search-Adaptor's default preset is the safety net: its query-min reference stays, the flags override the rest.
     assert report["triplets"] == {"negatives": "hard", "n_negatives": 4, "skip_top": 3, "false_negative_margin": 0.02,
-                                  "max_triplets_per_query": 6, "n_triplets": report["triplets"]["n_triplets"]}
+                                  "false_negative_reference": "query-min", "max_triplets_per_query": 6,
+                                  "n_triplets": report["triplets"]["n_triplets"]}
     stored = load_triplets(out / "triplets-train.json")
     assert {stored.meta[k] for k in ("skip_top", "false_negative_margin", "max_triplets_per_query")} == {3, 0.02, 6}
     per_query = np.unique([q for q, _, _ in stored.ids], return_counts=True)[1]

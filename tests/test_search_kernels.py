@@ -99,7 +99,7 @@ def test_select_kernel_measures_and_caches(rng, monkeypatch, caplog):
     kernels.clear_kernel_cache()
     xb = rng.normal(size=(2000, 32)).astype(np.float32)
     xq = rng.normal(size=(64, 32)).astype(np.float32)
-    with caplog.at_level("INFO", logger="embedtune.evaluate.kernels"):
+    with caplog.at_level("DEBUG", logger="embedtune.evaluate.kernels"):
         name = kernels.select_kernel(xq, xb, 10)
     assert name in kernels.KERNELS
     choices = kernels.kernel_choices()

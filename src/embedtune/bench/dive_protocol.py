@@ -425,11 +425,12 @@ def _run_protocol(config: ProtocolConfig, progress: bool, phase_two: bool, rerun
     store = RunStore(root)
     executor = ProtocolExecutor(config, root)
     start = time.perf_counter()
-    records = run_grid(plan_phase_one(config), store, executor, progress, check=executor, rerun_changed=rerun_changed)
+    records = run_grid(plan_phase_one(config), store, executor, progress, desc="protocol grid, phase 1", check=executor,
+                       rerun_changed=rerun_changed)
     if phase_two:
         records.update(run_grid(plan_phase_two(config, selection_records(config, store, records, executor)), store, executor, progress,
-                                check=executor, rerun_changed=rerun_changed))
-    logger.info("protocol finished in %.1fs (embedding: %s)", time.perf_counter() - start, executor.embedding_seconds)
+                                desc="protocol grid, phase 2", check=executor, rerun_changed=rerun_changed))
+    logger.debug("protocol finished in %.1fs (embedding: %s)", time.perf_counter() - start, executor.embedding_seconds)
     return records
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Protocol
 from embedtune import __version__
 from embedtune.errors import EmbedtuneError
 from embedtune.io import IntegrityError, read_json_verified, write_json_with_digest
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -430,6 +431,7 @@ def run_grid(
     check: "RecordCheck | None" = None,
     rerun_changed: bool = False,
     wait_log_seconds: float = 60.0,
+    desc: str = "protocol grid",
 ) -> dict[str, dict[str, Any]]:
     """Execute every unfinished spec (grouped by dataset and backbone); return all records by key.
 
@@ -441,8 +443,6 @@ def run_grid(
     :class:`StaleRecordsError` naming the differing fields, before anything runs;
     ``rerun_changed=True`` runs those records again instead.
     """
-    from tqdm.auto import tqdm
-
     plan = plan_grid(specs, store, check, rerun_changed)
     if plan.changed and not rerun_changed:
         raise StaleRecordsError(store.root, plan.changed, getattr(check, "source", None))
@@ -469,9 +469,9 @@ def run_grid(
             record["spec"]["studies"] = merged
             write_json_with_digest(store.path(spec), record)
         records[spec.key] = record
-    logger.info("grid: %d runs, %d already finished, %d to do", len(specs), len(records), len(todo))
+    logger.log(logging.INFO if specs else logging.DEBUG, "%s: %d runs, %d already finished, %d to do", desc, len(specs), len(records), len(todo))
     todo.sort(key=lambda s: (s.backbone, s.dataset))
-    bar = tqdm(total=len(todo), desc="protocol grid", unit="run", disable=not progress)
+    bar = progress_bar(len(todo), desc, unit="run", enabled=progress)  # nothing to do: no bar
     pending = todo
     while pending:
         held_by_others = []
@@ -483,7 +483,7 @@ def run_grid(
                 # Checked under the claim: another worker may have finished it meanwhile.
                 record = store.load(spec)
                 if record is None or (check is not None and record_differences(spec, record, check)):
-                    bar.set_postfix_str(spec.key[-60:])
+                    bar.set_postfix_str(spec.key[-60:], refresh=False)
                     start = time.perf_counter()
                     record = execute(spec)
                     record["wall_seconds"] = time.perf_counter() - start

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
-import warnings
 
 from embedtune import __version__
-from embedtune.cli.common import positive_int, warn_deprecated
+from embedtune.cli.common import positive_int, HelpFormatter, warn_deprecated
 from embedtune.errors import EmbedtuneError
-from embedtune.runtime import set_threads
+from embedtune.runtime import cli_logging, set_threads
 
 __all__ = ["main", "build_parser"]
 
@@ -24,10 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="embedtune",
         description="Make retrieval embeddings smaller (DIVE) and better (PACE). Works offline on local models and data.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"embedtune {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details to stderr")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true",
+                           help="also log internals (DEBUG), with logger names and times, and warnings with their source")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads for torch and FAISS (default: their own; 1 is often fastest for small adapters on a busy machine)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -40,7 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
     index.register(commands)
     mmeb.register(commands)
     pipeline.register(commands)
+    _say_defaults_once(parser)
     return parser
+
+
+def _say_defaults_once(parser: argparse.ArgumentParser) -> None:
+    """Every parser and subparser gets :class:`HelpFormatter` (each default in --help once, none for None)."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):
+                _say_defaults_once(subparser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,14 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    for noisy in ("faiss.loader", "sentence_transformers", "httpx", "transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    warnings.simplefilter("default", UserWarning)
+    args.argv = ["embedtune", *(sys.argv[1:] if argv is None else argv)]  # recorded in results.json
+    if not args.verbose:
+        # Dependencies' own bars (e.g. transformers' "Loading weights") for sub-second jobs; -v keeps them.
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    with cli_logging(verbose=args.verbose, quiet=args.quiet):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.threads is not None:
         set_threads(args.threads)
     if args.command == "bench":  # the deprecated name of `benchmark`

@@ -6,13 +6,20 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import time
+from pathlib import Path
 
 from embedtune.bench.dive_protocol import plan_protocol, run_protocol
 from embedtune.bench.dive_report import build_report
 from embedtune.bench.protocol_config import load_protocol_config
-from embedtune.cli.common import add_data_flags, add_list_flag, print_json
+from embedtune.bench.summary import protocol_summary
+from embedtune.cli.common import add_data_flags, add_list_flag, command_config, command_line, print_json
+from embedtune.encoders import resolve_model_path
+from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.io import atomic_write_json
+from embedtune.workflows.results import json_safe, write_results
 
 DEPRECATED_NAME = "bench"
 
@@ -99,7 +106,25 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
         return 0
     start = time.perf_counter()
     records = run_protocol(config, phase_two=not args.selection_only, workers=args.workers, rerun_changed=args.rerun_changed)
-    print(f"{len(records)} runs finished in {time.perf_counter() - start:.1f}s; results in {config.results_dir}")
+    seconds = time.perf_counter() - start
+    metrics, per_query, rows, table = protocol_summary(records)
+    root = Path(config.results_dir)
+    data = {}
+    for dataset in config.datasets:
+        manifest = root / "splits" / f"{dataset.name.replace('/', '__')}.json"
+        fingerprints = json.loads(manifest.read_text(encoding="utf-8")).get("source_sha256") if manifest.is_file() else None
+        data[dataset.name] = {"source": dataset.path, "fingerprints": fingerprints, "split_manifest": str(manifest) if fingerprints else None}
+    models = {}
+    for backbone in config.backbones:
+        path = resolve_model_path(backbone.model)
+        models[backbone.name] = {"name": backbone.model, "path": str(path), "fingerprint": fingerprint_model_dir(path)}
+    path = write_results(root, task="benchmark dive", command=command_line(args),
+                         config={**command_config(args), "protocol": json_safe(dataclasses.asdict(config))},
+                         data=data, model=models, metrics=metrics, per_query=per_query, rows=rows, table=table,
+                         extra={"n_runs": len(records), "seconds": seconds})
+    print("held-out main comparison (mean ± std over seeds where a method ran more than once):")
+    print(table)
+    print(f"{len(records)} runs finished in {seconds:.1f}s; results: {path}")
     if not args.no_report:
         print(f"report: {build_report(config.results_dir, config.n_resamples)}")
     return 0

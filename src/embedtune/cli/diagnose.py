@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
-from embedtune.cli.common import add_data_flags, print_json, print_table
+from embedtune.cli.common import add_data_flags, command_config, command_line, format_table, print_json
 from embedtune.io import atomic_write_json
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.diagnose import diagnose_model
+from embedtune.workflows.results import write_results
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = ["model", "n_pairs", "coupling_r", "random_pair_cosine", "positive_cosine", "query_norm_mean", "candidate_norm_mean"]
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -29,7 +35,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--max-seq-length", type=int, default=None, help="cap on tokens per text")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    parser.add_argument("--out", default=None, help="folder for the PNGs and report.json")
+    parser.add_argument("--out", default=None, help="folder for the PNGs, results.json and results.md (report.json kept for one release)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(handler=run_diagnose)
@@ -50,13 +56,21 @@ def run_diagnose(args: argparse.Namespace) -> int:
         n_random_pairs=args.random_pairs,
     )
     result = report.to_dict()
+    table = format_table([{**result, "model": args.model}], COLUMNS)
     if args.out:
-        atomic_write_json(Path(args.out) / "report.json", result)
+        atomic_write_json(Path(args.out) / "report.json", result)  # the older name, kept for one release
+        metrics = {key: result[key] for key in COLUMNS[1:]} | {"query_norm_std": result["query_norm_std"],
+                                                              "candidate_norm_std": result["candidate_norm_std"]}
+        path = write_results(args.out, task="diagnose", command=command_line(args), config=command_config(args),
+                             data={**report.meta["dataset"], "queries": f"{result['n_pairs']} (query, positive) pairs"},
+                             model=report.meta["encoder"], metrics={**metrics, "main_score": result["coupling_r"]},
+                             rows=[{"model": args.model, "metrics": metrics, "figures": report.figures}], table=table)
+        logger.info("results: %s", path)
         finish_output_dir(args.out, "diagnose")
     if args.json:
         print_json(result)
     else:
-        print_table([{**result, "model": args.model}], ["model", "n_pairs", "coupling_r", "random_pair_cosine", "positive_cosine", "query_norm_mean", "candidate_norm_mean"])
+        print(table)
         for name, path in report.figures.items():
             print(f"{name}: {path}")
     return 0

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
-from embedtune.cli.common import add_data_flags, add_list_flag, print_json, print_table
+from embedtune.cli.common import add_data_flags, add_list_flag, command_config, command_line, format_table, print_json
 from embedtune.compress import DIVECompressor
+from embedtune.data.beir import load_beir
+from embedtune.encoders import resolve_model_path
+from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.finetune.config import parse_stage2_init, preset_config
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+from embedtune.workflows.results import describe_data, pipeline_summary, write_results
+
+logger = logging.getLogger(__name__)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
-    parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, pipeline_result.json)")
+    parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, results.json, results.md; pipeline_result.json kept for one release)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (re-running into the same --out resumes instead)")
     parser.add_argument("--preset", default="pace", help="PACE preset (see `embedtune finetune pace --help`)")
     parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
@@ -64,13 +71,24 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     prepare_output_dir(args.out, args.overwrite, command="pipeline", inputs=[args.data, args.model], resume=True,
                        legacy_names=["finetune", "pipeline_result.json"])
     result = run_pipeline(pace_config, config, args.out)
+    table = format_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "recall@10", "n_queries"])
+    if result["comparisons"]:
+        table += ("\npaired tests on per-query nDCG@10 (means over seeds; permutation p, bootstrap 95 % CI):\n"
+                  + format_table(result["comparisons"], ["a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"]))
+    metrics, per_query, rows = pipeline_summary(result, (args.methods or ["dive"])[0])
+    base = resolve_model_path(args.model)
+    model = {"name": "finetuned", "path": result["model_dir"], "fingerprint": fingerprint_model_dir(result["model_dir"]),
+             "similarity": result["similarity"], "base": {"name": args.model, "path": str(base), "fingerprint": fingerprint_model_dir(base)}}
+    data = describe_data(load_beir(args.data, args.test_split), queries=f"every judged query of qrels/{args.test_split}.tsv",
+                         train_split=args.train_split)
+    path = write_results(args.out, task="pipeline", command=command_line(args), config={**command_config(args), **result["pipeline_config"]},
+                         data=data, model=model, metrics=metrics, per_query=per_query, rows=rows, table=table,
+                         extra={"comparisons": result["comparisons"]})
+    logger.info("results: %s", path)
     finish_output_dir(args.out, "pipeline")
     if args.json:
         print_json(result)
     else:
-        print_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "recall@10", "n_queries"])
-        if result["comparisons"]:
-            print("paired tests on per-query nDCG@10 (means over seeds; permutation p, bootstrap 95 % CI):")
-            print_table(result["comparisons"], ["a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"])
-        print(f"fine-tuned model: {result['model_dir']} (ranks by {result['similarity']}); result: {args.out}/pipeline_result.json")
+        print(table)
+        print(f"fine-tuned model: {result['model_dir']} (ranks by {result['similarity']}); results: {path}")
     return 0

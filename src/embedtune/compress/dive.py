@@ -62,7 +62,7 @@ __all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolv
 
 TRAINING_LOG_NAME = "training_log.jsonl"
 INIT_KINDS = ("identity", "pca")
-EPOCH_SELECTIONS = ("last", "best")
+EPOCH_SELECTIONS = ("last", "best", "val")
 OUTPUT_NORMS = ("unit", "input")
 # Rows per forward pass in transform(); bounds the activation memory, not the result.
 _TRANSFORM_BATCH = 8192
@@ -100,7 +100,8 @@ class DIVEConfig(CompressorConfig):
     )
     epoch_selection: str = field(
         default="last",
-        metadata={"help": "'last' (the paper: keep the final epoch) or 'best' (keep the epoch, 0 included, with the best validation nDCG@10)."},
+        metadata={"help": "'last' (the paper: keep the final epoch), 'best' (keep the epoch, 0 included, with the best nDCG@10 on "
+                  "held-out training queries, then refit on all), or 'val' (select on the val queries given to fit; no refit)."},
     )
     selection_fraction: float = field(
         default=0.2,
@@ -441,6 +442,12 @@ class DIVECompressor(Compressor):
         self.selected_epoch_ = None
         if config.epoch_selection == "last":
             self._train(train, val, heads, hidden_dim, rotation, device, config.epochs, holdout=None, phase="train")
+            return
+        if config.epoch_selection == "val":
+            # The val queries select the epoch (0 included) and are never trained on: no refit.
+            if val is None or not val.query_ids:
+                raise ValueError("DIVE epoch_selection='val' selects on the val queries given to fit(train, val); none were given.")
+            self.selected_epoch_ = self._train(train, None, heads, hidden_dim, rotation, device, config.epochs, holdout=val, phase="select")
             return
         # Select the epoch count on held-out training queries (epoch 0 included), then refit on
         # every training query for that many epochs, so the selection costs no training data.

@@ -53,11 +53,11 @@ from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
-from embedtune.compress.presets import presets_from_config
+from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
-    TrainedCompressorConfig,
     check_output_dim,
     load_module_state,
     module_state,
@@ -179,7 +179,7 @@ def mine_corpus_neighbors(corpus: np.ndarray, k: int) -> np.ndarray:
 
 
 @dataclass
-class MRLAdaptorConfig(TrainedCompressorConfig):
+class MRLAdaptorConfig(SelectableTrainingConfig):
     """Matryoshka-Adaptor settings. Defaults are the DIVE paper's matched settings."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -242,12 +242,16 @@ class MRLAdaptorCompressor(Compressor):
     help = "Matryoshka-Adaptor (Yoon et al. 2024b), read at the prefix k"
     # The DIVE paper's §4.3 learning-rate audit (validation queries only).
     lr_candidates = (5e-5, 2e-4, 1e-3)
-    presets = presets_from_config(MRLAdaptorConfig)
+    # The papers' recipes, plus "robust" (the safety net), the default of compress fit/train.
+    presets = with_safety_net(presets_from_config(MRLAdaptorConfig))
+    default_preset = "robust"
 
     def __init__(self, config: MRLAdaptorConfig | None = None) -> None:
         super().__init__(config)
         self.adapter_: ResidualMLP | None = None
         self.nested_dims_: tuple[int, ...] = ()
+        self.rotation_ = InputRotation()
+        self.selected_epoch_: int | None = None
         self.history_: list[dict[str, Any]] = []
 
     def _build(self, input_dim: int) -> ResidualMLP:
@@ -258,12 +262,21 @@ class MRLAdaptorCompressor(Compressor):
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config: MRLAdaptorConfig = self.config  # type: ignore[assignment]
         check_output_dim(self.method, config.dim, train.dim)
+        train.require_triplets(self.method)
+        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
+        self.nested_dims_ = config.resolved_nested_dims(train.dim)
+        self.history_ = []
+        self.selected_epoch_ = fit_with_selection(self, train, val, self._train_once)
+
+    def _train_once(self, train: TrainingData, control: EpochControl) -> None:
+        """A fresh adapter through both stages on ``train``, under ``control`` (epoch 0 = the untrained start)."""
+        config: MRLAdaptorConfig = self.config  # type: ignore[assignment]
         triplets = torch.from_numpy(train.require_triplets(self.method))
         nested_dims = config.resolved_nested_dims(train.dim)
         device = resolve_device(config.device)
         adapter = self._build(train.dim).to(device).train()
-        corpus = unit_rows(train.doc_embeddings)
-        queries = unit_rows(train.query_embeddings)
+        corpus = self.rotation_(unit_rows(train.doc_embeddings))
+        queries = self.rotation_(unit_rows(train.query_embeddings))
         neighbors = torch.from_numpy(mine_corpus_neighbors(corpus.numpy(), config.top_k))  # (n_docs, K)
 
         def corpus_terms(doc_rows: Tensor) -> tuple[dict[str, Tensor], Tensor]:
@@ -306,6 +319,8 @@ class MRLAdaptorCompressor(Compressor):
             terms["loss"] = terms["topk"] + config.alpha * terms["pair"] + config.beta * terms["rec"] + config.gamma * rank
             return terms
 
+        self.adapter_ = adapter  # transform() scores candidates mid-training
+        control.begin({"adapter": adapter})
         history: list[dict[str, Any]] = []
         if config.unsupervised_epochs > 0:
             history += run_epochs(
@@ -315,25 +330,34 @@ class MRLAdaptorCompressor(Compressor):
                 config,
                 stage="mrl-adaptor/unsupervised",
                 epochs=config.unsupervised_epochs,
+                control=control,
             )
-        history += run_epochs(adapter.parameters(), supervised_step, len(triplets), config, stage="mrl-adaptor/supervised", seed_offset=1)
+        history += run_epochs(adapter.parameters(), supervised_step, len(triplets), config, stage="mrl-adaptor/supervised",
+                              seed_offset=1, control=control)
         self.adapter_ = adapter.eval()
-        self.nested_dims_ = nested_dims
-        self.history_ = history
+        self.history_ += history
+
+    def fit_details(self) -> dict[str, Any]:
+        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.adapter_ is not None
         k = self.config.dim
         device = next(self.adapter_.parameters()).device
-        return transform_in_batches(lambda x: self.adapter_(x)[:, :k], X, device)  # type: ignore[misc]
+        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, :k], X, device)  # type: ignore[misc]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None
-        return module_state("adapter", self.adapter_)
+        state = {**module_state("adapter", self.adapter_), **self.rotation_.state()}
+        if self.selected_epoch_ is not None:
+            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
+        return state
 
     def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         assert self.input_dim_ is not None
         adapter = self._build(self.input_dim_)
         load_module_state("adapter", adapter, state)
+        self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
+        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
         self.adapter_ = adapter.to(resolve_device(self.config.device)).eval()  # type: ignore[attr-defined]
         self.nested_dims_ = self.config.resolved_nested_dims(self.input_dim_)  # type: ignore[attr-defined]

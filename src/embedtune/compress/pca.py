@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,17 +26,32 @@ from embedtune.compress.training import check_output_dim
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PCAConfig", "PCACompressor", "flip_signs", "principal_axes"]
+__all__ = ["PCAConfig", "PCACompressor", "UncentredPCAConfig", "UncentredPCACompressor", "flip_signs", "principal_axes"]
 
 _BLOCK_ROWS = 16384
 
 
 @dataclass
 class PCAConfig(CompressorConfig):
-    """Only ``dim`` (the number of components ``k``)."""
+    """``dim`` (the number of components ``k``) and whether to centre."""
+
+    center: bool = field(
+        default=True,
+        metadata={"help": "Subtract the corpus mean before projecting (classic PCA). False projects the raw vector onto "
+                  "the same axes: DIVE's init='pca' start, for unit-norm input."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not isinstance(self.center, bool):
+            raise ValueError(f"center must be true or false; got {self.center!r}.")
+
+
+@dataclass
+class UncentredPCAConfig(PCAConfig):
+    """:class:`PCAConfig` with ``center=False`` by default (the ``pca-uncentred`` baseline)."""
+
+    center: bool = field(default=False, metadata={"help": PCAConfig.__dataclass_fields__["center"].metadata["help"]})
 
 
 def flip_signs(components: np.ndarray) -> np.ndarray:
@@ -77,7 +92,7 @@ def principal_axes(xb: np.ndarray, k: int, complete_basis: bool = False) -> tupl
 
 @register
 class PCACompressor(Compressor):
-    """Centre with the corpus mean, project onto the top-``k`` components, normalise.
+    """Centre with the corpus mean (unless ``center=False``), project onto the top-``k`` components, normalise.
 
     Attributes:
         mean_ : ndarray of shape (d,), float32. Corpus mean.
@@ -102,11 +117,12 @@ class PCACompressor(Compressor):
         check_output_dim(self.method, self.config.dim, train.dim)
         start = time.perf_counter()
         mean, components, variance = principal_axes(train.doc_embeddings, self.config.dim)
-        self.mean_ = mean.astype(np.float32)
+        # Uncentred: the same axes, applied to the raw vector (a zero mean keeps one transform and one export).
+        self.mean_ = mean.astype(np.float32) if self.config.center else np.zeros_like(mean, dtype=np.float32)
         self.components_ = np.ascontiguousarray(components, dtype=np.float32)
         self.explained_variance_ = variance.astype(np.float32)
         n_docs, d = train.doc_embeddings.shape
-        logger.info("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, n_docs, d, time.perf_counter() - start)
+        logger.debug("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, n_docs, d, time.perf_counter() - start)
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.mean_ is not None and self.components_ is not None
@@ -126,3 +142,17 @@ class PCACompressor(Compressor):
             )
         self.mean_, self.components_ = mean, components
         self.explained_variance_ = np.asarray(state["explained_variance"], dtype=np.float32)
+
+
+@register
+class UncentredPCACompressor(PCACompressor):
+    """PCA's axes without centring: ``W x``, normalised (``PCAConfig(center=False)``).
+
+    DIVE's ``init="pca"`` start is this projection (for unit-norm input), so comparing DIVE with
+    the stronger of ``pca`` and ``pca-uncentred`` separates what training adds from what the
+    start gives.
+    """
+
+    method = "pca-uncentred"
+    config_class = UncentredPCAConfig
+    help = "corpus PCA axes without centring (DIVE's PCA-rotated start)"

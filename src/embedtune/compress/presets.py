@@ -17,7 +17,8 @@ from typing import Any
 
 from embedtune.data.triplets import check_mining_options, mining_options
 
-__all__ = ["MiningOptions", "Preset", "presets_from_config"]
+__all__ = ["MiningOptions", "Preset", "presets_from_config", "SAFETY_NET_MINING", "SAFETY_NET_SETTINGS", "safety_net_preset",
+           "with_safety_net"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,27 @@ class Preset:
 def presets_from_config(config_class: type) -> dict[str, Preset]:
     """Wrap a config class's ``PRESETS`` (name -> field overrides) as :class:`Preset` objects with default mining."""
     return {name: Preset(name, overrides) for name, overrides in getattr(config_class, "PRESETS", {}).items()}
+
+
+#: The safety net's mining (issue 9 §6): drop hard negatives scoring above the query's lowest
+#: positive minus 0.05 (likely unjudged positives) and keep at most 32 triplets per query.
+SAFETY_NET_MINING = MiningOptions(false_negative_margin=0.05, false_negative_reference="query-min", max_triplets_per_query=32)
+
+#: The safety net's training settings, for every method whose config has them (DIVE and
+#: :class:`embedtune.compress.selection.SelectableTrainingConfig`): start at the corpus PCA
+#: projection and keep the best epoch, epoch 0 included, on half of the training queries.
+SAFETY_NET_SETTINGS: Mapping[str, Any] = {"init": "pca", "epoch_selection": "best", "selection_fraction": 0.5}
+
+
+def safety_net_preset(name: str = "robust", settings: Mapping[str, Any] | None = None, help: str = "") -> Preset:
+    """A preset with the safety net: :data:`SAFETY_NET_SETTINGS` (plus ``settings``) and :data:`SAFETY_NET_MINING`."""
+    return Preset(
+        name, {**SAFETY_NET_SETTINGS, **(settings or {})}, SAFETY_NET_MINING,
+        help=help or "PCA-rotated start, best epoch (0 included) on half of the training queries, "
+        "false-negative-filtered and capped triplets (the default of compress fit/train)",
+    )
+
+
+def with_safety_net(presets: Mapping[str, Preset]) -> dict[str, Preset]:
+    """``presets`` plus ``robust`` (:func:`safety_net_preset`), for a supervised method's ``presets`` trait."""
+    return {**presets, "robust": safety_net_preset()}

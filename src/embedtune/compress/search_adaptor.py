@@ -43,11 +43,11 @@ from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
-from embedtune.compress.presets import presets_from_config
+from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
-    TrainedCompressorConfig,
     check_output_dim,
     load_module_state,
     module_state,
@@ -104,7 +104,7 @@ def prediction_loss(
 
 
 @dataclass
-class SearchAdaptorConfig(TrainedCompressorConfig):
+class SearchAdaptorConfig(SelectableTrainingConfig):
     """Search-Adaptor settings. Defaults are the DIVE paper's matched settings."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -148,12 +148,16 @@ class SearchAdaptorCompressor(Compressor):
     help = "Search-Adaptor (Yoon et al. 2024a), truncated to k"
     # The DIVE paper's §4.3 learning-rate audit (validation queries only).
     lr_candidates = (5e-5, 2e-4, 1e-3)
-    presets = presets_from_config(SearchAdaptorConfig)
+    # The papers' recipes, plus "robust" (the safety net), the default of compress fit/train.
+    presets = with_safety_net(presets_from_config(SearchAdaptorConfig))
+    default_preset = "robust"
 
     def __init__(self, config: SearchAdaptorConfig | None = None) -> None:
         super().__init__(config)
         self.adapter_: ResidualMLP | None = None
         self.predictor_: ResidualMLP | None = None
+        self.rotation_ = InputRotation()
+        self.selected_epoch_: int | None = None
         self.history_: list[dict[str, Any]] = []
 
     def _build(self, input_dim: int) -> tuple[ResidualMLP, ResidualMLP]:
@@ -167,11 +171,20 @@ class SearchAdaptorCompressor(Compressor):
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config: SearchAdaptorConfig = self.config  # type: ignore[assignment]
         check_output_dim(self.method, config.dim, train.dim)
+        train.require_triplets(self.method)
+        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
+        self.history_ = []
+        self.selected_epoch_ = fit_with_selection(self, train, val, self._train_once)
+
+    def _train_once(self, train: TrainingData, control: EpochControl) -> None:
+        """Fresh adapter and predictor, trained on ``train`` under ``control`` (selection, early stop)."""
+        config: SearchAdaptorConfig = self.config  # type: ignore[assignment]
         triplets = torch.from_numpy(train.require_triplets(self.method))
         device = resolve_device(config.device)
         adapter, predictor = (module.to(device).train() for module in self._build(train.dim))
-        corpus = unit_rows(train.doc_embeddings)
-        queries = unit_rows(train.query_embeddings)
+        rotate = self.rotation_
+        corpus = rotate(unit_rows(train.doc_embeddings))
+        queries = rotate(unit_rows(train.query_embeddings))
 
         def step(batch: Tensor, epoch: int) -> dict[str, Tensor]:
             groups = group_triplets(triplets[batch])
@@ -186,24 +199,34 @@ class SearchAdaptorCompressor(Compressor):
             terms["loss"] = terms["rank"] + config.alpha * terms["rec"] + config.beta * terms["pred"]
             return terms
 
+        self.adapter_, self.predictor_ = adapter, predictor  # transform() scores candidates mid-training
+        control.begin({"adapter": adapter, "predictor": predictor})
         parameters = list(adapter.parameters()) + list(predictor.parameters())
-        self.history_ = run_epochs(parameters, step, len(triplets), config, stage="search-adaptor")
+        self.history_ += run_epochs(parameters, step, len(triplets), config, stage="search-adaptor", control=control)
         self.adapter_, self.predictor_ = adapter.eval(), predictor.eval()
+
+    def fit_details(self) -> dict[str, Any]:
+        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.adapter_ is not None
         k = self.config.dim
         device = next(self.adapter_.parameters()).device
-        return transform_in_batches(lambda x: self.adapter_(x)[:, :k], X, device)  # type: ignore[misc]
+        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, :k], X, device)  # type: ignore[misc]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.predictor_ is not None
-        return {**module_state("adapter", self.adapter_), **module_state("predictor", self.predictor_)}
+        state = {**module_state("adapter", self.adapter_), **module_state("predictor", self.predictor_), **self.rotation_.state()}
+        if self.selected_epoch_ is not None:
+            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
+        return state
 
     def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         assert self.input_dim_ is not None
         adapter, predictor = self._build(self.input_dim_)
         load_module_state("adapter", adapter, state)
         load_module_state("predictor", predictor, state)
+        self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
+        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
         device = resolve_device(self.config.device)  # type: ignore[attr-defined]
         self.adapter_, self.predictor_ = adapter.to(device).eval(), predictor.to(device).eval()

@@ -73,11 +73,11 @@ from torch import Tensor, nn
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
-from embedtune.compress.presets import presets_from_config
+from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
-    TrainedCompressorConfig,
     check_output_dim,
     load_module_state,
     module_state,
@@ -337,7 +337,7 @@ def sxbm_loss(
 
 
 @dataclass
-class SMECConfig(TrainedCompressorConfig):
+class SMECConfig(SelectableTrainingConfig):
     """SMEC settings. Defaults are the DIVE paper's matched settings (lr 5e-6)."""
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -401,11 +401,17 @@ class SMECCompressor(Compressor):
     help = "SMEC (Zhang et al. 2025): sequential Matryoshka with adaptive dimension selection"
     # The DIVE paper's §4.3 learning-rate audit (validation queries only).
     lr_candidates = (5e-6, 5e-5, 5e-4)
-    presets = presets_from_config(SMECConfig)
+    # The papers' recipes, plus "robust" (the safety net), the default of compress fit/train. Its
+    # candidate epochs are 0 (the first k coordinates) and those of the last SMRL stage, the only
+    # points where the map is k-d.
+    presets = with_safety_net(presets_from_config(SMECConfig))
+    default_preset = "robust"
 
     def __init__(self, config: SMECConfig | None = None) -> None:
         super().__init__(config)
         self.adapter_: ResidualMLP | None = None
+        self.rotation_ = InputRotation()
+        self.selected_epoch_: int | None = None
         self.selected_indices_: np.ndarray | None = None
         self.stage_dims_: tuple[int, ...] = ()
         self.stage_scores_: list[np.ndarray] = []
@@ -419,36 +425,64 @@ class SMECCompressor(Compressor):
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config: SMECConfig = self.config  # type: ignore[assignment]
         check_output_dim(self.method, config.dim, train.dim, strict=True)
+        train.require_triplets(self.method)
+        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
+        self.history_ = []
+        self.selected_epoch_ = fit_with_selection(self, train, val, self._train_once)
+
+    def _train_once(self, train: TrainingData, control: EpochControl) -> None:
+        """A fresh ``g`` through every SMRL stage on ``train``, under ``control``.
+
+        Candidates for selection: epoch 0 (``g`` the identity, the first k coordinates) and each
+        epoch of the last stage, where the composed selection is k-d.
+        """
+        config: SMECConfig = self.config  # type: ignore[assignment]
         triplets = torch.from_numpy(train.require_triplets(self.method))
         stage_dims = smrl_schedule(train.dim, config.dim)
         epochs_of_stage = stage_epochs(config.epochs, len(stage_dims), config.epoch_budget)
         device = resolve_device(config.device)
         adapter = self._build(train.dim).to(device).train()
-        corpus = unit_rows(train.doc_embeddings)
-        queries = unit_rows(train.query_embeddings)
+        corpus = self.rotation_(unit_rows(train.doc_embeddings))
+        queries = self.rotation_(unit_rows(train.query_embeddings))
         memory = CrossBatchMemory(config.memory_size, train.dim, device)
         noise_generator = torch.Generator().manual_seed(config.seed + 7919)
 
+        # Epoch 0: g is the identity and the map reads the first k coordinates.
+        self.adapter_, self.selected_indices_ = adapter, np.arange(config.dim, dtype=np.int64)
+
+        def set_indices(indices: np.ndarray | None) -> None:
+            if indices is not None:
+                self.selected_indices_ = indices
+
+        control.begin({"adapter": adapter}, (lambda: self.selected_indices_, set_indices))
         current_index = torch.arange(train.dim)  # columns of g(x) that form the stage input x_D
         history: list[dict[str, Any]] = []
         stage_scores: list[np.ndarray] = []
         in_dim = train.dim
         for stage, out_dim in enumerate(stage_dims):
             selector = AdaptiveDimensionSelection(in_dim, out_dim).to(device)
+            last = stage == len(stage_dims) - 1
+            if last:
+                stage_input = current_index
+                control.prepare = lambda: set_indices(stage_input[selector.selected_indices()].numpy().astype(np.int64))
             history += self._train_stage(
                 stage, epochs_of_stage[stage], adapter, selector, current_index.to(device), memory, triplets, queries, corpus,
-                noise_generator, device,
+                noise_generator, device, control, last,
             )
             stage_scores.append(selector.scores.detach().cpu().numpy().copy())
             # Freeze this stage: its hard selection composes onto the earlier ones.
             current_index = current_index[selector.selected_indices()]
             in_dim = out_dim
+        control.prepare = None
 
         self.adapter_ = adapter.eval()
         self.selected_indices_ = current_index.numpy().astype(np.int64)
         self.stage_dims_ = stage_dims
         self.stage_scores_ = stage_scores
-        self.history_ = history
+        self.history_ += history
+
+    def fit_details(self) -> dict[str, Any]:
+        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
 
     def _train_stage(
         self,
@@ -463,6 +497,8 @@ class SMECCompressor(Compressor):
         corpus: Tensor,
         noise_generator: torch.Generator,
         device: torch.device,
+        control: EpochControl | None = None,
+        candidate: bool = True,
     ) -> list[dict[str, Any]]:
         """One SMRL stage ``D → D'``: train ``g`` and this stage's scores on ``L(x_D) + L(x_{D'})``."""
         config: SMECConfig = self.config  # type: ignore[assignment]
@@ -528,18 +564,22 @@ class SMECCompressor(Compressor):
             epochs=epochs,
             seed_offset=stage,
             on_step=advance,
+            control=control,
+            candidate=candidate,
         )
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.adapter_ is not None and self.selected_indices_ is not None
         device = next(self.adapter_.parameters()).device
         index = torch.from_numpy(self.selected_indices_).to(device)
-        return transform_in_batches(lambda x: self.adapter_(x)[:, index], X, device)  # type: ignore[misc]
+        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, index], X, device)  # type: ignore[misc]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.selected_indices_ is not None
-        state = module_state("adapter", self.adapter_)
+        state = {**module_state("adapter", self.adapter_), **self.rotation_.state()}
         state["selected_indices"] = self.selected_indices_
+        if self.selected_epoch_ is not None:
+            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
         for stage, scores in enumerate(self.stage_scores_):
             state[f"stage_scores.{stage}"] = scores
         return state
@@ -552,6 +592,8 @@ class SMECCompressor(Compressor):
         in_range = selected.shape == (self.config.dim,) and selected.min() >= 0 and selected.max() < self.input_dim_
         if not in_range or len(np.unique(selected)) != len(selected):
             raise ValueError(f"selected_indices must be {self.config.dim} distinct indices below {self.input_dim_}; got {selected.shape}.")
+        self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
+        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
         self.stage_dims_ = smrl_schedule(self.input_dim_, self.config.dim)
         self.stage_scores_ = [np.asarray(state[f"stage_scores.{stage}"], dtype=np.float32) for stage in range(len(self.stage_dims_))]
         self.adapter_ = adapter.to(resolve_device(self.config.device)).eval()  # type: ignore[attr-defined]

@@ -341,5 +341,5 @@ def apply_compressor_streaming(
         if ids_out is not None:
             atomic_write(ids_path_for(output_path), lambda tmp: tmp.write_text("".join(i + "\n" for i in ids_out), encoding="utf-8"))
     seconds = time.perf_counter() - start_time
-    logger.info("apply_compressor_streaming: %d x %d -> %d-d in %.2fs (%.0f vectors/s)", n, d, k, seconds, n / max(seconds, 1e-9))
+    logger.debug("apply_compressor_streaming: %d x %d -> %d-d in %.2fs (%.0f vectors/s)", n, d, k, seconds, n / max(seconds, 1e-9))
     return output_path

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from torch import nn
 
 from embedtune.compress.base import CompressorConfig
 from embedtune.compress.residual_mlp import ACTIVATIONS
+
+if TYPE_CHECKING:
+    from embedtune.compress.selection import EpochControl
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +154,18 @@ def run_epochs(
     seed_offset: int = 0,
     learning_rate: float | None = None,
     on_step: Callable[[], None] | None = None,
+    control: "EpochControl | None" = None,
+    candidate: bool = True,
 ) -> list[dict[str, Any]]:
     """Train with AdamW: for each epoch, call ``step(batch_indices, epoch)`` on every batch.
 
     ``step`` returns named scalar terms; ``"loss"`` is the one minimised. ``on_step`` runs after
     each optimiser step (e.g. a temperature schedule). Returns one record per epoch:
     ``{"stage", "epoch", "loss", <other terms>}``, each term averaged over the epoch's batches.
+
+    ``control`` (:class:`embedtune.compress.selection.EpochControl`) counts epochs across
+    stages, scores each one when ``candidate`` (best-epoch selection), and stops the loop once
+    its ``stop_at`` budget is spent; the schedule (``epochs``) is unchanged by an early stop.
     """
     from tqdm.auto import tqdm
 
@@ -169,6 +178,8 @@ def run_epochs(
     start = time.perf_counter()
     bar = tqdm(range(epochs), desc=stage, disable=not config.progress, leave=False)
     for epoch in bar:
+        if control is not None and control.exhausted:
+            break
         totals: dict[str, float] = {}
         n_batches = 0
         for batch in minibatches(n_items, config.batch_size, generator):
@@ -183,6 +194,8 @@ def run_epochs(
             n_batches += 1
         record: dict[str, Any] = {"stage": stage, "epoch": epoch + 1}
         record.update({name: total / max(n_batches, 1) for name, total in totals.items()})
+        if control is not None:
+            control.end_epoch(record, candidate)
         history.append(record)
         bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}")
     logger.info("%s: %d epochs over %d items in %.1fs", stage, epochs, n_items, time.perf_counter() - start)

@@ -319,9 +319,9 @@ def mine_triplets(
     if short:
         logger.warning("mine_triplets: %d (query, positive) pairs had fewer than %d candidate negatives.", short, n_negatives)
     if capped:
-        logger.info("mine_triplets: %d queries capped at %d triplets.", capped, max_triplets_per_query)
+        logger.debug("mine_triplets: %d queries capped at %d triplets.", capped, max_triplets_per_query)
     result = np.array(triplets, dtype=np.int64).reshape(-1, 3)
-    logger.info(
+    logger.debug(
         "mine_triplets: %d triplets (%s negatives) for %d queries in %.2fs", len(result), negatives, len(plan), time.perf_counter() - start
     )
     return result
@@ -373,7 +373,7 @@ def _hard_pools(
         depth = min(2 * depth, n_docs)
     if margin is not None:
         n_pairs = sum(len(positives) for _, positives, _ in plan)
-        logger.info("mine_triplets: the false-negative margin %s skipped %.1f candidates per (query, positive) pair.", margin, dropped / n_pairs)
+        logger.debug("mine_triplets: the false-negative margin %s skipped %.1f candidates per (query, positive) pair.", margin, dropped / n_pairs)
     return pools  # type: ignore[return-value]
 
 

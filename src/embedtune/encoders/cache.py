@@ -171,7 +171,7 @@ class EmbeddingCache:
                     if shard.shape[0] != hi - lo:
                         shard = None
                     else:
-                        logger.info("resuming: rows %d-%d already encoded", lo, hi)
+                        logger.debug("resuming: rows %d-%d already encoded", lo, hi)
                 except (OSError, ValueError):
                     shard = None
             if shard is None:

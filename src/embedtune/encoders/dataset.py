@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from embedtune.data.beir import BeirDataset, document_text
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DatasetEmbeddings", "embed_dataset"]
+_PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
+
+__all__ = ["DatasetEmbeddings", "embed_dataset", "encoder_description"]
 
 
 @dataclass
 class DatasetEmbeddings:
-    """Row-aligned ids and float32 embeddings of a dataset's corpus and queries."""
+    """Row-aligned ids and float32 embeddings of a dataset's corpus and queries.
+
+    ``model`` describes the encoder (name, path, sha256 fingerprint, max sequence length,
+    normalisation, prompts) when :func:`embed_dataset` made them; results files record it.
+    """
 
     doc_ids: list[str]
     doc_embeddings: np.ndarray
@@ -27,6 +35,7 @@ class DatasetEmbeddings:
     query_embeddings: np.ndarray
     timings: dict[str, float]
     cache_hits: dict[str, bool]
+    model: dict[str, Any] = field(default_factory=dict)
 
     def queries(self, ids: list[str]) -> np.ndarray:
         """Embeddings of ``ids`` in that order."""
@@ -52,18 +61,34 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
     for kind, (file_name, ids, texts) in sources.items():
         start = time.perf_counter()
         all_texts = texts()
-        compute = lambda lo, hi, texts=all_texts, kind=kind: encoder.encode(texts[lo:hi], kind)  # noqa: E731
-        if cache:
-            parts = {
-                "model_sha256": encoder.fingerprint,
-                "data_sha256": dataset.fingerprints[file_name],
-                "recipe": encoder.recipe(kind),  # type: ignore[arg-type]
-            }
-            results[kind], hits[kind] = cache.get_or_compute(parts, ids, compute)
-        else:
-            results[kind], hits[kind] = compute(0, len(ids)), False
+        # One bar over the whole corpus, across cache shards: created on the first shard that has
+        # to be encoded (a cache hit draws none), starting at the rows resumed from earlier shards.
+        bars: list = []
+
+        def compute(lo: int, hi: int, texts: list[str] = all_texts, kind: str = kind, total: int = len(ids)) -> np.ndarray:
+            if not bars:
+                bars.append(progress_bar(total, f"encoding {dataset.name} {_PLURAL[kind]}", unit="doc" if kind == "document" else "query",
+                                         initial=lo, enabled=encoder.show_progress))
+            bar = bars[0]
+            if lo > bar.n:  # a shard resumed from an interrupted run
+                bar.update(lo - bar.n)
+            return encoder.encode(texts[lo:hi], kind, progress=bar.update)  # type: ignore[arg-type]
+
+        try:
+            if cache:
+                parts = {
+                    "model_sha256": encoder.fingerprint,
+                    "data_sha256": dataset.fingerprints[file_name],
+                    "recipe": encoder.recipe(kind),  # type: ignore[arg-type]
+                }
+                results[kind], hits[kind] = cache.get_or_compute(parts, ids, compute)
+            else:
+                results[kind], hits[kind] = compute(0, len(ids)), False
+        finally:
+            for bar in bars:
+                bar.close()
         timings[kind] = time.perf_counter() - start
-        logger.info("%s embeddings: %d rows in %.1fs (cache %s)", kind, len(ids), timings[kind], "hit" if hits[kind] else "miss")
+        logger.debug("%s embeddings: %d rows in %.1fs (cache %s)", kind, len(ids), timings[kind], "hit" if hits[kind] else "miss")
     return DatasetEmbeddings(
         doc_ids=list(dataset.corpus),
         doc_embeddings=results["document"],
@@ -71,4 +96,18 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
         query_embeddings=results["query"],
         timings=timings,
         cache_hits=hits,
+        model=encoder_description(encoder),
     )
+
+
+def encoder_description(encoder: SentenceEncoder) -> dict[str, Any]:
+    """What made a set of embeddings: the model's name, folder and file hash, and the text recipe."""
+    return {
+        "name": encoder.model_name,
+        "path": str(encoder.model_path),
+        "fingerprint": encoder.fingerprint,
+        "max_seq_length": encoder.max_seq_length,
+        "normalize": encoder.normalize,
+        "query_prompt": encoder.query_prompt,
+        "document_prompt": encoder.document_prompt,
+    }

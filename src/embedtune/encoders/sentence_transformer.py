@@ -10,13 +10,16 @@ import logging
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 
 from embedtune.encoders.bundled import resolve_model_path
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
+
+_PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
 
 __all__ = ["SentenceEncoder", "fingerprint_model_dir"]
 
@@ -46,6 +49,8 @@ class SentenceEncoder:
         batch_size: encoding batch size; s-t sorts texts by length within the call.
         normalize: L2-normalise the output rows (cosine = inner product).
         device: torch device; default lets sentence-transformers choose.
+        show_progress: draw a progress bar while encoding (:func:`embedtune.encoders.embed_dataset`
+            draws one bar over a whole corpus; ``embedtune --quiet`` hides every bar).
     """
 
     def __init__(
@@ -108,19 +113,39 @@ class SentenceEncoder:
             "normalize": self.normalize,
         }
 
-    def encode(self, texts: list[str], kind: TextKind = "document") -> np.ndarray:
+    def encode(self, texts: list[str], kind: TextKind = "document", progress: Callable[[int], object] | None = None) -> np.ndarray:
+        """Embed ``texts`` as ``kind``: float32 ``(len(texts), d)``, unit rows when ``normalize``.
+
+        Args:
+            progress: called with the number of texts of each finished batch, e.g. the ``update``
+                of a bar the caller draws over a larger job. Without it, ``show_progress`` draws
+                one bar over this call.
+        """
         prompt = self.document_prompt if kind == "document" else self.query_prompt
         inputs = [prompt + text for text in texts] if prompt else list(texts)
         if not inputs:
             return np.zeros((0, self.model.get_sentence_embedding_dimension()), dtype=np.float32)
-        vectors = self.model.encode(
-            inputs,
-            batch_size=self.batch_size,
-            show_progress_bar=self.show_progress,
-            convert_to_numpy=True,
-            normalize_embeddings=self.normalize,
-        )
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        options = dict(batch_size=self.batch_size, convert_to_numpy=True, normalize_embeddings=self.normalize)
+        bar = None
+        if progress is None:
+            bar = progress_bar(len(inputs), f"encoding {_PLURAL[kind]}", unit="doc" if kind == "document" else "query", enabled=self.show_progress)
+            progress = bar.update
+        # The batches sentence-transformers would form (longest texts first, sorted over the whole
+        # call), encoded one call each so that one labelled bar moves after every batch.
+        order = np.argsort([-len(text) for text in inputs])
+        vectors = np.empty((0, 0), dtype=np.float32)
+        try:
+            for lo in range(0, len(order), self.batch_size):
+                rows = order[lo : lo + self.batch_size]
+                batch = np.asarray(self.model.encode([inputs[i] for i in rows], show_progress_bar=False, **options), dtype=np.float32)
+                if lo == 0:
+                    vectors = np.empty((len(inputs), batch.shape[1]), dtype=np.float32)
+                vectors[rows] = batch
+                progress(len(rows))
+        finally:
+            if bar is not None:
+                bar.close()
+        return vectors
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
         return self.encode(texts, "query")

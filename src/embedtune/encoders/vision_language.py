@@ -149,9 +149,9 @@ def load_processor(directory: str | os.PathLike, local_files_only: bool | None =
         processor = AutoProcessor.from_pretrained(str(directory), local_files_only=local)
         if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):
             return processor
-        logger.info("AutoProcessor returned %s without an image processor; using QwenVLInputProcessor", type(processor).__name__)
+        logger.debug("AutoProcessor returned %s without an image processor; using QwenVLInputProcessor", type(processor).__name__)
     except (ImportError, AttributeError, ValueError, OSError, TypeError) as error:
-        logger.info("AutoProcessor unavailable (%s); using QwenVLInputProcessor", error)
+        logger.debug("AutoProcessor unavailable (%s); using QwenVLInputProcessor", error)
     tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=local)
     image_processor = AutoImageProcessor.from_pretrained(str(directory), local_files_only=local)
     return QwenVLInputProcessor(tokenizer, image_processor)

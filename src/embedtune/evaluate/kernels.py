@@ -378,7 +378,7 @@ def select_kernel(xq: np.ndarray, xb: np.ndarray, k: int, candidates: tuple[str,
     }
     with _choices_lock:
         _choices[key] = record
-    logger.info(
+    logger.debug(  # an internal choice: shown with embedtune -v
         "search kernel for nq~%d nb~%d d=%d k~%d: %s (%s; tuned in %.2fs)",
         key[1], key[2], d, key[3], best, ", ".join(f"{n} {s * 1e3:.1f}ms" for n, s in seconds.items()), record["tune_seconds"],
     )

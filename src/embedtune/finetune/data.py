@@ -150,5 +150,5 @@ def mine_training_tuples(
         "miner": encoder.model_name,
         "max_seq_length": encoder.max_seq_length,
     }
-    logger.info("mined %d training tuples for %d queries in %.1fs", len(tuples_q), meta["n_queries"], time.perf_counter() - start)
+    logger.debug("mined %d training tuples for %d queries in %.1fs", len(tuples_q), meta["n_queries"], time.perf_counter() - start)
     return TrainingTuples(tuples_q, tuples_p, tuples_n, meta)

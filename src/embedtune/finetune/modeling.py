@@ -51,7 +51,7 @@ def load_base_model(model: str | os.PathLike, max_seq_length: int | None = None,
     loaded = SentenceTransformer(str(path), device=device, local_files_only=True)
     modules = [module for module in loaded if not isinstance(module, Normalize)]
     if len(modules) != len(loaded):
-        logger.info("removed %d Normalize module(s) from %s so that training can use embedding norms", len(loaded) - len(modules), path)
+        logger.debug("removed %d Normalize module(s) from the loaded copy of %s (the files are unchanged) so that training can use embedding norms", len(loaded) - len(modules), path)
         loaded = SentenceTransformer(modules=modules, device=str(loaded.device))
     if max_seq_length is not None:
         loaded.max_seq_length = max_seq_length
@@ -122,7 +122,7 @@ def add_lora(
     set_hf_model(transformer, get_peft_model(hf_model(transformer), config))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    logger.info("LoRA r=%d on %s: %d trainable of %d parameters (%.2f%%)", rank, target_modules, trainable, total, 100 * trainable / max(total, 1))
+    logger.debug("LoRA r=%d on %s: %d trainable of %d parameters (%.2f%%)", rank, target_modules, trainable, total, 100 * trainable / max(total, 1))
     return model
 
 
@@ -173,7 +173,7 @@ def load_stage_checkpoint(checkpoint: str | os.PathLike, base_model: str, max_se
         model = load_base_model(base_model, max_seq_length=max_seq_length, device=device)
         transformer = transformer_module(model)
         set_hf_model(transformer, PeftModel.from_pretrained(hf_model(transformer), str(adapter)))
-        logger.info("loaded LoRA adapter from %s", adapter)
+        logger.debug("loaded LoRA adapter from %s", adapter)
         return merge_lora(model)
     if (checkpoint / "modules.json").is_file():
         model = load_base_model(str(checkpoint), max_seq_length=max_seq_length, device=device)

@@ -118,7 +118,7 @@ def resolve_temperature(backbone: Backbone, model: Any, data: Sequence, stage: S
         return float(stage.temperature), None
     median = backbone.norm_product_median(model, data, config)
     temperature = stage.base_temperature * median
-    logger.info("%s: temperature auto = %.4g × median(‖q‖·‖c‖) %.4g = %.4g", name, stage.base_temperature, median, temperature)
+    logger.debug("%s: temperature auto = %.4g × median(‖q‖·‖c‖) %.4g = %.4g", name, stage.base_temperature, median, temperature)
     return temperature, median
 
 

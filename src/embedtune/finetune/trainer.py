@@ -1,4 +1,9 @@
-"""A SentenceTransformerTrainer that logs the focal-loss components, and the stage callbacks."""
+"""A SentenceTransformerTrainer that logs the focal-loss components, and the stage callbacks.
+
+A stage draws one progress bar over its optimizer steps (:class:`StepProgressCallback`, loss and
+learning rate in its postfix); the per-step log lines, with every loss component, are DEBUG
+(``embedtune -v``), and all of them stay in the trainer's ``log_history``.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +13,59 @@ from sentence_transformers import SentenceTransformerTrainer
 from transformers import PrinterCallback, TrainerCallback
 
 from embedtune.finetune.modeling import has_lora, load_adapter_weights
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PACETrainer", "StageCheckpointCallback", "LoggingCallback"]
+__all__ = ["PACETrainer", "StageCheckpointCallback", "LoggingCallback", "StepProgressCallback"]
 
 
 class LoggingCallback(TrainerCallback):
-    """Send the trainer's logs to ``logging`` (stderr) instead of printing them to stdout."""
+    """Send the trainer's logs to ``logging`` at DEBUG (stderr, ``embedtune -v``) instead of printing them to stdout."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            logger.info("step %d: %s", state.global_step, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in logs.items()))
+            logger.debug("step %d: %s", state.global_step, ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in logs.items()))
+        return control
+
+
+class StepProgressCallback(TrainerCallback):
+    """One bar over a stage's optimizer steps, with the latest loss and learning rate in its postfix.
+
+    Drawn by the main process only; a resumed stage starts the bar at its checkpoint's step.
+
+    Args:
+        desc: the bar's label, e.g. ``"PACE stage1"``.
+        enabled: False draws nothing (``embedtune --quiet`` hides every bar anyway).
+    """
+
+    def __init__(self, desc: str, enabled: bool = True) -> None:
+        self.desc = desc
+        self.enabled = enabled
+        self.bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.bar = progress_bar(state.max_steps, self.desc, unit="step", initial=state.global_step, enabled=self.enabled)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None and state.global_step > self.bar.n:
+            self.bar.update(state.global_step - self.bar.n)
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "loss" in logs:
+            postfix = {"loss": f"{logs['loss']:.4f}"}
+            if "learning_rate" in logs:
+                postfix["lr"] = f"{logs['learning_rate']:.2e}"
+            self.bar.set_postfix(postfix, refresh=False)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
         return control
 
 

@@ -216,7 +216,7 @@ def build_index(
         "build_seconds": seconds,
     }
     write_json_with_digest(out / MANIFEST, manifest)
-    logger.info("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
+    logger.debug("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
     return out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from embedtune.data.beir import document_text, load_beir
+from embedtune.encoders.dataset import encoder_description
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.geometry import GeometryReport, diagnose_embeddings
 
@@ -52,6 +53,8 @@ def diagnose_model(
     path = Path(str(model))
     label = path.parent.name if path.name == "model" else path.name  # runs/<name>/model -> <name>
     report = diagnose_embeddings(xq, xp, out_dir, n_random_pairs, seed, label=label)
-    report.meta = {"model": str(model), "data": str(data), "split": split, "seed": seed, "max_seq_length": max_seq_length, "seconds": time.perf_counter() - start}
-    logger.info("diagnose %s: r=%.3f, random-pair cos=%.3f over %d pairs in %.1fs", model, report.coupling_r, report.random_pair_cosine, report.n_pairs, report.meta["seconds"])
+    report.meta = {"model": str(model), "data": str(data), "split": split, "seed": seed, "max_seq_length": max_seq_length, "seconds": time.perf_counter() - start,
+                   "dataset": {"name": dataset.name, "source": dataset.source, "split": split, "fingerprints": dataset.fingerprints},
+                   "encoder": encoder_description(encoder)}
+    logger.debug("diagnose %s: r=%.3f, random-pair cos=%.3f over %d pairs in %.1fs", model, report.coupling_r, report.random_pair_cosine, report.n_pairs, report.meta["seconds"])
     return report

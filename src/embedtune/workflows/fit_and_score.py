@@ -112,17 +112,19 @@ def fit_and_evaluate(
     details: dict[str, Any] = {"out_dim": int(queries.shape[1]), **compressor.fit_details()}
     if out_dir is not None:
         compressor.save(out_dir)
-    logger.info("%s k=%d seed=%d: nDCG@10 %.4f on %d %s queries (fit %.1fs)", method, dim, seed, metrics["ndcg@10"], metrics.n_queries, eval_part, fit_seconds)
+    seed_label = f" seed={seed}" if cls.seed_dependent else ""
+    logger.debug("%s (%d-d)%s: nDCG@10 %.4f on %d %s queries (fit %.1fs)", method, details["out_dim"], seed_label, metrics["ndcg@10"],
+                 metrics.n_queries, eval_part, fit_seconds)
     return MethodRun(method, dim, seed, eval_part, metrics, fit_seconds, details, compressor)
 
 
 def summarize(runs: list[MethodRun], metrics: tuple[str, ...] = ("ndcg@10", "recall@10")) -> dict[str, Any]:
-    """Mean and sample standard deviation over seeds (std is 0.0 for a single seed)."""
+    """Mean and sample standard deviation over seeds (std is None for a single run: there is no spread)."""
     summary: dict[str, Any] = {"method": runs[0].method, "dim": runs[0].details.get("out_dim", runs[0].dim), "seeds": [r.seed for r in runs]}
     for name in metrics:
         values = [r.metrics[name] for r in runs]
         summary[name] = statistics.fmean(values)
-        summary[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        summary[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else None
     summary["fit_s"] = statistics.fmean(r.fit_seconds for r in runs)
     summary.update({k: v for k, v in runs[0].details.items() if k != "out_dim"})
     return summary

@@ -138,9 +138,10 @@ def _evaluate_model(
         encoder_options={"normalize": similarity == "cosine", "max_seq_length": pace_config.max_seq_length, "show_progress": True},
     )
     full = experiment.evaluate("test")
+    # No "seed" on rows that no seed shaped (the uncompressed model, seed-free compressors).
     rows = [{"model": label, "similarity": similarity, "method": "full", "variant": "", "dim": experiment.embeddings.dim,
-             "seed": None, "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries,
-             "per_query_ndcg@10": _per_query_ndcg(full)}]
+             "ndcg@10": full["ndcg@10"], "recall@10": full["recall@10"], "n_queries": full.n_queries,
+             "metrics": dict(full.aggregate), "per_query_ndcg@10": _per_query_ndcg(full)}]
     preset = get_compressor_class("dive").get_preset(config.dive_preset)
     mining = config.mining if config.mining is not None else preset.mining
     triplets = shared_triplets(experiment, "train+val", mining, config.split_seed, out_dir / "triplets" / f"{label}.json")
@@ -151,13 +152,13 @@ def _evaluate_model(
         cls = get_compressor_class(method)
         if method == "dive":
             overrides = {**preset.settings, **overrides}
-        if "progress" in cls.config_class.__dataclass_fields__:
-            overrides = {"progress": False, **overrides}
-        for seed in config.seeds:
+        for seed in config.seeds if cls.seed_dependent else config.seeds[:1]:  # a seed-free method runs once
             run = fit_and_evaluate(experiment, method, config.dim, seed, final=True, triplets=triplets, overrides=overrides)
-            rows.append({"model": label, "similarity": similarity, "method": method, "variant": variant, "dim": config.dim, "seed": seed,
+            rows.append({"model": label, "similarity": similarity, "method": method, "variant": variant,
+                         "dim": run.details.get("out_dim", config.dim), **({"seed": seed} if cls.seed_dependent else {}),
                          "ndcg@10": run.metrics["ndcg@10"], "recall@10": run.metrics["recall@10"], "n_queries": run.metrics.n_queries,
-                         "fit_seconds": run.fit_seconds, "per_query_ndcg@10": _per_query_ndcg(run.metrics)})
+                         "fit_seconds": run.fit_seconds, "metrics": dict(run.metrics.aggregate),
+                         "per_query_ndcg@10": _per_query_ndcg(run.metrics)})
     return rows
 
 

@@ -153,7 +153,11 @@ def run_stage(
     from sentence_transformers.base.sampler import BatchSamplers
     from transformers import TrainerState
 
-    from embedtune.finetune.trainer import PACETrainer, StageCheckpointCallback  # heavy optional dependency: transformers' Trainer
+    from embedtune.finetune.trainer import (  # heavy optional dependency: transformers' Trainer
+        PACETrainer,
+        StageCheckpointCallback,
+        StepProgressCallback,
+    )
 
     processes = world_size()
     steps = steps or stage.steps or steps_per_epoch(len(train_dataset), config.batch_size, processes)
@@ -186,14 +190,15 @@ def run_stage(
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         deepspeed=config.deepspeed,
-        disable_tqdm=True,
+        disable_tqdm=True,  # StepProgressCallback draws embedtune's bar (loss and lr in the postfix)
         **_precision(config),
     )
     callback = StageCheckpointCallback(save_at=save_at, stop_after=stop_after)
-    trainer = PACETrainer(model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[callback, *(callbacks or [])])
+    progress = StepProgressCallback(f"PACE {name}")
+    trainer = PACETrainer(model=model, args=args, train_dataset=train_dataset, loss=loss, callbacks=[callback, progress, *(callbacks or [])])
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    logger.info("%s: %s + %s, %d steps, lr %.2g, τ %.4g, weighting %s (γ=%s); %d of %d parameters trainable",
+    logger.debug("%s: %s + %s, %d steps, lr %.2g, τ %.4g, weighting %s (γ=%s); %d of %d parameters trainable",
                 name, stage.similarity, stage.parameters, steps, stage.learning_rate, temperature, stage.weighting, stage.gamma, trainable, total)
     resume = latest_resumable_checkpoint(output_dir)
     end_step = min(steps, stop_after) if stop_after is not None else steps
@@ -281,7 +286,7 @@ def evaluate_model(
     if similarity not in ("cosine", "dot"):
         raise ValueError(f"similarity must be 'cosine' or 'dot'; got {similarity!r}.")
     dataset = load_beir(data, split)
-    encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=similarity == "cosine", show_progress=False)
+    encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=similarity == "cosine")
     embeddings = embed_dataset(encoder, dataset, cache=cache)
     ids = dataset.judged_query_ids()
     return evaluate_embeddings(ids, embeddings.queries(ids), embeddings.doc_ids, embeddings.doc_embeddings, {q: dataset.qrels[q] for q in ids}, top_k)
@@ -301,7 +306,8 @@ class TextBackbone:
         dataset = load_beir(config.data, config.train_split)
         tuples = prepared
         if tuples is None:
-            encoder = SentenceEncoder(config.model, max_seq_length=config.max_seq_length, normalize=True, show_progress=False)
+            # The mining encode of the corpus can take minutes: embed_dataset draws one bar over it.
+            encoder = SentenceEncoder(config.model, max_seq_length=config.max_seq_length, normalize=True, show_progress=is_main_process())
             tuples = mine_training_tuples(dataset, encoder, n_negatives=config.n_negatives, hard_pool=config.hard_pool, seed=config.seed)
         if is_main_process():
             tuples.save(output_dir / "train_tuples.json")
@@ -335,4 +341,4 @@ class TextBackbone:
 
     def evaluate(self, model, model_dir: Path, config: PACEConfig, similarity: str, target: Any) -> dict[str, Any]:
         metrics = evaluate_model(model_dir, config.data, target, similarity=similarity, max_seq_length=config.max_seq_length)
-        return metrics.to_dict()
+        return {**metrics.to_dict(), "per_query": metrics.per_query}  # per-query values: for results.json and paired tests

@@ -1,0 +1,328 @@
+"""One results layout for every command that scores something, and an MTEB-format export.
+
+Each such command writes ``OUT/results.json``:
+
+.. code-block:: text
+
+    {
+      "schema": "embedtune-results/1",
+      "embedtune_version": "0.4.0",
+      "command": ["embedtune", "evaluate", "--model", "minilm", ...],   # argv, or the API call
+      "task": "evaluate",                                              # which command wrote it
+      "config": {...},                                                 # the resolved settings
+      "data": {"name", "source", "split", "queries", "fingerprints": {file: sha256}},
+      "model": {"name", "path", "fingerprint", ...},                  # the encoder of the embeddings
+      "metrics": {"ndcg_at_10": ..., "recall_at_10": ..., "main_score": ...},   # the headline result
+      "per_query": {query_id: {"ndcg_at_10": ..., ...}},               # of the headline result
+      "rows": [{..., "metrics": {...}}],                               # every scored row of the table
+      "table": "<the table the command printed>"
+    }
+
+next to ``OUT/results.md``, the same table as printed. Metric names are MTEB's (``ndcg_at_10``,
+``precision_at_1``, ``main_score``: nDCG@10 for retrieval), so the numbers read the same as an
+MTEB result. :func:`write_mteb_result` writes ``OUT/mteb/<TaskName>.json`` in MTEB's own result
+format when a run scored a whole qrels split, the only case an MTEB score compares with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune import __version__
+from embedtune.data.beir import BeirDataset
+from embedtune.encoders.dataset import DatasetEmbeddings
+from embedtune.io import atomic_write_bytes, atomic_write_json
+from embedtune.workflows.fit_and_score import MethodRun
+from embedtune.workflows.train_compressor import CompressionResult
+
+__all__ = [
+    "RESULTS_NAME",
+    "TABLE_NAME",
+    "MTEB_DIR",
+    "SCHEMA",
+    "REQUIRED_KEYS",
+    "mteb_metric_name",
+    "mteb_metrics",
+    "per_query_scores",
+    "describe_data",
+    "describe_model",
+    "mteb_task_name",
+    "json_safe",
+    "write_results",
+    "write_mteb_result",
+    "read_results",
+    "runs_summary",
+    "compression_rows",
+    "pipeline_summary",
+    "format_table",
+    "mmeb_summary",
+]
+
+RESULTS_NAME = "results.json"
+TABLE_NAME = "results.md"
+MTEB_DIR = "mteb"
+SCHEMA = "embedtune-results/1"
+REQUIRED_KEYS = ("schema", "embedtune_version", "command", "task", "config", "data", "model", "metrics", "per_query", "rows", "table")
+
+# embedtune's metric prefix -> MTEB's; "ndcg@10" -> "ndcg_at_10", "p@1" -> "precision_at_1".
+_MTEB_PREFIX = {"ndcg": "ndcg", "recall": "recall", "p": "precision", "precision": "precision", "mrr": "mrr", "map": "map"}
+# BEIR folder names -> MTEB task names, so that OUT/mteb/<TaskName>.json sits beside MTEB's own results.
+_MTEB_TASKS = {
+    "scifact": "SciFact", "arguana": "ArguAna", "nfcorpus": "NFCorpus", "fiqa": "FiQA2018", "scidocs": "SCIDOCS",
+    "trec-covid": "TRECCOVID", "quora": "QuoraRetrieval", "nq": "NQ", "hotpotqa": "HotpotQA", "msmarco": "MSMARCO",
+    "fever": "FEVER", "climate-fever": "ClimateFEVER", "dbpedia-entity": "DBPedia", "webis-touche2020": "Touche2020",
+    "touche2020": "Touche2020",
+}
+# Languages of the datasets above (all English); other datasets get none rather than a guess.
+_ENGLISH = set(_MTEB_TASKS)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """The rows as an aligned text table (what commands print and ``results.md`` keeps); floats
+    with 4 decimals, a missing or None cell blank."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    widths = {c: max([len(c), *(len(cell(r.get(c))) for r in rows)]) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
+    lines += ["  ".join(cell(row.get(c)).ljust(widths[c]) for c in columns) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def mteb_metric_name(name: str) -> str:
+    """``ndcg@10`` -> ``ndcg_at_10``, ``p@1`` -> ``precision_at_1``; a name without ``@k`` is kept."""
+    base, sep, cutoff = name.partition("@")
+    if not sep:
+        return name
+    prefix = base.rsplit("_", 1)
+    head, metric = (prefix[0] + "_", prefix[1]) if len(prefix) == 2 else ("", base)
+    return f"{head}{_MTEB_PREFIX.get(metric.lower(), metric.lower())}_at_{cutoff}"
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON: numpy scalars to numbers, NaN/inf to None, tuples to lists, paths to strings."""
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    return str(value)
+
+
+def mteb_metrics(aggregate: Mapping[str, Any], main: str | None = "ndcg@10") -> dict[str, Any]:
+    """Metrics under MTEB's names, plus ``main_score`` (the value of ``main``, when present)."""
+    metrics = {mteb_metric_name(name): json_safe(value) for name, value in aggregate.items()}
+    if main is not None and main in aggregate:
+        metrics["main_score"] = json_safe(aggregate[main])
+    return metrics
+
+
+def per_query_scores(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
+    """``{query_id: {metric: value}}`` under MTEB's metric names, query ids sorted."""
+    return {str(qid): {mteb_metric_name(name): json_safe(value) for name, value in values.items()} for qid, values in sorted(per_query.items())}
+
+
+def describe_data(dataset: BeirDataset, queries: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The dataset's name, source, qrels split, which queries were scored, and each file's sha256."""
+    return json_safe({"name": dataset.name, "source": dataset.source, "split": dataset.split, "queries": queries,
+                      "fingerprints": dict(sorted(dataset.fingerprints.items())), **extra})
+
+
+def describe_model(embeddings: DatasetEmbeddings | None = None, name: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The encoder behind ``embeddings`` (name, folder, sha256 of its files, text recipe), or just ``name``."""
+    described = dict(embeddings.model) if embeddings is not None and embeddings.model else {}
+    if name is not None:
+        described.setdefault("name", name)
+    if embeddings is not None:
+        described.setdefault("dim", embeddings.dim)
+    return json_safe({**described, **extra})
+
+
+def mteb_task_name(dataset_name: str) -> str:
+    """MTEB's task name of a BEIR dataset (``scifact`` -> ``SciFact``); other names are kept."""
+    return _MTEB_TASKS.get(dataset_name.lower(), dataset_name)
+
+
+def _table_markdown(task: str, command: Sequence[str], table: str) -> str:
+    shown = " ".join(command) if command else f"embedtune {task}"
+    return f"# {task}\n\n`{shown}`\n\n```text\n{table.rstrip()}\n```\n"
+
+
+def write_results(
+    out: str | Path,
+    *,
+    task: str,
+    command: Sequence[str] | None,
+    config: Mapping[str, Any],
+    data: Mapping[str, Any],
+    model: Mapping[str, Any],
+    metrics: Mapping[str, Any],
+    per_query: Mapping[str, Mapping[str, Any]] | None = None,
+    rows: Sequence[Mapping[str, Any]] = (),
+    table: str = "",
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``out/results.json`` (the layout in this module's docstring) and ``out/results.md``; return the JSON path.
+
+    Args:
+        out: the command's output folder (created).
+        task: the command, e.g. ``"evaluate"`` or ``"compress train"``.
+        command: its argv (``["embedtune", ...]``), or None when called from Python.
+        config: the resolved settings.
+        data: :func:`describe_data` (or a mapping of them, one per dataset).
+        model: :func:`describe_model`.
+        metrics: the headline result under MTEB's names with ``main_score`` (:func:`mteb_metrics`).
+        per_query: the headline result's per-query values (:func:`per_query_scores`).
+        rows: one mapping per scored row of the printed table, each with its own ``metrics``.
+        table: the table exactly as the command printed it.
+        extra: more top-level keys (they may not replace the layout's own).
+    """
+    out = Path(out)
+    document: dict[str, Any] = {
+        "schema": SCHEMA,
+        "embedtune_version": __version__,
+        "command": list(command) if command else None,
+        "task": task,
+        "config": json_safe(config),
+        "data": json_safe(data),
+        "model": json_safe(model),
+        "metrics": json_safe(metrics),
+        "per_query": json_safe(per_query or {}),
+        "rows": json_safe(list(rows)),
+        "table": table,
+    }
+    for key, value in (extra or {}).items():
+        if key in document:
+            raise ValueError(f"write_results: extra key {key!r} would replace the layout's own.")
+        document[key] = json_safe(value)
+    path = atomic_write_json(out / RESULTS_NAME, document)
+    atomic_write_bytes(out / TABLE_NAME, _table_markdown(task, document["command"] or [], table).encode("utf-8"))
+    return path
+
+
+def write_mteb_result(
+    out: str | Path,
+    dataset_name: str,
+    split: str,
+    metrics: Mapping[str, Any],
+    evaluation_time: float | None = None,
+    languages: Sequence[str] | None = None,
+) -> Path:
+    """``out/mteb/<TaskName>.json`` in MTEB's result format, for one scored qrels split.
+
+    ``metrics``: embedtune's names (``ndcg@10``...) or MTEB's. ``languages`` defaults to
+    ``["eng-Latn"]`` for the English BEIR datasets MTEB knows, else ``[]``.
+    """
+    task_name = mteb_task_name(dataset_name)
+    if languages is None:
+        languages = ["eng-Latn"] if dataset_name.lower() in _ENGLISH else []
+    scores = mteb_metrics(metrics) if any("@" in name for name in metrics) else json_safe(dict(metrics))
+    document = {
+        "task_name": task_name,
+        "dataset_revision": None,  # a local BEIR copy has no Hugging Face revision; results.json keeps its sha256
+        "mteb_version": None,
+        "embedtune_version": __version__,
+        "evaluation_time": evaluation_time,
+        "kg_co2_emissions": None,
+        "scores": {split: [{**scores, "hf_subset": "default", "languages": list(languages)}]},
+    }
+    safe_name = re.sub(r"[^A-Za-z0-9._-]", "_", task_name)
+    return atomic_write_json(Path(out) / MTEB_DIR / f"{safe_name}.json", json_safe(document))
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """Load a ``results.json`` (or the folder holding one) and check it has every key of the layout."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_NAME
+    document = json.loads(path.read_text(encoding="utf-8"))
+    missing = [key for key in REQUIRED_KEYS if key not in document]
+    if missing:
+        raise ValueError(f"{path}: not an embedtune results file (missing {missing}); it is written by commands with --out.")
+    return document
+
+
+def runs_summary(runs: Sequence[MethodRun]) -> dict[str, Any]:
+    """Mean metrics over ``runs`` (one per seed) under MTEB's names, their per-query means, and the
+    sample std of each metric only when more than one run exists (one run has no spread)."""
+    names = list(runs[0].metrics.aggregate)
+    aggregate = {name: float(np.mean([run.metrics[name] for run in runs])) for name in names}
+    queries = sorted(runs[0].metrics.per_query)
+    per_query = {qid: {name: float(np.mean([run.metrics.per_query[qid][name] for run in runs])) for name in names} for qid in queries}
+    summary: dict[str, Any] = {
+        "n_runs": len(runs),
+        "metrics": mteb_metrics({**aggregate, "n_queries": runs[0].metrics.n_queries}),
+        "per_query": per_query_scores(per_query),
+    }
+    if len(runs) > 1:
+        summary["std"] = {mteb_metric_name(name): float(np.std([run.metrics[name] for run in runs], ddof=1)) for name in names}
+    return summary
+
+
+def compression_rows(result: CompressionResult) -> list[dict[str, Any]]:
+    """One row per method of a :func:`~embedtune.workflows.fit_compressor` run: its output dim, the
+    seeds it ran (seed-free methods: none), fit time, and :func:`runs_summary`."""
+    rows = []
+    for method, runs in result.runs.items():
+        first = runs[0]
+        row: dict[str, Any] = {"method": method, "dim": first.details.get("out_dim", first.dim), "queries": first.eval_part,
+                               **{k: v for k, v in first.details.items() if k != "out_dim"}}
+        if first.compressor is None or type(first.compressor).seed_dependent:
+            row["seeds"] = [run.seed for run in runs]
+        row["fit_seconds"] = float(np.mean([run.fit_seconds for run in runs]))
+        rows.append({**row, **runs_summary(runs)})
+    return rows
+
+
+def pipeline_summary(result: Mapping[str, Any], method: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """``(metrics, per_query, rows)`` of a :func:`~embedtune.workflows.run_pipeline` result for :func:`write_results`.
+
+    The headline is the fine-tuned model under ``method`` (no variant), mean over its seeds; each
+    row keeps its own metrics and per-query nDCG@10 under MTEB's names.
+    """
+    rows = []
+    for row in result["rows"]:
+        aggregate = row.get("metrics") or {"ndcg@10": row["ndcg@10"], "recall@10": row["recall@10"]}
+        plain = {key: value for key, value in row.items() if key not in ("metrics", "per_query_ndcg@10", "ndcg@10", "recall@10")}
+        rows.append({**plain, "metrics": mteb_metrics({**aggregate, "n_queries": row["n_queries"]}),
+                     "per_query": {qid: {"ndcg_at_10": value} for qid, value in sorted(row["per_query_ndcg@10"].items())}})
+    chosen = [row for row in result["rows"] if row["model"] == "finetuned" and row["method"] == method and not row.get("variant")]
+    if not chosen:
+        return {}, {}, rows
+    names = list(chosen[0].get("metrics") or {"ndcg@10": None, "recall@10": None})
+    aggregate = {name: float(np.mean([(row.get("metrics") or row)[name] for row in chosen])) for name in names}
+    queries = sorted(chosen[0]["per_query_ndcg@10"])
+    per_query = {qid: {"ndcg_at_10": float(np.mean([row["per_query_ndcg@10"][qid] for row in chosen]))} for qid in queries}
+    return mteb_metrics({**aggregate, "n_queries": chosen[0]["n_queries"]}), per_query, rows
+
+
+# The MMEB groups evaluate_mmeb reports beside each dataset's Precision@1 (PACE Table 1).
+_MMEB_GROUPS = ("classification", "vqa", "retrieval", "grounding", "ind", "ood", "overall")
+
+
+def mmeb_summary(result: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(metrics, rows)`` of an MMEB evaluation (:func:`embedtune.evaluate.mmeb.evaluate_mmeb`):
+    the group means as ``precision_at_1`` per group, ``main_score`` the overall one; one row per dataset."""
+    metrics = {f"{group}_precision_at_1": json_safe(result[group]) for group in _MMEB_GROUPS if group in result}
+    if "overall" in result:
+        metrics["main_score"] = json_safe(result["overall"])
+    rows = [{"dataset": name, "metrics": {"precision_at_1": json_safe(score), "main_score": json_safe(score)}}
+            for name, score in result.get("per_dataset", {}).items()]
+    return metrics, rows
