@@ -1,0 +1,44 @@
+"""Damaged files never give a different number: each load gives the intact result or a clear error.
+
+Random bytes overwritten, or the file cut short, in a saved adapter (PCA and DIVE; weights and
+config), an embedding-cache entry, a benchmark run record and a FAISS index (flat, SQ8, binary):
+50 seeds of each. ``benchmarks/fault_injection.py`` runs the same trials at larger counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import faults
+
+SEEDS = range(50)
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("artefacts")
+    return {
+        "adapter (pca)": faults.AdapterArtefact(root, "pca"),
+        "adapter (dive)": faults.AdapterArtefact(root, "dive"),
+        "cache entry": faults.CacheArtefact(root),
+        "run record": faults.RecordArtefact(root),
+    }
+
+
+@pytest.mark.parametrize("damage", faults.DAMAGE)
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("artefact", ["adapter (pca)", "adapter (dive)", "cache entry", "run record"])
+def test_a_damaged_file_gives_the_intact_result_or_a_clear_error(artefacts, artefact, seed, damage, tmp_path):
+    trial = artefacts[artefact].trial(damage, seed, tmp_path / "scratch")
+    assert trial.outcome in ("clear error", "identical"), trial
+
+
+@pytest.mark.parametrize("damage", faults.DAMAGE)
+def test_a_damaged_faiss_index_never_reaches_faiss(damage, tmp_path):
+    """Run in worker processes: a crash inside FAISS would be recorded as an unclear failure, not kill the tests."""
+    spec = faults.build_indexes(tmp_path)
+    trials = faults.run_index_trials(spec, [(kind, damage, seed) for kind in faults.INDEX_KINDS for seed in SEEDS], tmp_path)
+    assert len(trials) == len(faults.INDEX_KINDS) * len(SEEDS)
+    bad = [trial for trial in trials if trial.outcome not in ("clear error", "identical")]
+    assert not bad, bad[:5]
+    assert {trial.file for trial in trials} >= {"index.faiss", "ids.txt", "manifest.json"}
