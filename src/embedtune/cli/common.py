@@ -11,6 +11,7 @@ from typing import Any
 from embedtune.encoders.similarity import resolve_similarity
 from embedtune.workflows.experiment import Experiment, load_experiment
 
+from embedtune.workflows.results import format_table
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
 
 
@@ -136,15 +137,39 @@ def print_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def print_table(rows: list[dict[str, Any]], columns: list[str]) -> None:
-    def cell(value: Any) -> str:
-        return f"{value:.4f}" if isinstance(value, float) else str(value)
+def print_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """Print :func:`format_table` and return the text (for the results file)."""
+    text = format_table(rows, columns)
+    print(text)
+    return text
 
-    widths = {c: max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    print("  ".join("-" * widths[c] for c in columns))
-    for row in rows:
-        print("  ".join(cell(row.get(c, "")).ljust(widths[c]) for c in columns))
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, said once.
+
+    No ``(default: ...)`` is added where the help text already says the default (or the preset's
+    value), nor where the default is None, False or an empty list, which say nothing.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        lowered = text.lower()
+        if "default" in lowered or "(preset:" in lowered:
+            return text
+        if action.default is None or action.default is False or action.default == [] or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def command_line(args: argparse.Namespace) -> list[str] | None:
+    """The argv that ran this command (``["embedtune", ...]``), when :func:`embedtune.cli.main` recorded it."""
+    return getattr(args, "argv", None)
+
+
+def command_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed flags as plain values (what results files record as the command's config)."""
+    skip = {"handler", "argv"}
+    return {key: value for key, value in sorted(vars(args).items()) if key not in skip and not callable(value)}
 
 
 def positive_int(text: str) -> int:
