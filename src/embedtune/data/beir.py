@@ -246,6 +246,10 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
     corpus = _records(source.label("corpus.jsonl"), raw["corpus.jsonl"], ("_id", "text"), ("title",))
     queries = {qid: rec["text"] for qid, rec in _records(source.label("queries.jsonl"), raw["queries.jsonl"], ("_id", "text")).items()}
     qrels_all = _qrels(source.label(qrels_file), raw[qrels_file])
+    if not corpus:
+        raise DataFormatError(source.label("corpus.jsonl"), "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
+    if not queries:
+        raise DataFormatError(source.label("queries.jsonl"), "holds no queries", "write one JSON object per query: {\"_id\": ..., \"text\": ...}")
 
     missing_docs = sum(1 for docs in qrels_all.values() for did in docs if did not in corpus)
     missing_queries = sum(1 for qid in qrels_all if qid not in queries)
@@ -261,10 +265,6 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         if qid in queries
     }
     qrels = {qid: docs for qid, docs in qrels.items() if docs}
-    if not corpus:
-        raise DataFormatError(source.label("corpus.jsonl"), "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
-    if not queries:
-        raise DataFormatError(source.label("queries.jsonl"), "holds no queries", "write one JSON object per query: {\"_id\": ..., \"text\": ...}")
     if not any(rel > 0 for docs in qrels.values() for rel in docs.values()):
         raise NoQueriesError(f"{source.label(qrels_file)}: no judged query is left, so there is nothing to score: "
                              f"{_why_no_judged_query(qrels_all, corpus, queries)}.")
