@@ -8,14 +8,29 @@ preset's (or the config's) value. The flags both share are declared once, in :fu
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
+from pathlib import Path
 from typing import Any
 
-from embedtune.cli.common import DeprecatedAlias, add_list_flag, print_json, print_table
+from embedtune.cli.common import DeprecatedAlias, add_list_flag, command_config, command_line, format_table, print_json
+from embedtune.data.beir import load_beir
+from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.finetune.config import PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
 from embedtune.finetune.losses.focal_embedding import WEIGHTINGS
+from embedtune.io import sha256_file
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+from embedtune.workflows.plots import TRAINING_PLOT_NAME, plot_pace_training
+from embedtune.workflows.results import (
+    describe_data,
+    mmeb_summary,
+    mteb_metrics,
+    per_query_scores,
+    write_mteb_result,
+    write_results,
+)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune"]
 
@@ -91,7 +106,8 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--config", default=None, metavar="JSON", help="start from a saved pace_config.json (or its folder) instead of --preset")
     parser.add_argument("--model", default=None, help=f"{model_help} " + ("(preset: minilm)" if backbone == "text" else "(required unless --config)"))
     parser.add_argument("--data", default=None, help=f"{data_help}{required}" + (" (preset: scifact)" if backbone == "text" else ""))
-    parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, result.json "
+    parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, result.json, training.png; with an "
+                                                                   "evaluation also results.json, results.md "
                                                                    "(required unless --config)")
     parser.add_argument("--output", dest="out", action=DeprecatedAlias, replacement="--out", help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true",
@@ -200,16 +216,16 @@ def run_finetune(args: argparse.Namespace) -> int:
     if main_process:
         prepare_output_dir(config.output_dir, args.overwrite, command=command, inputs=[args.config, config.data, config.model],
                            resume=True, legacy_names=["pace_config.json"])
-    result = train_pace(config, evaluate_split=getattr(args, "evaluate_split", None), evaluate_tasks=getattr(args, "eval_tasks", ()),
+    evaluate_split = getattr(args, "evaluate_split", None)
+    result = train_pace(config, evaluate_split=evaluate_split, evaluate_tasks=getattr(args, "eval_tasks", ()),
                         device=getattr(args, "device", None))
-    if main_process:
-        finish_output_dir(config.output_dir, command)
     stages = [
         {**{key: getattr(stage, key) for key in ("name", "similarity", "parameters", "steps", "steps_run", "temperature", "weighting",
                                                   "gamma", "seconds", "init_checkpoint")},
          "final_loss": next((entry["loss"] for entry in reversed(stage.log_history) if "loss" in entry), None)}
         for stage in result.stages
     ]
+    metrics = {key: value for key, value in (result.metrics or {}).items() if key != "per_query"}
     summary = {
         "preset": config.preset,
         "backbone": config.backbone,
@@ -219,15 +235,55 @@ def run_finetune(args: argparse.Namespace) -> int:
         "stage2_init_step": result.stage2_init_step,
         "seconds": result.seconds,
         "stages": stages,
-        "metrics": result.metrics,
+        "metrics": metrics or None,
     }
+    table = format_table(stages, ["name", "similarity", "parameters", "steps_run", "temperature", "weighting", "final_loss", "seconds",
+                                  "init_checkpoint"])
+    stage2 = f"; Stage II from Stage I step {result.stage2_init_step}" if result.stage2_init_step is not None else ""
+    table += f"\nmodel: {result.model_dir} (rank with {result.similarity}{stage2})"
+    if metrics and "per_dataset" in metrics:
+        table += "\n" + format_table([{"dataset": name, "p@1": score} for name, score in metrics["per_dataset"].items()], ["dataset", "p@1"])
+    elif metrics:
+        row = {"data": str(config.data), "split": evaluate_split, **metrics}
+        table += "\n" + format_table([row], ["data", "split", "n_queries", "ndcg@10", "recall@10", "recall@100", "p@1", "mrr@10"])
+    if main_process:
+        _write_outputs(args, config, result, table, evaluate_split)
+        finish_output_dir(config.output_dir, command)
     if args.json:
         print_json(summary)
-        return 0
-    print_table(stages, ["name", "similarity", "parameters", "steps_run", "temperature", "weighting", "final_loss", "seconds", "init_checkpoint"])
-    print(f"model: {result.model_dir} (rank with {result.similarity}; Stage II from Stage I step {result.stage2_init_step})")
-    if result.metrics and "per_dataset" in result.metrics:
-        print_table([{"dataset": name, "p@1": score} for name, score in result.metrics["per_dataset"].items()], ["dataset", "p@1"])
-    elif result.metrics:
-        print(json.dumps({k: result.metrics[k] for k in ("ndcg@10", "recall@10") if k in result.metrics}))
+    else:
+        print(table)
     return 0
+
+
+def _write_outputs(args: argparse.Namespace, config: PACEConfig, result: Any, table: str, evaluate_split: str | None) -> None:
+    """``training.png`` (loss, lr, validation nDCG@10 when ``validation.jsonl`` is there), and with an
+    evaluation, ``results.json``, ``results.md`` and (a whole qrels split) ``mteb/<Task>.json``."""
+    out = Path(config.output_dir)
+    validation = out / "validation.jsonl"
+    plot = plot_pace_training(result.to_dict(), out / TRAINING_PLOT_NAME, validation if validation.is_file() else None,
+                              title=f"PACE ({config.preset}): {Path(str(config.model)).name} on {Path(str(config.data)).name}")
+    if plot is not None:
+        logger.info("training curves: %s", plot)
+    if not result.metrics:
+        return
+    model = {"name": "finetuned", "path": result.model_dir, "fingerprint": fingerprint_model_dir(result.model_dir),
+             "similarity": result.similarity, "base": str(config.model)}
+    if config.backbone == "text":
+        dataset = load_beir(config.data, evaluate_split)
+        data = describe_data(dataset, queries="all", train_split=config.train_split)
+        aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
+        metrics = mteb_metrics({**aggregate, "n_queries": result.metrics.get("n_queries")})
+        per_query = per_query_scores(result.metrics.get("per_query", {}))
+        rows = [{"model": "finetuned", "split": evaluate_split, "metrics": metrics}]
+    else:
+        data = {"train": str(config.data), "eval_tasks": {str(path): sha256_file(path) for path in getattr(args, "eval_tasks", ())}}
+        metrics, rows = mmeb_summary(result.metrics)
+        per_query = {}
+    path = write_results(out, task=f"finetune {args.method}", command=command_line(args),
+                         config={**command_config(args), "pace_config": config.to_dict()}, data=data, model=model,
+                         metrics=metrics, per_query=per_query, rows=rows, table=table)
+    logger.info("results: %s", path)
+    if config.backbone == "text":
+        aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
+        logger.info("MTEB format: %s", write_mteb_result(out, dataset.name, evaluate_split, aggregate, result.seconds.get("evaluate")))

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 from embedtune.cli.common import add_data_flags, print_json, print_table
 from embedtune.compress import load_compressor
 from embedtune.data.beir import load_beir
+from embedtune.data.query_files import read_query_file
 from embedtune.encoders import SentenceEncoder
+from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.index import build_index, load_index
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+
+logger = logging.getLogger(__name__)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,10 +42,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--json", action="store_true", help="print the manifest as JSON")
     build.set_defaults(handler=run_index_build)
 
-    search = commands.add_parser("search", formatter_class=fmt, help="encode a query and print the top hits of an index",
-                                 description="Encodes the query with --model, applies --adapter (default: the one the index "
-                                 "was built with, if its folder still exists), and searches the index.")
-    search.add_argument("query", nargs="+", help="query text (several arguments are several queries)")
+    search = commands.add_parser("search", formatter_class=fmt, help="encode queries and print or save the top hits of an index",
+                                 description="Encodes the queries (arguments, or --queries FILE) with --model, applies --adapter "
+                                 "(default: the one the index was built with, if its folder still exists), and searches the index. "
+                                 "--out writes the hits as a TREC run file (run.trec: 'qid Q0 docid rank score tag', for trec_eval, "
+                                 "pytrec_eval, ranx) and as run.jsonl.")
+    search.add_argument("query", nargs="*", help="query text (several arguments are several queries, ids 1, 2, ...)")
+    search.add_argument("--queries", default=None, metavar="FILE",
+                        help="query file: JSONL ({\"_id\" or \"query_id\", \"text\"} per line, e.g. BEIR's queries.jsonl) or TSV (id<TAB>text)")
+    search.add_argument("--out", default=None, metavar="DIR", help="write run.trec and run.jsonl there instead of printing tables")
+    search.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    search.add_argument("--run-tag", default="embedtune", help="the TREC run file's last column")
     search.add_argument("--index", required=True, help="index folder written by `index build`")
     search.add_argument("--model", default=None, help="encoder (default: the one recorded in the index manifest, else minilm)")
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
@@ -70,7 +82,8 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
-                 use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None) -> list[list[dict]]:
+                 use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
+                 show_progress: bool = False) -> list[list[dict]]:
     """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each."""
     index = load_index(index_dir)
     model = model or index.manifest.get("model") or "minilm"
@@ -80,7 +93,7 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
             if not Path(recorded).is_dir():
                 raise FileNotFoundError(f"the index was built with the adapter {recorded}, which no longer exists; pass --adapter or --no-adapter.")
             adapter = recorded
-    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=False)
+    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress)
     vectors = encoder.encode(queries, kind="query")
     if use_adapter and adapter is not None:
         vectors = load_compressor(adapter).transform(vectors)
@@ -89,13 +102,32 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
 
 
 def run_search(args: argparse.Namespace) -> int:
-    results = search_texts(args.index, args.query, args.model, args.adapter, not args.no_adapter, args.top_k, args.query_prompt, args.rescore)
+    if args.queries and args.query:
+        raise ValueError("give queries as arguments or as --queries FILE, not both.")
+    if args.queries:
+        queries = read_query_file(args.queries)
+    elif args.query:
+        queries = [(str(number), text) for number, text in enumerate(args.query, 1)]
+    else:
+        raise ValueError("no query: pass query text as arguments, or --queries FILE (JSONL or TSV).")
+    if args.out:
+        prepare_output_dir(args.out, args.overwrite, command="search", inputs=[args.queries, args.index])
+    results = search_texts(args.index, [text for _, text in queries], args.model, args.adapter, not args.no_adapter, args.top_k,
+                           args.query_prompt, args.rescore, show_progress=len(queries) > 1)
+    hits = {qid: found for (qid, _), found in zip(queries, results)}
+    if args.out:
+        out = Path(args.out)
+        trec = write_trec_run(out / "run.trec", hits, args.run_tag)
+        jsonl = write_jsonl_run(out / "run.jsonl", queries, hits)
+        finish_output_dir(out, "search")
+        logger.info("%d queries x top %d: %s, %s", len(queries), args.top_k, trec, jsonl)
     if args.json:
-        print_json({"queries": [{"query": q, "hits": hits} for q, hits in zip(args.query, results)]})
+        print_json({"queries": [{"query_id": qid, "query": text, "hits": hits[qid]} for qid, text in queries]})
         return 0
-    for query, hits in zip(args.query, results):
-        print(f"query: {query}")
-        for hit in hits:
-            hit["title"] = (hit.get("title") or "")[:80]
-        print_table(hits, ["rank", "score", "id", "title"])
+    if args.out:
+        print(f"{len(queries)} queries, top {args.top_k} hits each: {out / 'run.trec'} (TREC run), {out / 'run.jsonl'}")
+        return 0
+    for qid, query in queries:
+        print(f"query {qid}: {query}")
+        print_table([{**hit, "title": (hit.get("title") or "")[:80]} for hit in hits[qid]], ["rank", "score", "id", "title"])
     return 0

@@ -56,12 +56,15 @@ from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.io import atomic_write_bytes
 
+from embedtune.runtime import progress_bar
 logger = logging.getLogger(__name__)
 
 __all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME", "ROBUST"]
 
 TRAINING_LOG_NAME = "training_log.jsonl"
 INIT_KINDS = ("identity", "pca")
+# The label of each training phase's progress bar.
+_PHASE_LABELS = {"train": "DIVE epochs", "select": "DIVE epoch selection", "refit": "DIVE refit"}
 EPOCH_SELECTIONS = ("last", "best", "val")
 OUTPUT_NORMS = ("unit", "input")
 # Rows per forward pass in transform(); bounds the activation memory, not the result.
@@ -452,7 +455,7 @@ class DIVECompressor(Compressor):
         # Select the epoch count on held-out training queries (epoch 0 included), then refit on
         # every training query for that many epochs, so the selection costs no training data.
         fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed)
-        logger.info("DIVE: selecting the epoch on %d held-out training queries", len(holdout.query_ids))
+        logger.debug("DIVE: selecting the epoch on %d held-out training queries", len(holdout.query_ids))
         best_epoch = self._train(fit_part, val, heads, hidden_dim, rotation, device, config.epochs, holdout=holdout, phase="select")
         self.selected_epoch_ = best_epoch
         logger.info("DIVE: best epoch %d of %d; refitting on all %d training queries", best_epoch, config.epochs, len(train.query_ids))
@@ -485,7 +488,7 @@ class DIVECompressor(Compressor):
         adapter.to(device)
         adapter.set_rotation(rotation)
         self.adapter_ = adapter
-        logger.info(
+        logger.debug(
             "DIVE (%s): %d triplets, %d-d -> %d-d, H=%d, r=%d, init=%s, %d parameters, device %s",
             phase, len(triplets), train.dim, config.dim, heads, hidden_dim, config.init, adapter.mlp.num_parameters(), device,
         )
@@ -501,10 +504,10 @@ class DIVECompressor(Compressor):
         if holdout is not None:
             best_epoch, best_score = 0, self._validate(holdout)
             best_state = copy.deepcopy(adapter.state_dict())
-            logger.info("DIVE epoch 0 (initialisation): holdout nDCG@10 %.4f", best_score)
+            logger.debug("DIVE epoch 0 (initialisation): holdout nDCG@10 %.4f", best_score)
         optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         generator = torch.Generator().manual_seed(config.seed)
-        progress = _progress_bar(epochs, config.progress)
+        progress = progress_bar(epochs, _PHASE_LABELS.get(phase, f"DIVE {phase}"), unit="epoch", enabled=config.progress)
         for epoch in range(1, epochs + 1):
             start = time.perf_counter()
             row = self._train_epoch(adapter, optimizer, queries, docs, local, generator)
@@ -519,12 +522,15 @@ class DIVECompressor(Compressor):
                 row["phase"] = phase
             self.history_.append(row)
             self._append_log(row)
-            logger.info(
+            logger.debug(
                 "DIVE epoch %d/%d: rho=%.3f triplet=%.4f view=%.4f geo=%.5f total=%.4f%s (%.1fs)",
                 epoch, epochs, row["active_ratio"], row["loss_triplet"], row["loss_view"], row["loss_geometry"],
                 row["loss_total"], f" val_ndcg@10={row['val_ndcg@10']:.4f}" if val is not None else "", row["seconds"],
             )
-            progress.set_postfix(rho=f"{row['active_ratio']:.3f}", loss=f"{row['loss_total']:.4f}")
+            postfix = {"rho": f"{row['active_ratio']:.3f}", "loss": f"{row['loss_total']:.4f}"}
+            if holdout is not None:
+                postfix["holdout_ndcg@10"] = f"{row['holdout_ndcg@10']:.4f}"
+            progress.set_postfix(postfix, refresh=False)
             progress.update(1)
         progress.close()
         if best_state is not None:
@@ -646,10 +652,3 @@ class DIVECompressor(Compressor):
         super()._check_fitted()
         if self.adapter_ is None:
             raise RuntimeError("This DIVECompressor is not fitted yet; call fit(train) first.")
-
-
-def _progress_bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="DIVE epochs", unit="epoch", disable=not enabled)
-

@@ -32,6 +32,7 @@ from torch import nn
 
 from embedtune.compress.base import CompressorConfig
 from embedtune.compress.residual_mlp import ACTIVATIONS
+from embedtune.runtime import progress_bar
 
 if TYPE_CHECKING:
     from embedtune.compress.selection import EpochControl
@@ -167,8 +168,6 @@ def run_epochs(
     stages, scores each one when ``candidate`` (best-epoch selection), and stops the loop once
     its ``stop_at`` budget is spent; the schedule (``epochs``) is unchanged by an early stop.
     """
-    from tqdm.auto import tqdm
-
     epochs = config.epochs if epochs is None else epochs
     optimizer = torch.optim.AdamW(
         parameters, lr=config.learning_rate if learning_rate is None else learning_rate, weight_decay=config.weight_decay
@@ -176,8 +175,8 @@ def run_epochs(
     generator = torch.Generator().manual_seed(config.seed + seed_offset)
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
-    bar = tqdm(range(epochs), desc=stage, disable=not config.progress, leave=False)
-    for epoch in bar:
+    bar = progress_bar(epochs, stage, unit="epoch", enabled=config.progress)
+    for epoch in range(epochs):
         if control is not None and control.exhausted:
             break
         totals: dict[str, float] = {}
@@ -197,8 +196,10 @@ def run_epochs(
         if control is not None:
             control.end_epoch(record, candidate)
         history.append(record)
-        bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}")
-    logger.info("%s: %d epochs over %d items in %.1fs", stage, epochs, n_items, time.perf_counter() - start)
+        bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", refresh=False)
+        bar.update(1)
+    bar.close()
+    logger.debug("%s: %d epochs over %d items in %.1fs", stage, epochs, n_items, time.perf_counter() - start)
     return history
 
 
