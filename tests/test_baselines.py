@@ -204,7 +204,7 @@ def test_dive_paper_learning_rates():
 @pytest.mark.parametrize(
     "config_class, values, message",
     [
-        (MRLAdaptorConfig, {"epochs": 0}, "epochs"),
+        (MRLAdaptorConfig, {"epochs": -1}, "epochs"),
         (MRLAdaptorConfig, {"dim": 8, "nested_dims": (16, 32)}, "must contain"),
         (MRLAdaptorConfig, {"unsupervised_epochs": -1}, "unsupervised_epochs"),
         (SearchAdaptorConfig, {"alpha": -0.1}, "alpha"),

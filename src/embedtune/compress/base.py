@@ -179,6 +179,8 @@ class Compressor(abc.ABC):
     #: method that is supervised by default this is its own unsupervised setting (see
     #: :meth:`unsupervised_config`).
     supports_unsupervised: ClassVar[bool] = False
+    #: The preset to fit with when there are no labels (None: the one the caller would use anyway).
+    unsupervised_preset: ClassVar[str | None] = None
     #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
     seed_dependent: ClassVar[bool] = True
     #: One line for ``compress train --help``.

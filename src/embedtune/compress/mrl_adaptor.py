@@ -20,6 +20,11 @@ once over the whole corpus with exact inner-product search. Training has two sta
 
 ``α = β = γ = 1``. The compressed embedding is ``ĉ[:k] / ‖ĉ[:k]‖₂``.
 
+**Unsupervised setting** (the paper's "unsupervised tuning": corpus embeddings only, no queries
+and no labels): stage 1 alone, ``epochs=0``. ``fit_unsupervised(corpus)`` sets ``epochs=0``; the
+``unsupervised`` preset is that setting with the paper's optimiser (lr 1e-3, batch 128) and
+``unsupervised_epochs`` corpus passes.
+
 Choices the papers leave open, and ours:
 
 - Epochs per stage: the DIVE paper (§4.1) gives every method "50 training epochs". We spend
@@ -41,6 +46,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -191,7 +197,12 @@ class MRLAdaptorConfig(SelectableTrainingConfig):
         # α = β = γ = 1, top-10 neighbours. Their text does not give an epoch count (they
         # train to a fixed step budget with early stopping); we keep 50 per stage.
         "own-paper": {"epochs": 50, "unsupervised_epochs": 50, "batch_size": 128, "learning_rate": 1e-3},
+        # The paper's unsupervised setting: stage 1 alone, on corpus embeddings (no labels), with
+        # the optimiser above. The epoch count is ours (the paper trains to a step budget).
+        "unsupervised": {"epochs": 0, "unsupervised_epochs": 20, "batch_size": 128, "learning_rate": 1e-3},
     }
+    #: ``epochs=0`` skips the supervised stage (the unsupervised setting).
+    MIN_EPOCHS: ClassVar[int] = 0
 
     unsupervised_epochs: int = field(default=5, metadata={"help": "Passes over the corpus in stage 1 (before the supervised epochs); 0 skips it."})
     nested_dims: tuple[int, ...] | None = field(
@@ -206,6 +217,11 @@ class MRLAdaptorConfig(SelectableTrainingConfig):
         super().__post_init__()
         if not isinstance(self.unsupervised_epochs, int) or self.unsupervised_epochs < 0:
             raise ValueError(f"unsupervised_epochs must be a non-negative integer; got {self.unsupervised_epochs!r}.")
+        if self.epochs == 0 and self.unsupervised_epochs == 0:
+            raise ValueError(
+                "mrl-adaptor: epochs=0 and unsupervised_epochs=0 leave nothing to train; set unsupervised_epochs >= 1 "
+                "(the unsupervised corpus stage) or epochs >= 1 (the supervised stage)."
+            )
         if not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"top_k must be a positive integer; got {self.top_k!r}.")
         for name in ("alpha", "beta", "gamma"):
@@ -239,6 +255,8 @@ class MRLAdaptorCompressor(Compressor):
     method = "mrl-adaptor"
     config_class = MRLAdaptorConfig
     supervised = True
+    supports_unsupervised = True
+    unsupervised_preset = "unsupervised"
     help = "Matryoshka-Adaptor (Yoon et al. 2024b), read at the prefix k"
     # The DIVE paper's §4.3 learning-rate audit (validation queries only).
     lr_candidates = (5e-5, 2e-4, 1e-3)
@@ -259,10 +277,24 @@ class MRLAdaptorCompressor(Compressor):
         with seeded(config.seed):
             return ResidualMLP(input_dim, config.hidden_width(input_dim), config.activation)  # type: ignore[arg-type]
 
+    @classmethod
+    def unsupervised_config(cls, config: MRLAdaptorConfig) -> MRLAdaptorConfig:  # type: ignore[override]
+        """``config`` with the supervised stage off (``epochs=0``): the corpus stage alone."""
+        if config.unsupervised_epochs == 0:
+            raise ValueError("mrl-adaptor: fitting without labels runs the unsupervised corpus stage only, but "
+                             "unsupervised_epochs=0; set unsupervised_epochs >= 1 (or use the 'unsupervised' preset).")
+        return dataclasses.replace(config, epochs=0)
+
+    @property
+    def is_unsupervised(self) -> bool:
+        """True when the supervised stage is off (``epochs=0``): the fit reads corpus embeddings only."""
+        return self.config.epochs == 0  # type: ignore[attr-defined]
+
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config: MRLAdaptorConfig = self.config  # type: ignore[assignment]
         check_output_dim(self.method, config.dim, train.dim)
-        train.require_triplets(self.method)
+        if config.epochs > 0:
+            train.require_triplets(self.method)
         self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
         self.nested_dims_ = config.resolved_nested_dims(train.dim)
         self.history_ = []
@@ -271,7 +303,7 @@ class MRLAdaptorCompressor(Compressor):
     def _train_once(self, train: TrainingData, control: EpochControl) -> None:
         """A fresh adapter through both stages on ``train``, under ``control`` (epoch 0 = the untrained start)."""
         config: MRLAdaptorConfig = self.config  # type: ignore[assignment]
-        triplets = torch.from_numpy(train.require_triplets(self.method))
+        triplets = torch.from_numpy(train.require_triplets(self.method)) if config.epochs > 0 else None
         nested_dims = config.resolved_nested_dims(train.dim)
         device = resolve_device(config.device)
         adapter = self._build(train.dim).to(device).train()
@@ -302,6 +334,7 @@ class MRLAdaptorCompressor(Compressor):
             return terms
 
         def supervised_step(batch: Tensor, epoch: int) -> dict[str, Tensor]:
+            assert triplets is not None
             groups = group_triplets(triplets[batch])
             terms, adapted_docs = corpus_terms(groups.doc_rows)
             query_residual = adapter.residual(queries[groups.query_rows].to(device))
@@ -332,8 +365,9 @@ class MRLAdaptorCompressor(Compressor):
                 epochs=config.unsupervised_epochs,
                 control=control,
             )
-        history += run_epochs(adapter.parameters(), supervised_step, len(triplets), config, stage="mrl-adaptor/supervised",
-                              seed_offset=1, control=control)
+        if triplets is not None:
+            history += run_epochs(adapter.parameters(), supervised_step, len(triplets), config, stage="mrl-adaptor/supervised",
+                                  seed_offset=1, control=control)
         self.adapter_ = adapter.eval()
         self.history_ += history
 

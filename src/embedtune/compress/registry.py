@@ -33,6 +33,9 @@ def register(cls: type[Compressor]) -> type[Compressor]:
         raise TypeError(f"{cls.__name__}.lr_candidates must be a tuple of learning rates; got {cls.lr_candidates!r}.")
     if cls.default_preset is not None and cls.default_preset not in cls.presets:
         raise ValueError(f"{cls.__name__}.default_preset {cls.default_preset!r} is not one of its presets {sorted(cls.presets)}.")
+    if cls.unsupervised_preset is not None and (not cls.supports_unsupervised or cls.unsupervised_preset not in cls.presets):
+        raise ValueError(f"{cls.__name__}.unsupervised_preset {cls.unsupervised_preset!r} needs supports_unsupervised = True "
+                         f"and a preset of that name; its presets: {sorted(cls.presets)}.")
     _REGISTRY[method] = cls
     return cls
 

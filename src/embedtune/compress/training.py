@@ -64,6 +64,8 @@ class TrainedCompressorConfig(CompressorConfig):
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: The smallest valid ``epochs`` (Matryoshka-Adaptor allows 0: its corpus stage alone).
+    MIN_EPOCHS: ClassVar[int] = 1
 
     epochs: int = field(default=50, metadata={"help": "Passes over the training items per training stage."})
     batch_size: int = field(default=128, metadata={"help": "Training items (or triplets) per step."})
@@ -78,10 +80,10 @@ class TrainedCompressorConfig(CompressorConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("epochs", "batch_size"):
+        for name, least in (("epochs", self.MIN_EPOCHS), ("batch_size", 1)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}; got {value!r}.")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be positive; got {self.learning_rate!r}.")
         if self.weight_decay < 0:
