@@ -47,9 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
-from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, self_limiting_triplet_loss
+from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
 from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
 from embedtune.compress.pca import principal_axes
+from embedtune.compress.quantization_aware import check_quantization_aware, deployed_view, quantization_aware_triplet_loss
 from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
@@ -114,6 +115,11 @@ class DIVEConfig(CompressorConfig):
         default="unit",
         metadata={"help": "'unit' (L2-normalised head 1, cosine) or 'input' (head 1 scaled by the input's norm, for dot-product models)."},
     )
+    quantization_aware: str | None = field(
+        default=None,
+        metadata={"help": "Train head 1 for the precision it is deployed at: None (float), 'binary' (straight-through sign) or "
+                  "'int8' (fake quantisation); epoch selection then scores that precision (compress/quantization_aware.py)."},
+    )
     device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
 
@@ -148,6 +154,7 @@ class DIVEConfig(CompressorConfig):
             raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
         if self.output_norm not in OUTPUT_NORMS:
             raise ValueError(f"output_norm must be one of {list(OUTPUT_NORMS)}; got {self.output_norm!r}.")
+        check_quantization_aware(self.quantization_aware)
         if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
             raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
         if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
@@ -557,8 +564,8 @@ class DIVECompressor(Compressor):
             inputs = torch.cat([queries[batch[:, 0]], docs[batch[:, 1]], docs[batch[:, 2]]])  # (3b, d)
             heads = adapter(inputs)  # (3b, H, k)
             query_heads, positive_heads, negative_heads = heads.split(size)
-            loss_triplet, active_ratio = self_limiting_triplet_loss(
-                query_heads[:, 0], positive_heads[:, 0], negative_heads[:, 0], config.margin, config.triplet_loss
+            loss_triplet, active_ratio = quantization_aware_triplet_loss(
+                config.quantization_aware, query_heads[:, 0], positive_heads[:, 0], negative_heads[:, 0], config.margin, config.triplet_loss
             )
             # A zero-weighted term is still reported, but kept out of the graph.
             with torch.set_grad_enabled(config.view_weight > 0):
@@ -583,9 +590,9 @@ class DIVECompressor(Compressor):
         return means
 
     def _validate(self, val: TrainingData) -> float:
-        metrics = evaluate_embeddings(
-            val.query_ids, self.transform(val.query_embeddings), val.doc_ids, self.transform(val.doc_embeddings), val.qrels
-        )
+        # Score what is deployed: with quantization_aware, the documents at that precision.
+        queries, docs = deployed_view(self.config.quantization_aware, self.transform(val.query_embeddings), self.transform(val.doc_embeddings))
+        metrics = evaluate_embeddings(val.query_ids, queries, val.doc_ids, docs, val.qrels)
         return float(metrics.aggregate["ndcg@10"])
 
     def _append_log(self, row: dict[str, Any]) -> None:
