@@ -463,8 +463,9 @@ def kill_benchmark(workdir: Path, model_dir: Path, n_kills: int, seed: int = 0, 
         got = comparable_records(results)
         wrong = sorted(key for key in set(reference) | set(got) if reference.get(key) != got.get(key))
         mismatches += [f"episode {episodes}: {key}" for key in wrong]
-        trials.append(Trial("benchmark dive", "kill", episodes, f"{killed_here} kills", "wrong" if wrong else "identical",
-                            f"{len(got)} records" + (f", differing: {wrong[:3]}" if wrong else "")))
+        # One trial per kill: each is judged by the records its episode ends with.
+        trials += [Trial("benchmark dive", "kill", episodes, f"kill {i + 1} of {killed_here}", "wrong" if wrong else "identical",
+                         f"{len(got)} records" + (f", differing: {wrong[:3]}" if wrong else "")) for i in range(killed_here)]
     return KillReport(kills, episodes, len(reference), reference_seconds, mismatches, trials, finished_at_kill)
 
 
