@@ -38,6 +38,9 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
         (model, method, variant) for model in ("finetuned", "base")
         for method, variant in (("full", ""), ("dive", ""), ("pca", ""), ("dive", "norm-preserving"))
     }
+    # A seed shaped only DIVE's rows: the uncompressed model and PCA (seed-free, run once) name none.
+    assert all(("seed" in r) == (r["method"] == "dive") for r in rows)
+    assert {r["dim"] for r in rows if r["method"] == "full"} == {32} and {r["dim"] for r in rows if r["method"] != "full"} == {8}
     # Every row is scored on the 10 judged test queries only; PACE and the compressors saw q0..q19.
     assert {r["n_queries"] for r in rows} == {10}
     assert json.loads((tmp_path / "run" / RESULT_NAME).read_text())["rows"] == rows

@@ -106,6 +106,11 @@ def test_evaluate_screen_and_results(toy40, tiny_bert_dir, tmp_path, capsys):
     assert "DEBUG embedtune.encoders.dataset" in verbose and "cache hit" in verbose
 
 
+def test_quiet_prints_the_result_and_nothing_else(toy40, tiny_bert_dir, tmp_path, capsys):
+    out, err = run(["-q", "evaluate", "--model", str(tiny_bert_dir), "--data", str(toy40), "--out", str(tmp_path / "ev")], capsys)
+    assert err == [] and out.startswith("dataset") and (tmp_path / "ev" / "results.json").is_file()
+
+
 def test_compress_train_screen_results_and_plot(toy40, tiny_bert_dir, tmp_path, capsys):
     out_dir = tmp_path / "ct"
     out, err = run(["compress", "train", "--method", "dive", "--model", str(tiny_bert_dir), "--data", str(toy40), "--dim", "8",

@@ -38,7 +38,10 @@ DEPENDENCY_LOGGERS = ("faiss.loader", "faiss", "sentence_transformers", "httpx",
                       "transformers", "datasets", "accelerate", "torch", "PIL", "matplotlib", "peft", "huggingface_hub")
 
 # (message regex, category, module regex, why it is harmless here): filtered at the default level, shown with -v.
-DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = ()
+DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
+    (r".*`is_gradient_checkpointing` is deprecated.*", FutureWarning, r"transformers\.",
+     "transformers 5 deprecating an attribute that PEFT reads when LoRA is attached (every PACE stage); nothing a user can change"),
+)
 
 _progress = True
 

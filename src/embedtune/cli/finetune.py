@@ -225,6 +225,7 @@ def run_finetune(args: argparse.Namespace) -> int:
          "final_loss": next((entry["loss"] for entry in reversed(stage.log_history) if "loss" in entry), None)}
         for stage in result.stages
     ]
+    shown = [{**stage, "seconds": f"{stage['seconds']:.1f}"} for stage in stages]
     metrics = {key: value for key, value in (result.metrics or {}).items() if key != "per_query"}
     summary = {
         "preset": config.preset,
@@ -237,7 +238,7 @@ def run_finetune(args: argparse.Namespace) -> int:
         "stages": stages,
         "metrics": metrics or None,
     }
-    table = format_table(stages, ["name", "similarity", "parameters", "steps_run", "temperature", "weighting", "final_loss", "seconds",
+    table = format_table(shown, ["name", "similarity", "parameters", "steps_run", "temperature", "weighting", "final_loss", "seconds",
                                   "init_checkpoint"])
     stage2 = f"; Stage II from Stage I step {result.stage2_init_step}" if result.stage2_init_step is not None else ""
     table += f"\nmodel: {result.model_dir} (rank with {result.similarity}{stage2})"

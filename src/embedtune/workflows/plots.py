@@ -105,7 +105,7 @@ def plot_dive_training(log: str | Path | Sequence[Mapping[str, Any]], out: str |
                 suffix = f" ({styles.get(phase, ('', phase))[1]})" if key == "val_ndcg@10" and len(phases) > 1 else ""
                 val_ax.plot(*zip(*points), "o-", markersize=2.5, label=label + suffix)
                 drew = True
-    val_ax.set(title="validation nDCG@10", xlabel="epoch", ylabel="nDCG@10")
+    val_ax.set(title="held-out nDCG@10", xlabel="epoch", ylabel="nDCG@10")
     if not drew:
         val_ax.text(0.5, 0.5, "no validation scores in this log\n(epoch_selection='last', no val queries)",
                     ha="center", va="center", transform=val_ax.transAxes, fontsize=9, color="0.4")

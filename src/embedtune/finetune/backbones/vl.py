@@ -30,6 +30,7 @@ from embedtune.finetune.stages import StageResult, run_stages
 from embedtune.finetune.config import TINY_VL_MODELS, PACEConfig, StageConfig
 from embedtune.finetune.losses import focal_embedding_loss
 from embedtune.finetune.modeling import add_lora, has_lora, merge_lora, save_adapter
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ def run_vl_stage(embedder, examples: Sequence, stage: StageConfig, config: PACEC
     device_type = embedder.device.type
     logs = []
     embedder.train()
+    bar = progress_bar(steps, f"PACE stage{stage_index}", unit="step")  # one bar per stage; per-step lines are DEBUG
     for step, batch in enumerate(_batches(examples, config.batch_size, steps, config.seed + stage_index)):
         start = time.perf_counter()
         queries = [example.query for example in batch]
@@ -121,9 +123,12 @@ def run_vl_stage(embedder, examples: Sequence, stage: StageConfig, config: PACEC
         parts = output.components()
         logs.append(VLStepLog(stage_index, step, parts["loss"], time.perf_counter() - start, parts["mean_weight"],
                               parts["positive_accuracy"], learning_rate))
-        logger.info("stage %d step %d/%d: loss=%.4f lr=%.3g (%.2fs)", stage_index, step + 1, steps, parts["loss"], learning_rate, logs[-1].seconds)
+        logger.debug("stage %d step %d/%d: loss=%.4f lr=%.3g (%.2fs)", stage_index, step + 1, steps, parts["loss"], learning_rate, logs[-1].seconds)
+        bar.set_postfix(loss=f"{parts['loss']:.4f}", lr=f"{learning_rate:.2e}", refresh=False)
+        bar.update(1)
         if on_step is not None and on_step(step + 1):
             break
+    bar.close()
     return logs
 
 
