@@ -10,8 +10,8 @@ from typing import Any
 
 from embedtune.encoders.similarity import resolve_similarity
 from embedtune.workflows.experiment import Experiment, load_experiment
-
 from embedtune.workflows.results import format_table
+
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
 
 
@@ -129,6 +129,8 @@ def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> E
         doc_ids=args.doc_ids,
         query_embeddings=args.query_embeddings,
         query_ids=args.query_ids,
+        protocol=getattr(args, "protocol", "paper"),
+        labels=getattr(args, "labels", None),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from typing import Any
 
@@ -13,16 +14,25 @@ from embedtune.cli.common import (
     add_list_flag,
     add_model_flags,
     add_split_flags,
+    command_config,
+    command_line,
     experiment_from_args,
+    format_table,
     print_json,
-    print_table,
 )
 from embedtune.compress import available_methods, get_compressor_class, load_compressor
+from embedtune.compress.presets import SAFETY_NET_MINING
 from embedtune.compress.st_export import export_sentence_transformer
 from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape, ids_path_for
 from embedtune.encoders import resolve_model_path
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
-from embedtune.workflows.train_compressor import CompressionResult, fit_compressor
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.plots import plot_compression_runs
+from embedtune.workflows.results import compression_rows, describe_data, describe_model, write_results
+from embedtune.workflows.fit import FIT_INFO_NAME, fit_on_all, supported_paths
+from embedtune.workflows.train_compressor import PCA_VARIANTS, CompressionResult, fit_compressor
+
+logger = logging.getLogger(__name__)
 
 # The mining flags, each a MiningOptions field; unset flags keep the preset's value.
 MINING_FLAGS = ("negatives", "n_negatives", "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query")
@@ -100,6 +110,38 @@ def _positive_int_or_none(text: str) -> int | None:
 ADAPTER_HELP = "a fitted compressor's folder, or a `compress train --out` folder holding exactly one"
 
 
+def add_label_flags(parser: argparse.ArgumentParser) -> None:
+    """``--pairs`` / ``--qrels``: relevance labels for precomputed vectors, with no BEIR folder (no texts)."""
+    group = parser.add_argument_group("labels for precomputed vectors (instead of a BEIR folder's qrels)")
+    labels = group.add_mutually_exclusive_group()
+    labels.add_argument("--pairs", dest="labels", default=None, metavar="FILE",
+                        help='(query, relevant doc) pairs: JSONL lines {"query_id": "q1", "doc_id": "d7"} or TSV lines q1<TAB>d7; '
+                        "needs --doc-embeddings/--doc-ids and --query-embeddings/--query-ids")
+    labels.add_argument("--qrels", dest="labels", default=None, metavar="FILE", help="a BEIR qrels TSV (query-id, corpus-id, score)")
+
+
+def with_both_pca_variants(method: str, compare: list[str]) -> list[str]:
+    """``compare`` with the other PCA variant added when one is there and ``method`` is supervised.
+
+    A supervised method's gain is reported against the stronger of centred and uncentred PCA
+    (DIVE's PCA-rotated start is the uncentred one).
+    """
+    present = [name for name in PCA_VARIANTS if name in compare]
+    if present and get_compressor_class(method).supervised:
+        return [*compare, *(name for name in PCA_VARIANTS if name not in compare and name != method)]
+    return compare
+
+
+def fit_paths_help() -> str:
+    """Which registered methods take which path, from the registry."""
+    rows = {"supervised and unsupervised": [], "supervised only": [], "unsupervised only": []}
+    for name in available_methods():
+        paths = supported_paths(name)
+        key = "supervised and unsupervised" if len(paths) == 2 else f"{paths[0]} only"
+        rows[key].append(name)
+    return "; ".join(f"{key}: {', '.join(names)}" for key, names in rows.items() if names)
+
+
 def register(commands: argparse._SubParsersAction) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     compress = commands.add_parser("compress", help="train, apply and export embedding compressors (DIVE and baselines)")
@@ -142,13 +184,58 @@ def register(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--max-triplets-per-query", type=_positive_int_or_none, default=argparse.SUPPRESS, metavar="N",
                        help="cap the triplets of each query, spread over its relevant docs; 'none' disables it. "
                        "Default: 32 with the default preset, none with --preset paper/best")
-    add_list_flag(train, "--compare", default=["frozen", "truncate"], help="methods to run beside --method ('' for none)")
+    add_list_flag(train, "--compare", default=["frozen", "truncate", "pca", "pca-uncentred"],
+                  help="methods to run beside --method ('' for none), each with its default preset; the report gives a paired test "
+                  "of --method against each, and its gain over the stronger PCA variant (given one, the other is added)")
+    train.add_argument("--protocol", choices=["paper", "beir-train"], default="paper",
+                       help="paper: a query-disjoint --fractions split of the judged queries of --split; beir-train: fit on "
+                       "qrels/train.tsv (selecting on part of it) and score every judged query of --split (implies --final)")
+    add_label_flags(train)
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
-                       "the triplets and report.json")
+                       "the triplets, results.json (the one results layout), results.md, training.png curves; "
+                       "report.json is kept for one release")
     train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     train.set_defaults(handler=run_train)
+
+    fit = sub.add_parser(
+        "fit",
+        help="fit one compressor on all the data given (no evaluation split) and write it to --out",
+        formatter_class=fmt,
+        description="Fit on every labelled query (the supervised path) or on the corpus alone (the unsupervised path: no "
+        "labels given, --unsupervised, or a method that reads none), and write the compressor itself to --out with "
+        f"fit.json (what was used). Inputs: a BEIR folder with --model; or your own vectors (--doc-embeddings/--doc-ids, "
+        f"--query-embeddings/--query-ids) with --pairs or --qrels, no texts needed; or a corpus alone. {fit_paths_help()}.",
+    )
+    data = fit.add_argument_group("data")
+    data.add_argument("--data", default=None, help="BEIR folder, BEIR-layout .zip, or bundled name 'scifact' (with --model)")
+    data.add_argument("--split", default="train", help="qrels split of --data to fit on (qrels/<split>.tsv)")
+    add_model_flags(fit)
+    add_label_flags(fit)
+    fit.add_argument("--unsupervised", action="store_true", help="fit on the corpus alone even when labels are given")
+    fit.add_argument("--method", default="dive", help=method_help())
+    fit.add_argument("--dim", type=int, default=128, help="output dimension k")
+    fit.add_argument("--preset", default=None,
+                     help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net)")
+    fit.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto')")
+    fit.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
+    fit.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
+    fit.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE", help="any other config field")
+    val = fit.add_mutually_exclusive_group()
+    val.add_argument("--val-split", default=None, metavar="SPLIT_OR_FILE",
+                     help="queries held out for best-epoch selection only (never trained on): a qrels split of --data, "
+                     "or a pairs/qrels file. Default: the method's own hold-out of training queries, then a refit on all")
+    val.add_argument("--val-fraction", type=float, default=None, help="or hold out this fraction of the labelled queries instead")
+    fit.add_argument("--seed", type=int, default=2027, help="training, mining and hold-out seed")
+    for name in ("--false-negative-margin", "--max-triplets-per-query"):
+        kind = _finite_float_or_none if name == "--false-negative-margin" else _positive_int_or_none
+        fit.add_argument(name, type=kind, default=argparse.SUPPRESS,
+                         help="as in `compress train`; default: the preset's (the safety net: 0.05 / 32); 'none' disables it")
+    fit.add_argument("--out", required=True, help="folder for the compressor itself (load_compressor(OUT)) and fit.json")
+    fit.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    fit.add_argument("--json", action="store_true", help="print fit.json instead of a summary")
+    fit.set_defaults(handler=run_fit)
 
     apply = sub.add_parser("apply", help="compress a (large) .npy or parquet of embeddings in chunks", formatter_class=fmt,
                            description="Memory-mapped, chunked: memory stays bounded whatever the input size.")
@@ -182,39 +269,129 @@ def run_train(args: argparse.Namespace) -> int:
     for method in [args.method, *args.compare]:
         get_compressor_class(method)  # fail fast on a typo, before any encoding
     preset = get_compressor_class(args.method).get_preset(args.preset)
-    # Validated here, before any encoding; unset flags keep the preset's mining.
-    mining = preset.mining.replace(**{name: getattr(args, name) for name in MINING_FLAGS if hasattr(args, name)})
+    # Validated here, before any encoding; unset flags keep the preset's mining (the safety net's
+    # when --method is unsupervised and supervised methods are compared).
+    mining = {name: getattr(args, name) for name in MINING_FLAGS if hasattr(args, name)}
+    base_mining = preset.mining if get_compressor_class(args.method).supervised else SAFETY_NET_MINING
+    base_mining.replace(**mining)
+    args.compare = with_both_pca_variants(args.method, args.compare)
+    if args.protocol == "beir-train":
+        args.final = True  # beir-train scores every judged test query
     seeds = args.seeds or [2027]
     if args.out:
         prepare_output_dir(args.out, args.overwrite, command="compress train", inputs=[
             args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
-    result = fit_compressor(experiment_from_args(args), args.method, args.dim, preset, seeds, args.final, settings, mining,
+    experiment = experiment_from_args(args)
+    result = fit_compressor(experiment, args.method, args.dim, preset, seeds, args.final, settings, mining,
                             args.compare, args.out, labels={"model": args.model})
+    model_name = experiment.provenance.get("model", args.model)
+    table = _summary_table(result, model_name, args.split_seed)
     if args.out:
+        _write_results(args, result, experiment, table)
         finish_output_dir(args.out, "compress train")
     if args.json:
         print_json(result.report)
     else:
-        _print_summary(result, args.model, args.split_seed, seeds)
+        print(table)
+        if result.out:
+            print(f"saved to {result.out}")
     return 0
 
 
-def _print_summary(result: CompressionResult, model: str, split_seed: int, seeds: list[int]) -> None:
+def _summary_table(result: CompressionResult, model: str, split_seed: int) -> str:
     report = result.report
     preset = f", preset '{result.preset.name}'" if result.preset.name != "defaults" else ""
-    print(f"{report['dataset']} / {model}: {report['queries']} queries, split seed {split_seed}, seeds {seeds}{preset}")
+    seeds = result.summaries[next(iter(result.summaries))]["seeds"]
+    lines = [f"{report['dataset']} / {model}: {report['queries']} queries, split seed {split_seed}, seeds {seeds}{preset}"]
     rows = []
     for summary in result.summaries.values():
         row = dict(summary)
-        # One seed has no sample std: print the mean alone rather than a made-up "± 0.0000".
+        # A method that ran once (one seed, or a seed-free method) has no spread: its mean alone, not "± 0.0000".
         for metric, column in (("ndcg@10", "nDCG@10"), ("recall@10", "Recall@10")):
-            spread = f" ± {row[f'{metric}_std']:.4f}" if len(seeds) > 1 else ""
+            spread = f" ± {row[f'{metric}_std']:.4f}" if len(row["seeds"]) > 1 else ""
             row[column] = f"{row[metric]:.4f}{spread}"
+        row["runs"] = len(row["seeds"])
         row["fit_s"] = f"{row['fit_s']:.1f}"
+        epochs = row.get("selected_epochs")
+        row["epoch"] = "/".join(str(e) for e in epochs) if epochs else None
+        comparison = result.comparisons.get(row["method"])
+        if comparison is not None:
+            row[f"Δ {next(iter(result.summaries))} (p)"] = (
+                f"{comparison['mean_difference']:+.4f} ({comparison['p_value']:.2g})")
         rows.append(row)
-    print_table(rows, ["method", "dim", "heads", "nDCG@10", "Recall@10", "n_queries", "fit_s"])
-    if result.out:
-        print(f"saved to {result.out}")
+    main = next(iter(result.summaries))
+    columns = ["method", "dim", "heads", "nDCG@10", "Recall@10", "n_queries", "epoch", f"Δ {main} (p)", "fit_s"]
+    if any(row["runs"] > 1 for row in rows):
+        columns.insert(5, "runs")
+    columns = [c for c in columns if c not in ("heads", "epoch") or any(row.get(c) not in (None, "") for row in rows)]
+    lines.append(format_table(rows, columns))
+    lines += _training_lines(result)
+    return "\n".join(lines)
+
+
+def _training_lines(result: CompressionResult) -> list[str]:
+    """What the table does not say: what epoch selection kept, the gain over the stronger PCA, what Δ is."""
+    main = next(iter(result.summaries))
+    lines = []
+    if result.comparisons:
+        n = next(iter(result.comparisons.values()))["n_queries"]
+        lines.append(f"Δ: {main} minus the row's method, nDCG@10 per query (means over seeds), paired permutation p over {n} queries.")
+    if any(row.get("selected_epochs") for row in result.summaries.values()):
+        lines.append("epoch: the epoch best-epoch selection kept, per seed (0 = the untrained start).")
+    return lines + list(result.notes)
+
+
+def _write_results(args: argparse.Namespace, result: CompressionResult, experiment: Experiment, table: str) -> None:
+    label = f"{experiment.dataset.name} / {args.model}"
+    for path in plot_compression_runs(result, label):
+        logger.info("training curves: %s", path)
+    rows = compression_rows(result)
+    main = next(row for row in rows if row["method"] == args.method)
+    config = {**command_config(args), "preset": result.preset.name,
+              "compressor": result.runs[args.method][0].compressor.config.to_dict() if result.runs[args.method][0].compressor else None,
+              "triplets": result.report.get("triplets")}
+    data = describe_data(experiment.dataset, queries=result.report["queries"], split_seed=result.report.get("split_seed"))
+    path = write_results(args.out, task="compress train", command=command_line(args), config=config, data=data,
+                         model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model)), metrics=main["metrics"],
+                         per_query=main["per_query"], rows=rows, table=table)
+    logger.info("results: %s", path)
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    settings = _parse_settings(args.settings)
+    if args.heads is not None:
+        settings["heads"] = args.heads if args.heads == "auto" else int(args.heads)
+    if args.epochs is not None:
+        settings["epochs"] = args.epochs
+    if args.lr is not None:
+        settings["learning_rate"] = args.lr
+    cls = get_compressor_class(args.method)  # fail fast on a typo, before any encoding
+    preset = cls.get_preset(args.preset)
+    mining = {name: getattr(args, name) for name in ("false_negative_margin", "max_triplets_per_query") if hasattr(args, name)}
+    preset.mining.replace(**mining)
+    prepare_output_dir(args.out, args.overwrite, command="compress fit", inputs=[
+        args.data, args.labels, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
+    encoder_options = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "query_prompt": args.query_prompt,
+                       "document_prompt": args.doc_prompt, "normalize": args.similarity != "dot"}
+    result = fit_on_all(
+        args.method, args.dim, data=args.data, model=args.model, split=args.split, labels=args.labels,
+        doc_embeddings=args.doc_embeddings, doc_ids=args.doc_ids, query_embeddings=args.query_embeddings, query_ids=args.query_ids,
+        unsupervised=args.unsupervised, val_split=args.val_split, val_fraction=args.val_fraction, preset=preset, settings=settings,
+        mining=mining or None, seed=args.seed, encoder_options=encoder_options, cache=not args.no_cache, out=args.out,
+    )
+    finish_output_dir(args.out, "compress fit")
+    if args.json:
+        print_json(result.info)
+        return 0
+    for line in result.notes:
+        print(line)
+    info = result.info
+    triplets = info.get("triplets", {}).get("n_triplets")
+    used = (f"{info['labels']['train_queries']} labelled queries, {triplets} triplets, " if result.path == "supervised" else "")
+    print(f"fitted {info['method']} {info['input_dim']}-d -> {info['dim']}-d on {used}{info['documents']} documents "
+          f"({info['provenance'].get('model')}) in {info['fit_seconds']:.1f}s")
+    print(f"saved to {result.out} ({FIT_INFO_NAME} says what was used)")
+    return 0
 
 
 def run_apply(args: argparse.Namespace) -> int:

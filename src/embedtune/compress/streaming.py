@@ -52,7 +52,8 @@ __all__ = [
     "ids_path_for",
 ]
 
-_INPUT_DTYPES = (np.float32, np.float16)
+# float16 and float64 (e.g. vectors from an API) are cast to float32 block by block, with a note.
+_INPUT_DTYPES = (np.float32, np.float16, np.float64)
 TILE_ROWS = 4096
 
 
@@ -129,7 +130,7 @@ def _npy_layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
     fortran = bool(mapped.flags.f_contiguous and not mapped.flags.c_contiguous)
     del mapped
     if len(shape) != 2 or dtype not in _INPUT_DTYPES:
-        raise ValueError(f"{path}: expected a 2-D float32 or float16 array; got shape {shape}, dtype {dtype}.")
+        raise ValueError(f"{path}: expected a 2-D float32, float16 or float64 array; got shape {shape}, dtype {dtype}.")
     if fortran:
         raise ValueError(f"{path}: Fortran-ordered arrays are not supported; save it with np.save(np.ascontiguousarray(x)).")
     return shape, dtype, offset
@@ -137,6 +138,8 @@ def _npy_layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 def _iter_npy(path: Path, chunk_size: int, reuse_buffer: bool = False) -> Iterator[tuple[int, None, np.ndarray]]:
     (n, d), dtype, offset = _npy_layout(path)
+    if dtype != np.float32:
+        logger.info("%s: %s vectors are cast to float32 block by block.", path, dtype)
     buffer = np.empty((min(chunk_size, max(n, 1)), d), dtype=dtype) if reuse_buffer else None
     with open(path, "rb", buffering=0) as handle:
         handle.seek(offset)

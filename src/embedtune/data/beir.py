@@ -22,7 +22,7 @@ from embedtune.errors import NoQueriesError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BeirDataset", "load_beir", "resolve_dataset_path", "document_text", "BUNDLED_DATASETS"]
+__all__ = ["BeirDataset", "load_beir", "load_beir_corpus", "qrels_splits", "resolve_dataset_path", "document_text", "BUNDLED_DATASETS"]
 
 BUNDLED_DATASETS = {"scifact": "scifact.zip"}
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -279,3 +279,30 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
         source=str(root),
         dropped_judgments={"missing_docs": missing_docs, "missing_queries": missing_queries},
     )
+
+
+def load_beir_corpus(path: str | Path) -> BeirDataset:
+    """Only the corpus of a BEIR dataset (``corpus.jsonl``): no queries, no qrels (split ``"corpus"``).
+
+    What unsupervised fitting reads; ``qrels/`` and ``queries.jsonl`` need not exist.
+    """
+    root = resolve_dataset_path(path)
+    source = _Source(root)
+    raw = source.read("corpus.jsonl")
+    corpus = _records(source.label("corpus.jsonl"), raw, ("_id", "text"), ("title",))
+    if not corpus:
+        raise DataFormatError(source.label("corpus.jsonl"), "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
+    return BeirDataset(
+        name=root.stem if root.is_file() else root.name,
+        corpus=corpus,
+        queries={},
+        qrels={},
+        split="corpus",
+        fingerprints={"corpus.jsonl": hashlib.sha256(raw).hexdigest()},
+        source=str(root),
+    )
+
+
+def qrels_splits(path: str | Path) -> list[str]:
+    """The qrels splits a BEIR dataset holds (``qrels/<split>.tsv``), sorted; empty when it has none."""
+    return _Source(resolve_dataset_path(path)).splits()

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from embedtune.compress.base import TrainingData
 from embedtune.data.beir import BeirDataset, load_beir
+from embedtune.data.pairs import labelled_dataset, read_labels
 from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
-from embedtune.encoders.precomputed import check_precomputed_pair, load_embeddings
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
@@ -42,6 +44,8 @@ class Experiment:
     split: QuerySplit | None = None
     # "cosine": both sides L2-normalised before search (whatever the vectors' source); "dot": raw inner product.
     similarity: str = "cosine"
+    #: Where the vectors came from, for reports: ``{"model": name or "precomputed", "vectors": {file: sha256}}``.
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def qrels_for(self, query_ids: list[str]) -> dict[str, dict[str, int]]:
         return {qid: self.dataset.qrels[qid] for qid in query_ids if qid in self.dataset.qrels}
@@ -89,8 +93,15 @@ def load_experiment(
     query_ids: str | Path | None = None,
     protocol: str = "paper",
     val_fraction: float = 0.2,
+    labels: str | Path | None = None,
 ) -> Experiment:
     """Load ``data``, embed it with ``model`` (or read precomputed vectors), and split it.
+
+    With ``labels`` (a pairs file or a qrels TSV, see :mod:`embedtune.data.pairs`) in place of a
+    BEIR folder (``data`` is then not read), precomputed doc and query vectors are a dataset of
+    their own: no text is needed. Ids must be unique, and every labelled query and document must have a
+    vector (the error names the file and the first id that does not). The experiment's
+    ``provenance`` then records ``model: precomputed`` and the vector files' sha256.
 
     ``protocol="paper"`` splits the judged queries of ``qrels_split`` by ``fractions``;
     ``protocol="beir-train"`` trains on ``qrels/train.tsv`` (``val_fraction`` of it held out for
@@ -103,6 +114,17 @@ def load_experiment(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {list(PROTOCOLS)}; got {protocol!r}.")
     similarity = "cosine" if (encoder_options or {}).get("normalize", True) else "dot"
+    precomputed = doc_embeddings is not None or query_embeddings is not None
+    if precomputed and (doc_embeddings is None or query_embeddings is None):
+        raise ValueError("pass both --doc-embeddings and --query-embeddings (with their ids) to skip encoding.")
+    if labels is not None or data is None:  # labels replace the BEIR folder: ``data`` is not read
+        if labels is None or not precomputed:
+            raise ValueError("without a BEIR folder, give precomputed doc and query vectors (with their ids) and a labels file "
+                             "(--pairs: JSONL {\"query_id\", \"doc_id\"} or query_id<TAB>doc_id, or --qrels: a BEIR qrels TSV).")
+        if protocol == "beir-train":
+            raise ValueError("the beir-train protocol reads qrels/train.tsv and qrels/test.tsv of a BEIR folder; "
+                             "with a labels file use the paper protocol (a query-disjoint split of the labelled queries).")
+        return _labelled_experiment(labels, doc_embeddings, doc_ids, query_embeddings, query_ids, split_seed, fractions, similarity)  # type: ignore[arg-type]
     dataset = load_beir(data, qrels_split)
     beir_split: QuerySplit | None = None
     if protocol == "beir-train":
@@ -115,23 +137,50 @@ def load_experiment(
         if doc_embeddings is None or query_embeddings is None:
             raise ValueError("pass both --doc-embeddings and --query-embeddings (with their ids) to skip encoding.")
         start = time.perf_counter()
-        d_ids, d_vecs = load_embeddings(doc_embeddings, doc_ids)
-        q_ids, q_vecs = load_embeddings(query_embeddings, query_ids)
+        d_ids, d_vecs = load_embeddings(doc_embeddings, doc_ids, unique=True)
+        q_ids, q_vecs = load_embeddings(query_embeddings, query_ids, unique=True)
         check_precomputed_pair(doc_embeddings, d_ids, d_vecs, query_embeddings, q_vecs, dataset)
         if similarity == "cosine":  # cosine normalises whatever the vectors' source, as the encoder does
             d_vecs, q_vecs = unit_rows(d_vecs), unit_rows(q_vecs)
         embeddings = DatasetEmbeddings(d_ids, d_vecs, q_ids, q_vecs, {"load": time.perf_counter() - start}, {})
-        missing = [qid for qid in dataset.judged_query_ids() if qid not in set(q_ids)]
-        if missing:
-            raise ValueError(f"{query_embeddings}: {len(missing)} judged queries have no vector (e.g. {missing[0]!r}).")
+        qrels_file = f"{dataset.source}/qrels/{dataset.split}.tsv"
+        require_ids(q_ids, dataset.judged_query_ids(), query_ids or query_embeddings, qrels_file, "query")
+        provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL,
+                                      "vectors": vector_fingerprints(doc_embeddings, doc_ids, query_embeddings, query_ids)}
     else:
         encoder = SentenceEncoder(model, **(encoder_options or {}))
         embeddings = embed_dataset(encoder, dataset, cache=cache)
+        provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
     if beir_split is not None:
         split = beir_split
     else:
         split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
-    return Experiment(dataset, embeddings, split, similarity)
+    return Experiment(dataset, embeddings, split, similarity, provenance)
+
+
+def _labelled_experiment(
+    labels: str | Path,
+    doc_embeddings: str | Path,
+    doc_ids: str | Path | None,
+    query_embeddings: str | Path,
+    query_ids: str | Path | None,
+    split_seed: int | None,
+    fractions: tuple[float, float, float],
+    similarity: str,
+) -> Experiment:
+    """An experiment from precomputed vectors and a labels file, with no corpus or query text."""
+    start = time.perf_counter()
+    d_ids, d_vecs = load_embeddings(doc_embeddings, doc_ids, unique=True)
+    q_ids, q_vecs = load_embeddings(query_embeddings, query_ids, unique=True)
+    fingerprints = vector_fingerprints(doc_embeddings, doc_ids, query_embeddings, query_ids)
+    dataset = labelled_dataset(d_ids, q_ids, read_labels(labels), labels, str(doc_ids or doc_embeddings),
+                               str(query_ids or query_embeddings), fingerprints=fingerprints)
+    check_precomputed_pair(doc_embeddings, d_ids, d_vecs, query_embeddings, q_vecs, dataset)
+    if similarity == "cosine":
+        d_vecs, q_vecs = unit_rows(d_vecs), unit_rows(q_vecs)
+    embeddings = DatasetEmbeddings(d_ids, d_vecs, q_ids, q_vecs, {"load": time.perf_counter() - start}, {})
+    split = query_disjoint_split(dataset, fractions, split_seed) if split_seed is not None else None
+    return Experiment(dataset, embeddings, split, similarity, {"model": PRECOMPUTED_MODEL, "vectors": fingerprints})
 
 
 def training_data(experiment: Experiment, part: str, triplets: np.ndarray | None = None) -> TrainingData:

@@ -22,19 +22,26 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import Preset, get_compressor_class
-from embedtune.compress.presets import MiningOptions
+from embedtune.compress.presets import SAFETY_NET_MINING, MiningOptions
 from embedtune.data.triplets import explain_no_triplets
 from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summarize
+from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CompressionResult", "fit_compressor", "compressor_dir", "resolve_preset", "REPORT_NAME"]
+__all__ = ["CompressionResult", "fit_compressor", "compressor_dir", "resolve_preset", "selected_epochs", "training_notes",
+           "require_mined_triplets",
+           "REPORT_NAME", "PCA_VARIANTS", "UNTRAINED_WON"]
 
 REPORT_NAME = "report.json"
+#: The PCA baselines DIVE's gain is reported against (the stronger of them): centred and uncentred.
+PCA_VARIANTS = ("pca", "pca-uncentred")
+#: What the output says when best-epoch selection kept epoch 0.
+UNTRAINED_WON = "the untrained initialisation won"
 
 
 @dataclass
@@ -44,9 +51,15 @@ class CompressionResult:
     Attributes:
         report: the JSON-safe report (also ``OUT/report.json``).
         runs: per method, one :class:`MethodRun` per seed, each holding its fitted compressor.
-        summaries: per method, mean and sample std over seeds (see :func:`summarize`).
+        summaries: per method, mean and sample std over seeds (see :func:`summarize`), with
+            ``selected_epochs`` (one per seed) for methods that select their epoch.
         preset: the preset applied to the main method.
         out: the output folder, or None.
+        comparisons: per compared method, the paired test of the main method against it on
+            per-query nDCG@10 (per-query means over seeds): ``mean_difference`` (main − other),
+            ``p_value``, ``ci_low``, ``ci_high``, ``n_queries``.
+        notes: plain-language lines about what training did (e.g. :data:`UNTRAINED_WON`) and the
+            main method's gain over the stronger PCA variant.
     """
 
     report: dict[str, Any]
@@ -55,6 +68,8 @@ class CompressionResult:
     preset: Preset
     out: Path | None = None
     triplets: np.ndarray | None = field(default=None, repr=False)
+    comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def compressor_dir(out: str | Path, method: str, seed: int, n_seeds: int) -> Path:
@@ -69,12 +84,70 @@ def resolve_preset(method: str, preset: str | Preset | None) -> Preset:
     return get_compressor_class(method).get_preset(preset)
 
 
-def _mining(preset: Preset, mining: MiningOptions | Mapping[str, Any] | None) -> MiningOptions:
+def _mining(preset: Preset, mining: MiningOptions | Mapping[str, Any] | None, supervised_main: bool = True) -> MiningOptions:
+    # An unsupervised main method has no mining of its own: supervised methods compared beside it
+    # get the safety net's mining, as they would as the main method.
+    base = preset.mining if supervised_main else SAFETY_NET_MINING
     if mining is None:
-        return preset.mining
+        return base
     if isinstance(mining, MiningOptions):
         return mining
-    return preset.mining.replace(**dict(mining))
+    return base.replace(**dict(mining))
+
+
+def selected_epochs(runs: Sequence[MethodRun]) -> list[int] | None:
+    """The epoch each run's best-epoch selection kept (0 = the untrained start), or None when the method does not select."""
+    epochs = [getattr(run.compressor, "selected_epoch_", None) if run.compressor is not None else None for run in runs]
+    return None if any(epoch is None for epoch in epochs) else [int(epoch) for epoch in epochs]  # type: ignore[arg-type]
+
+
+def training_notes(method: str, epochs: Sequence[int] | None) -> list[str]:
+    """Plain lines about what best-epoch selection kept; says :data:`UNTRAINED_WON` when it kept epoch 0."""
+    if not epochs:
+        return []
+    if all(epoch == 0 for epoch in epochs):
+        runs = "every seed" if len(epochs) > 1 else "the run"
+        return [f"{method}: selection kept epoch 0 on {runs}: {UNTRAINED_WON} (no trained epoch beat its start on the held-out queries)."]
+    if any(epoch == 0 for epoch in epochs):
+        n = sum(epoch == 0 for epoch in epochs)
+        return [f"{method}: selection kept epoch 0 on {n} of {len(epochs)} seeds ({UNTRAINED_WON} there); epochs {list(epochs)}."]
+    return []
+
+
+def _queries_label(experiment: Experiment, final: bool) -> str:
+    if not final:
+        return "val"
+    if experiment.split is not None and experiment.split.qrels_split.startswith("train+"):
+        return f"every judged {experiment.split.qrels_split.split('+', 1)[1]} (beir-train: fitted on qrels/train.tsv)"
+    return "test (held-out)"
+
+
+def _per_query_mean(runs: Sequence[MethodRun]) -> dict[str, float]:
+    """Per-query nDCG@10, averaged over a method's seeds."""
+    queries = runs[0].metrics.per_query
+    return {qid: float(np.mean([run.metrics.per_query[qid]["ndcg@10"] for run in runs])) for qid in queries}
+
+
+def _compare(main: Sequence[MethodRun], other: Sequence[MethodRun]) -> dict[str, Any]:
+    a, b = align_by_query(_per_query_mean(main), _per_query_mean(other))
+    return paired_test(a, b).to_dict()
+
+
+def require_mined_triplets(experiment: Experiment, part: str, triplets: np.ndarray, mining: MiningOptions) -> None:
+    """Raise, naming the mining step that emptied them and the fix, if no triplet was mined for ``part``."""
+    if len(triplets) > 0:
+        return
+    train_ids = experiment.part_ids(part)
+    step, why = explain_no_triplets(train_ids, experiment.embeddings.doc_ids, experiment.qrels_for(train_ids),
+                                    skip_top=mining.skip_top,
+                                    false_negative_margin=mining.false_negative_margin,
+                                    false_negative_reference=mining.false_negative_reference)
+    fix = {
+        "false_negative_filter": "Loosen it with --false-negative-margin (e.g. 0.01), turn it off with "
+                                 "--false-negative-margin none, or use --preset best.",
+        "skip_top": "Lower skip_top.",
+    }.get(step, "Check the qrels and the corpus of the training queries.")
+    raise NoQueriesError(f"no training triplets survived mining ({part} queries): {why}. {fix}")
 
 
 def fit_compressor(
@@ -116,7 +189,7 @@ def fit_compressor(
     classes = {m: get_compressor_class(m) for m in methods}  # fail fast on a typo, before any encoding
     chosen = resolve_preset(method, preset)
     overrides = {**chosen.settings, **(settings or {})}
-    triplet_mining = _mining(chosen, mining)
+    triplet_mining = _mining(chosen, mining, classes[method].supervised)
     seeds = list(seeds)
     if not seeds:
         raise ValueError("fit_compressor: give at least one seed.")
@@ -129,44 +202,62 @@ def fit_compressor(
     if needs_triplets:
         path = out / f"triplets-{train_part}.json" if out else None
         triplets = shared_triplets(experiment, train_part, triplet_mining, mining_seed, path)
-        if len(triplets) == 0:
-            train_ids = experiment.part_ids(train_part)
-            step, why = explain_no_triplets(train_ids, experiment.embeddings.doc_ids, experiment.qrels_for(train_ids),
-                                            skip_top=triplet_mining.skip_top,
-                                            false_negative_margin=triplet_mining.false_negative_margin,
-                                            false_negative_reference=triplet_mining.false_negative_reference)
-            fix = {
-                "false_negative_filter": "Loosen it with --false-negative-margin (e.g. 0.01), turn it off with "
-                                         "--false-negative-margin none, or use --preset best.",
-                "skip_top": "Lower skip_top.",
-            }.get(step, "Check the qrels and the corpus of the training queries.")
-            raise NoQueriesError(f"no training triplets survived mining ({train_part} queries): {why}. {fix}")
+        require_mined_triplets(experiment, train_part, triplets, triplet_mining)
     runs: dict[str, list[MethodRun]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
     for name, cls in classes.items():
         method_seeds = seeds if cls.seed_dependent else seeds[:1]
-        method_overrides = overrides if name == method else {}
+        # Compared methods run with their own default preset's settings (the safety net for supervised ones).
+        method_overrides = overrides if name == method else dict(cls.get_preset(None).settings)
         runs[name] = [
             fit_and_evaluate(experiment, name, dim, seed, final, triplets, method_overrides,
                              compressor_dir(out, name, seed, len(method_seeds)) if out else None)
             for seed in method_seeds
         ]
+        epochs = selected_epochs(runs[name])
+        if epochs is not None:
+            for run, epoch in zip(runs[name], epochs):
+                run.details["selected_epoch"] = epoch
         summary = summarize(runs[name])
         summary["n_queries"] = runs[name][0].metrics.n_queries
+        if epochs is not None:
+            summary["selected_epoch"] = epochs[0] if len(epochs) == 1 else None
+            summary["selected_epochs"] = epochs
         summaries[name] = summary
         results[name] = {"summary": summary, "runs": [run.row() for run in runs[name]]}
         history = runs[name][0].compressor.history_ if runs[name][0].compressor is not None else None
         if history and name == method:
             results[name]["history_seed0"] = history
+    comparisons = {name: _compare(runs[method], runs[name]) for name in runs if name != method}
+    notes = [line for name in runs for line in training_notes(name, summaries[name].get("selected_epochs"))]
+    pca_runs = [name for name in PCA_VARIANTS if name in runs and name != method]
+    gain: dict[str, Any] | None = None
+    if pca_runs:
+        strongest = max(pca_runs, key=lambda name: summaries[name]["ndcg@10"])
+        gain = {"baseline": strongest, "baseline_ndcg@10": summaries[strongest]["ndcg@10"], **comparisons[strongest]}
+        others = [f"{name} {summaries[name]['ndcg@10']:.4f}" for name in pca_runs]
+        notes.append(
+            f"{method} − the stronger PCA variant ({strongest}; {', '.join(others)}): {gain['mean_difference']:+.4f} nDCG@10 "
+            f"(p {gain['p_value']:.2g}, 95 % CI [{gain['ci_low']:+.4f}, {gain['ci_high']:+.4f}], {gain['n_queries']} queries)."
+        )
     report: dict[str, Any] = {
         "dataset": experiment.dataset.name,
         **(labels or {}),
-        "queries": "test (held-out)" if final else "val",
+        "queries": _queries_label(experiment, final),
+        "n_queries": next(iter(summaries.values()))["n_queries"],
         "preset": chosen.name,
         "split_seed": experiment.split.seed if experiment.split is not None else None,
+        "qrels": experiment.split.qrels_split if experiment.split is not None else experiment.dataset.split,
         "results": results,
+        "comparisons": {name: {"against": name, **test} for name, test in comparisons.items()},
+        "notes": notes,
     }
+    if experiment.provenance:  # what the vectors are wins over a label: precomputed vectors say so
+        report["model"] = experiment.provenance["model"]
+        report["provenance"] = experiment.provenance
+    if gain is not None:
+        report["gain_over_pca"] = gain
     if needs_triplets:
         report["triplets"] = {
             "negatives": triplet_mining.negatives,
@@ -176,4 +267,4 @@ def fit_compressor(
         }
     if out:
         atomic_write_json(out / REPORT_NAME, report)
-    return CompressionResult(report, runs, summaries, chosen, out, triplets)
+    return CompressionResult(report, runs, summaries, chosen, out, triplets, comparisons, notes)
