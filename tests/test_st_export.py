@@ -77,7 +77,7 @@ def test_builtin_export_matches_transform_without_trust_remote_code(tiny_hf_bert
     out = export_sentence_transformer(compressor, base, tmp_path / "exported")
     types = [entry["type"] for entry in json.loads((out / "modules.json").read_text())]
     assert all(t.startswith("sentence_transformers.") for t in types)
-    extra = (compressor.config.normalize_input and not base_normalizes) + (compressor.config.init == "pca")
+    extra = int(compressor.config.normalize_input and not base_normalizes)  # init="pca": the rotation is folded into the Dense weights
     assert len(types) == len(base) + 3 + extra
     assert len(base) == 2 + base_normalizes  # the caller's model is not modified
 

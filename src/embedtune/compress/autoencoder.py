@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedtune.compress.base import Compressor, TrainingData
+from embedtune.compress.export_layers import DenseLayer, ExportLayer, NormalizeLayer
 from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS
@@ -114,6 +115,20 @@ class AutoencoderCompressor(Compressor):
         assert self.model_ is not None
         device = next(self.model_.parameters()).device
         return transform_in_batches(self.model_.encoder, X, device)
+
+    def export_layers(self) -> list[ExportLayer]:
+        """The encoder: ``Normalize``, ``Dense(d → r, σ)``, ``Dense(r → k)``, ``Normalize``."""
+        self._check_fitted()
+        assert self.model_ is not None
+        first, _, second = self.model_.encoder
+        state = {name: value.detach().cpu().numpy() for name, value in self.model_.encoder.state_dict().items()}
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        return [
+            NormalizeLayer(),
+            DenseLayer(state["0.weight"], state["0.bias"], activation=self.config.activation),  # type: ignore[attr-defined]
+            DenseLayer(state["2.weight"], state["2.bias"]),
+            NormalizeLayer(),
+        ]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.model_ is not None

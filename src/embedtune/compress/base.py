@@ -7,7 +7,7 @@ the same way.
 
 Everything the CLI, the workflows and the protocol grid need to know about a method is a class
 trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``help``,
-``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``sentence_transformer_modules``), so a new
+``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``export_layers``), so a new
 method is one new module and nothing else.
 """
 
@@ -40,6 +40,8 @@ from embedtune.io import (
 
 if TYPE_CHECKING:
     import torch
+
+    from embedtune.compress.export_layers import ExportLayer
 
 logger = logging.getLogger(__name__)
 
@@ -276,12 +278,21 @@ class Compressor(abc.ABC):
         """The fitted transform as a torch module (for export); methods that can, override this."""
         raise NotImplementedError(f"{type(self).__name__} has no torch_module() yet, so it cannot be exported as a torch module.")
 
-    def sentence_transformer_modules(self, input_is_normalized: bool) -> "list[torch.nn.Module] | None":
-        """The fitted transform as built-in sentence-transformers modules, or None when it has none.
+    def export_layers(self) -> "list[ExportLayer] | None":
+        """The fitted :meth:`transform` as plain ``Dense``/``Normalize`` layers, or None when it has none.
 
-        Export uses these when possible, so the model loads without ``trust_remote_code``;
-        otherwise it wraps :meth:`torch_module`. ``input_is_normalized``: the base model
-        already ends with ``Normalize``.
+        :func:`embedtune.compress.st_export.export_sentence_transformer` writes them as
+        sentence-transformers' built-in modules, so the exported model loads without
+        ``trust_remote_code`` (see :mod:`embedtune.compress.export_layers`).
+        """
+        return None
+
+    def sentence_transformer_modules(self, input_is_normalized: bool) -> "list[torch.nn.Module] | None":
+        """Custom sentence-transformers modules for the fitted transform, or None (the default).
+
+        Export tries this first, then :meth:`export_layers`, then wraps :meth:`torch_module`
+        (which needs ``trust_remote_code``). ``input_is_normalized``: the base model already
+        ends with ``Normalize``.
         """
         return None
 

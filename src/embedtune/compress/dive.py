@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
 from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
 from embedtune.compress.pca import principal_axes
@@ -405,18 +406,16 @@ class DIVECompressor(Compressor):
         self._check_fitted()
         return DIVEEncoder(copy.deepcopy(self.adapter_).cpu(), self.config.output_norm == "input").eval()
 
-    def sentence_transformer_modules(self, input_is_normalized: bool) -> list[nn.Module] | None:
-        """Built-in s-t modules equal to :meth:`transform` (see :mod:`embedtune.compress.dive_export`).
+    def export_layers(self) -> list[ExportLayer] | None:
+        """Head 1 as ``[Normalize]``, two ``Dense`` and ``Normalize`` (see :mod:`embedtune.compress.dive_export`).
 
         None with ``output_norm='input'``: scaling by the input norm has no built-in module.
         """
         self._check_fitted()
         if self.config.output_norm != "unit":
             return None
-        # Loads sentence-transformers (heavy), which only export needs.
-        from embedtune.compress.dive_export import dive_builtin_modules
-
-        return dive_builtin_modules(self, input_is_normalized)
+        adapter = self.adapter_
+        return residual_mlp_layers(adapter.mlp, self.config.activation, np.arange(adapter.dim), adapter.rotation, adapter.normalize_input)
 
     def fit_details(self) -> dict[str, Any]:
         """The resolved head count H (with heads='auto' it depends on the input dimension)."""

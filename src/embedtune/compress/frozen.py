@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.export_layers import ExportLayer, NormalizeLayer
 from embedtune.compress.registry import register
 
 __all__ = ["FrozenConfig", "FrozenCompressor"]
@@ -48,6 +49,11 @@ class FrozenCompressor(Compressor):
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return X
+
+    def export_layers(self) -> list[ExportLayer]:
+        """``[Normalize]`` (nothing at all after a base model that already normalises)."""
+        self._check_fitted()
+        return [NormalizeLayer()]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         return {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
 from embedtune.compress.training import check_output_dim
 
@@ -127,6 +128,13 @@ class PCACompressor(Compressor):
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.mean_ is not None and self.components_ is not None
         return (X - self.mean_) @ self.components_.T
+
+    def export_layers(self) -> list[ExportLayer]:
+        """``W (x − μ) = W x − W μ``: one ``Dense`` with weight ``W`` and bias ``−W μ``, then ``Normalize``."""
+        self._check_fitted()
+        assert self.mean_ is not None and self.components_ is not None
+        components = self.components_.astype(np.float64)
+        return linear_layers(self.components_, -(components @ self.mean_.astype(np.float64)))
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.mean_ is not None and self.components_ is not None and self.explained_variance_ is not None

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
+from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
@@ -213,6 +214,13 @@ class SearchAdaptorCompressor(Compressor):
         k = self.config.dim
         device = next(self.adapter_.parameters()).device
         return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, :k], X, device)  # type: ignore[misc]
+
+    def export_layers(self) -> list[ExportLayer]:
+        """``Normalize``, the adapter read at its first ``k`` outputs as two ``Dense`` (the input rotation
+        folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_adapter_layers`."""
+        self._check_fitted()
+        assert self.adapter_ is not None
+        return residual_mlp_layers(self.adapter_, self.config.activation, np.arange(self.config.dim), self.rotation_.matrix)  # type: ignore[attr-defined]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.predictor_ is not None

@@ -72,6 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embedtune.compress.base import Compressor, TrainingData
+from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
@@ -573,6 +574,13 @@ class SMECCompressor(Compressor):
         device = next(self.adapter_.parameters()).device
         index = torch.from_numpy(self.selected_indices_).to(device)
         return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, index], X, device)  # type: ignore[misc]
+
+    def export_layers(self) -> list[ExportLayer]:
+        """``Normalize``, the adapter read at its selected coordinates as two ``Dense`` (the input rotation
+        folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_adapter_layers`."""
+        self._check_fitted()
+        assert self.adapter_ is not None and self.selected_indices_ is not None
+        return residual_mlp_layers(self.adapter_, self.config.activation, self.selected_indices_, self.rotation_.matrix)  # type: ignore[attr-defined]
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.selected_indices_ is not None

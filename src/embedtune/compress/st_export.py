@@ -4,13 +4,15 @@ The compressor is appended after the base model's last module (after ``Pooling``
 ``Normalize`` when the base has one), so ``SentenceTransformer(out_dir).encode(texts)`` equals
 ``compressor.transform(base.encode(texts))`` up to float rounding.
 
-A compressor whose :meth:`~embedtune.compress.base.Compressor.sentence_transformer_modules`
-returns built-in modules (DIVE with unit output, see :mod:`embedtune.compress.dive_export`) is
-written with those only, so the folder loads with plain ``SentenceTransformer(out_dir)``, without
-``trust_remote_code`` and without embedtune.
+Every registered method describes its fitted map as plain layers
+(:meth:`~embedtune.compress.base.Compressor.export_layers`, see
+:mod:`embedtune.compress.export_layers`), written as sentence-transformers' built-in ``Dense`` and
+``Normalize`` modules, so the folder loads with plain ``SentenceTransformer(out_dir)``, without
+``trust_remote_code`` and without embedtune. The one exception is DIVE with
+``output_norm='input'``: scaling the output by the input's norm has no built-in module.
 
-Other compressors go through :class:`embedtune.compress.st_module.CompressorModule`, which needs
-``trust_remote_code=True`` to load on sentence-transformers >= 6.
+A map without such layers goes through :class:`embedtune.compress.st_module.CompressorModule`,
+which needs ``trust_remote_code=True`` to load on sentence-transformers >= 6.
 """
 
 from __future__ import annotations
@@ -24,16 +26,21 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from embedtune.compress.base import Compressor
+from embedtune.compress.export_layers import ExportLayer, NormalizeLayer
+from embedtune.compress.residual_mlp import ACTIVATIONS
 from embedtune.io import current_umask
 from embedtune.outputs import OutputExistsError, finish_output_dir, prepare_output_dir
 
 if TYPE_CHECKING:
+    import torch
     from sentence_transformers import SentenceTransformer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["export_sentence_transformer", "COMPRESSOR_SUBFOLDER"]
+__all__ = ["export_sentence_transformer", "builtin_modules", "COMPRESSOR_SUBFOLDER"]
 
 # The compressor's own save(dir) is kept next to the s-t modules, so it can be reloaded as is.
 COMPRESSOR_SUBFOLDER = "embedtune_compressor"
@@ -91,13 +98,18 @@ def export_sentence_transformer(
     model = copy.deepcopy(base_model).to("cpu")
     builtin = None
     if module_format != "embedtune":
-        builtin = compressor.sentence_transformer_modules(input_is_normalized=isinstance(model[-1], Normalize))
+        input_is_normalized = isinstance(model[-1], Normalize)
+        builtin = compressor.sentence_transformer_modules(input_is_normalized=input_is_normalized)
+        if builtin is None:
+            layers = compressor.export_layers()
+            builtin = None if layers is None else builtin_modules(layers, input_is_normalized)
     if builtin is None and module_format == "builtin":
         raise ValueError(
             f"module_format='builtin': {compressor.method!r} (with these settings) has no built-in sentence-transformers form; "
-            "use 'embedtune' (or 'auto'). DIVE has one with output_norm='unit'."
+            "use 'embedtune' (or 'auto'). Every registered method has one except DIVE with output_norm='input'."
         )
-    for module in builtin or [CompressorModule(compressor)]:
+    # An empty list is a built-in form too: e.g. frozen on a base that already normalises.
+    for module in builtin if builtin is not None else [CompressorModule(compressor)]:
         model.append(module)
 
     # Write next to the target, then move it in, so a crash leaves no half-written model.
@@ -124,3 +136,33 @@ def export_sentence_transformer(
         raise
     logger.debug("exported %s + %s to %s", type(base_model).__name__, compressor.method, out_dir)
     return out_dir
+
+
+def builtin_modules(layers: Sequence[ExportLayer], input_is_normalized: bool) -> "list[torch.nn.Module]":
+    """sentence-transformers ``Dense``/``Normalize`` modules running ``layers``.
+
+    A leading :class:`~embedtune.compress.export_layers.NormalizeLayer` is dropped when the base
+    model already ends with ``Normalize`` (its rows are unit already).
+    """
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    layers = list(layers)
+    if input_is_normalized and layers and isinstance(layers[0], NormalizeLayer):
+        layers = layers[1:]
+    modules: list[torch.nn.Module] = []
+    for layer in layers:
+        if isinstance(layer, NormalizeLayer):
+            modules.append(Normalize())
+            continue
+        activation = None if layer.activation is None else ACTIVATIONS[layer.activation]()
+        dense = Dense(layer.in_features, layer.out_features, bias=layer.bias is not None, activation_function=activation,
+                      use_residual=layer.residual is not None)
+        with torch.no_grad():
+            dense.linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(layer.weight, dtype=np.float32)))
+            if layer.bias is not None:
+                dense.linear.bias.copy_(torch.from_numpy(np.ascontiguousarray(layer.bias, dtype=np.float32)))
+            if layer.residual is not None:
+                dense.residual.weight.copy_(torch.from_numpy(np.ascontiguousarray(layer.residual, dtype=np.float32)))
+        modules.append(dense)
+    return modules

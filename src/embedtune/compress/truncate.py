@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
 from embedtune.compress.training import check_output_dim
 
@@ -42,6 +43,12 @@ class TruncateCompressor(Compressor):
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         return X[:, : self.config.dim]
+
+    def export_layers(self) -> list[ExportLayer]:
+        """``Dense`` with the first ``k`` rows of ``I_d`` (no bias), then ``Normalize``."""
+        self._check_fitted()
+        assert self.input_dim_ is not None
+        return linear_layers(np.eye(self.config.dim, self.input_dim_, dtype=np.float32))
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         return {}
