@@ -239,3 +239,20 @@ def test_written_files_get_the_permissions_the_umask_allows(tmp_path):
     assert (tmp_path / "plain.bin").stat().st_mode & 0o777 == 0o644
     assert {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "adapter").iterdir()} == {"config.json": 0o644, "model.safetensors": 0o644}
     assert (tmp_path / "private.bin").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_saved_config_from_a_newer_embedtune_gets_a_warning(tmp_path):
+    from dataclasses import dataclass
+
+    from embedtune.io import load_config, save_config
+
+    @dataclass
+    class Settings:
+        steps: int = 3
+
+    save_config(Settings(), tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    major = int(embedtune.__version__.split(".")[0])
+    (tmp_path / "config.json").write_text(json.dumps({**values, "embedtune_version": f"{major}.999.0"}))
+    with pytest.warns(UserWarning, match=rf"{major}\.999\.0, newer than the installed embedtune {embedtune.__version__}"):
+        assert load_config(Settings, tmp_path).steps == 3

@@ -351,7 +351,10 @@ def save_config(config: Any, directory: str | os.PathLike, filename: str = "conf
 
 
 def load_config(cls: type[T], path: str | os.PathLike, filename: str = "config.json") -> T:
-    """Read a config saved by :func:`save_config`: from the file ``path``, or ``path/filename`` for a folder."""
+    """Read a config saved by :func:`save_config`: from the file ``path``, or ``path/filename`` for a folder.
+
+    A config written by a newer embedtune gets a warning naming both versions (an error for a newer major version).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / filename
@@ -361,4 +364,6 @@ def load_config(cls: type[T], path: str | os.PathLike, filename: str = "config.j
         values = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: invalid JSON at line {error.lineno} ({error.msg}).") from error
+    if isinstance(values, dict):
+        check_version_stamp(values.get(VERSION_KEY), str(path))
     return config_from_dict(cls, values, where=str(path))
