@@ -20,7 +20,6 @@ Prints one Markdown row per artefact and kind: tried, clear error, identical res
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
