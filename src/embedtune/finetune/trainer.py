@@ -59,7 +59,7 @@ class StepProgressCallback(TrainerCallback):
             postfix = {"loss": f"{logs['loss']:.4f}"}
             if "learning_rate" in logs:
                 postfix["lr"] = f"{logs['learning_rate']:.2e}"
-            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.set_postfix(postfix)  # on_log runs after on_step_end: redraw, or the bar shows the step before
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
