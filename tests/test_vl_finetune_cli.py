@@ -13,6 +13,7 @@ pytest.importorskip("peft")
 
 from embedtune.encoders.tiny_vl import synthetic_image, tiny_vl_embedder  # noqa: E402
 from embedtune.finetune import PACEConfig, StageConfig, preset_config  # noqa: E402
+from embedtune.workflows.results import read_results  # noqa: E402
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -75,9 +76,13 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
     embedder, similarity = QwenVLEmbedder.load(out / "model")
     assert similarity == "dot" and embedder.family.model_type == "qwen2_5_vl" and not embedder.lora_modules()
     assert load_sentence_transformer(out / "model").similarity_fn_name == "dot"
-    assert main(["evaluate-mmeb", "--model", str(out / "model"), "--tasks", str(eval_file), "--task-format", "auto", "--json"]) == 0
+    assert main(["evaluate-mmeb", "--model", str(out / "model"), "--tasks", str(eval_file), "--task-format", "auto", "--json",
+                 "--out", str(tmp_path / "mmeb")]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["similarity"] == "dot" and scored["vqa"] == scored["per_dataset"]["OK-VQA"]
+    results = read_results(tmp_path / "mmeb")  # the one results layout (issue 21)
+    assert results["metrics"]["main_score"] == scored["overall"] and results["model"]["similarity"] == "dot"
+    assert [row["dataset"] for row in results["rows"]] == list(scored["per_dataset"])
 
     # Rerun from the saved config (one flag changed): same recipe, new output.
     code = main(["finetune", "pace-vl", "--config", str(out / "pace_config.json"), "--out", str(tmp_path / "rerun"),
