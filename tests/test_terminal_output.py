@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from embedtune.cli import build_parser, main
@@ -205,3 +206,16 @@ def test_every_option_states_its_default_at_most_once():
             where = f"{parser.prog} {'/'.join(action.option_strings) or action.dest}: {shown!r}"
             assert text.count("(default") <= 1 and not ("(preset:" in text and "(default:" in text), where
             assert "(default: None)" not in shown and "(default: False)" not in shown, where  # Python reprs say nothing
+
+
+def test_encoding_under_one_bar_gives_the_vectors_sentence_transformers_gives(tiny_bert_dir):
+    # The encoder forms sentence-transformers' own length-sorted batches, one call each, so a cached
+    # embedding from before the bar and a fresh one are the same bytes.
+    from embedtune.encoders import SentenceEncoder
+
+    texts = [f"document number {i} about topic {i % 5}" + " title" * (i % 7) for i in range(37)]
+    encoder = SentenceEncoder(str(tiny_bert_dir), batch_size=8, show_progress=False)
+    counted = []
+    ours = encoder.encode(texts, "document", progress=counted.append)
+    theirs = encoder.model.encode(texts, batch_size=8, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    assert np.array_equal(ours, theirs) and counted == [8, 8, 8, 8, 5]
