@@ -17,7 +17,7 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
     # __init__, and one command's module must not load every other command's stack (bench, PACE).
-    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline
+    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline, plan
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands.register(commands)
     evaluate.register(commands)
     compress.register(commands)
+    plan.register(commands)  # `compress plan`, into the compress group
     finetune.register(commands)
     diagnose.register(commands)
     bench.register(commands)

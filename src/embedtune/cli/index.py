@@ -14,6 +14,7 @@ from embedtune.data.query_files import read_query_file
 from embedtune.encoders import SentenceEncoder
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.index import build_index, load_index
+from embedtune.index.precision import build_planned_index
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--out", required=True, help="index folder to write")
     build.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     build.add_argument("--kind", default="flat", help="flat (exact), sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'")
+    build.add_argument("--plan", default=None,
+                       help="a `compress plan --out` folder: build exactly what it planned (its compressor, precision and int8 "
+                            "calibration); replaces --adapter and --kind")
     add_data_flags(build, split=False, default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
     build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default")
     build.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
@@ -65,12 +69,18 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
-    prepare_output_dir(args.out, args.overwrite, command="index build", inputs=[args.embeddings, args.ids, args.adapter, args.data])
+    prepare_output_dir(args.out, args.overwrite, command="index build", inputs=[args.embeddings, args.ids, args.adapter, args.data, args.plan])
     titles = None
     if args.data:
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
-    out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
-                      chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
+    if args.plan:
+        if args.adapter or args.kind != "flat":
+            raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
+        out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
+                                  chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
+    else:
+        out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
+                          chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
     finish_output_dir(out, "index build")
     manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
     if args.json:

@@ -95,6 +95,8 @@ def build_index(
     train_size: int = 100_000,
     id_column: str = "id",
     vector_column: str = "embedding",
+    sq8_ranges: tuple[np.ndarray, np.ndarray] | None = None,
+    plan: dict[str, Any] | None = None,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -110,6 +112,10 @@ def build_index(
         model: the encoder the embeddings came from, recorded so ``search`` can default to it.
         keep_vectors: store the float32 vectors as ``vectors.npy`` (default: only for ``binary``,
             for float rescoring).
+        sq8_ranges: ``sq8``: per-dimension ``(vmin, vmax)`` to use instead of calibrating on these
+            vectors (a plan's saved int8 calibration).
+        plan: what ``compress plan`` chose (see :func:`embedtune.index.precision.build_planned_index`),
+            recorded in the manifest; its ``rescore`` and ``candidates`` become the search defaults.
     Returns the folder.
     """
     import faiss
@@ -149,7 +155,7 @@ def build_index(
         index = faiss.IndexFlatIP(d)
     elif kind == "sq8":
         # One extra pass for the per-dimension ranges, so the calibration sees every vector.
-        index = quantize.sq8_index(d, ranges=quantize.sq8_ranges(blocks()))
+        index = quantize.sq8_index(d, ranges=sq8_ranges if sq8_ranges is not None else quantize.sq8_ranges(blocks()))
     elif kind == "binary":
         index = faiss.IndexBinaryFlat(((d + 7) // 8) * 8)
     else:
@@ -213,6 +219,7 @@ def build_index(
         "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None, "vectors": VECTORS_FILE if keep_vectors else None},
         "sha256": {name: sha256_file(out / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE)
                    if (out / name).is_file() and (name != TITLES_FILE or titles is not None) and (name != VECTORS_FILE or keep_vectors)},
+        **({"plan": plan} if plan is not None else {}),
         "build_seconds": seconds,
     }
     write_json_with_digest(out / MANIFEST, manifest)
@@ -251,6 +258,9 @@ class Index:
             xb = faiss.rev_swig_ptr(self.faiss_index.get_xb(), self.faiss_index.ntotal * self.dim).reshape(-1, self.dim)
             return exact_search(xq, xb, k)
         if kind == "binary":
+            planned = self.manifest.get("plan") or {}
+            if rescore_with is None and planned.get("rescore"):  # built from a plan: search as planned
+                rescore_with, candidates = planned["rescore"], int(planned.get("candidates", candidates))
             return quantize.binary_search(self.faiss_index, xq, k, rescore_with, self.vectors, candidates)  # type: ignore[arg-type]
         return quantize.sq8_search(self.faiss_index, xq, k)
 

@@ -1,0 +1,323 @@
+"""Quality per byte (issue 19): compressor × dimension × precision, FAISS PQ/OPQ peers, the Pareto frontier.
+
+    nice -n 10 .venv/bin/python benchmarks/frontier.py --data scifact --model minilm        # run (resumable)
+    .venv/bin/python benchmarks/frontier.py --data scifact --model minilm --report-only     # tables + PNG
+
+Protocol ``beir-train`` for SciFact (fit on qrels/train, 20 % of it held out as validation;
+scored on all 300 test queries), the paper's 60/20/20 split for ArguAna (no train qrels).
+Two phases, each a set of groups (one fitted compressor scored at every precision):
+
+* ``val``: every compressor fitted on the train queries with seed 2027, scored on the
+  validation queries. Only these scores choose a setting at a byte budget.
+* ``test``: fitted on train+val (3 seeds for trained methods), scored on the test queries.
+
+Every (phase, compressor, dim, seed, precision) is one JSON under
+``RESULTS/<dataset>-<model>/<phase>/<candidate>/s<seed>/<precision>.json``; a group whose JSONs
+all exist is skipped, so a killed run resumes. Fitted compressors go under ``--work`` (not
+committed). ``--report-only`` reads the JSONs and writes ``REPORT.md``, ``summary.json`` and
+``frontier.png`` into ``RESULTS/<dataset>-<model>/``.
+
+Budgets: at each of 16, 32, 48, 64, 128, 384 bytes per vector (RAM), embedtune's best setting
+(a trained compressor — DIVE ``robust``, its quantisation-aware variants, Matryoshka-Adaptor —
+at any precision, PQ stacked on it included) against the best peer (frozen at any precision,
+FAISS PQ/OPQ on the frozen vectors, truncation or PCA at any precision, PQ on PCA), both chosen
+by validation nDCG@10 and compared on test with a paired permutation test and a bootstrap CI on
+per-query nDCG@10 (trained settings: the mean over seeds per query).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.bench.efficiency import machine_info
+from embedtune.data.beir import load_beir
+from embedtune.io import atomic_write, atomic_write_json
+from embedtune.runtime import set_progress, set_threads
+from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.plan import (
+    DEFAULT_PRECISIONS,
+    Candidate,
+    best_within,
+    fit_or_load,
+    pareto_frontier,
+    peer_factories,
+    plot_frontier,
+    precision_rows,
+    sweep_dims,
+)
+from embedtune.workflows.significance import paired_test
+
+logger = logging.getLogger("frontier")
+
+BUDGETS = (16, 32, 48, 64, 128, 384)
+TRAINED = {"dive", "mrl-adaptor"}
+FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "dive": "DIVE", "mrl-adaptor": "Matryoshka-Adaptor"}
+VARIANTS = {"qat-binary": {"quantization_aware": "binary"}, "qat-int8": {"quantization_aware": "int8"}}
+PQ_BUDGETS = (16, 32, 48, 64)
+# 8-bit PQ trains for minutes per code on this CPU (k-means, 256 centroids per sub-quantizer): PQ at
+# every budget up to 64 B, OPQ at 16 and 32 B only; 4-bit fast-scan (cheap to train) everywhere.
+PEER_KINDS = {"pq": PQ_BUDGETS, "opq": (16, 32), "pq-fs": PQ_BUDGETS, "ivf-pq-fs": PQ_BUDGETS}
+_FROZEN_INDEXES: dict = {}  # frozen-corpus indexes, shared by the val and test phases (same vectors)
+
+
+def candidate_for(method: str, dim: int, variant: str = "default") -> Candidate:
+    return Candidate(method, dim, variant, tuple(sorted(VARIANTS.get(variant, {}).items())))
+
+
+def stacked_pq(dim: int) -> list[str]:
+    """4-bit fast-scan PQ at the small budgets (``PQ{2B}x4fs`` = B bytes), on a compressed space whose width it divides."""
+    return [f"faiss:PQ{2 * b}x4fs" for b in PQ_BUDGETS if dim % (2 * b) == 0 and 2 * b < dim]
+
+
+def group_dir(root: Path, phase: str, name: str, seed: int) -> Path:
+    return root / phase / name / f"s{seed}"
+
+
+def precision_file(precision: str) -> str:
+    return precision.replace(":", "_").replace(",", "+") + ".json"
+
+
+def run_group(experiment, root: Path, work: Path, phase: str, method: str, dim: int, seed: int, precisions: list[str],
+              variant: str = "default", rounds: int = 5, meta: dict | None = None) -> None:
+    """Fit (or reload) one compressor and write one JSON per precision; skipped when all exist."""
+    candidate = None if method == "frozen" else candidate_for(method, dim, variant)
+    name = candidate.name if candidate is not None else f"frozen-{dim}"
+    folder = group_dir(root, phase, name, seed)
+    missing = [p for p in precisions if not (folder / precision_file(p)).is_file()]
+    if not missing:
+        return
+    start = time.perf_counter()
+    compressor, fit_s = (None, 0.0) if candidate is None else fit_or_load(experiment, candidate, seed, final=(phase == "test"), work=work)
+    part = "test" if phase == "test" else "val"
+    rows = precision_rows(experiment, part, compressor, missing, rounds=rounds, prebuilt=_FROZEN_INDEXES if method == "frozen" else None,
+                          labels={"method": method, "variant": variant, "candidate": name, "seed": seed, "phase": phase, "fit_s": fit_s})
+    for row in rows:
+        row["setting"] = f"{name}/{row['precision']}"
+        row.update(meta or {})
+        atomic_write_json(folder / precision_file(row["precision"]), row)
+    logger.info("%s %s s%d: %d precisions in %.0fs (best nDCG@10 %.4f)", phase, name, seed, len(rows), time.perf_counter() - start,
+                max(r["ndcg@10"] for r in rows))
+
+
+def run(args: argparse.Namespace) -> None:
+    root = Path(args.results) / f"{args.data_name}-{args.model}"
+    work = Path(args.work) / f"{args.data_name}-{args.model}"
+    experiment = load_experiment(args.data, args.model, protocol=args.protocol, split_seed=2027)
+    d = experiment.embeddings.dim
+    dims = args.dims or sweep_dims(d)
+    n_docs = len(experiment.embeddings.doc_ids)
+    peers = [f"faiss:{f}" for kind, budgets in PEER_KINDS.items() for f in peer_factories(d, budgets, (kind,), n_docs)]
+    meta = {"data": args.data_name, "model": args.model, "protocol": args.protocol}
+    logger.info("%s/%s: %d docs, d=%d, dims %s, %d peers, methods %s", args.data_name, args.model, n_docs, d, dims, len(peers), args.methods)
+    atomic_write_json(root / "run.json", {**meta, "machine": machine_info(), "command": " ".join(sys.argv), "dims": dims,
+                                          "budgets": list(BUDGETS), "seeds": args.seeds, "methods": args.methods, "variants": args.variants})
+    phases = [p for p in ("val", "test") if p in args.phases]
+    for phase in phases:
+        seeds = args.seeds[:1] if phase == "val" else args.seeds
+        run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + peers, rounds=args.rounds, meta=meta)
+        for method in [m for m in args.methods if m not in TRAINED]:
+            for dim in dims:
+                extra = stacked_pq(dim) if method == "pca" else []
+                run_group(experiment, root, work, phase, method, dim, args.seeds[0], list(DEFAULT_PRECISIONS) + extra, rounds=args.rounds, meta=meta)
+        for method in [m for m in args.methods if m in TRAINED]:
+            for seed in seeds:
+                for dim in dims:
+                    run_group(experiment, root, work, phase, method, dim, seed, list(DEFAULT_PRECISIONS) + stacked_pq(dim), rounds=args.rounds, meta=meta)
+        for variant in args.variants:
+            for seed in seeds:
+                for dim in [k for k in dims if k in (args.variant_dims or dims)]:
+                    run_group(experiment, root, work, phase, "dive", dim, seed, list(DEFAULT_PRECISIONS), variant=variant, rounds=args.rounds, meta=meta)
+
+
+# -- report ----------------------------------------------------------------------------------
+def load_rows(root: Path, phase: str) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted((root / phase).rglob("*.json"))]
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per setting: metric means over seeds, per-query means over seeds."""
+    by_setting: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_setting[row["setting"]].append(row)
+    out = []
+    for setting, runs in sorted(by_setting.items()):
+        first = runs[0]
+        queries = sorted(first["per_query"])
+        merged = {k: v for k, v in first.items() if k not in ("per_query", "seed")}
+        merged["seeds"] = sorted(r["seed"] for r in runs)
+        for key in ("ndcg@10", "recall@10", "recall@100", "latency_ms", "latency_vs_reference", "fit_s"):
+            values = [r[key] for r in runs if r.get(key) is not None]
+            merged[key] = statistics.fmean(values) if values else None
+            if key in ("ndcg@10", "recall@10"):
+                merged[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        merged["per_query"] = {q: statistics.fmean(r["per_query"][q] for r in runs) for q in queries}
+        merged["family"] = family(first)
+        merged["embedtune"] = first["method"] in TRAINED
+        out.append(merged)
+    return out
+
+
+def family(row: dict[str, Any]) -> str:
+    method, precision = row["method"], row["precision"]
+    if method == "frozen" and precision.startswith("faiss:"):
+        return "FAISS PQ/OPQ (frozen)"
+    name = FAMILY[method]
+    if row.get("variant", "default") != "default":
+        name += f" {row['variant']}"
+    return name + (" + PQ" if precision.startswith("faiss:") else "")
+
+
+def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    test_by = {r["setting"]: r for r in test}
+    val = [r for r in val if r["setting"] in test_by]
+    out = []
+    for budget in BUDGETS:
+        ours = best_within([r for r in val if r["embedtune"]], budget)
+        peer = best_within([r for r in val if not r["embedtune"]], budget)
+        oracle_ours = best_within([r for r in test if r["embedtune"]], budget)
+        oracle_peer = best_within([r for r in test if not r["embedtune"]], budget)
+        row: dict[str, Any] = {"budget": budget}
+        if ours is None or peer is None:
+            row["note"] = "no setting of one side fits"
+            out.append(row)
+            continue
+        a, b = test_by[ours["setting"]], test_by[peer["setting"]]
+        queries = sorted(set(a["per_query"]) & set(b["per_query"]))
+        test_result = paired_test(np.array([a["per_query"][q] for q in queries]), np.array([b["per_query"][q] for q in queries]))
+        row.update({
+            "embedtune": a["setting"], "embedtune_bytes": a["ram_bytes"], "embedtune_ndcg": a["ndcg@10"], "embedtune_std": a["ndcg@10_std"],
+            "embedtune_seeds": len(a["seeds"]), "embedtune_val": ours["ndcg@10"],
+            "peer": b["setting"], "peer_bytes": b["ram_bytes"], "peer_ndcg": b["ndcg@10"], "peer_val": peer["ndcg@10"],
+            "difference": test_result.mean_difference, "ci_low": test_result.ci_low, "ci_high": test_result.ci_high,
+            "p_value": test_result.p_value, "n_queries": test_result.n_queries,
+            "oracle_embedtune": oracle_ours["setting"], "oracle_embedtune_ndcg": oracle_ours["ndcg@10"],
+            "oracle_peer": oracle_peer["setting"], "oracle_peer_ndcg": oracle_peer["ndcg@10"],
+        })
+        out.append(row)
+    return out
+
+
+def verdict(row: dict[str, Any]) -> str:
+    if "difference" not in row:
+        return "n/a"
+    if row["p_value"] < 0.05:
+        return "ahead" if row["difference"] > 0 else "**behind**"
+    return "tied (p ≥ 0.05)"
+
+
+def qat_table(test: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each quantisation-aware DIVE setting against the same DIVE trained in float, at the same precision."""
+    by = {r["setting"]: r for r in test}
+    out = []
+    for row in test:
+        if row["method"] != "dive" or row.get("variant", "default") == "default":
+            continue
+        base = by.get(f"dive-{row['dim']}/{row['precision']}")
+        if base is None:
+            continue
+        queries = sorted(set(row["per_query"]) & set(base["per_query"]))
+        result = paired_test(np.array([row["per_query"][q] for q in queries]), np.array([base["per_query"][q] for q in queries]))
+        out.append({"setting": row["setting"], "bytes": row["ram_bytes"], "qat": row["ndcg@10"], "qat_std": row["ndcg@10_std"],
+                    "float": base["ndcg@10"], "float_std": base["ndcg@10_std"], "seeds": len(row["seeds"]),
+                    "difference": result.mean_difference, "ci_low": result.ci_low, "ci_high": result.ci_high, "p_value": result.p_value})
+    return sorted(out, key=lambda r: (r["bytes"], r["setting"]))
+
+
+def report(args: argparse.Namespace) -> None:
+    root = Path(args.results) / f"{args.data_name}-{args.model}"
+    val, test = aggregate(load_rows(root, "val")), aggregate(load_rows(root, "test"))
+    if not test:
+        raise SystemExit(f"{root}: no test results yet.")
+    run_info = json.loads((root / "run.json").read_text(encoding="utf-8"))
+    frontier = pareto_frontier(test)
+    n_queries = test[0]["n_queries"]
+    plot_frontier(test, root / "frontier.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs bytes per vector "
+                  f"(trained: mean of seeds)", group=lambda r: r["family"])
+    budgets = budget_table(val, test)
+    qat = qat_table(test)
+    summary = {"run": run_info, "budgets": budgets, "qat": qat,
+               "frontier": [{k: v for k, v in r.items() if k != "per_query"} for r in frontier],
+               "settings": [{k: v for k, v in r.items() if k != "per_query"} for r in test]}
+    atomic_write_json(root / "summary.json", summary)
+    lines = [f"# Quality per byte: {args.data_name} / {args.model}", "",
+             f"Machine: {run_info['machine']['cpu']} ({run_info['machine']['cpus']} CPUs), {run_info['machine']['date']}. "
+             f"Command: `{run_info['command']}`. Protocol {run_info['protocol']}; {n_queries} test queries; "
+             f"{len(test)} settings on test, {len(val)} on validation.", "",
+             "## Per budget (bytes per vector in RAM): chosen on validation, scored on test", "",
+             "| budget | embedtune (val-chosen) | B | nDCG@10 (test) | best peer (val-chosen) | B | nDCG@10 (test) | Δ [95 % CI] | p | verdict | best on test: embedtune / peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in budgets:
+        if "difference" not in r:
+            lines.append(f"| {r['budget']} | {r.get('note', '')} |||||||||")
+            continue
+        lines.append(f"| {r['budget']} | {r['embedtune']} | {r['embedtune_bytes']} | {r['embedtune_ndcg']:.4f} ± {r['embedtune_std']:.4f} "
+                     f"| {r['peer']} | {r['peer_bytes']} | {r['peer_ndcg']:.4f} | {r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] "
+                     f"| {r['p_value']:.4f} | {verdict(r)} | {r['oracle_embedtune_ndcg']:.4f} ({r['oracle_embedtune']}) / "
+                     f"{r['oracle_peer_ndcg']:.4f} ({r['oracle_peer']}) |")
+    lines += ["", "## Pareto frontier on test (bytes in RAM; disk bytes include float vectors kept for rescoring)", "",
+              "| setting | family | RAM B | disk B | fixed B | nDCG@10 | Recall@10 | latency ms (batch) | × frozen f32 |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in frontier:
+        lines.append(f"| {r['setting']} | {r['family']} | {r['ram_bytes']} | {r['disk_bytes']} | {r['fixed_bytes']} | {r['ndcg@10']:.4f} "
+                     f"| {r['recall@10']:.4f} | {r['latency_ms']:.2f} | {r['latency_vs_reference']:.2f} |")
+    if qat:
+        lines += ["", "## Quantisation-aware DIVE against the same DIVE trained in float (test, paired over queries)", "",
+                  "| setting | B | QAT nDCG@10 | float nDCG@10 | Δ [95 % CI] | p | seeds |", "|---|---|---|---|---|---|---|"]
+        for r in qat:
+            lines.append(f"| {r['setting']} | {r['bytes']} | {r['qat']:.4f} ± {r['qat_std']:.4f} | {r['float']:.4f} ± {r['float_std']:.4f} "
+                         f"| {r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {r['p_value']:.4f} | {r['seeds']} |")
+    lines += ["", "## Every setting on test", "",
+              "| setting | RAM B | disk B | nDCG@10 | ± | Recall@10 | latency ms | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(test, key=lambda r: (r["ram_bytes"], -r["ndcg@10"])):
+        lines.append(f"| {r['setting']} | {r['ram_bytes']} | {r['disk_bytes']} | {r['ndcg@10']:.4f} | {r['ndcg@10_std']:.4f} | {r['recall@10']:.4f} "
+                     f"| {r['latency_ms']:.2f} | {len(r['seeds'])} |")
+    atomic_write(root / "REPORT.md", lambda tmp: tmp.write_text("\n".join(lines) + "\n", encoding="utf-8"))
+    print("\n".join(lines[:14 + len(budgets)]))
+    print(f"wrote {root / 'REPORT.md'}, {root / 'summary.json'}, {root / 'frontier.png'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="scifact", help="BEIR dataset name or folder")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--protocol", default=None, help="beir-train (default where qrels/train.tsv exists) or paper")
+    parser.add_argument("--methods", nargs="+", default=["truncate", "pca", "dive", "mrl-adaptor"])
+    parser.add_argument("--variants", nargs="*", default=[], help=f"DIVE variants: {sorted(VARIANTS)}")
+    parser.add_argument("--variant-dims", nargs="*", type=int, default=None, help="dims of the variants (default: all)")
+    parser.add_argument("--dims", nargs="*", type=int, default=None, help="default d, d/2, d/3, d/6, d/12")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[2027, 2028, 2029])
+    parser.add_argument("--phases", nargs="+", default=["val", "test"])
+    parser.add_argument("--rounds", type=int, default=5, help="timed search rounds per group")
+    parser.add_argument("--results", default="benchmarks/results/frontier")
+    parser.add_argument("--work", default="runs/frontier", help="fitted compressors (not committed)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("faiss.loader", "sentence_transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.data_name = Path(args.data).name
+    if args.protocol is None:
+        try:
+            load_beir(args.data, "train")
+            args.protocol = "beir-train"
+        except (FileNotFoundError, ValueError):
+            args.protocol = "paper"
+    if not args.report_only:
+        set_threads(args.threads)
+        set_progress(False)
+        run(args)
+    report(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""``embedtune compress plan``: the cheapest setting that meets a quality target, or the best within a byte budget."""
+
+from __future__ import annotations
+
+import argparse
+
+from embedtune.cli.common import HelpFormatter, add_data_flags, add_list_flag, add_model_flags, experiment_from_args, print_json, print_table
+from embedtune.compress.precision import PRECISIONS
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+from embedtune.workflows.plan import DEFAULT_PEERS, DEFAULT_PRECISIONS, run_plan
+
+__all__ = ["register", "run_plan_command"]
+
+COLUMNS = ["setting", "ram_bytes", "disk_bytes", "ndcg@10", "recall@10", "latency_ms"]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``plan`` to the ``compress`` group (registered before this)."""
+    sub = _subcommands(commands.choices["compress"])
+    plan = sub.add_parser(
+        "plan",
+        formatter_class=HelpFormatter,
+        help="sweep compressor x dimension x precision on validation queries, pick the cheapest setting meeting a target "
+             "(or the best within a byte budget), fit it and write a deployable folder",
+        description="Scores every compressor (--methods) at every dimension (--dims, default d, d/2, d/3, d/6, d/12) and "
+                    "precision (--precisions), plus FAISS PQ/OPQ on the uncompressed vectors, on the validation queries only; "
+                    "prints the Pareto frontier of nDCG@10 against bytes per vector in RAM, writes frontier.png, and refits the "
+                    "choice on train+val into OUT (compressor/, precision.json, int8 calibration, plan.json with the FAISS "
+                    "factory string). `embedtune index build --plan OUT` builds exactly that index. --final scores the choice "
+                    "once on the held-out test queries.",
+    )
+    target = plan.add_argument_group("target (one or both)")
+    target.add_argument("--budget-bytes", type=float, default=None, help="bytes per vector in RAM the choice may use at most")
+    target.add_argument("--target-retention", type=float, default=None,
+                        help="share of the uncompressed float32 model's validation nDCG@10 to keep, e.g. 0.97")
+    add_data_flags(plan)
+    add_model_flags(plan)
+    plan.add_argument("--protocol", choices=["paper", "beir-train"], default="paper",
+                      help="paper: 60/20/20 split of the judged queries; beir-train: train and validate on qrels/train.tsv, test on --split")
+    plan.add_argument("--split-seed", type=int, default=2027, help="seed of the query split")
+    add_list_flag(plan, "--methods", default=["truncate", "pca", "dive"], help="compressors to sweep")
+    add_list_flag(plan, "--dims", default=[], item_type=int, help="dimensions (default: d, d/2, d/3, d/6, d/12)")
+    add_list_flag(plan, "--precisions", default=list(DEFAULT_PRECISIONS), help=f"precisions of each compressed space: {', '.join(PRECISIONS)}")
+    add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs ('' for none)")
+    plan.add_argument("--seed", type=int, default=2027, help="training seed")
+    plan.add_argument("--final", action="store_true", help="also score the choice once on the held-out test queries")
+    plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default OUT/sweep)")
+    plan.add_argument("--out", required=True, help="the plan folder to write; a folder an earlier `compress plan` wrote is re-entered, "
+                      "reusing its sweep's fits")
+    plan.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    plan.add_argument("--json", action="store_true", help="print plan.json instead of tables")
+    plan.set_defaults(handler=run_plan_command)
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    if args.budget_bytes is None and args.target_retention is None:
+        raise ValueError("give --budget-bytes B, --target-retention R, or both.")
+    if args.target_retention is not None and not 0 < args.target_retention <= 1.5:
+        raise ValueError(f"--target-retention is a share of the uncompressed model's nDCG@10 (e.g. 0.97); got {args.target_retention}.")
+    inputs = [args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids]
+    prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True, check_only=True)
+    experiment = experiment_from_args(args)
+    prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True)
+    plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=args.methods,
+                    dims=args.dims or None, precisions=args.precisions, peers=args.peers, seed=args.seed, final=args.final,
+                    work=args.work, labels={"model": args.model, "protocol": args.protocol})
+    finish_output_dir(args.out, "compress plan")
+    if args.json:
+        print_json(plan)
+        return 0
+    reference = plan["reference"]
+    print(f"Pareto frontier on {plan['chosen']['n_queries']} validation queries (reference {reference['setting']}: nDCG@10 {reference['ndcg@10']:.4f}):")
+    print_table(plan["frontier"], COLUMNS)
+    chosen = plan["chosen"]
+    print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
+          f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({plan['retention']:.3f} of the reference); FAISS factory {plan['faiss_factory']!r}")
+    if "test" in plan:
+        print(f"test ({plan['test']['n_queries']} held-out queries, scored once): nDCG@10 {plan['test']['ndcg@10']:.4f}, "
+              f"Recall@10 {plan['test']['recall@10']:.4f}")
+    print(f"saved to {args.out} (plan.json, compressor/, precision.json, frontier.png); build it with "
+          f"`embedtune index build --plan {args.out} --embeddings ... --out INDEX`")
+    return 0

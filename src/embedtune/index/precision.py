@@ -1,0 +1,67 @@
+"""Build the index a plan folder describes (``embedtune index build --plan DIR``).
+
+A plan (``embedtune compress plan``, :func:`embedtune.workflows.plan.run_plan`) fixes the
+compressor, the dimension and the precision, with the int8 calibration ranges fitted on the
+corpus it was planned on. :func:`build_planned_index` streams the embeddings through the plan's
+compressor into the matching index kind, reusing those ranges (so nothing is re-calibrated), and
+records the plan in the manifest, so ``search`` rescores binary candidates as planned.
+
+==================  =========================================================
+plan precision      index
+==================  =========================================================
+float32             ``flat`` (exact)
+float16             ``SQfp16``
+int8                ``sq8`` with the plan's ``calibration.safetensors`` ranges
+binary              ``binary`` (Hamming)
+binary-asym         ``binary``; search rescores candidates as float · ±1
+binary-rescore      ``binary`` + ``vectors.npy``; search rescores in float32
+faiss:FACTORY       ``FACTORY``
+==================  =========================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from embedtune.index.store import build_index
+from embedtune.workflows.plan import load_plan
+
+__all__ = ["build_planned_index", "RESCORE_OF"]
+
+RESCORE_OF = {"binary-asym": "asym", "binary-rescore": "float"}
+
+
+def build_planned_index(
+    embeddings: str | Path,
+    out: str | Path,
+    plan: str | Path,
+    ids: str | Path | list[str] | None = None,
+    titles: dict[str, str] | None = None,
+    model: str | None = None,
+    chunk_size: int = 65536,
+    id_column: str = "id",
+    vector_column: str = "embedding",
+) -> Path:
+    """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet)."""
+    plan = Path(plan)
+    info, _, precision, calibration = load_plan(plan)
+    if info.get("index_kind") is None:
+        raise ValueError(f"{plan / 'plan.json'}: field 'index_kind' is missing; write the plan again with `embedtune compress plan`.")
+    recorded: dict[str, Any] = {
+        "path": str(plan.resolve()),
+        "setting": info["chosen"]["setting"],
+        "precision": precision.name,
+        "rescore": RESCORE_OF.get(precision.name),
+        "candidates": precision.candidates,
+        "faiss_factory": info["faiss_factory"],
+        "ram_bytes": info["ram_bytes"],
+        "disk_bytes": info["disk_bytes"],
+    }
+    ranges = None
+    if calibration is not None:
+        ranges = (calibration.vmin, calibration.vmax)
+        recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
+    return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
+                       model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.name == "binary-rescore",
+                       id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded)

@@ -1,0 +1,512 @@
+"""Quality per byte: sweep (compressor × dimension × precision), find the Pareto frontier, and plan a deployment.
+
+The library engine behind ``embedtune compress plan`` and ``benchmarks/frontier.py``:
+
+- :func:`fit_or_load` fits one compressor through :func:`embedtune.workflows.fit_compressor`
+  (the method's default preset: DIVE's ``robust``) or reloads it from a previous run's folder;
+- :func:`precision_rows` scores one compressed space at every precision: nDCG@10, Recall@10,
+  per-query nDCG@10 (for paired tests), bytes in RAM and on disk, fixed bytes, and the batched
+  search latency, all precisions timed side by side in the same rounds;
+- :func:`pareto_frontier`, :func:`best_within` and :func:`choose` read the rows;
+- :func:`plot_frontier` draws quality against bytes (log x) with the frontier marked;
+- :func:`run_plan` evaluates the sweep on validation queries only, picks the cheapest setting
+  meeting a retention target (or the best within a byte budget), refits it on train+val and
+  writes a deployable folder (:func:`write_plan`; :func:`load_plan` reads it back).
+
+A plan folder::
+
+    plan.json                 the choice, its validation scores, the frontier, the FAISS factory string
+    compressor/               the fitted compressor (``load_compressor``)
+    precision.json            the precision (name, rescoring candidates) and the dimension
+    calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
+    calibration.json          the same ranges, readable
+    frontier.png              quality against bytes on the validation queries
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune import __version__
+from embedtune.compress import Compressor, get_compressor_class, load_compressor
+from embedtune.compress.precision import Calibration, Precision, QuantizedIndex, load_precision
+from embedtune.evaluate.metrics import evaluate_run
+from embedtune.evaluate.search import run_from_topk
+from embedtune.io import atomic_write, atomic_write_json
+from embedtune.workflows.experiment import Experiment, training_data
+from embedtune.workflows.train_compressor import fit_compressor
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_PRECISIONS",
+    "DEFAULT_PEERS",
+    "Candidate",
+    "sweep_dims",
+    "method_settings",
+    "fit_or_load",
+    "precision_rows",
+    "pareto_frontier",
+    "best_within",
+    "choose",
+    "plot_frontier",
+    "peer_factories",
+    "run_plan",
+    "write_plan",
+    "load_plan",
+    "PLAN_FILE",
+]
+
+DEFAULT_PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore")
+DEFAULT_PEERS = ("pq", "opq", "pq-fs")
+PLAN_FILE = "plan.json"
+PEER_MAX_BYTES = 64
+_FIT_REPORT = "report.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One compressor of the sweep: a method at a dimension, with an optional named variant.
+
+    ``variant`` names extra config ``settings`` (e.g. ``qat-binary`` for
+    ``{"quantization_aware": "binary"}``); ``default`` means the method's own preset.
+    """
+
+    method: str
+    dim: int
+    variant: str = "default"
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}{'' if self.variant == 'default' else '+' + self.variant}-{self.dim}"
+
+
+def sweep_dims(input_dim: int, fractions: Sequence[int] = (1, 2, 3, 6, 12)) -> list[int]:
+    """``d, d/2, d/3, d/6, d/12`` (rounded down, distinct, at least 8)."""
+    return sorted({max(8, input_dim // f) for f in fractions}, reverse=True)
+
+
+def method_settings(method: str, dim: int, input_dim: int) -> dict[str, Any]:
+    """Settings a method needs at a dimension beyond its preset: DIVE at ``k > d/2`` has room for one head only,
+    so it trains without the view loss (which needs two)."""
+    if method == "dive" and 2 * dim > input_dim:
+        return {"heads": 1, "view_weight": 0.0}
+    return {}
+
+
+def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] = DEFAULT_PEERS, n_train: int | None = None) -> list[str]:
+    """FAISS ``index_factory`` strings at code sizes equal to ``budgets`` (bytes) that divide ``input_dim``.
+
+    ``pq``: ``PQm`` (m bytes, 8 bits per sub-quantizer); ``opq``: ``OPQm,PQm``; ``pq-fs``:
+    ``PQ{2m}x4fs`` (fast-scan, 4 bits); ``ivf-pq-fs``: ``IVFn,PQ{2m}x4fs`` with ``n`` fitted to
+    ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM). With
+    ``n_train``, codes that need more training points than there are (256 for 8 bits) are left out.
+    """
+    factories = []
+    for budget in budgets:
+        for kind in kinds:
+            if kind in ("pq", "opq") and n_train is not None and n_train < 256:
+                continue
+            if kind in ("pq", "opq") and input_dim % budget == 0:
+                factories.append(f"PQ{budget}" if kind == "pq" else f"OPQ{budget},PQ{budget}")
+            elif kind == "pq-fs" and input_dim % (2 * budget) == 0:
+                factories.append(f"PQ{2 * budget}x4fs")
+            elif kind == "ivf-pq-fs" and budget > 8 and input_dim % (2 * (budget - 8)) == 0:
+                nlist = max(1, min(1024, (n_train or 39 * 64) // 39))
+                factories.append(f"IVF{nlist},PQ{2 * (budget - 8)}x4fs")
+            elif kind not in ("pq", "opq", "pq-fs", "ivf-pq-fs"):
+                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs.")
+    return factories
+
+
+# -- fitting ---------------------------------------------------------------------------------
+def fit_or_load(
+    experiment: Experiment,
+    candidate: Candidate,
+    seed: int,
+    final: bool,
+    work: str | Path | None = None,
+) -> tuple[Compressor, float]:
+    """The fitted compressor of ``candidate`` (and its fit seconds), fitted through :func:`fit_compressor`.
+
+    ``final``: train+val (scored on test later); otherwise train only (scored on val). With
+    ``work``, the fit lives at ``WORK/<train part>/<candidate>/s<seed>/`` and is reloaded from
+    there when it finished before (its ``report.json`` is written last).
+    """
+    folder = None
+    if work is not None:
+        folder = Path(work) / ("train+val" if final else "train") / candidate.name / f"s{seed}"
+        if (folder / _FIT_REPORT).is_file():
+            report = json.loads((folder / _FIT_REPORT).read_text(encoding="utf-8"))
+            return load_compressor(folder / candidate.method), float(report["results"][candidate.method]["summary"]["fit_s"])
+    input_dim = experiment.embeddings.dim
+    settings = {**method_settings(candidate.method, candidate.dim, input_dim), **dict(candidate.settings)}
+    result = fit_compressor(experiment, candidate.method, candidate.dim, seeds=[seed], final=final, settings=settings or None,
+                            out=folder, labels={"candidate": candidate.name})
+    run = result.runs[candidate.method][0]
+    return run.compressor, run.fit_seconds  # type: ignore[return-value]
+
+
+# -- scoring at every precision --------------------------------------------------------------
+def precision_rows(
+    experiment: Experiment,
+    part: str,
+    compressor: Compressor | None,
+    precisions: Sequence[str | Precision] = DEFAULT_PRECISIONS,
+    top_k: int = 100,
+    rounds: int = 5,
+    time_reference: bool = True,
+    labels: Mapping[str, Any] | None = None,
+    prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
+) -> list[dict[str, Any]]:
+    """Score ``compressor``'s space (None: the frozen vectors) at each precision on the queries of ``part``.
+
+    Every row holds ``ndcg@10``, ``recall@10``, ``per_query`` (nDCG@10 by query id), ``ram_bytes``
+    and ``disk_bytes`` per vector, ``fixed_bytes`` (tables that do not grow with the corpus),
+    ``build_s`` and ``latency_ms``: the median over ``rounds`` of one batched search of all the
+    queries, every precision (and, with ``time_reference``, exact float32 search of the
+    uncompressed vectors) timed once per round in rotating order, so they share the machine's
+    noise; ``latency_vs_reference`` is the ratio to that reference's median in the same rounds.
+
+    ``prebuilt`` (precision name -> (index, build seconds)) reuses indexes built on the same vectors
+    before (e.g. FAISS PQ on the frozen corpus for validation and then test queries), and
+    receives the ones built here.
+    """
+    ids = experiment.part_ids(part)
+    qrels = experiment.qrels_for(ids)
+    ids = [qid for qid in ids if qrels.get(qid)]
+    doc_ids = experiment.embeddings.doc_ids
+    frozen_q = experiment.embeddings.queries(ids)
+    frozen_b = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    xq, xb = (compressor.transform(frozen_q), compressor.transform(frozen_b)) if compressor is not None else (frozen_q, frozen_b)
+    dim = xb.shape[1]
+    fetch = top_k + 1  # one extra: identical query/doc ids are dropped, as BEIR does
+    indexes: list[tuple[str, QuantizedIndex | None, np.ndarray]] = []
+    builds: dict[str, float] = {}
+    for spec in precisions:
+        precision = Precision(spec) if isinstance(spec, str) else spec
+        if prebuilt is not None and precision.name in prebuilt:
+            index, builds[precision.name] = prebuilt[precision.name]
+        else:
+            start = time.perf_counter()
+            index = QuantizedIndex.build(xb, precision)
+            builds[precision.name] = time.perf_counter() - start
+            if prebuilt is not None:
+                prebuilt[precision.name] = (index, builds[precision.name])
+        indexes.append((precision.name, index, xq))
+    timed = list(indexes)
+    if time_reference:
+        timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
+    times: dict[str, list[float]] = {name: [] for name, _, _ in timed}
+    results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name, index, queries in timed:  # warm-up (and the results, from the same call as the timing)
+        results[name] = index.search(queries, fetch)  # type: ignore[union-attr]
+    for round_index in range(rounds):
+        shift = round_index % len(timed)
+        for name, index, queries in timed[shift:] + timed[:shift]:
+            start = time.perf_counter()
+            index.search(queries, fetch)  # type: ignore[union-attr]
+            times[name].append(time.perf_counter() - start)
+    reference_ms = statistics.median(times["__reference__"]) * 1e3 if time_reference and rounds else None
+    rows = []
+    for name, index, _ in indexes:
+        D, I = results[name]
+        metrics = evaluate_run(qrels, run_from_topk(ids, D, I, doc_ids, top_k, True), ("ndcg@10", "recall@10", "recall@100"))
+        latency = statistics.median(times[name]) * 1e3 if rounds else None
+        rows.append({
+            **(labels or {}),
+            "dim": dim,
+            "precision": name,
+            "ram_bytes": index.ram_bytes(),  # type: ignore[union-attr]
+            "disk_bytes": index.disk_bytes(),  # type: ignore[union-attr]
+            "fixed_bytes": index.fixed_bytes(),  # type: ignore[union-attr]
+            "ndcg@10": metrics["ndcg@10"],
+            "recall@10": metrics["recall@10"],
+            "recall@100": metrics["recall@100"],
+            "n_queries": metrics.n_queries,
+            "queries": part,
+            "build_s": builds[name],
+            "latency_ms": latency,
+            "latency_queries": len(ids),
+            "latency_vs_reference": (latency / reference_ms) if latency is not None and reference_ms else None,
+            "per_query": {qid: round(values["ndcg@10"], 6) for qid, values in metrics.per_query.items()},
+        })
+    return rows
+
+
+# -- reading the rows ------------------------------------------------------------------------
+def pareto_frontier(rows: Sequence[Mapping[str, Any]], x: str = "ram_bytes", y: str = "ndcg@10") -> list[Mapping[str, Any]]:
+    """The rows no other row beats: none has ``x`` at most theirs and ``y`` higher. Sorted by ``x``."""
+    ordered = sorted(rows, key=lambda r: (r[x], -r[y]))
+    frontier, best = [], -math.inf
+    for row in ordered:
+        if row[y] > best:
+            frontier.append(row)
+            best = row[y]
+    return frontier
+
+
+def best_within(rows: Sequence[Mapping[str, Any]], budget: float, x: str = "ram_bytes", y: str = "ndcg@10") -> Mapping[str, Any] | None:
+    """The row with the highest ``y`` among those with ``x <= budget`` (ties: fewer bytes, then name order), or None."""
+    eligible = [r for r in rows if r[x] <= budget]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda r: (r[y], -r[x], str(r.get("setting", ""))))
+
+
+def choose(
+    rows: Sequence[Mapping[str, Any]],
+    budget_bytes: float | None = None,
+    target_retention: float | None = None,
+    reference: float | None = None,
+    y: str = "ndcg@10",
+) -> Mapping[str, Any]:
+    """The plan's choice: the cheapest row keeping ``target_retention`` of ``reference``, or the best within ``budget_bytes``.
+
+    With both, the cheapest row within the budget that meets the target. Raises when nothing qualifies,
+    naming the closest row.
+    """
+    if budget_bytes is None and target_retention is None:
+        raise ValueError("give a byte budget (--budget-bytes) or a retention target (--target-retention).")
+    pool = list(rows)
+    if budget_bytes is not None:
+        pool = [r for r in pool if r["ram_bytes"] <= budget_bytes]
+        if not pool:
+            cheapest = min(rows, key=lambda r: r["ram_bytes"])
+            raise ValueError(f"no setting fits {budget_bytes:g} bytes per vector; the cheapest is {cheapest['setting']} "
+                             f"at {cheapest['ram_bytes']} bytes. Raise --budget-bytes or add smaller dims/precisions.")
+    if target_retention is None:
+        return best_within(pool, budget_bytes, y=y)  # type: ignore[arg-type,return-value]
+    if reference is None or reference <= 0:
+        raise ValueError("a retention target needs the reference score (the uncompressed float32 model's).")
+    meeting = [r for r in pool if r[y] >= target_retention * reference]
+    if not meeting:
+        best = max(pool, key=lambda r: r[y])
+        raise ValueError(f"no setting keeps {target_retention:.3f} of the reference {y} {reference:.4f}"
+                         f"{'' if budget_bytes is None else f' within {budget_bytes:g} bytes'}; the best is {best['setting']} "
+                         f"at {best[y] / reference:.3f}. Lower --target-retention or raise --budget-bytes.")
+    return min(meeting, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", ""))))
+
+
+def plot_frontier(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | Path,
+    title: str = "",
+    x: str = "ram_bytes",
+    y: str = "ndcg@10",
+    group: Callable[[Mapping[str, Any]], str] | None = None,
+    chosen: Mapping[str, Any] | None = None,
+) -> Path:
+    """Scatter ``y`` against ``x`` (log x), one colour per group, the Pareto frontier as a step line with labels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = group or (lambda r: str(r.get("family", r.get("method", "?"))))
+    fig, ax = plt.subplots(figsize=(10, 6.5))
+    groups = sorted({group(r) for r in rows})
+    markers = "os^Dv<>Ph*Xd"
+    for i, name in enumerate(groups):
+        members = [r for r in rows if group(r) == name]
+        ax.scatter([r[x] for r in members], [r[y] for r in members], s=22, alpha=0.6, marker=markers[i % len(markers)], label=name)
+    frontier = pareto_frontier(rows, x, y)
+    xs = [r[x] for r in frontier]
+    ys = [r[y] for r in frontier]
+    ax.step(xs, ys, where="post", color="black", linewidth=1.2, label="Pareto frontier")
+    ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="black", linewidths=1.2)
+    for r in frontier:
+        ax.annotate(str(r.get("setting", "")), (r[x], r[y]), textcoords="offset points", xytext=(4, -10), fontsize=6.5, rotation=-20)
+    if chosen is not None:
+        ax.scatter([chosen[x]], [chosen[y]], s=180, marker="*", color="red", zorder=5, label=f"chosen: {chosen.get('setting', '')}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per vector in RAM (log scale)")
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
+    plt.close(fig)
+    return path
+
+
+# -- the plan --------------------------------------------------------------------------------
+def _row_setting(candidate: Candidate | None, precision: str, dim: int) -> str:
+    base = candidate.name if candidate is not None else f"frozen-{dim}"
+    return f"{base}/{precision}"
+
+
+def run_plan(
+    experiment: Experiment,
+    out: str | Path,
+    budget_bytes: float | None = None,
+    target_retention: float | None = None,
+    methods: Sequence[str] = ("truncate", "pca", "dive"),
+    dims: Sequence[int] | None = None,
+    precisions: Sequence[str] = DEFAULT_PRECISIONS,
+    peers: Sequence[str] = DEFAULT_PEERS,
+    seed: int = 2027,
+    final: bool = False,
+    work: str | Path | None = None,
+    labels: Mapping[str, Any] | None = None,
+    rounds: int = 3,
+) -> dict[str, Any]:
+    """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
+
+    Args:
+        experiment: a dataset with a query-disjoint split (train / val / test).
+        out: the plan folder.
+        budget_bytes: bytes per vector in RAM that the choice may use at most.
+        target_retention: the share of the uncompressed float32 model's validation nDCG@10 to keep.
+        methods: compressors to sweep (``frozen`` needs no fit; supervised ones train on the train queries).
+        dims: dimensions (default :func:`sweep_dims`: d, d/2, d/3, d/6, d/12).
+        precisions: precisions of every compressed space.
+        peers: FAISS PQ/OPQ families on the uncompressed vectors (see :func:`peer_factories`), at
+            the byte sizes the precisions reach.
+        seed: training seed.
+        final: also score the chosen setting once on the held-out test queries.
+        work: where the sweep's fits are kept (reused by a later run); default ``OUT/sweep``.
+        labels: JSON-safe fields for plan.json (dataset, model).
+
+    Returns:
+        The plan (also ``OUT/plan.json``).
+    """
+    out = Path(out)
+    work = Path(work) if work is not None else out / "sweep"
+    for method in methods:
+        get_compressor_class(method)  # fail fast on a typo
+    input_dim = experiment.embeddings.dim
+    dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
+    too_wide = [d for d in dims if d > input_dim]
+    if too_wide:
+        raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
+    rows: list[dict[str, Any]] = []
+    frozen_rows = precision_rows(experiment, "val", None, list(dict.fromkeys(["float32", *precisions])), rounds=rounds,
+                                 labels={"method": "frozen", "family": "frozen (quantised)"})
+    # PQ codes up to 64 bytes: beyond that int8 is lossless already, and 8-bit PQ trains for minutes on a small CPU.
+    budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
+    factories = peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES], peers, len(experiment.embeddings.doc_ids))
+    peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds,
+                               labels={"method": "frozen", "family": "FAISS PQ/OPQ"})
+    for row in frozen_rows + peer_rows:
+        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+        row["candidate"] = None
+    rows += frozen_rows + peer_rows
+    reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
+    for method in methods:
+        for dim in dims:
+            if method == "frozen":
+                continue
+            candidate = Candidate(method, dim)
+            compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work)
+            for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
+                                      labels={"method": method, "family": method, "candidate": candidate.name, "fit_s": fit_s}):
+                row["setting"] = _row_setting(candidate, row["precision"], dim)
+                rows.append(row)
+    chosen = dict(choose(rows, budget_bytes, target_retention, reference))
+    frontier = [r["setting"] for r in pareto_frontier(rows)]
+    title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_frontier(rows, out / "frontier.png", title, chosen=chosen)
+    # Refit the choice on train+val (what compress train --final does) and write the folder.
+    candidate = None
+    if chosen.get("candidate"):
+        candidate = Candidate(chosen["method"], int(chosen["dim"]))
+        compressor, _ = fit_or_load(experiment, candidate, seed, final=True, work=work)
+    else:
+        frozen = get_compressor_class("frozen")
+        compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(experiment, "train"))
+    plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, {
+        "embedtune_version": __version__,
+        **(labels or {}),
+        "dataset": experiment.dataset.name,
+        "split_seed": experiment.split.seed if experiment.split is not None else None,
+        "seed": seed,
+        "budget_bytes": budget_bytes,
+        "target_retention": target_retention,
+        "chosen": _public(chosen),
+        "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
+        "retention": chosen["ndcg@10"] / reference,
+        "frontier": [_public(r) for r in rows if r["setting"] in frontier],
+        "sweep": [_public(r) for r in rows],
+    })
+    if final:
+        plan["test"] = score_plan(experiment, out, "test")
+        atomic_write_json(out / PLAN_FILE, plan)
+    return plan
+
+
+def _public(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "per_query"}
+
+
+def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any]) -> dict[str, Any]:
+    """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last)."""
+    out = Path(out)
+    compressor.save(out / "compressor")
+    docs = compressor.transform(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
+    index = QuantizedIndex.build(docs, precision) if not precision.is_faiss else None
+    if index is not None:
+        index.save_precision(out)
+    else:
+        atomic_write_json(out / "precision.json", {**precision.to_dict(), "dim": int(docs.shape[1]), "factory": precision.factory})
+    for stale in ("calibration.safetensors", "calibration.json"):
+        if precision.name != "int8":
+            (out / stale).unlink(missing_ok=True)
+    plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
+            "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
+            "index_kind": _index_kind(precision)}
+    atomic_write_json(out / PLAN_FILE, plan)
+    return plan
+
+
+def _index_kind(precision: Precision) -> str:
+    """What ``embedtune index build --kind`` builds for this precision."""
+    if precision.is_binary:
+        return "binary"
+    return {"float32": "flat", "int8": "sq8", "float16": "SQfp16"}.get(precision.name, precision.factory)
+
+
+def load_plan(directory: str | Path) -> tuple[dict[str, Any], Compressor, Precision, Calibration | None]:
+    """Read a plan folder: ``(plan, compressor, precision, calibration)``."""
+    directory = Path(directory)
+    if not (directory / PLAN_FILE).is_file():
+        raise FileNotFoundError(f"{directory}: no {PLAN_FILE}; write a plan with `embedtune compress plan --out {directory}`.")
+    plan = json.loads((directory / PLAN_FILE).read_text(encoding="utf-8"))
+    precision, calibration = load_precision(directory)
+    compressor = load_compressor(directory / "compressor")
+    if compressor.output_dim != plan["dim"]:
+        raise ValueError(f"{directory}: the compressor outputs {compressor.output_dim} dims but plan.json says {plan['dim']}.")
+    return plan, compressor, precision, calibration
+
+
+def score_plan(experiment: Experiment, directory: str | Path, part: str = "test") -> dict[str, Any]:
+    """Score a plan folder on ``part``: its compressor, its precision and its saved calibration, as deployed."""
+    plan, compressor, precision, calibration = load_plan(directory)
+    ids = experiment.part_ids(part)
+    qrels = experiment.qrels_for(ids)
+    ids = [qid for qid in ids if qrels.get(qid)]
+    xq = compressor.transform(experiment.embeddings.queries(ids))
+    xb = compressor.transform(np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32))
+    index = QuantizedIndex.build(xb, precision, calibration=calibration)
+    D, I = index.search(xq, 101)
+    metrics = evaluate_run(qrels, run_from_topk(ids, D, I, experiment.embeddings.doc_ids, 100, True), ("ndcg@10", "recall@10"))
+    return {"queries": part, "ndcg@10": metrics["ndcg@10"], "recall@10": metrics["recall@10"], "n_queries": metrics.n_queries,
+            "setting": plan["chosen"]["setting"]}
+
+
+__all__.append("score_plan")

@@ -1,0 +1,144 @@
+"""compress plan: frontier and choice, the deployable folder, and plan -> export -> index round trips (tiny synthetic data)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import write_beir
+from embedtune.cli import main
+from embedtune.compress.precision import Calibration, Precision, QuantizedIndex
+from embedtune.index import load_index
+from embedtune.index.precision import build_planned_index
+from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.plan import (
+    Candidate,
+    best_within,
+    choose,
+    load_plan,
+    pareto_frontier,
+    peer_factories,
+    plot_frontier,
+    run_plan,
+    score_plan,
+    sweep_dims,
+)
+
+D = 24
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """60 docs, 40 queries each judged relevant to one doc, and their 24-d vectors on disk."""
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((60, D)).astype(np.float32)
+    targets = rng.permutation(60)[:40]
+    queries = docs[targets] + 0.6 * rng.standard_normal((40, D)).astype(np.float32)
+    # Unit rows, as a cosine model gives them: the experiment normalises what it loads, the index build does not.
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
+    root = write_beir(tmp_path / "toy", [{"_id": i, "text": i} for i in doc_ids], [{"_id": q, "text": q} for q in query_ids],
+                      [(q, doc_ids[t], 1) for q, t in zip(query_ids, targets)])
+    files = {}
+    for name, ids, vectors in (("doc", doc_ids, docs), ("query", query_ids, queries)):
+        np.save(tmp_path / f"{name}.npy", vectors)
+        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
+        files[name] = (tmp_path / f"{name}.npy", tmp_path / f"{name}.txt")
+    return root, files
+
+
+def _experiment(toy):
+    root, files = toy
+    return load_experiment(root, doc_embeddings=files["doc"][0], doc_ids=files["doc"][1],
+                           query_embeddings=files["query"][0], query_ids=files["query"][1])
+
+
+def test_frontier_and_choice_rules():
+    rows = [{"setting": "a", "ram_bytes": 16, "ndcg@10": 0.5}, {"setting": "b", "ram_bytes": 32, "ndcg@10": 0.45},
+            {"setting": "c", "ram_bytes": 48, "ndcg@10": 0.6}, {"setting": "d", "ram_bytes": 16, "ndcg@10": 0.4},
+            {"setting": "e", "ram_bytes": 384, "ndcg@10": 0.62}]
+    assert [r["setting"] for r in pareto_frontier(rows)] == ["a", "c", "e"]
+    assert best_within(rows, 40)["setting"] == "a" and best_within(rows, 8) is None
+    assert choose(rows, budget_bytes=48)["setting"] == "c"
+    assert choose(rows, target_retention=0.95, reference=0.62)["setting"] == "c"  # the cheapest >= 0.589
+    assert choose(rows, target_retention=0.8, reference=0.62)["setting"] == "a"
+    with pytest.raises(ValueError, match="no setting keeps 0.990"):
+        choose(rows, budget_bytes=48, target_retention=0.99, reference=0.62)
+    with pytest.raises(ValueError, match="no setting fits 8"):
+        choose(rows, budget_bytes=8)
+    with pytest.raises(ValueError, match="budget"):
+        choose(rows)
+    assert sweep_dims(384) == [384, 192, 128, 64, 32]
+    assert peer_factories(384, [16, 48], ("pq", "opq", "pq-fs")) == ["PQ16", "OPQ16,PQ16", "PQ32x4fs", "PQ48", "OPQ48,PQ48", "PQ96x4fs"]
+    assert Candidate("dive", 128, "qat-binary", (("quantization_aware", "binary"),)).name == "dive+qat-binary-128"
+
+
+def test_plot_frontier_writes_a_png(tmp_path):
+    rows = [{"setting": f"s{i}", "ram_bytes": 2 ** i, "ndcg@10": 0.1 * i, "family": "x" if i % 2 else "y"} for i in range(1, 6)]
+    path = plot_frontier(rows, tmp_path / "f.png", "t", chosen=rows[2])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("precision", ["int8", "binary-rescore", "binary-asym", "float16"])
+def test_plan_export_index_round_trip(toy, tmp_path, precision):
+    experiment = _experiment(toy)
+    out = tmp_path / "plan"
+    plan = run_plan(experiment, out, budget_bytes=4 * D, methods=["truncate", "pca"], dims=[16, 8], precisions=[precision], peers=[],
+                    final=True, rounds=1)
+    assert plan["chosen"]["ram_bytes"] <= 4 * D and plan["precision"]["name"] in (precision, "float32")
+    assert plan["test"]["n_queries"] == len(experiment.split.test)
+    assert {r["queries"] for r in plan["sweep"]} == {"val"}  # the sweep never saw a test query
+    assert (out / "frontier.png").is_file() and (out / "compressor" / "config.json").is_file()
+    info, compressor, chosen, calibration = load_plan(out)
+    assert (calibration is not None) == (chosen.name == "int8")
+    # The index built from the plan searches exactly as the plan scored it (same codes, same ranges).
+    index_dir = build_planned_index(toy[1]["doc"][0], tmp_path / "index", out, ids=toy[1]["doc"][1])
+    index = load_index(index_dir)
+    assert index.manifest["plan"]["precision"] == chosen.name and index.dim == info["dim"]
+    queries = compressor.transform(experiment.embeddings.queries(experiment.split.test))
+    docs = compressor.transform(experiment.embeddings.doc_embeddings)
+    D_plan, I_plan = QuantizedIndex.build(docs, chosen, calibration=calibration).search(queries, 10)
+    D_index, I_index = index.search(queries, 10)
+    assert np.array_equal(I_plan, I_index)
+    np.testing.assert_allclose(D_plan, D_index, rtol=1e-5, atol=1e-6)
+    if chosen.name == "int8":
+        saved = index.manifest["plan"]["calibration"]
+        assert np.array_equal(np.array(saved["vmin"], np.float32), calibration.vmin)
+        assert np.array_equal(calibration.vmin, Calibration.fit(docs).vmin)  # calibrated on the corpus
+    assert score_plan(experiment, out, "test")["ndcg@10"] == plan["test"]["ndcg@10"]
+
+
+def test_plan_cli_then_index_build_plan(toy, tmp_path, capsys):
+    root, files = toy
+    common = ["--data", str(root), "--doc-embeddings", str(files["doc"][0]), "--doc-ids", str(files["doc"][1]),
+              "--query-embeddings", str(files["query"][0]), "--query-ids", str(files["query"][1])]
+    out = tmp_path / "plan"
+    assert main(["compress", "plan", *common, "--target-retention", "0.9", "--methods", "truncate", "pca", "--dims", "16", "8",
+                 "--precisions", "float32", "int8", "binary-asym", "--peers", "", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Pareto frontier" in printed and "chosen:" in printed
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["retention"] >= 0.9 and "test" not in plan
+    # Re-entering the folder reuses it; the index build follows the plan, and --plan excludes --kind.
+    assert main(["compress", "plan", *common, "--budget-bytes", "8", "--methods", "truncate", "--dims", "8", "--precisions", "int8",
+                 "--peers", "", "--out", str(out)]) == 0
+    assert json.loads((out / "plan.json").read_text())["precision"]["name"] == "int8"
+    capsys.readouterr()
+    assert main(["index", "build", "--plan", str(out), "--embeddings", str(files["doc"][0]), "--ids", str(files["doc"][1]),
+                 "--out", str(tmp_path / "index")]) == 0
+    assert load_index(tmp_path / "index").manifest["kind"] == "sq8"
+    assert main(["index", "build", "--plan", str(out), "--kind", "binary", "--embeddings", str(files["doc"][0]), "--ids",
+                 str(files["doc"][1]), "--out", str(tmp_path / "index2")]) == 2
+    assert "--plan fixes" in capsys.readouterr().err
+
+
+def test_plan_refuses_missing_target(toy, tmp_path, capsys):
+    root, files = toy
+    assert main(["compress", "plan", "--data", str(root), "--doc-embeddings", str(files["doc"][0]), "--doc-ids", str(files["doc"][1]),
+                 "--query-embeddings", str(files["query"][0]), "--query-ids", str(files["query"][1]), "--out", str(tmp_path / "p")]) == 2
+    assert "--budget-bytes" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown precision"):
+        Precision("int3")
