@@ -53,4 +53,6 @@ def test_ray_apply_equals_local_apply(fitted, rng, tmp_path):
     by_id = {row["id"]: np.asarray(row["embedding"], dtype=np.float32) for row in rows}
     assert sorted(by_id) == sorted(local_ids)
     ray_vectors = np.stack([by_id[i] for i in local_ids])
-    np.testing.assert_array_equal(ray_vectors, local_vectors)
+    # Ray cuts batches inside its own blocks, so a row can sit at another position of its tile than
+    # in the local apply; some BLAS kernels round by that position (see compress/streaming.py).
+    np.testing.assert_allclose(ray_vectors, local_vectors, rtol=1e-5, atol=1e-6)

@@ -28,9 +28,11 @@ Use a ``batch_size`` that is a multiple of 4096: every batch is transformed in 4
 and a shorter last tile is padded. Each actor reserves ``num_cpus`` (default 1) for its lifetime: on a small cluster leave CPUs
 for the read tasks (e.g. ``concurrency=2, num_cpus=0.5`` on 2 CPUs), or the pipeline waits
 forever for a CPU to read with.
-Each row's output is bitwise what :func:`embedtune.compress.streaming.apply_compressor_streaming`
-writes for it, whatever the batch boundaries: both transform in fixed 4096-row tiles (see
-:func:`embedtune.compress.streaming.transform_rows`).
+Each row's output equals what :func:`embedtune.compress.streaming.apply_compressor_streaming`
+writes for it to float32 rounding: both transform in fixed 4096-row tiles (see
+:func:`embedtune.compress.streaming.transform_rows`), but Ray cuts batches inside its own blocks,
+and some BLAS kernels round a row by its position in the tile. Where a row's tile position is the
+same in both (batches aligned to multiples of 4096 from the file's start), the bits are equal.
 """
 
 from __future__ import annotations
