@@ -1,0 +1,181 @@
+"""Encode a corpus into sharded ``.npy`` files, in one process or on a Ray Data actor pool, resumable by shard.
+
+The corpus is cut into shards of ``shard_size`` texts, in order. Shard ``i`` is written as
+``shard-0000i.npy`` (float32 ``(rows, d)``) and ``shard-0000i.ids.txt``, each atomically, the ids
+last, so a shard whose ids file exists is complete; a rerun skips it and encodes only the rest.
+``manifest.json`` (written when every shard is there) lists the shards, the model and the rows.
+
+Single process::
+
+    from embedtune.encoders.ray_encode import encode_sharded
+    encode_sharded(ids, texts, "minilm", "vectors/", shard_size=50_000)
+
+Ray Data, one encoder per actor (``pip install "embedtune[ray]"``)::
+
+    import ray
+    from embedtune.encoders.ray_encode import encode_sharded_ray
+    ray.init()                                     # ray.init(address="auto") on a cluster
+    encode_sharded_ray(ids, texts, "minilm", "/shared/vectors/", shard_size=50_000, actors=8, num_gpus=1)
+
+Every actor loads the model once and encodes whole shards (a shard is one batch of the
+pipeline), so a shard's vectors do not depend on which actor or process encoded it. The output
+folder must be writable from every worker: on a cluster, shared storage (NFS, a mounted
+bucket). :func:`read_shards` loads them back in order as one matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.io import atomic_save_npy, atomic_write, atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "pending_shards", "read_shards", "SHARD_MANIFEST"]
+
+SHARD_MANIFEST = "manifest.json"
+
+
+def _shard_paths(out: Path, index: int) -> tuple[Path, Path]:
+    return out / f"shard-{index:05d}.npy", out / f"shard-{index:05d}.ids.txt"
+
+
+def _check(ids: Sequence[str], texts: Sequence[str], shard_size: int) -> None:
+    if len(ids) != len(texts):
+        raise ValueError(f"{len(ids)} ids but {len(texts)} texts; give one id per text.")
+    if shard_size < 1:
+        raise ValueError(f"shard_size must be >= 1; got {shard_size}.")
+    bad = next((i for i in ids if "\n" in str(i) or "\r" in str(i)), None)
+    if bad is not None:
+        raise ValueError(f"id {bad!r} contains a line break, which a shard's ids.txt cannot hold.")
+
+
+def pending_shards(out: str | Path, n: int, shard_size: int) -> list[int]:
+    """Indices of the shards of an ``n``-text corpus that are not complete in ``out`` yet."""
+    out = Path(out)
+    n_shards = (n + shard_size - 1) // shard_size
+    return [i for i in range(n_shards) if not _shard_paths(out, i)[1].is_file()]
+
+
+class ShardEncoder:
+    """Callable for ``Dataset.map_batches``: encodes each batch (one shard) and writes it; loads the model once.
+
+    Args:
+        model: an alias or a local sentence-transformers folder.
+        out: the shard folder.
+        kind: ``document`` or ``query`` (prompts and the embedding recipe follow it).
+        encoder_options: more :class:`SentenceEncoder` keyword arguments (``batch_size``,
+            ``max_seq_length``, ``device``...).
+    """
+
+    def __init__(self, model: str, out: str | Path, kind: str = "document", threads: int | None = None, **encoder_options: Any) -> None:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        self.encoder = SentenceEncoder(model, show_progress=False, **encoder_options)
+        self.out, self.kind = Path(out), kind
+
+    def encode_shard(self, index: int, ids: Sequence[str], texts: Sequence[str]) -> int:
+        vectors = np.ascontiguousarray(self.encoder.encode(list(texts), kind=self.kind), dtype=np.float32)  # type: ignore[arg-type]
+        npy, id_file = _shard_paths(self.out, index)
+        atomic_save_npy(npy, vectors)
+        atomic_write(id_file, lambda tmp: tmp.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8"))  # last: marks it complete
+        return len(vectors)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        shards = [int(s) for s in batch["shard"]]
+        rows = [self.encode_shard(s, list(i), list(t)) for s, i, t in zip(shards, batch["ids"], batch["texts"])]
+        return {"shard": np.array(shards, dtype=np.int64), "rows": np.array(rows, dtype=np.int64)}
+
+
+def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, seconds: float, backend: str) -> dict[str, Any]:
+    n_shards = (n + shard_size - 1) // shard_size
+    missing = pending_shards(out, n, shard_size)
+    if missing:
+        raise RuntimeError(f"{out}: shards {missing[:5]} are missing after encoding; run again to resume.")
+    dims = {np.load(_shard_paths(out, i)[0], mmap_mode="r").shape[1] for i in range(n_shards)} if n_shards else set()
+    manifest = {"format": "embedtune-shards", "model": model, "kind": kind, "rows": n, "shard_size": shard_size,
+                "shards": [_shard_paths(out, i)[0].name for i in range(n_shards)], "dim": dims.pop() if len(dims) == 1 else None,
+                "last_run": {"backend": backend, "seconds": seconds}}
+    atomic_write_json(out / SHARD_MANIFEST, manifest)
+    return manifest
+
+
+def _items(ids: Sequence[str], texts: Sequence[str], shard_size: int, shards: list[int]) -> list[dict[str, Any]]:
+    return [{"shard": s, "ids": [str(i) for i in ids[s * shard_size : (s + 1) * shard_size]],
+             "texts": list(texts[s * shard_size : (s + 1) * shard_size])} for s in shards]
+
+
+def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: str | Path, shard_size: int = 50_000,
+                   kind: str = "document", **encoder_options: Any) -> dict[str, Any]:
+    """Encode ``texts`` shard by shard in this process, skipping complete shards; returns the manifest."""
+    _check(ids, texts, shard_size)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = pending_shards(out, len(texts), shard_size)
+    start = time.perf_counter()
+    if todo:
+        encoder = ShardEncoder(model, out, kind, **encoder_options)
+        for item in _items(ids, texts, shard_size, todo):
+            encoder.encode_shard(item["shard"], item["ids"], item["texts"])
+            logger.debug("encode_sharded: shard %d done", item["shard"])
+    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, "local")
+
+
+def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out: str | Path, shard_size: int = 50_000,
+                       kind: str = "document", actors: int = 2, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                       threads_per_actor: int | None = None, **encoder_options: Any) -> dict[str, Any]:
+    """The same on a Ray Data actor pool of ``actors`` encoders (one per GPU with ``num_gpus=1``).
+
+    Needs ``ray.init()`` first (a local one or a cluster). Each actor reserves ``num_cpus`` and
+    ``num_gpus``; keep some CPU free for Ray's own tasks on a small machine (e.g. 2 actors of
+    0.5 CPU on 2 cores).
+    """
+    import ray  # the optional `ray` extra, only for this backend
+
+    _check(ids, texts, shard_size)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = pending_shards(out, len(texts), shard_size)
+    start = time.perf_counter()
+    if todo:
+        dataset = ray.data.from_items(_items(ids, texts, shard_size, todo), override_num_blocks=len(todo))
+        done = dataset.map_batches(
+            ShardEncoder,
+            fn_constructor_kwargs={"model": model, "out": str(out.resolve()), "kind": kind, "threads": threads_per_actor, **encoder_options},
+            batch_size=1,
+            batch_format="numpy",
+            concurrency=actors,
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+        ).take_all()
+        logger.debug("encode_sharded_ray: %d shards, %d rows", len(done), sum(int(r["rows"]) for r in done))
+    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, f"ray ({actors} actors)")
+
+
+def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
+    """The ids and ``(n, d)`` vectors of a complete shard folder, in corpus order."""
+    out = Path(out)
+    path = out / SHARD_MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{out}: no {SHARD_MANIFEST}; the encoding has not finished (run it again to resume).")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    ids: list[str] = []
+    blocks = []
+    for name in manifest["shards"]:
+        npy = out / name
+        ids += npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        blocks.append(np.load(npy))
+    vectors = np.concatenate(blocks) if blocks else np.zeros((0, manifest.get("dim") or 0), np.float32)
+    if len(ids) != len(vectors) or len(ids) != manifest["rows"]:
+        raise ValueError(f"{out}: {len(ids)} ids, {len(vectors)} vectors, manifest says {manifest['rows']} rows; encode again.")
+    return ids, vectors

@@ -1,0 +1,60 @@
+"""Sharded encoding: resumable by shard, the local and the Ray Data actor pool give the same vectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedtune.encoders import SentenceEncoder
+from embedtune.encoders.ray_encode import ShardEncoder, encode_sharded, encode_sharded_ray, pending_shards, read_shards
+
+TEXTS = [f"document number {i} about topic {i % 5}" for i in range(37)]
+IDS = [f"d{i}" for i in range(37)]
+
+
+def test_local_sharded_encode_resumes_by_shard(tiny_bert_dir, tmp_path):
+    out = tmp_path / "shards"
+    manifest = encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
+    assert manifest["rows"] == 37 and len(manifest["shards"]) == 4 and manifest["dim"] == 32
+    ids, vectors = read_shards(out)
+    assert ids == IDS
+    # Each shard is one encode call of its texts.
+    expected = SentenceEncoder(str(tiny_bert_dir), show_progress=False).encode(TEXTS[10:20])
+    np.testing.assert_array_equal(vectors[10:20], expected)
+    # A lost shard is the only one encoded again.
+    (out / "shard-00002.ids.txt").unlink()
+    untouched = (out / "shard-00001.npy").stat().st_mtime_ns
+    assert pending_shards(out, 37, 10) == [2]
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
+    assert (out / "shard-00001.npy").stat().st_mtime_ns == untouched
+    np.testing.assert_array_equal(read_shards(out)[1], vectors)
+
+
+def test_shard_encoder_batch_and_bad_input(tiny_bert_dir, tmp_path):
+    fn = ShardEncoder(str(tiny_bert_dir), tmp_path)
+    result = fn({"shard": np.array([3]), "ids": np.array([["a", "b"]], dtype=object), "texts": np.array([["document 1", "title 2"]], dtype=object)})
+    assert result["rows"].tolist() == [2] and (tmp_path / "shard-00003.npy").is_file()
+    with pytest.raises(ValueError, match="one id per text"):
+        encode_sharded(IDS[:3], TEXTS, str(tiny_bert_dir), tmp_path / "x")
+    with pytest.raises(ValueError, match="line break"):
+        encode_sharded(["a\nb"], ["t"], str(tiny_bert_dir), tmp_path / "y")
+    with pytest.raises(FileNotFoundError, match="run it again"):
+        read_shards(tmp_path / "nothing")
+
+
+@pytest.mark.slow
+def test_ray_actor_pool_equals_local(tiny_bert_dir, tmp_path):
+    ray = pytest.importorskip("ray")
+    local = encode_sharded(IDS, TEXTS, str(tiny_bert_dir), tmp_path / "local", shard_size=10)
+    (tmp_path / "ray").mkdir()
+    encode_sharded(IDS[:10], TEXTS[:10], str(tiny_bert_dir), tmp_path / "ray", shard_size=10)  # shard 0 done before: skipped
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        manifest = encode_sharded_ray(IDS, TEXTS, str(tiny_bert_dir), tmp_path / "ray", shard_size=10, actors=2, num_cpus=0.5,
+                                      threads_per_actor=1)
+    finally:
+        ray.shutdown()
+    assert manifest["rows"] == local["rows"] and manifest["last_run"]["backend"] == "ray (2 actors)"
+    ids, vectors = read_shards(tmp_path / "ray")
+    assert ids == IDS
+    np.testing.assert_allclose(vectors, read_shards(tmp_path / "local")[1], rtol=0, atol=1e-6)
