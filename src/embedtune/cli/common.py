@@ -150,7 +150,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` with each option's default, said once.
 
     No ``(default: ...)`` is added where the help text already says the default (or the preset's
-    value), nor where the default is None, False or an empty list, which say nothing.
+    value), nor where the default is None, False, an empty string or an empty list, which say nothing.
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -158,7 +158,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         lowered = text.lower()
         if "default" in lowered or "(preset:" in lowered:
             return text
-        if action.default is None or action.default is False or action.default == [] or action.default is argparse.SUPPRESS:
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or (isinstance(default, (str, list, tuple)) and not default):
             return text
         return super()._get_help_string(action)
 

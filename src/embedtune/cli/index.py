@@ -62,7 +62,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
     search.add_argument("--no-adapter", action="store_true", help="search with the raw model vectors")
     search.add_argument("--query-prompt", default="", help="text prepended to the query (instruction models)")
-    search.add_argument("--top-k", type=int, default=10, help="hits to print")
+    search.add_argument("--top-k", type=int, default=10, help="hits per query")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     search.set_defaults(handler=run_search)
