@@ -101,7 +101,7 @@ def test_compress_fit_cli(own, capsys, one_torch_thread):
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "search-adaptor: supervised path" in printed and "(precomputed)" in printed and "fit.json" in printed
-    assert main(["compress", "fit", "--method", "dive", "--doc-embeddings", str(own / "docs.npy"), "--doc-ids",
+    assert main(["compress", "fit", "--method", "smec", "--dim", "8", "--doc-embeddings", str(own / "docs.npy"), "--doc-ids",
                  str(own / "docs.txt"), "--out", str(own / "none")]) != 0
     assert "pick a method that fits without labels" in capsys.readouterr().err
 
@@ -124,7 +124,7 @@ def test_compress_train_beir_train_scores_all_test_queries_with_paired_tests(bei
     assert main(args) == 0
     printed = capsys.readouterr().out
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert report["n_queries"] == 16 and "every judged test" in report["queries"]
+    assert report["n_queries"] == 16 and report["queries"] == "all judged test" and report["protocol"] == "beir-train"
     assert set(report["comparisons"]) == {"frozen", "pca", "pca-uncentred"}  # the other PCA variant is added
     assert report["comparisons"]["pca"]["n_queries"] == 16 and 0 < report["comparisons"]["pca"]["p_value"] <= 1
     assert report["gain_over_pca"]["baseline"] in ("pca", "pca-uncentred")

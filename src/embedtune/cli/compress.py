@@ -302,7 +302,8 @@ def _summary_table(result: CompressionResult, model: str, split_seed: int) -> st
     report = result.report
     preset = f", preset '{result.preset.name}'" if result.preset.name != "defaults" else ""
     seeds = result.summaries[next(iter(result.summaries))]["seeds"]
-    lines = [f"{report['dataset']} / {model}: {report['queries']} queries, split seed {split_seed}, seeds {seeds}{preset}"]
+    protocol = " (beir-train: fitted on qrels/train.tsv)" if report.get("protocol") == "beir-train" else ""
+    lines = [f"{report['dataset']} / {model}: {report['queries']} queries{protocol}, split seed {split_seed}, seeds {seeds}{preset}"]
     rows = []
     for summary in result.summaries.values():
         row = dict(summary)
@@ -376,7 +377,7 @@ def run_fit(args: argparse.Namespace) -> int:
     result = fit_on_all(
         args.method, args.dim, data=args.data, model=args.model, split=args.split, labels=args.labels,
         doc_embeddings=args.doc_embeddings, doc_ids=args.doc_ids, query_embeddings=args.query_embeddings, query_ids=args.query_ids,
-        unsupervised=args.unsupervised, val_split=args.val_split, val_fraction=args.val_fraction, preset=preset, settings=settings,
+        unsupervised=args.unsupervised, val_split=args.val_split, val_fraction=args.val_fraction, preset=args.preset, settings=settings,
         mining=mining or None, seed=args.seed, encoder_options=encoder_options, cache=not args.no_cache, out=args.out,
     )
     finish_output_dir(args.out, "compress fit")
@@ -388,8 +389,9 @@ def run_fit(args: argparse.Namespace) -> int:
     info = result.info
     triplets = info.get("triplets", {}).get("n_triplets")
     used = (f"{info['labels']['train_queries']} labelled queries, {triplets} triplets, " if result.path == "supervised" else "")
+    epoch = f", kept epoch {info['selected_epoch']} (0 = the untrained start)" if info.get("selected_epoch") is not None else ""
     print(f"fitted {info['method']} {info['input_dim']}-d -> {info['dim']}-d on {used}{info['documents']} documents "
-          f"({info['provenance'].get('model')}) in {info['fit_seconds']:.1f}s")
+          f"({info['provenance'].get('model')}) in {info['fit_seconds']:.1f}s{epoch}")
     print(f"saved to {result.out} ({FIT_INFO_NAME} says what was used)")
     return 0
 

@@ -275,6 +275,11 @@ def fit_on_all(
         if val_split is not None or val_fraction is not None:
             notes.append("no labelled queries are used on the unsupervised path, so --val-split/--val-fraction are ignored.")
         ids, docs, provenance = _corpus(data, model, vectors, encoder_options, cache)
+        unsupervised_preset = getattr(cls, "unsupervised_preset", None)
+        if preset is None and cls.supervised and unsupervised_preset is not None:
+            # A supervised method's own unsupervised recipe, not its (labelled) default preset.
+            chosen = cls.get_preset(unsupervised_preset)
+            overrides = {**chosen.settings, **(settings or {})}
         compressor = cls(build_config(method, dim, seed, overrides))
         corpus = TrainingData.corpus_only(docs, ids)
         log_path = Path(out) / "training_log.jsonl" if out is not None else None

@@ -107,7 +107,7 @@ def training_notes(method: str, epochs: Sequence[int] | None) -> list[str]:
         return []
     if all(epoch == 0 for epoch in epochs):
         runs = "every seed" if len(epochs) > 1 else "the run"
-        return [f"{method}: selection kept epoch 0 on {runs}: {UNTRAINED_WON} (no trained epoch beat its start on the held-out queries)."]
+        return [f"{method}: selection kept epoch 0 on {runs}: {UNTRAINED_WON} (no trained epoch beat its start on the held-out selection data)."]
     if any(epoch == 0 for epoch in epochs):
         n = sum(epoch == 0 for epoch in epochs)
         return [f"{method}: selection kept epoch 0 on {n} of {len(epochs)} seeds ({UNTRAINED_WON} there); epochs {list(epochs)}."]
@@ -118,7 +118,7 @@ def _queries_label(experiment: Experiment, final: bool) -> str:
     if not final:
         return "val"
     if experiment.split is not None and experiment.split.qrels_split.startswith("train+"):
-        return f"every judged {experiment.split.qrels_split.split('+', 1)[1]} (beir-train: fitted on qrels/train.tsv)"
+        return f"all judged {experiment.split.qrels_split.split('+', 1)[1]}"
     return "test (held-out)"
 
 
@@ -245,6 +245,7 @@ def fit_compressor(
         "dataset": experiment.dataset.name,
         **(labels or {}),
         "queries": _queries_label(experiment, final),
+        "protocol": "beir-train" if experiment.split is not None and experiment.split.qrels_split.startswith("train+") else "paper",
         "n_queries": next(iter(summaries.values()))["n_queries"],
         "preset": chosen.name,
         "split_seed": experiment.split.seed if experiment.split is not None else None,
