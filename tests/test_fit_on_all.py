@@ -129,4 +129,6 @@ def test_compress_train_beir_train_scores_all_test_queries_with_paired_tests(bei
     assert report["comparisons"]["pca"]["n_queries"] == 16 and 0 < report["comparisons"]["pca"]["p_value"] <= 1
     assert report["gain_over_pca"]["baseline"] in ("pca", "pca-uncentred")
     assert report["results"]["dive"]["summary"]["selected_epochs"] is not None
+    rows = {row["method"]: row for row in json.loads((tmp_path / "run" / "results.json").read_text())["rows"]}
+    assert rows["dive"]["selected_epochs"] == report["results"]["dive"]["summary"]["selected_epochs"] and "selected_epochs" not in rows["pca"]
     assert "the stronger PCA variant" in printed and "Δ dive (p)" in printed and "± 0.0000" not in printed

@@ -286,6 +286,8 @@ def compression_rows(result: CompressionResult) -> list[dict[str, Any]]:
                                **{k: v for k, v in first.details.items() if k != "out_dim"}}
         if first.compressor is None or type(first.compressor).seed_dependent:
             row["seeds"] = [run.seed for run in runs]
+        if "selected_epoch" in first.details:  # best-epoch selection: the epoch each seed kept (0 = the untrained start)
+            row["selected_epochs"] = [run.details.get("selected_epoch") for run in runs]
         row["fit_seconds"] = float(np.mean([run.fit_seconds for run in runs]))
         rows.append({**row, **runs_summary(runs)})
     return rows
