@@ -26,11 +26,31 @@ Options beyond the paper (all off by default, so the defaults stay the paper's r
   on the selection queries.
 - ``output_norm="input"``: scale the unit head 1 by the input's norm, for dot-product models
   (PACE Stage II) whose embedding norms carry meaning.
+
+**Unsupervised mode** (``mode="unsupervised"``, :meth:`DIVECompressor.fit_unsupervised`, the
+``unsupervised`` preset): corpus embeddings only, no queries and no labels. The triplet term,
+which needs labels, is replaced by neighbour-rank distillation on the corpus
+(:mod:`embedtune.compress.losses.neighbor_rank_distillation`)::
+
+    L = L_rank + λ·L_view + γ·L_geo
+
+For each batch of anchor documents, the pool is the anchors plus each one's ``neighbors``
+nearest frozen-space neighbours; ``L_rank`` makes head 1 rank each anchor's pool as the frozen
+space does (softmax KL at temperature ``neighbor_temperature``), and geometry distillation and
+the view loss are DIVE's, on the anchors. Both PCA projections are candidate starts (the
+uncentred one of ``init="pca"``, and the centred one, i.e. the ``pca`` baseline, obtained by
+setting the adapter's output bias to ``−μR``); the one whose held-out neighbour recall is higher
+is trained. Selection (``epoch_selection="best"``) holds out ``holdout_docs`` documents (at most
+a tenth of the corpus) that are never trained on, and keeps the epoch, 0 included, whose
+compressed space best recovers each held-out document's 10 nearest frozen-space neighbours
+(neighbour recall@10): a corpus-only signal, so the result is never below the better PCA
+projection on it. Corpora above ``max_train_docs`` train on a seeded sample.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import logging
@@ -48,7 +68,7 @@ from torch import nn
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
 from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
-from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
+from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
 from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
 from embedtune.compress.pca import principal_axes
 from embedtune.compress.quantization_aware import check_quantization_aware, deployed_view, quantization_aware_triplet_loss
@@ -56,19 +76,23 @@ from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ACTIVATIONS, ResidualMLP
 from embedtune.evaluate.retrieval import evaluate_embeddings
+from embedtune.evaluate.search import exact_search
 from embedtune.io import atomic_write_bytes
-
 from embedtune.runtime import progress_bar
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME", "ROBUST"]
 
 TRAINING_LOG_NAME = "training_log.jsonl"
-INIT_KINDS = ("identity", "pca")
 # The label of each training phase's progress bar.
 _PHASE_LABELS = {"train": "DIVE epochs", "select": "DIVE epoch selection", "refit": "DIVE refit"}
+INIT_KINDS = ("identity", "pca")
 EPOCH_SELECTIONS = ("last", "best", "val")
 OUTPUT_NORMS = ("unit", "input")
+MODES = ("supervised", "unsupervised")
+# Neighbours per held-out document in the unsupervised mode's selection signal (recall@10).
+_RECALL_AT = 10
 # Rows per forward pass in transform(); bounds the activation memory, not the result.
 _TRANSFORM_BATCH = 8192
 
@@ -121,6 +145,21 @@ class DIVEConfig(CompressorConfig):
         metadata={"help": "Train head 1 for the precision it is deployed at: None (float), 'binary' (straight-through sign) or "
                   "'int8' (fake quantisation); epoch selection then scores that precision (compress/quantization_aware.py)."},
     )
+    mode: str = field(
+        default="supervised",
+        metadata={"help": "'supervised' (the paper: triplets from labels) or 'unsupervised' (corpus embeddings only: "
+                  "neighbour-rank distillation replaces the triplet term; epochs are passes over the corpus)."},
+    )
+    neighbors: int = field(default=20, metadata={"help": "Unsupervised mode: frozen-space nearest neighbours of each anchor in its pool."})
+    neighbor_temperature: float = field(default=0.05, metadata={"help": "Unsupervised mode: temperature τ of the neighbour-rank softmaxes."})
+    holdout_docs: int = field(
+        default=1000,
+        metadata={"help": "Unsupervised mode with epoch_selection='best': documents held out (at most a tenth of the corpus) "
+                  "to select the start and the epoch on, by neighbour recall@10."},
+    )
+    max_train_docs: int | None = field(
+        default=50000, metadata={"help": "Unsupervised mode: train on a seeded sample of this many documents (None: all)."}
+    )
     device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
 
@@ -136,6 +175,11 @@ class DIVEConfig(CompressorConfig):
         # triplet cap it does not collapse where the paper recipe does, and it costs nothing
         # significant on SciFact/ArguAna held-out test. The default (see ROBUST below).
         "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5},
+        # No labels: neighbour-rank distillation on the corpus from the better PCA start, the
+        # epoch (0 included) selected on held-out documents (benchmarks/RESULTS.md, "Unsupervised
+        # compression (issue 18)"). 20 corpus passes at lr 1e-3, batch 256 anchors.
+        "unsupervised": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
+                         "epochs": 20, "batch_size": 256},
     }
 
     @classmethod
@@ -156,6 +200,16 @@ class DIVEConfig(CompressorConfig):
         if self.output_norm not in OUTPUT_NORMS:
             raise ValueError(f"output_norm must be one of {list(OUTPUT_NORMS)}; got {self.output_norm!r}.")
         check_quantization_aware(self.quantization_aware)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {self.mode!r}.")
+        for name in ("neighbors", "holdout_docs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+        if self.max_train_docs is not None and (isinstance(self.max_train_docs, bool) or not isinstance(self.max_train_docs, int) or self.max_train_docs < 2):
+            raise ValueError(f"max_train_docs must be an integer >= 2 or None; got {self.max_train_docs!r}.")
+        if not isinstance(self.neighbor_temperature, (int, float)) or not math.isfinite(self.neighbor_temperature) or self.neighbor_temperature <= 0:
+            raise ValueError(f"neighbor_temperature must be a finite number > 0; got {self.neighbor_temperature!r}.")
         if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
             raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
         if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
@@ -331,6 +385,24 @@ def holdout_split(train: TrainingData, fraction: float, seed: int) -> tuple[Trai
     return fit_part, holdout
 
 
+def _unit(X: np.ndarray) -> np.ndarray:
+    X = np.asarray(X, dtype=np.float32)
+    return np.ascontiguousarray(X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12), dtype=np.float32)
+
+
+def _nearest_neighbors(unit_rows: np.ndarray, k: int, queries: np.ndarray | None = None) -> np.ndarray:
+    """Each query row's ``k`` nearest other rows of ``unit_rows`` by cosine (exact), shape (n_queries, min(k, n − 1)).
+
+    ``queries`` are row indices into ``unit_rows`` (None: every row). The row itself is dropped.
+    """
+    queries = np.arange(len(unit_rows)) if queries is None else np.asarray(queries)
+    k = min(k, len(unit_rows) - 1)
+    _, found = exact_search(unit_rows[queries], unit_rows, k=k + 1)
+    is_self = found == queries[:, None]
+    order = np.argsort(is_self, axis=1, kind="stable")  # the row itself (if found) goes last
+    return np.ascontiguousarray(np.take_along_axis(found, order, axis=1)[:, :k], dtype=np.int64)
+
+
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -350,6 +422,8 @@ PRESETS = {
     "paper": Preset("paper", DIVEConfig.PRESETS["paper"], help="the DIVE paper's settings (Table 2, §4.1)"),
     "best": Preset("best", DIVEConfig.PRESETS["best"], help="PCA-rotated init and margin 0.4, selected on validation queries"),
     "robust": ROBUST,
+    "unsupervised": Preset("unsupervised", DIVEConfig.PRESETS["unsupervised"],
+                           help="no labels: neighbour-rank distillation on the corpus, selected on held-out documents"),
 }
 
 
@@ -368,6 +442,8 @@ class DIVECompressor(Compressor):
     method = "dive"
     config_class = DIVEConfig
     supervised = True
+    supports_unsupervised = True
+    unsupervised_preset = "unsupervised"
     help = "DIVE: multi-head residual adapter with self-limiting updates (the default)"
     presets = PRESETS
     default_preset = "robust"
@@ -418,8 +494,12 @@ class DIVECompressor(Compressor):
         return residual_mlp_layers(adapter.mlp, self.config.activation, np.arange(adapter.dim), adapter.rotation, adapter.normalize_input)
 
     def fit_details(self) -> dict[str, Any]:
-        """The resolved head count H (with heads='auto' it depends on the input dimension)."""
-        return {"heads": int(self.heads_)} if self.heads_ is not None else {}
+        """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start."""
+        details: dict[str, Any] = {"heads": int(self.heads_)} if self.heads_ is not None else {}
+        start = next((row["start"] for row in self.history_ if row.get("epoch") == 0 and "start" in row), None)
+        if start is not None:
+            details["start"] = f"{start} PCA"
+        return details
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)
@@ -440,15 +520,34 @@ class DIVECompressor(Compressor):
         return estimator
 
     # -- hooks ------------------------------------------------------------------------------
+    @classmethod
+    def unsupervised_config(cls, config: DIVEConfig) -> DIVEConfig:  # type: ignore[override]
+        """``config`` in the unsupervised mode: PCA start and selection on held-out documents.
+
+        Other settings (learning rate, epochs, the loss weights) are kept; the ``unsupervised``
+        preset sets those too. For another start or selection, build
+        ``DIVEConfig(mode="unsupervised", ...)`` and call :meth:`fit` on corpus-only data.
+        """
+        return dataclasses.replace(config, mode="unsupervised", init="pca", epoch_selection="best")
+
+    @property
+    def is_unsupervised(self) -> bool:
+        """True in the unsupervised mode (``mode='unsupervised'``): the fit reads corpus embeddings only."""
+        return self.config.mode == "unsupervised"
+
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         config = self.config
         heads = resolve_heads(config.heads, config.max_heads, config.dim, train.dim, config.view_weight)
-        train.require_triplets(self.method)
+        if config.mode == "supervised":
+            train.require_triplets(self.method)
         hidden_dim = config.hidden_dim or max(1, train.dim // 2)
         device = _resolve_device(config.device)
         rotation = corpus_pca_rotation(train.doc_embeddings, config.normalize_input) if config.init == "pca" else None
         self.heads_ = heads
         self.selected_epoch_ = None
+        if config.mode == "unsupervised":
+            self.selected_epoch_ = self._fit_corpus(train, val, heads, hidden_dim, rotation, device)
+            return
         if config.epoch_selection == "last":
             self._train(train, val, heads, hidden_dim, rotation, device, config.epochs, holdout=None, phase="train")
             return
@@ -543,6 +642,157 @@ class DIVECompressor(Compressor):
             adapter.load_state_dict(best_state)
         adapter.eval()
         return best_epoch
+
+    def _fit_corpus(
+        self,
+        train: TrainingData,
+        val: TrainingData | None,
+        heads: int,
+        hidden_dim: int,
+        rotation: np.ndarray | None,
+        device: torch.device,
+    ) -> int | None:
+        """The unsupervised mode: train on corpus embeddings only; returns the selected epoch (None: 'last')."""
+        config = self.config
+        n_docs = len(train.doc_embeddings)
+        if n_docs < 3:
+            raise ValueError(f"DIVE mode='unsupervised' needs at least 3 documents to learn neighbourhoods from; got {n_docs}.")
+        rng = np.random.default_rng(config.seed)
+        order = rng.permutation(n_docs)
+        n_holdout = min(config.holdout_docs, n_docs // 10) if config.epoch_selection == "best" else 0
+        if config.epoch_selection == "best" and n_holdout == 0:
+            raise ValueError(
+                f"DIVE mode='unsupervised' with epoch_selection='best' holds out a tenth of the corpus (at most holdout_docs) "
+                f"to select on, but {n_docs} documents leave none; give at least 10 documents or use epoch_selection='last'."
+            )
+        held = np.sort(order[:n_holdout])
+        fit_rows = order[n_holdout:]
+        if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
+            fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
+        fit_rows = np.sort(fit_rows)
+        # The frozen space's cosine geometry (what retrieval with the frozen model ranks by) is the teacher.
+        frozen = _unit(train.doc_embeddings)
+        adapter_input = frozen if config.normalize_input else np.ascontiguousarray(train.doc_embeddings, dtype=np.float32)
+        neighbors = _nearest_neighbors(frozen[fit_rows], config.neighbors)  # local rows into fit_rows
+
+        if config.epoch_selection == "val":
+            if val is None or not val.query_ids:
+                raise ValueError("DIVE epoch_selection='val' selects on the val queries given to fit(train, val); none were given.")
+            score, score_name = (lambda: self._validate(val)), "val_ndcg@10"
+        elif n_holdout:
+            # Candidates: the documents the training samples and the held-out ones.
+            universe = np.sort(np.concatenate([fit_rows, held]))
+            truth = _nearest_neighbors(frozen[universe], _RECALL_AT, queries=np.searchsorted(universe, held))
+            score = lambda: self._neighbor_recall(adapter_input[universe], np.searchsorted(universe, held), truth)  # noqa: E731
+            score_name = "holdout_neighbor_recall@10"
+        else:
+            score, score_name = None, ""
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            adapter = DIVEAdapter(train.dim, config.dim, heads, hidden_dim, config.activation, config.normalize_input)
+        adapter.to(device)
+        adapter.set_rotation(rotation)
+        self.adapter_ = adapter
+        start_row: dict[str, Any] = {"epoch": 0, "phase": "unsupervised"}
+        if rotation is not None and score is not None:
+            # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR).
+            mean = adapter_input.mean(axis=0, dtype=np.float64)  # the corpus mean, as the pca baseline's
+            centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(device)
+            uncentred_score = score()
+            with torch.no_grad():
+                adapter.mlp.down.bias.copy_(centring)
+            centred_score = score()
+            start_row.update({f"{score_name}_uncentred_start": uncentred_score, f"{score_name}_centred_start": centred_score})
+            if centred_score <= uncentred_score:  # ties keep the uncentred start (DIVE's own init)
+                with torch.no_grad():
+                    adapter.mlp.down.bias.zero_()
+            start_row["start"] = "centred" if centred_score > uncentred_score else "uncentred"
+            logger.info("DIVE (unsupervised): %s PCA start (%s %.4f uncentred, %.4f centred)", start_row["start"], score_name,
+                        uncentred_score, centred_score)
+        self.history_.append(start_row)
+        self._append_log(start_row)
+
+        best_epoch, best_score, best_state = config.epochs, -math.inf, None
+        if score is not None:
+            best_epoch, best_score = 0, max(v for k, v in start_row.items() if k.endswith("_start")) if rotation is not None else score()
+            best_state = copy.deepcopy(adapter.state_dict())
+        docs = torch.from_numpy(adapter_input[fit_rows])
+        teacher = torch.from_numpy(frozen[fit_rows])
+        neighbor_rows = torch.from_numpy(neighbors)
+        optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        generator = torch.Generator().manual_seed(config.seed)
+        logger.debug("DIVE (unsupervised): %d training documents, %d held out, %d neighbours each, H=%d, device %s",
+                     len(fit_rows), n_holdout, neighbors.shape[1], heads, device)
+        progress = progress_bar(config.epochs, "DIVE unsupervised epochs", unit="epoch", enabled=config.progress)
+        for epoch in range(1, config.epochs + 1):
+            start = time.perf_counter()
+            row = self._corpus_epoch(adapter, optimizer, docs, teacher, neighbor_rows, generator, device)
+            if score is not None:
+                value = row[score_name] = score()
+                if value > best_score:  # strict: ties keep the earlier (simpler) adapter
+                    best_epoch, best_score, best_state = epoch, value, copy.deepcopy(adapter.state_dict())
+            row = {"epoch": epoch, "phase": "unsupervised", **row, "seconds": time.perf_counter() - start}
+            self.history_.append(row)
+            self._append_log(row)
+            postfix = {"loss": f"{row['loss_total']:.4f}"}
+            if score is not None:
+                postfix[score_name] = f"{row[score_name]:.4f}"
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+        progress.close()
+        if best_state is not None:
+            adapter.load_state_dict(best_state)
+            logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, config.epochs, score_name, best_score,
+                        "; training did not beat the PCA start" if best_epoch == 0 else "")
+        adapter.eval()
+        return best_epoch if score is not None else None
+
+    def _corpus_epoch(
+        self,
+        adapter: DIVEAdapter,
+        optimizer: torch.optim.Optimizer,
+        docs: torch.Tensor,
+        teacher: torch.Tensor,
+        neighbor_rows: torch.Tensor,
+        generator: torch.Generator,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """One pass over the training documents as anchors; mean loss terms."""
+        config = self.config
+        adapter.train()
+        order = torch.randperm(len(docs), generator=generator)
+        totals = {"loss_rank": 0.0, "loss_view": 0.0, "loss_geometry": 0.0}
+        for lo in range(0, len(docs), config.batch_size):
+            anchors = order[lo : lo + config.batch_size]
+            pool = torch.unique(torch.cat([anchors, neighbor_rows[anchors].reshape(-1)]))  # sorted
+            slots = torch.searchsorted(pool, anchors).to(device)
+            heads = adapter(docs[pool].to(device))  # (m, H, k)
+            student, frozen = heads[:, 0], teacher[pool].to(device)
+            loss_rank = neighbor_rank_distillation_loss(student[slots], student, frozen[slots], frozen, slots, config.neighbor_temperature)
+            with torch.set_grad_enabled(config.view_weight > 0):
+                loss_view = headwise_ntxent_loss(heads[slots], config.temperature) if adapter.heads >= 2 else heads.new_zeros(())
+            with torch.set_grad_enabled(config.geometry_weight > 0):
+                loss_geometry = geometry_distillation_loss(student[slots], frozen[slots])
+            loss = loss_rank + config.view_weight * loss_view + config.geometry_weight * loss_geometry
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            for name, value in (("loss_rank", loss_rank), ("loss_view", loss_view), ("loss_geometry", loss_geometry)):
+                totals[name] += float(value.detach()) * len(anchors)
+        means = {name: value / len(docs) for name, value in totals.items()}
+        means["loss_total"] = means["loss_rank"] + config.view_weight * means["loss_view"] + config.geometry_weight * means["loss_geometry"]
+        return means
+
+    def _neighbor_recall(self, candidates: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> float:
+        """Mean share of each query row's frozen-space top-10 that the compressed space also ranks in its top 10."""
+        compressed = self.transform(candidates)
+        _, found = exact_search(compressed[queries], compressed, k=min(_RECALL_AT + 1, len(candidates)))
+        hits = 0
+        for row, query in enumerate(queries):
+            top = [j for j in found[row] if j != query][: truth.shape[1]]
+            hits += len(set(top) & set(truth[row].tolist()))
+        return hits / max(truth.size, 1)
 
     def _train_epoch(
         self,
