@@ -7,6 +7,7 @@ stays cheap and loading one workflow does not load the others.
 - :mod:`~embedtune.workflows.triplets`: ``shared_triplets``;
 - :mod:`~embedtune.workflows.fit_and_score`: ``fit_and_evaluate``, ``summarize``, ``MethodRun``;
 - :mod:`~embedtune.workflows.train_compressor`: ``fit_compressor`` (what ``compress train`` runs);
+- :mod:`~embedtune.workflows.fit`: ``fit_on_all`` (what ``compress fit`` runs: all the data, no evaluation);
 - :mod:`~embedtune.workflows.pipeline`: ``run_pipeline`` (fine-tune, then compress);
 - :mod:`~embedtune.workflows.significance`: ``paired_test``, ``align_by_query``;
 - :mod:`~embedtune.workflows.diagnose`: ``diagnose_model``;
@@ -29,6 +30,8 @@ _EXPORTS = {
     "summarize": "fit_and_score",
     "CompressionResult": "train_compressor",
     "fit_compressor": "train_compressor",
+    "FitResult": "fit",
+    "fit_on_all": "fit",
     "PipelineConfig": "pipeline",
     "run_pipeline": "pipeline",
     "paired_test": "significance",
