@@ -94,6 +94,18 @@ def test_beir_folder_without_the_split_lists_the_available_ones(toy40):
         fit_on_all("dive", 8, data=toy40)
 
 
+def test_compress_train_own_vectors_records_precomputed(own, tmp_path, capsys, one_torch_thread):
+    args = ["compress", "train", "--method", "pca", "--dim", "8", "--doc-embeddings", str(own / "docs.npy"), "--doc-ids",
+            str(own / "docs.txt"), "--query-embeddings", str(own / "queries.npy"), "--query-ids", str(own / "queries.txt"),
+            "--pairs", str(own / "pairs.tsv"), "--final", "--compare", "frozen", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    assert "/ precomputed:" in capsys.readouterr().out
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert report["model"] == "precomputed" and results["model"]["name"] == "precomputed"
+    assert set(results["model"]["vectors"]) == {"docs.npy", "docs.txt", "queries.npy", "queries.txt"}
+
+
 def test_compress_fit_cli(own, capsys, one_torch_thread):
     args = ["compress", "fit", "--method", "search-adaptor", "--dim", "8", "--doc-embeddings", str(own / "docs.npy"), "--doc-ids",
             str(own / "docs.txt"), "--query-embeddings", str(own / "queries.npy"), "--query-ids", str(own / "queries.txt"),

@@ -353,7 +353,9 @@ def _write_results(args: argparse.Namespace, result: CompressionResult, experime
               "triplets": result.report.get("triplets")}
     data = describe_data(experiment.dataset, queries=result.report["queries"], split_seed=result.report.get("split_seed"))
     path = write_results(args.out, task="compress train", command=command_line(args), config=config, data=data,
-                         model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model)), metrics=main["metrics"],
+                         model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model),
+                                              **({"vectors": experiment.provenance["vectors"]} if "vectors" in experiment.provenance else {})),
+                         metrics=main["metrics"],
                          per_query=main["per_query"], rows=rows, table=table)
     logger.info("results: %s", path)
 
