@@ -127,7 +127,12 @@ class PCACompressor(Compressor):
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.mean_ is not None and self.components_ is not None
-        return (X - self.mean_) @ self.components_.T
+        # W (x - mu) as W x - W mu, the exported Dense layer's form: no centred copy of X, a pass over
+        # memory that cost about half as much as the product itself (768 -> 128).
+        out = X @ self.components_.T
+        if self.mean_.any():
+            out -= self.mean_ @ self.components_.T
+        return out
 
     def export_layers(self) -> list[ExportLayer]:
         """``W (x − μ) = W x − W μ``: one ``Dense`` with weight ``W`` and bias ``−W μ``, then ``Normalize``."""
