@@ -89,6 +89,16 @@ def test_untrained_start_is_said_plainly():
     assert "1 of 2 seeds" in training_notes("dive", [0, 4])[0] and training_notes("dive", [3]) == [] and training_notes("pca", None) == []
 
 
+def test_a_beir_corpus_alone_is_encoded_and_fitted_unsupervised(toy40, tiny_bert_dir):
+    import shutil
+
+    shutil.rmtree(toy40 / "qrels")
+    (toy40 / "queries.jsonl").unlink()  # a corpus and nothing else
+    result = fit_on_all("pca", 8, data=toy40, model=str(tiny_bert_dir))
+    assert result.path == "unsupervised" and result.info["documents"] == 40
+    assert result.info["provenance"]["model"] == str(tiny_bert_dir) and "corpus.jsonl" in result.info["provenance"]["data"]
+
+
 def test_beir_folder_without_the_split_lists_the_available_ones(toy40):
     with pytest.raises(FileNotFoundError, match=r"no qrels/train.tsv to fit on; available splits: \['test'\]"):
         fit_on_all("dive", 8, data=toy40)
