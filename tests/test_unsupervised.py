@@ -126,13 +126,14 @@ def test_dive_unsupervised_starts_at_the_better_pca_projection(corpus):
 def test_dive_unsupervised_keeps_the_best_epoch_on_held_out_documents_and_is_deterministic(corpus):
     config = DIVEConfig.preset("unsupervised", dim=K, epochs=4, batch_size=32, progress=False, device="cpu", seed=5, holdout_docs=40)
     dive = DIVECompressor(config).fit_unsupervised(corpus)
-    scores = {row["epoch"]: row["holdout_neighbor_recall@10"] for row in dive.history_[1:]}
-    start = max(value for key, value in dive.history_[0].items() if key.endswith("_start"))
-    scores[0] = start
-    best = max(scores.values())
-    assert scores[dive.selected_epoch_] == best
-    assert min(e for e, s in scores.items() if s == best) == dive.selected_epoch_  # ties keep the earlier epoch
-    assert dive.selected_epoch_ == 0 or best > start  # never below the better PCA start on the selection signal
+    kls = {row["epoch"]: row["holdout_rank_kl"] for row in dive.history_[1:]}
+    start = min(value for key, value in dive.history_[0].items() if key.startswith("holdout_rank_kl_"))
+    kls[0] = start
+    best = min(kls.values())
+    assert kls[dive.selected_epoch_] == best
+    assert min(e for e, s in kls.items() if s == best) == dive.selected_epoch_  # ties keep the earlier epoch
+    assert dive.selected_epoch_ == 0 or best < start  # never worse than the better PCA start on the selection signal
+    assert all(0 <= row["holdout_neighbor_recall@10"] <= 1 for row in dive.history_[1:])
     assert dive.fit_details()["start"].endswith("PCA")
     again = DIVECompressor(config).fit_unsupervised(corpus)
     np.testing.assert_array_equal(again.transform(corpus), dive.transform(corpus))
@@ -147,9 +148,11 @@ def test_dive_unsupervised_trains_away_from_the_start_when_that_helps():
     config = DIVEConfig.preset("unsupervised", dim=2, epochs=15, batch_size=64, heads=2, progress=False, device="cpu",
                                seed=1, holdout_docs=30, learning_rate=3e-3)
     dive = DIVECompressor(config).fit_unsupervised(docs)
-    start = max(value for key, value in dive.history_[0].items() if key.endswith("_start"))
+    start = dive.history_[0]
     assert dive.selected_epoch_ > 0
-    assert max(row["holdout_neighbor_recall@10"] for row in dive.history_[1:]) > start + 0.02
+    selected = dive.history_[dive.selected_epoch_]
+    assert selected["holdout_rank_kl"] < 0.9 * min(v for k, v in start.items() if k.startswith("holdout_rank_kl_"))
+    assert selected["holdout_neighbor_recall@10"] > max(v for k, v in start.items() if k.startswith("holdout_neighbor_recall@10_"))
 
 
 def test_dive_unsupervised_config_checks():
