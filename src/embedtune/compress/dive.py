@@ -394,6 +394,17 @@ def _unit(X: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12), dtype=np.float32)
 
 
+def _corpus_mean(X: np.ndarray, normalize: bool, block: int = 16384) -> np.ndarray:
+    """The mean row of ``X`` (of its unit rows with ``normalize``) in float64, block by block."""
+    total = np.zeros(X.shape[1], dtype=np.float64)
+    for lo in range(0, len(X), block):
+        rows = np.asarray(X[lo : lo + block], dtype=np.float64)
+        if normalize:
+            rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        total += rows.sum(axis=0)
+    return total / max(len(X), 1)
+
+
 def _nearest_neighbors(unit_rows: np.ndarray, k: int, queries: np.ndarray | None = None) -> np.ndarray:
     """Each query row's ``k`` nearest other rows of ``unit_rows`` by cosine (exact), shape (n_queries, min(k, n − 1)).
 
@@ -674,10 +685,13 @@ class DIVECompressor(Compressor):
         if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
             fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
         fit_rows = np.sort(fit_rows)
+        # Only the sampled and the held-out documents are copied (a large corpus is not); rows below are local to them.
+        universe = np.sort(np.concatenate([fit_rows, held]))
+        fit_local, held_local = np.searchsorted(universe, fit_rows), np.searchsorted(universe, held)
         # The frozen space's cosine geometry (what retrieval with the frozen model ranks by) is the teacher.
-        frozen = _unit(train.doc_embeddings)
-        adapter_input = frozen if config.normalize_input else np.ascontiguousarray(train.doc_embeddings, dtype=np.float32)
-        neighbors = _nearest_neighbors(frozen[fit_rows], config.neighbors)  # local rows into fit_rows
+        frozen = _unit(train.doc_embeddings[universe])
+        adapter_input = frozen if config.normalize_input else np.ascontiguousarray(train.doc_embeddings[universe], dtype=np.float32)
+        neighbors = _nearest_neighbors(frozen[fit_local], config.neighbors)  # rows of fit_local
 
         # measure() -> the row's selection metrics; the first is the one selected on, `sign` says which way is better.
         measure: Callable[[], dict[str, float]] | None = None
@@ -688,10 +702,8 @@ class DIVECompressor(Compressor):
             measure = lambda: {"val_ndcg@10": self._validate(val)}  # noqa: E731
         elif n_holdout:
             # Held-out documents stand in for queries; the candidates are the sampled and the held-out documents.
-            universe = np.sort(np.concatenate([fit_rows, held]))
-            held_local = np.searchsorted(universe, held)
-            truth = _nearest_neighbors(frozen[universe], _RECALL_AT, queries=held_local)
-            measure = lambda: self._holdout_metrics(adapter_input[universe], frozen[universe], held_local, truth)  # noqa: E731
+            truth = _nearest_neighbors(frozen, _RECALL_AT, queries=held_local)
+            measure = lambda: self._holdout_metrics(adapter_input, frozen, held_local, truth)  # noqa: E731
             sign = -1.0  # the held-out rank KL: lower is better
         score_name = ""
 
@@ -709,7 +721,7 @@ class DIVECompressor(Compressor):
             if rotation is not None:
                 # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR),
                 # which is the pca baseline.
-                mean = adapter_input.mean(axis=0, dtype=np.float64)  # the corpus mean, as the pca baseline's
+                mean = _corpus_mean(train.doc_embeddings, config.normalize_input)  # the whole corpus's, as the pca baseline's
                 centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(device)
                 with torch.no_grad():
                     adapter.mlp.down.bias.copy_(centring)
@@ -728,8 +740,8 @@ class DIVECompressor(Compressor):
         self.history_.append(start_row)
         self._append_log(start_row)
 
-        docs = torch.from_numpy(adapter_input[fit_rows])
-        teacher = torch.from_numpy(frozen[fit_rows])
+        docs = torch.from_numpy(adapter_input[fit_local])
+        teacher = torch.from_numpy(frozen[fit_local])
         neighbor_rows = torch.from_numpy(neighbors)
         optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
         generator = torch.Generator().manual_seed(config.seed)
