@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.bench.efficiency import machine_info
+from embedtune.compress.precision import QuantizedIndex
 from embedtune.data.beir import load_beir
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.runtime import set_progress, set_threads
@@ -48,11 +49,14 @@ from embedtune.workflows.plan import (
     DEFAULT_PRECISIONS,
     Candidate,
     best_within,
+    faiss_cache_dir,
     fit_or_load,
+    load_faiss_cache,
     pareto_frontier,
     peer_factories,
     plot_frontier,
     precision_rows,
+    save_faiss_cache,
     sweep_dims,
 )
 from embedtune.workflows.significance import paired_test
@@ -122,21 +126,34 @@ def run(args: argparse.Namespace) -> None:
     atomic_write_json(root / "run.json", {**meta, "machine": machine_info(), "command": " ".join(sys.argv), "dims": dims,
                                           "budgets": list(BUDGETS), "seeds": args.seeds, "methods": args.methods, "variants": args.variants})
     phases = [p for p in ("val", "test") if p in args.phases]
+    docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    cache_dir = faiss_cache_dir(work, docs)
+    _FROZEN_INDEXES.update(load_faiss_cache(cache_dir))
+    for precision in peers:  # one at a time, each kept on disk as soon as it is trained
+        if precision not in _FROZEN_INDEXES and any(not (group_dir(root, ph, f"frozen-{d}", args.seeds[0]) / precision_file(precision)).is_file()
+                                                    for ph in phases):
+            start = time.perf_counter()
+            _FROZEN_INDEXES[precision] = (QuantizedIndex.build(docs, precision), time.perf_counter() - start)
+            save_faiss_cache(cache_dir, _FROZEN_INDEXES)
+            logger.info("frozen %s trained in %.0fs", precision, _FROZEN_INDEXES[precision][1])
+    # Unsupervised groups first (both phases), then each trained method, validation before test, so the
+    # key comparisons fill in early; the FAISS indexes of the frozen corpus are trained once (kept in --work).
     for phase in phases:
-        seeds = args.seeds[:1] if phase == "val" else args.seeds
         run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + peers, rounds=args.rounds, meta=meta)
         for method in [m for m in args.methods if m not in TRAINED]:
             for dim in dims:
                 extra = stacked_pq(dim) if method == "pca" else []
                 run_group(experiment, root, work, phase, method, dim, args.seeds[0], list(DEFAULT_PRECISIONS) + extra, rounds=args.rounds, meta=meta)
-        for method in [m for m in args.methods if m in TRAINED]:
-            for seed in seeds:
-                for dim in dims:
-                    run_group(experiment, root, work, phase, method, dim, seed, list(DEFAULT_PRECISIONS) + stacked_pq(dim), rounds=args.rounds, meta=meta)
-        for variant in args.variants:
-            for seed in seeds:
-                for dim in [k for k in dims if k in (args.variant_dims or dims)]:
-                    run_group(experiment, root, work, phase, "dive", dim, seed, list(DEFAULT_PRECISIONS), variant=variant, rounds=args.rounds, meta=meta)
+    trained = [(m, "default", dims) for m in args.methods if m == "dive"]
+    trained += [("dive", v, [k for k in dims if k in (args.variant_dims or dims)]) for v in args.variants]
+    trained += [(m, "default", dims) for m in args.methods if m in TRAINED and m != "dive"]
+    for method, variant, method_dims in trained:
+        for phase in phases:
+            for seed in (args.seeds[:1] if phase == "val" else args.seeds):
+                for dim in method_dims:
+                    extra = stacked_pq(dim) if variant == "default" else []
+                    run_group(experiment, root, work, phase, method, dim, seed, list(DEFAULT_PRECISIONS) + extra, variant=variant,
+                              rounds=args.rounds, meta=meta)
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -177,16 +194,16 @@ def family(row: dict[str, Any]) -> str:
     return name + (" + PQ" if precision.startswith("faiss:") else "")
 
 
-def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]], x: str = "ram_bytes") -> list[dict[str, Any]]:
     test_by = {r["setting"]: r for r in test}
     val = [r for r in val if r["setting"] in test_by]
     out = []
     for budget in BUDGETS:
-        ours = best_within([r for r in val if r["embedtune"]], budget)
-        peer = best_within([r for r in val if not r["embedtune"]], budget)
-        oracle_ours = best_within([r for r in test if r["embedtune"]], budget)
-        oracle_peer = best_within([r for r in test if not r["embedtune"]], budget)
-        row: dict[str, Any] = {"budget": budget}
+        ours = best_within([r for r in val if r["embedtune"]], budget, x)
+        peer = best_within([r for r in val if not r["embedtune"]], budget, x)
+        oracle_ours = best_within([r for r in test if r["embedtune"]], budget, x)
+        oracle_peer = best_within([r for r in test if not r["embedtune"]], budget, x)
+        row: dict[str, Any] = {"budget": budget, "bytes": x}
         if ours is None or peer is None:
             row["note"] = "no setting of one side fits"
             out.append(row)
@@ -195,9 +212,9 @@ def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[
         queries = sorted(set(a["per_query"]) & set(b["per_query"]))
         test_result = paired_test(np.array([a["per_query"][q] for q in queries]), np.array([b["per_query"][q] for q in queries]))
         row.update({
-            "embedtune": a["setting"], "embedtune_bytes": a["ram_bytes"], "embedtune_ndcg": a["ndcg@10"], "embedtune_std": a["ndcg@10_std"],
+            "embedtune": a["setting"], "embedtune_bytes": a[x], "embedtune_ndcg": a["ndcg@10"], "embedtune_std": a["ndcg@10_std"],
             "embedtune_seeds": len(a["seeds"]), "embedtune_val": ours["ndcg@10"],
-            "peer": b["setting"], "peer_bytes": b["ram_bytes"], "peer_ndcg": b["ndcg@10"], "peer_val": peer["ndcg@10"],
+            "peer": b["setting"], "peer_bytes": b[x], "peer_ndcg": b["ndcg@10"], "peer_val": peer["ndcg@10"],
             "difference": test_result.mean_difference, "ci_low": test_result.ci_low, "ci_high": test_result.ci_high,
             "p_value": test_result.p_value, "n_queries": test_result.n_queries,
             "oracle_embedtune": oracle_ours["setting"], "oracle_embedtune_ndcg": oracle_ours["ndcg@10"],
@@ -233,6 +250,20 @@ def qat_table(test: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["bytes"], r["setting"]))
 
 
+def budget_lines(budgets: list[dict[str, Any]]) -> list[str]:
+    lines = ["| budget | embedtune (val-chosen) | B | nDCG@10 (test) | best peer (val-chosen) | B | nDCG@10 (test) | Δ [95 % CI] | p | verdict "
+             "| best on test: embedtune / peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in budgets:
+        if "difference" not in r:
+            lines.append(f"| {r['budget']} | {r.get('note', '')} |||||||||")
+            continue
+        lines.append(f"| {r['budget']} | {r['embedtune']} | {r['embedtune_bytes']} | {r['embedtune_ndcg']:.4f} ± {r['embedtune_std']:.4f} "
+                     f"| {r['peer']} | {r['peer_bytes']} | {r['peer_ndcg']:.4f} | {r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] "
+                     f"| {r['p_value']:.4f} | {verdict(r)} | {r['oracle_embedtune_ndcg']:.4f} ({r['oracle_embedtune']}) / "
+                     f"{r['oracle_peer_ndcg']:.4f} ({r['oracle_peer']}) |")
+    return lines
+
+
 def report(args: argparse.Namespace) -> None:
     root = Path(args.results) / f"{args.data_name}-{args.model}"
     val, test = aggregate(load_rows(root, "val")), aggregate(load_rows(root, "test"))
@@ -243,9 +274,12 @@ def report(args: argparse.Namespace) -> None:
     n_queries = test[0]["n_queries"]
     plot_frontier(test, root / "frontier.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs bytes per vector "
                   f"(trained: mean of seeds)", group=lambda r: r["family"])
+    plot_frontier(test, root / "frontier_disk.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs bytes on disk "
+                  f"(float vectors kept for rescoring count)", x="disk_bytes", group=lambda r: r["family"])
     budgets = budget_table(val, test)
+    budgets_disk = budget_table(val, test, "disk_bytes")
     qat = qat_table(test)
-    summary = {"run": run_info, "budgets": budgets, "qat": qat,
+    summary = {"run": run_info, "budgets": budgets, "budgets_disk": budgets_disk, "qat": qat,
                "frontier": [{k: v for k, v in r.items() if k != "per_query"} for r in frontier],
                "settings": [{k: v for k, v in r.items() if k != "per_query"} for r in test]}
     atomic_write_json(root / "summary.json", summary)
@@ -253,17 +287,10 @@ def report(args: argparse.Namespace) -> None:
              f"Machine: {run_info['machine']['cpu']} ({run_info['machine']['cpus']} CPUs), {run_info['machine']['date']}. "
              f"Command: `{run_info['command']}`. Protocol {run_info['protocol']}; {n_queries} test queries; "
              f"{len(test)} settings on test, {len(val)} on validation.", "",
-             "## Per budget (bytes per vector in RAM): chosen on validation, scored on test", "",
-             "| budget | embedtune (val-chosen) | B | nDCG@10 (test) | best peer (val-chosen) | B | nDCG@10 (test) | Δ [95 % CI] | p | verdict | best on test: embedtune / peer |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in budgets:
-        if "difference" not in r:
-            lines.append(f"| {r['budget']} | {r.get('note', '')} |||||||||")
-            continue
-        lines.append(f"| {r['budget']} | {r['embedtune']} | {r['embedtune_bytes']} | {r['embedtune_ndcg']:.4f} ± {r['embedtune_std']:.4f} "
-                     f"| {r['peer']} | {r['peer_bytes']} | {r['peer_ndcg']:.4f} | {r['difference']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] "
-                     f"| {r['p_value']:.4f} | {verdict(r)} | {r['oracle_embedtune_ndcg']:.4f} ({r['oracle_embedtune']}) / "
-                     f"{r['oracle_peer_ndcg']:.4f} ({r['oracle_peer']}) |")
+             "## Per budget (bytes per vector in RAM): chosen on validation, scored on test", ""]
+    lines += budget_lines(budgets)
+    lines += ["", "## Per budget of bytes on disk (float vectors kept for rescoring count): chosen on validation, scored on test", ""]
+    lines += budget_lines(budgets_disk)
     lines += ["", "## Pareto frontier on test (bytes in RAM; disk bytes include float vectors kept for rescoring)", "",
               "| setting | family | RAM B | disk B | fixed B | nDCG@10 | Recall@10 | latency ms (batch) | × frozen f32 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in frontier:
@@ -281,7 +308,7 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {r['setting']} | {r['ram_bytes']} | {r['disk_bytes']} | {r['ndcg@10']:.4f} | {r['ndcg@10_std']:.4f} | {r['recall@10']:.4f} "
                      f"| {r['latency_ms']:.2f} | {len(r['seeds'])} |")
     atomic_write(root / "REPORT.md", lambda tmp: tmp.write_text("\n".join(lines) + "\n", encoding="utf-8"))
-    print("\n".join(lines[:14 + len(budgets)]))
+    print("\n".join(lines[:8 + len(budgets)]))
     print(f"wrote {root / 'REPORT.md'}, {root / 'summary.json'}, {root / 'frontier.png'}")
 
 

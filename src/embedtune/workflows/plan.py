@@ -25,6 +25,7 @@ A plan folder::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -61,6 +62,9 @@ __all__ = [
     "choose",
     "plot_frontier",
     "peer_factories",
+    "faiss_cache_dir",
+    "load_faiss_cache",
+    "save_faiss_cache",
     "run_plan",
     "write_plan",
     "load_plan",
@@ -70,7 +74,9 @@ __all__ = [
 DEFAULT_PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore")
 DEFAULT_PEERS = ("pq", "opq", "pq-fs")
 PLAN_FILE = "plan.json"
-PEER_MAX_BYTES = 64
+# The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
+# rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
+PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32}
 _FIT_REPORT = "report.json"
 
 
@@ -245,6 +251,40 @@ def precision_rows(
     return rows
 
 
+def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray) -> Path:
+    """Where FAISS indexes trained on this exact corpus are kept: ``WORK/frozen-faiss/<sha256 of the vectors>``."""
+    digest = hashlib.sha256(np.ascontiguousarray(doc_embeddings, dtype=np.float32).tobytes()).hexdigest()[:16]
+    return Path(work) / "frozen-faiss" / digest
+
+
+def load_faiss_cache(folder: str | Path) -> dict[str, tuple[QuantizedIndex, float]]:
+    """The ``faiss:`` indexes saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU)."""
+    import faiss
+
+    cache: dict[str, tuple[QuantizedIndex, float]] = {}
+    folder = Path(folder)
+    for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        info = json.loads(meta_path.read_text(encoding="utf-8"))
+        backend = faiss.read_index(str(meta_path.with_suffix(".faiss")))
+        cache[info["precision"]] = (QuantizedIndex(Precision(info["precision"]), info["dim"], backend, backend.ntotal), info["build_s"])
+    return cache
+
+
+def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]]) -> None:
+    """Write every ``faiss:`` index of ``cache`` not saved yet (``.faiss`` + a ``.json`` written last)."""
+    import faiss
+
+    folder = Path(folder)
+    for name, (index, build_s) in cache.items():
+        if not index.precision.is_faiss:
+            continue
+        stem = folder / name.replace(":", "_").replace(",", "+")
+        if not stem.with_suffix(".json").is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write(stem.with_suffix(".faiss"), lambda tmp, index=index: faiss.write_index(index.backend, str(tmp)))
+            atomic_write_json(stem.with_suffix(".json"), {"precision": name, "dim": index.dim, "build_s": build_s})
+
+
 # -- reading the rows ------------------------------------------------------------------------
 def pareto_frontier(rows: Sequence[Mapping[str, Any]], x: str = "ram_bytes", y: str = "ndcg@10") -> list[Mapping[str, Any]]:
     """The rows no other row beats: none has ``x`` at most theirs and ``y`` higher. Sorted by ``x``."""
@@ -331,7 +371,12 @@ def plot_frontier(
     if chosen is not None:
         ax.scatter([chosen[x]], [chosen[y]], s=180, marker="*", color="red", zorder=5, label=f"chosen: {chosen.get('setting', '')}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("bytes per vector in RAM (log scale)")
+    values = [r[x] for r in rows]
+    ticks = [t for t in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+             if min(values) <= t <= max(values)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("bytes per vector " + ("in RAM" if x == "ram_bytes" else "on disk" if x == "disk_bytes" else x) + " (log scale)")
     ax.set_ylabel(y)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
@@ -395,13 +440,16 @@ def run_plan(
     if too_wide:
         raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
     rows: list[dict[str, Any]] = []
+    cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
+    frozen_indexes = load_faiss_cache(cache_dir)  # FAISS peers trained by an earlier plan or frontier run on this corpus
     frozen_rows = precision_rows(experiment, "val", None, list(dict.fromkeys(["float32", *precisions])), rounds=rounds,
                                  labels={"method": "frozen", "family": "frozen (quantised)"})
-    # PQ codes up to 64 bytes: beyond that int8 is lossless already, and 8-bit PQ trains for minutes on a small CPU.
     budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-    factories = peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES], peers, len(experiment.embeddings.doc_ids))
-    peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds,
+    factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                               len(experiment.embeddings.doc_ids))]
+    peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
                                labels={"method": "frozen", "family": "FAISS PQ/OPQ"})
+    save_faiss_cache(cache_dir, frozen_indexes)
     for row in frozen_rows + peer_rows:
         row["setting"] = f"frozen-{input_dim}/{row['precision']}"
         row["candidate"] = None
