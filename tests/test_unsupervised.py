@@ -104,6 +104,14 @@ def test_neighbor_rank_distillation_is_zero_on_a_perfect_copy_and_leaves_the_anc
     one = torch.tensor([0])
     assert float(neighbor_rank_distillation_loss(pool[one], moved, pool[one], pool, one)) == pytest.approx(0.0, abs=1e-6)
     assert float(neighbor_rank_distillation_loss(pool[one], moved, pool[one], pool, torch.tensor([-1]))) > 0.01
+    # Standardised, the loss ignores the scale of the similarities (an anisotropic space); raw, it does not.
+    scaled = pool * 3.0
+    kwargs = {"temperature": 0.5}
+    reference = neighbor_rank_distillation_loss(shuffled[slots], shuffled, pool[slots], pool, slots, **kwargs)
+    assert float(neighbor_rank_distillation_loss(shuffled[slots], shuffled, scaled[slots], scaled, slots, **kwargs)) == pytest.approx(float(reference), rel=1e-5)
+    raw = {"temperature": 0.5, "standardize": False}
+    assert float(neighbor_rank_distillation_loss(shuffled[slots], shuffled, scaled[slots], scaled, slots, **raw)) != pytest.approx(
+        float(neighbor_rank_distillation_loss(shuffled[slots], shuffled, pool[slots], pool, slots, **raw)), rel=1e-3)
 
 
 def test_dive_unsupervised_starts_at_the_better_pca_projection(corpus):

@@ -36,7 +36,8 @@ which needs labels, is replaced by neighbour-rank distillation on the corpus
 
 For each batch of anchor documents, the pool is the anchors plus each one's ``neighbors``
 nearest frozen-space neighbours; ``L_rank`` makes head 1 rank each anchor's pool as the frozen
-space does (softmax KL at temperature ``neighbor_temperature``), and geometry distillation and
+space does (softmax KL of the standardised similarities at temperature ``neighbor_temperature``,
+so the same τ suits isotropic and anisotropic embedding spaces), and geometry distillation and
 the view loss are DIVE's, on the anchors. Both PCA projections are candidate starts (the
 uncentred one of ``init="pca"``, and the centred one, i.e. the ``pca`` baseline, obtained by
 setting the adapter's output bias to ``−μR``); the one that scores better on held-out documents
@@ -155,7 +156,11 @@ class DIVEConfig(CompressorConfig):
                   "neighbour-rank distillation replaces the triplet term; epochs are passes over the corpus)."},
     )
     neighbors: int = field(default=20, metadata={"help": "Unsupervised mode: frozen-space nearest neighbours of each anchor in its pool."})
-    neighbor_temperature: float = field(default=0.05, metadata={"help": "Unsupervised mode: temperature τ of the neighbour-rank softmaxes."})
+    neighbor_temperature: float = field(
+        default=0.5,
+        metadata={"help": "Unsupervised mode: temperature τ of the neighbour-rank softmaxes, in standard deviations of each "
+                  "anchor's similarities over its pool."},
+    )
     holdout_docs: int = field(
         default=1000,
         metadata={"help": "Unsupervised mode with epoch_selection='best': documents held out (at most a tenth of the corpus) "
