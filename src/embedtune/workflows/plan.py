@@ -489,7 +489,7 @@ def run_plan(
         "chosen": _public(chosen),
         "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
         "retention": chosen["ndcg@10"] / reference,
-        "frontier": [_public(r) for r in rows if r["setting"] in frontier],
+        "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
         "sweep": [_public(r) for r in rows],
     })
     if final:
