@@ -138,12 +138,36 @@ def compare(a: list[dict], b: list[dict]) -> str:
     return f"{test.mean_difference:+.4f} (p {test.p_value:.3g})"
 
 
+def summary(cells: dict[tuple[str, str, int], dict[str, list[dict]]], keys: list[tuple[str, str, int]]) -> list[str]:
+    """One row per cell: every method's mean nDCG@10, then DIVE against the stronger PCA variant and the MRL-Adaptor."""
+    shown = [m for m in METHODS if any(m in cells[key] for key in keys)]
+    lines = ["| cell (test queries) | " + " | ".join(shown) + " | DIVE − stronger PCA (p) | DIVE − MRL-Adaptor (p) |",
+             "|---|" + "---|" * (len(shown) + 2)]
+    for key in keys:
+        runs = cells[key]
+        n_queries = sorted({r["n_queries"] for rs in runs.values() for r in rs})
+        means = {m: float(np.mean([r["metrics"]["ndcg@10"] for r in runs[m]])) for m in shown if m in runs}
+        row = [f"{key[0]} · {key[1]} · k={key[2]} ({', '.join(map(str, n_queries))})"]
+        best = max(v for m, v in means.items() if m != "frozen")
+        row += [(f"**{means[m]:.4f}**" if means[m] == best and m != "frozen" else f"{means[m]:.4f}") if m in means else "–" for m in shown]
+        pcas = [m for m in ("pca", "pca-uncentred") if m in runs]
+        if "dive" in runs and pcas:
+            stronger = max(pcas, key=lambda m: means[m])
+            row.append(f"{compare(runs['dive'], runs[stronger])} vs {stronger}")
+        else:
+            row.append("–")
+        row.append(compare(runs["dive"], runs["mrl-adaptor"]) if "dive" in runs and "mrl-adaptor" in runs else "–")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def report(args: argparse.Namespace) -> str:
     cells = load_records(Path(args.results))
     order = {name: i for i, name in enumerate(("scifact", "arguana"))}
     models = {name: i for i, name in enumerate(("minilm", "mpnet"))}
-    lines = []
-    for key in sorted(cells, key=lambda c: (order.get(c[0], 9), models.get(c[1], 9), c[2])):
+    keys = sorted(cells, key=lambda c: (models.get(c[1], 9), order.get(c[0], 9), c[2]))
+    lines = summary(cells, keys) + [""]
+    for key in keys:
         dataset, model, dim = key
         runs = cells[key]
         n_queries = {r["n_queries"] for rs in runs.values() for r in rs}
