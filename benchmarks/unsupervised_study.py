@@ -141,8 +141,8 @@ def compare(a: list[dict], b: list[dict]) -> str:
 def summary(cells: dict[tuple[str, str, int], dict[str, list[dict]]], keys: list[tuple[str, str, int]]) -> list[str]:
     """One row per cell: every method's mean nDCG@10, then DIVE against the stronger PCA variant and the MRL-Adaptor."""
     shown = [m for m in METHODS if any(m in cells[key] for key in keys)]
-    lines = ["| cell (test queries) | " + " | ".join(shown) + " | DIVE − stronger PCA (p) | DIVE − MRL-Adaptor (p) |",
-             "|---|" + "---|" * (len(shown) + 2)]
+    lines = ["| cell (test queries) | " + " | ".join(shown) + " | DIVE − pca (p) | DIVE − stronger PCA (p) | DIVE − MRL-Adaptor (p) |",
+             "|---|" + "---|" * (len(shown) + 3)]
     for key in keys:
         runs = cells[key]
         n_queries = sorted({r["n_queries"] for rs in runs.values() for r in rs})
@@ -151,6 +151,7 @@ def summary(cells: dict[tuple[str, str, int], dict[str, list[dict]]], keys: list
         best = max(v for m, v in means.items() if m != "frozen")
         row += [(f"**{means[m]:.4f}**" if means[m] == best and m != "frozen" else f"{means[m]:.4f}") if m in means else "–" for m in shown]
         pcas = [m for m in ("pca", "pca-uncentred") if m in runs]
+        row.append(compare(runs["dive"], runs["pca"]) if "dive" in runs and "pca" in runs else "–")
         if "dive" in runs and pcas:
             stronger = max(pcas, key=lambda m: means[m])
             row.append(f"{compare(runs['dive'], runs[stronger])} vs {stronger}")
