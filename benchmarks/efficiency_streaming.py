@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=128)
     parser.add_argument("--chunk-size", type=int, default=65536)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    parser.add_argument("--repeats", type=int, default=1, help="alternating rounds of bare matmul and apply (medians reported)")
     parser.add_argument("--work", default="/tmp/etstream")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -47,7 +48,7 @@ def main() -> None:
     ids = [str(i) for i in range(len(sample))]
     make_compressor("pca", dim=args.k).fit(TrainingData(ids[:1], sample[:1], ids, sample, {})).save(work / "pca")
     del sample
-    row = streaming_benchmark(str(work / "pca"), str(source), str(work / "out.npy"), args.chunk_size)
+    row = streaming_benchmark(str(work / "pca"), str(source), str(work / "out.npy"), args.chunk_size, args.repeats)
     result = {"machine": machine_info(), "dtype": args.dtype, **row}
     if args.out:
         atomic_write_json(args.out, result)

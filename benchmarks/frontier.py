@@ -266,10 +266,13 @@ def budget_lines(budgets: list[dict[str, Any]]) -> list[str]:
 
 def report(args: argparse.Namespace) -> None:
     root = Path(args.results) / f"{args.data_name}-{args.model}"
-    val, test = aggregate(load_rows(root, "val")), aggregate(load_rows(root, "test"))
+    run_info = json.loads((root / "run.json").read_text(encoding="utf-8"))
+    full = max(run_info["dims"])
+    # Truncation to the full width is the frozen model itself: report it once, as frozen.
+    distinct = lambda rows: [r for r in rows if not (r["method"] == "truncate" and r["dim"] == full)]  # noqa: E731
+    val, test = distinct(aggregate(load_rows(root, "val"))), distinct(aggregate(load_rows(root, "test")))
     if not test:
         raise SystemExit(f"{root}: no test results yet.")
-    run_info = json.loads((root / "run.json").read_text(encoding="utf-8"))
     frontier = pareto_frontier(test)
     n_queries = test[0]["n_queries"]
     plot_frontier(test, root / "frontier.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs bytes per vector "

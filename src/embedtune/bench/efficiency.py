@@ -376,14 +376,16 @@ def measure_apply_rss(adapter_dir: str, input_path: str, output_path: str, chunk
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def streaming_benchmark(adapter_dir: str, input_path: str, output_path: str, chunk_size: int = 65536) -> dict[str, Any]:
+def streaming_benchmark(adapter_dir: str, input_path: str, output_path: str, chunk_size: int = 65536, repeats: int = 1) -> dict[str, Any]:
     """Streaming apply (subprocess, peak RSS) against a bare numpy matmul of the same shapes.
 
     Order: a read-only pass over the file (block reader, no compute; this also puts the file in
-    the page cache), the bare baseline (each block from a memory map times a random
-    ``(d, k)`` float32 matrix: the arithmetic floor of a linear compressor, no output written),
-    then the real apply in a fresh subprocess. So both compute figures read from the page
-    cache; the read-only pass shows what the reading alone costs.
+    the page cache), then ``repeats`` rounds of the bare baseline (each block from a memory map
+    times a random ``(d, k)`` float32 matrix: the arithmetic floor of a linear compressor, no
+    output written) followed by the real apply in a fresh subprocess. Alternating the two lets
+    them share the machine's drifts; the figures are medians over the rounds (every round is
+    kept). Both compute figures read from the page cache; the read-only pass shows what the
+    reading alone costs.
     """
     compressor = load_compressor(adapter_dir)
     n, d = embedding_file_shape(input_path)
@@ -391,24 +393,31 @@ def streaming_benchmark(adapter_dir: str, input_path: str, output_path: str, chu
     for _ in iter_embedding_blocks(input_path, chunk_size, reuse_buffer=True):
         pass
     read_seconds = time.perf_counter() - start
-    xb = np.load(input_path, mmap_mode="r")
-    itemsize = xb.dtype.itemsize
     weights = np.random.default_rng(0).standard_normal((d, compressor.output_dim), dtype=np.float32)
-    start = time.perf_counter()
-    for lo in range(0, n, chunk_size):
-        np.ascontiguousarray(xb[lo : lo + chunk_size], dtype=np.float32) @ weights
-    bare = time.perf_counter() - start
-    del xb
-    apply = measure_apply_rss(adapter_dir, input_path, output_path, chunk_size)
+    bares, applies = [], []
+    for _ in range(max(1, repeats)):
+        xb = np.load(input_path, mmap_mode="r")
+        itemsize = xb.dtype.itemsize
+        start = time.perf_counter()
+        for lo in range(0, n, chunk_size):
+            np.ascontiguousarray(xb[lo : lo + chunk_size], dtype=np.float32) @ weights
+        bares.append(time.perf_counter() - start)
+        del xb
+        applies.append(measure_apply_rss(adapter_dir, input_path, output_path, chunk_size))
+    bare = float(np.median(bares))
+    apply_seconds = float(np.median([a["seconds"] for a in applies]))
+    peak = max(a["peak_rss"] for a in applies)
+    before = min(a["rss_before"] for a in applies)
     return {
         "n": n, "d": d, "k": compressor.output_dim, "method": compressor.method, "chunk_size": chunk_size,
         "input_bytes": n * d * itemsize,
         "read_only_s": read_seconds, "read_only_vectors_per_s": n / read_seconds,
-        "apply_s": apply["seconds"], "apply_vectors_per_s": n / apply["seconds"],
+        "apply_s": apply_seconds, "apply_vectors_per_s": n / apply_seconds,
         "bare_matmul_s": bare, "bare_matmul_vectors_per_s": n / bare,
-        "apply_vs_bare": bare / apply["seconds"],
-        "rss_before_bytes": apply["rss_before"], "peak_rss_bytes": apply["peak_rss"],
-        "peak_rss_increase_bytes": apply["peak_rss"] - apply["rss_before"],
+        "apply_vs_bare": bare / apply_seconds,
+        "repeats": len(bares), "bare_matmul_runs_s": bares, "apply_runs_s": [a["seconds"] for a in applies],
+        "rss_before_bytes": before, "peak_rss_bytes": peak,
+        "peak_rss_increase_bytes": max(a["peak_rss"] - a["rss_before"] for a in applies),
     }
 
 
