@@ -145,6 +145,11 @@ def test_dive_unsupervised_keeps_the_best_epoch_on_held_out_documents_and_is_det
     assert dive.fit_details()["start"].endswith("PCA")
     again = DIVECompressor(config).fit_unsupervised(corpus)
     np.testing.assert_array_equal(again.transform(corpus), dive.transform(corpus))
+    # With patience, training stops that many epochs after the last improvement (or at the cap).
+    patient = DIVECompressor(dataclasses.replace(config, epochs=30, patience=2)).fit_unsupervised(corpus)
+    ran = len(patient.history_) - 1
+    assert ran == 30 or ran - patient.selected_epoch_ == 2
+    assert ran < 30  # this corpus plateaus long before the cap
 
 
 def test_dive_unsupervised_trains_away_from_the_start_when_that_helps():

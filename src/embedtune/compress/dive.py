@@ -45,7 +45,8 @@ is trained. Selection (``epoch_selection="best"``) holds out ``holdout_docs`` do
 a tenth of the corpus) that are never trained on, and keeps the start or epoch with the lowest
 held-out rank KL: ``L_rank`` of each held-out document against the whole corpus, i.e. how far
 the compressed ranking of the corpus around it is from the frozen one. It is a corpus-only
-signal, so the result is never below the better PCA projection on it. (Held-out neighbour
+signal, so the result is never below the better PCA projection on it; with ``patience`` training stops
+once the signal has not improved for that many epochs. (Held-out neighbour
 recall@10 is logged too; it flattens after a few epochs while the ranking keeps improving, so it
 is not selected on.) Corpora above ``max_train_docs`` train on a seeded sample.
 """
@@ -169,6 +170,11 @@ class DIVEConfig(CompressorConfig):
     max_train_docs: int | None = field(
         default=50000, metadata={"help": "Unsupervised mode: train on a seeded sample of this many documents (None: all)."}
     )
+    patience: int | None = field(
+        default=None,
+        metadata={"help": "Unsupervised mode with a selection signal: stop once it has not improved for this many epochs "
+                  "(None: run every epoch). `epochs` is then the cap."},
+    )
     device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
 
@@ -186,9 +192,10 @@ class DIVEConfig(CompressorConfig):
         "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5},
         # No labels: neighbour-rank distillation on the corpus from the better PCA start, the
         # epoch (0 included) selected on held-out documents (benchmarks/RESULTS.md, "Unsupervised
-        # compression (issue 18)"). 20 corpus passes at lr 1e-3, batch 256 anchors.
+        # compression (issue 18)"). At most 50 corpus passes at lr 1e-3, batch 256 anchors,
+        # stopping 5 epochs after the last improvement of the held-out signal.
         "unsupervised": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
-                         "epochs": 20, "batch_size": 256},
+                         "epochs": 50, "patience": 5, "batch_size": 256},
     }
 
     @classmethod
@@ -215,6 +222,8 @@ class DIVEConfig(CompressorConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1):
+            raise ValueError(f"patience must be a positive integer or None; got {self.patience!r}.")
         if self.max_train_docs is not None and (isinstance(self.max_train_docs, bool) or not isinstance(self.max_train_docs, int) or self.max_train_docs < 2):
             raise ValueError(f"max_train_docs must be an integer >= 2 or None; got {self.max_train_docs!r}.")
         if not isinstance(self.neighbor_temperature, (int, float)) or not math.isfinite(self.neighbor_temperature) or self.neighbor_temperature <= 0:
@@ -769,10 +778,13 @@ class DIVECompressor(Compressor):
                 postfix[score_name] = f"{row[score_name]:.4f}"
             progress.set_postfix(postfix, refresh=False)
             progress.update(1)
+            if measure is not None and config.patience is not None and epoch - best_epoch >= config.patience:
+                logger.info("DIVE (unsupervised): %s has not improved for %d epochs; stopping at epoch %d", score_name, config.patience, epoch)
+                break
         progress.close()
         if best_state is not None:
             adapter.load_state_dict(best_state)
-            logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, config.epochs, score_name,
+            logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, len(self.history_) - 1, score_name,
                         sign * best_score, "; training did not beat the PCA start" if best_epoch == 0 else "")
         adapter.eval()
         return best_epoch if measure is not None else None
