@@ -88,3 +88,24 @@ def test_seed_changes_learned_compressors(method, train):
     reseeded = build(method)
     reseeded.config.seed += 1
     assert not np.array_equal(reseeded.fit(train).transform(train.query_embeddings), first)
+
+
+@pytest.mark.parametrize("method", [m for m in available_methods() if get_compressor_class(m).non_finite_input_reaches_output])
+def test_non_finite_input_reaches_the_output_row(method, train):
+    # The streaming apply scans only the output of these methods, so a NaN or infinity in any
+    # input column must leave its output row non-finite (and no other row).
+    compressor = build(method)
+    compressor.fit(train) if compressor.supervised else compressor.fit_unsupervised(train.doc_embeddings)
+    X = np.array(train.doc_embeddings[:12], dtype=np.float32)
+    bad = {2: (0, np.nan), 5: (D - 1, np.inf), 9: (D // 2, -np.inf)}
+    for row, (column, value) in bad.items():
+        X[row, column] = value
+    out = compressor._transform(X)
+    row_finite = np.isfinite(out).all(axis=1)
+    assert [i for i in range(len(X)) if not row_finite[i]] == sorted(bad)
+    # And the tile path names the input, not the weights, for the first bad row.
+    from embedtune.compress.streaming import transform_rows
+    from embedtune.errors import NonFiniteError
+
+    with pytest.raises(NonFiniteError, match=r"X: input row 2 \(0-based\) holds nan at column 0"):
+        transform_rows(compressor, X, tile=4, workers=2)

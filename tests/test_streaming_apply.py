@@ -175,3 +175,24 @@ def test_streaming_bits_do_not_depend_on_chunk_size_at_wide_dims(tmp_path, rng):
     for chunk in (333, 4000):
         out = apply_compressor_streaming(pca, tmp_path / "in.npy", tmp_path / f"out{chunk}.npy", chunk_size=chunk)
         np.testing.assert_array_equal(np.load(out), expected)
+
+
+def test_whole_tile_chunks_reuse_output_buffers_without_mixing_blocks(fitted, tmp_path, rng):
+    # Chunks that are whole tiles take the fast path: two alternating output buffers, the write of
+    # one block overlapping the transform of the next. Every block must land in its own rows.
+    X = rng.normal(size=(3 * TILE_ROWS + 700, 48)).astype(np.float32)
+    np.save(tmp_path / "in.npy", X)
+    out = apply_compressor_streaming(fitted, tmp_path / "in.npy", tmp_path / "out.npy", chunk_size=TILE_ROWS)
+    expected = transform_rows(fitted, X)
+    np.testing.assert_array_equal(np.load(out), expected)
+    np.testing.assert_allclose(expected, fitted.transform(X), rtol=0, atol=1e-6)
+
+
+def test_transform_rows_into_a_given_array(fitted, vectors):
+    X = vectors[0]
+    target = np.full((len(X), fitted.output_dim), np.nan, dtype=np.float32)
+    result = transform_rows(fitted, X, tile=64, out=target, validated=True)
+    assert result is target
+    np.testing.assert_array_equal(target, transform_rows(fitted, X, tile=64))
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        transform_rows(fitted, X, out=np.zeros((len(X), fitted.output_dim), np.float64))

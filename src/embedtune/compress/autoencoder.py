@@ -80,6 +80,7 @@ class AutoencoderCompressor(Compressor):
     """
 
     method = "autoencoder"
+    non_finite_input_reaches_output = True
     config_class = AutoencoderConfig
     supervised = False
     supports_unsupervised = True

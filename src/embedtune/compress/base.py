@@ -64,9 +64,16 @@ def as_float32_rows(X: Any, name: str = "X", dim: int | None = None) -> np.ndarr
     return array
 
 
-def l2_normalize(X: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
-    return np.ascontiguousarray(X / np.maximum(norms, eps), dtype=np.float32)
+def l2_normalize(X: np.ndarray, eps: float = 1e-12, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows of ``X`` scaled to unit L2 norm (float32); ``out`` (C-contiguous float32, X's shape) receives them, no new array."""
+    norms = np.maximum(np.linalg.norm(X, axis=1, keepdims=True), eps)
+    if out is not None and X.dtype == np.float32:
+        return np.divide(X, norms, out=out)
+    result = np.ascontiguousarray(X / norms, dtype=np.float32)
+    if out is not None:
+        out[...] = result
+        return out
+    return result
 
 
 @dataclass
@@ -185,6 +192,11 @@ class Compressor(abc.ABC):
     unsupervised_preset: ClassVar[str | None] = None
     #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
     seed_dependent: ClassVar[bool] = True
+    #: A NaN or infinity anywhere in an input row makes that output row non-finite (every output
+    #: coordinate is computed from every input coordinate, e.g. a dense matmul). Block transforms
+    #: then check only the (much narrower) output and look at the input only when it fails;
+    #: ``tests/test_compressor_contract.py`` checks the claim for every method that makes it.
+    non_finite_input_reaches_output: ClassVar[bool] = False
     #: One line for ``compress train --help``.
     help: ClassVar[str] = ""
     #: Learning rates of the protocol's validation-only audit (empty: not audited).
@@ -269,10 +281,19 @@ class Compressor(abc.ABC):
     def transform(self, X: Any) -> np.ndarray:
         self._check_fitted()
         X = as_float32_rows(X, "X", self.input_dim_)
-        out = self._transform(X)
+        return self.transform_validated(X)
+
+    def transform_validated(self, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`transform` of rows the caller has already validated, optionally into ``out``.
+
+        ``X`` must be a C-contiguous float32 ``(n, input_dim_)`` array of finite values (what
+        :func:`as_float32_rows` returns); streaming applies check each block once and call this
+        per tile, so the input is not scanned twice and no output array is allocated per tile.
+        """
+        result = self._transform(X)
         # Finite input, non-finite output: the weights themselves are damaged or diverged.
-        check_finite(out, f"{type(self).__name__}.transform", "output", fix=_OUTPUT_FIX)
-        return l2_normalize(out)
+        check_finite(result, f"{type(self).__name__}.transform", "output", fix=_OUTPUT_FIX)
+        return l2_normalize(result, out=out)
 
     def torch_module(self) -> "torch.nn.Module":
         """The fitted transform as a torch module (for export); methods that can, override this."""

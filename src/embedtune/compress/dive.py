@@ -469,6 +469,7 @@ class DIVECompressor(Compressor):
     """
 
     method = "dive"
+    non_finite_input_reaches_output = True
     config_class = DIVEConfig
     supervised = True
     supports_unsupervised = True
@@ -929,13 +930,13 @@ class DIVECompressor(Compressor):
         adapter.train(was_training)
         return np.concatenate(parts) if parts else np.zeros((0, self.config.dim), np.float32)
 
-    def transform(self, X: Any) -> np.ndarray:
+    def transform_validated(self, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Head 1 of ``X``: unit rows, or with ``output_norm='input'`` rows of the input's norm."""
-        out = super().transform(X)
+        result = super().transform_validated(X, out=out)
         if self.config.output_norm == "input":
-            norms = np.linalg.norm(np.asarray(X, dtype=np.float32), axis=1, keepdims=True)
-            out = np.ascontiguousarray(out * norms, dtype=np.float32)
-        return out
+            norms = np.linalg.norm(X, axis=1, keepdims=True)
+            np.multiply(result, norms, out=result)
+        return result
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         state = {f"adapter.{name}": tensor.detach().cpu().numpy() for name, tensor in self.adapter_.state_dict().items()}

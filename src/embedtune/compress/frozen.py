@@ -31,6 +31,7 @@ class FrozenCompressor(Compressor):
     """Identity map; ``transform`` returns the unit-normalised (n, d) input."""
 
     method = "frozen"
+    non_finite_input_reaches_output = True
     config_class = FrozenConfig
     supervised = False
     supports_unsupervised = True

@@ -254,6 +254,7 @@ class MRLAdaptorCompressor(Compressor):
     """
 
     method = "mrl-adaptor"
+    non_finite_input_reaches_output = True
     config_class = MRLAdaptorConfig
     supervised = True
     supports_unsupervised = True

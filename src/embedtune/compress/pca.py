@@ -102,6 +102,7 @@ class PCACompressor(Compressor):
     """
 
     method = "pca"
+    non_finite_input_reaches_output = True
     config_class = PCAConfig
     supervised = False
     supports_unsupervised = True

@@ -144,6 +144,7 @@ class SearchAdaptorCompressor(Compressor):
     """
 
     method = "search-adaptor"
+    non_finite_input_reaches_output = True
     config_class = SearchAdaptorConfig
     supervised = True
     help = "Search-Adaptor (Yoon et al. 2024a), truncated to k"

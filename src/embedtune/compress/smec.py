@@ -397,6 +397,7 @@ class SMECCompressor(Compressor):
     """
 
     method = "smec"
+    non_finite_input_reaches_output = True
     config_class = SMECConfig
     supervised = True
     help = "SMEC (Zhang et al. 2025): sequential Matryoshka with adaptive dimension selection"
