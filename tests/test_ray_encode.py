@@ -58,3 +58,32 @@ def test_ray_actor_pool_equals_local(tiny_bert_dir, tmp_path):
     ids, vectors = read_shards(tmp_path / "ray")
     assert ids == IDS
     np.testing.assert_allclose(vectors, read_shards(tmp_path / "local")[1], rtol=0, atol=1e-6)
+
+
+def test_resuming_with_other_settings_is_refused(tiny_bert_dir, tmp_path):
+    out = tmp_path / "shards"
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
+    with pytest.raises(ValueError, match="shard_size: 10 -> 20.*new --out"):
+        encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=20)
+    with pytest.raises(ValueError, match="another corpus"):
+        encode_sharded(IDS[:-1] + ["other"], TEXTS, str(tiny_bert_dir), out, shard_size=10)
+
+
+def test_embed_corpus_cli_writes_and_resumes_shards(tiny_bert_dir, tmp_path, capsys):
+    import json
+
+    from embedtune.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for i, t in zip(IDS, TEXTS)), encoding="utf-8")
+    out = tmp_path / "vectors"
+    assert main(["embed-corpus", "--data", str(corpus), "--model", str(tiny_bert_dir), "--out", str(out), "--shard-size", "16"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rows"] == 37 and printed["shards"] == 3 and printed["last_run"]["backend"] == "local"
+    ids, vectors = read_shards(out)
+    assert ids == IDS and vectors.shape == (37, 32)
+    expected = SentenceEncoder(str(tiny_bert_dir), show_progress=False).encode(TEXTS[16:32])
+    np.testing.assert_array_equal(vectors[16:32], expected)
+    untouched = (out / "shard-00000.npy").stat().st_mtime_ns
+    assert main(["embed-corpus", "--data", str(corpus), "--model", str(tiny_bert_dir), "--out", str(out), "--shard-size", "16"]) == 0
+    assert (out / "shard-00000.npy").stat().st_mtime_ns == untouched

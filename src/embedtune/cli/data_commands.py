@@ -1,4 +1,4 @@
-"""``embedtune embed`` and ``embedtune split``."""
+"""``embedtune embed``, ``embedtune embed-corpus`` and ``embedtune split``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
 from embedtune.io import atomic_save_npy, atomic_write_json
+from embedtune.workflows.encode_corpus import encode_corpus
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
 
 
@@ -21,6 +22,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     embed.add_argument("--out", required=True, help="output folder for {doc,query}_embeddings.npy and {doc,query}_ids.json")
     embed.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     embed.set_defaults(handler=run_embed)
+
+    corpus = commands.add_parser(
+        "embed-corpus", help="encode a corpus into resumable .npy shards, in this process or on a Ray actor pool", formatter_class=fmt,
+        description="Encode every document of --data into shard-0000i.npy + shard-0000i.ids.txt under --out. A rerun skips "
+                    "complete shards. With --ray-actors N, N encoders run on Ray Data (one per GPU with --gpus-per-actor 1); "
+                    "on a cluster, start it on a node with --ray-address auto and give an --out every node can write.")
+    corpus.add_argument("--data", required=True, help="a BEIR folder or a corpus.jsonl ({\"_id\", \"title\", \"text\"} per line)")
+    corpus.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
+    corpus.add_argument("--out", required=True, help="shard folder (created; reused on a rerun)")
+    corpus.add_argument("--shard-size", type=int, default=50_000, help="documents per shard (one encode call, one file)")
+    corpus.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    corpus.add_argument("--max-seq-length", type=int, default=None, help="token cap (default: the model's own)")
+    ray = corpus.add_argument_group("Ray Data (pip install \"embedtune[ray]\")")
+    ray.add_argument("--ray-actors", type=int, default=0, help="encoder actors; 0 encodes in this process")
+    ray.add_argument("--ray-address", default=None, help="an existing cluster ('auto' on one of its nodes); default: a local Ray")
+    ray.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves")
+    ray.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs each actor reserves (1: one encoder per GPU)")
+    ray.add_argument("--threads-per-actor", type=int, default=None, help="torch threads in each actor")
+    corpus.set_defaults(handler=run_embed_corpus)
 
     split = commands.add_parser("split", help="write the query-disjoint train/val/test manifest", formatter_class=fmt,
                                 description="Rank judged query ids by sha256(f'{seed}:{id}') and cut them into train/val/test.")
@@ -42,6 +62,19 @@ def run_embed(args: argparse.Namespace) -> int:
     atomic_write_json(out / "query_ids.json", emb.query_ids)
     finish_output_dir(out, "embed")
     print_json({"out": str(out), "docs": len(emb.doc_ids), "queries": len(emb.query_ids), "dim": emb.dim, "seconds": emb.timings})
+    return 0
+
+
+def run_embed_corpus(args: argparse.Namespace) -> int:
+    if args.shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1; got {args.shard_size}.")
+    options = {"batch_size": args.batch_size}
+    if args.max_seq_length is not None:
+        options["max_seq_length"] = args.max_seq_length
+    manifest = encode_corpus(args.data, args.model, args.out, shard_size=args.shard_size, ray_actors=args.ray_actors,
+                             ray_address=args.ray_address, cpus_per_actor=args.cpus_per_actor, gpus_per_actor=args.gpus_per_actor,
+                             threads_per_actor=args.threads_per_actor, **options)
+    print_json({"out": args.out, **{k: v for k, v in manifest.items() if k != "shards"}, "shards": len(manifest["shards"])})
     return 0
 
 

@@ -284,14 +284,19 @@ def load_beir(path: str | Path, split: str = "test") -> BeirDataset:
 def load_beir_corpus(path: str | Path) -> BeirDataset:
     """Only the corpus of a BEIR dataset (``corpus.jsonl``): no queries, no qrels (split ``"corpus"``).
 
-    What unsupervised fitting reads; ``qrels/`` and ``queries.jsonl`` need not exist.
+    What unsupervised fitting reads; ``qrels/`` and ``queries.jsonl`` need not exist. ``path``
+    may also be the ``.jsonl`` file itself.
     """
-    root = resolve_dataset_path(path)
-    source = _Source(root)
-    raw = source.read("corpus.jsonl")
-    corpus = _records(source.label("corpus.jsonl"), raw, ("_id", "text"), ("title",))
+    if Path(path).suffix == ".jsonl" and Path(path).is_file():
+        root = Path(path)
+        label, raw = str(root), root.read_bytes()
+    else:
+        root = resolve_dataset_path(path)
+        source = _Source(root)
+        label, raw = source.label("corpus.jsonl"), source.read("corpus.jsonl")
+    corpus = _records(label, raw, ("_id", "text"), ("title",))
     if not corpus:
-        raise DataFormatError(source.label("corpus.jsonl"), "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
+        raise DataFormatError(label, "holds no documents", "write one JSON object per document: {\"_id\": ..., \"text\": ...}")
     return BeirDataset(
         name=root.stem if root.is_file() else root.name,
         corpus=corpus,
