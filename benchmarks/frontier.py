@@ -47,7 +47,9 @@ from embedtune.runtime import set_progress, set_threads
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.plan import (
     DEFAULT_PRECISIONS,
+    VARIANTS,
     Candidate,
+    candidate_for,
     best_within,
     faiss_cache_dir,
     fit_or_load,
@@ -66,16 +68,11 @@ logger = logging.getLogger("frontier")
 BUDGETS = (16, 32, 48, 64, 128, 384)
 TRAINED = {"dive", "mrl-adaptor"}
 FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "dive": "DIVE", "mrl-adaptor": "Matryoshka-Adaptor"}
-VARIANTS = {"qat-binary": {"quantization_aware": "binary"}, "qat-int8": {"quantization_aware": "int8"}}
 PQ_BUDGETS = (16, 32, 48, 64)
 # 8-bit PQ trains for minutes per code on this CPU (k-means, 256 centroids per sub-quantizer): PQ at
 # every budget up to 64 B, OPQ at 16 and 32 B only; 4-bit fast-scan (cheap to train) everywhere.
 PEER_KINDS = {"pq": PQ_BUDGETS, "opq": (16, 32), "pq-fs": PQ_BUDGETS, "ivf-pq-fs": PQ_BUDGETS}
 _FROZEN_INDEXES: dict = {}  # frozen-corpus indexes, shared by the val and test phases (same vectors)
-
-
-def candidate_for(method: str, dim: int, variant: str = "default") -> Candidate:
-    return Candidate(method, dim, variant, tuple(sorted(VARIANTS.get(variant, {}).items())))
 
 
 def stacked_pq(dim: int) -> list[str]:

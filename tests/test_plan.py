@@ -142,3 +142,22 @@ def test_plan_refuses_missing_target(toy, tmp_path, capsys):
     assert "--budget-bytes" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown precision"):
         Precision("int3")
+
+
+def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path):
+    experiment = _experiment(toy)
+    out = tmp_path / "plan"
+    # A tiny budget, so the choice is one of the 1-byte settings; DIVE beats PCA on this toy.
+    plan = run_plan(experiment, out, budget_bytes=1, methods=["pca", "dive"], dims=[8], precisions=["binary"], peers=[],
+                    rounds=1, variants=["qat-binary"])
+    settings = {r["setting"] for r in plan["sweep"]}
+    assert {"pca-8/binary", "dive-8/binary", "dive+qat-binary-8/binary"} <= settings
+    assert "pca+qat-binary-8/binary" not in settings  # PCA has no such option
+    chosen = plan["chosen"]
+    _, compressor, _, _ = load_plan(out)
+    assert chosen["method"] == "dive", chosen["setting"]
+    assert compressor.config.quantization_aware == ("binary" if chosen["variant"] == "qat-binary" else None)
+    with pytest.raises(ValueError, match="unknown variant"):
+        run_plan(experiment, tmp_path / "x", budget_bytes=1, methods=["pca"], dims=[8], precisions=["binary"], peers=[], variants=["qat-8bit"])
+    with pytest.raises(ValueError, match="applies to none"):
+        run_plan(experiment, tmp_path / "y", budget_bytes=1, methods=["pca"], dims=[8], precisions=["binary"], peers=[], variants=["qat-binary"])

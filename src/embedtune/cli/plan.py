@@ -46,6 +46,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_list_flag(plan, "--dims", default=[], item_type=int, help="dimensions (default: d, d/2, d/3, d/6, d/12)")
     add_list_flag(plan, "--precisions", default=list(DEFAULT_PRECISIONS), help=f"precisions of each compressed space: {', '.join(PRECISIONS)}")
     add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs ('' for none)")
+    add_list_flag(plan, "--variants", default=[], help="named variants swept beside each method's default, where the method "
+                  "has the option: qat-binary (DIVE trained for binary codes, straight-through sign), qat-int8")
     plan.add_argument("--seed", type=int, default=2027, help="training seed")
     plan.add_argument("--final", action="store_true", help="also score the choice once on the held-out test queries")
     plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default OUT/sweep)")
@@ -67,7 +69,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True)
     plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=args.methods,
                     dims=args.dims or None, precisions=args.precisions, peers=args.peers, seed=args.seed, final=args.final,
-                    work=args.work, labels={"model": args.model, "protocol": args.protocol})
+                    work=args.work, labels={"model": args.model, "protocol": args.protocol}, variants=args.variants)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)

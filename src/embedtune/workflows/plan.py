@@ -53,6 +53,8 @@ __all__ = [
     "DEFAULT_PRECISIONS",
     "DEFAULT_PEERS",
     "Candidate",
+    "VARIANTS",
+    "candidate_for",
     "sweep_dims",
     "method_settings",
     "fit_or_load",
@@ -96,6 +98,25 @@ class Candidate:
     @property
     def name(self) -> str:
         return f"{self.method}{'' if self.variant == 'default' else '+' + self.variant}-{self.dim}"
+
+
+#: Named config variants a sweep can add beside a method's default (methods whose config has the field).
+VARIANTS: dict[str, dict[str, Any]] = {"qat-binary": {"quantization_aware": "binary"}, "qat-int8": {"quantization_aware": "int8"}}
+
+
+def candidate_for(method: str, dim: int, variant: str = "default") -> Candidate:
+    """The :class:`Candidate` of ``method`` at ``dim`` with the settings of the named ``variant``."""
+    if variant != "default" and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}.")
+    return Candidate(method, dim, variant, tuple(sorted(VARIANTS.get(variant, {}).items())))
+
+
+def variant_applies(method: str, variant: str) -> bool:
+    """Whether ``method``'s config has every field the ``variant`` sets."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(get_compressor_class(method).config_class)}
+    return set(VARIANTS[variant]) <= fields
 
 
 def sweep_dims(input_dim: int, fractions: Sequence[int] = (1, 2, 3, 6, 12)) -> list[int]:
@@ -409,6 +430,7 @@ def run_plan(
     work: str | Path | None = None,
     labels: Mapping[str, Any] | None = None,
     rounds: int = 3,
+    variants: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -426,6 +448,8 @@ def run_plan(
         final: also score the chosen setting once on the held-out test queries.
         work: where the sweep's fits are kept (reused by a later run); default ``OUT/sweep``.
         labels: JSON-safe fields for plan.json (dataset, model).
+        variants: named variants (:data:`VARIANTS`, e.g. ``qat-binary``) swept beside each
+            method's default, for the methods whose config has their fields.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -434,6 +458,11 @@ def run_plan(
     work = Path(work) if work is not None else out / "sweep"
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo
+    for variant in variants:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}.")
+        if not any(variant_applies(m, variant) for m in methods):
+            raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     input_dim = experiment.embeddings.dim
     dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
     too_wide = [d for d in dims if d > input_dim]
@@ -459,12 +488,15 @@ def run_plan(
         for dim in dims:
             if method == "frozen":
                 continue
-            candidate = Candidate(method, dim)
-            compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work)
-            for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
-                                      labels={"method": method, "family": method, "candidate": candidate.name, "fit_s": fit_s}):
-                row["setting"] = _row_setting(candidate, row["precision"], dim)
-                rows.append(row)
+            for variant in ["default", *(v for v in variants if variant_applies(method, v))]:
+                candidate = candidate_for(method, dim, variant)
+                compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work)
+                family = method if variant == "default" else f"{method}+{variant}"
+                for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
+                                          labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
+                                                  "fit_s": fit_s}):
+                    row["setting"] = _row_setting(candidate, row["precision"], dim)
+                    rows.append(row)
     chosen = dict(choose(rows, budget_bytes, target_retention, reference))
     frontier = [r["setting"] for r in pareto_frontier(rows)]
     title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
@@ -473,7 +505,7 @@ def run_plan(
     # Refit the choice on train+val (what compress train --final does) and write the folder.
     candidate = None
     if chosen.get("candidate"):
-        candidate = Candidate(chosen["method"], int(chosen["dim"]))
+        candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
         compressor, _ = fit_or_load(experiment, candidate, seed, final=True, work=work)
     else:
         frozen = get_compressor_class("frozen")
