@@ -222,7 +222,12 @@ def step_cost(n_steps: int = 4) -> None:
     tuples, _ = prepare()
     rows = {}
     for name in ("infonce-lora", "pace", "direct-dot-full", "st-hardness"):
-        config = config_for(name, ROOT / "step-cost" / name)
+        out = ROOT / "step-cost" / name
+        if out.exists():  # a finished earlier measurement would resume from its checkpoint and time nothing
+            import shutil
+
+            shutil.rmtree(out)
+        config = config_for(name, out)
         config.stage1.steps = n_steps
         config.stage2 = None
         config.save_steps = 10_000
@@ -232,7 +237,9 @@ def step_cost(n_steps: int = 4) -> None:
         rows[name] = round(result.stages[0].seconds / n_steps, 2)
         log.info("step cost %s: %.2f s/step", name, rows[name])
     atomic_write_json(RESULTS / "step_cost.json", {"seconds_per_step": rows, "batch": BATCH, "n_negatives": N_NEGATIVES,
-                                                   "max_seq_length": MAX_SEQ, "steps": n_steps, "torch_threads": torch.get_num_threads()})
+                                                   "max_seq_length": MAX_SEQ, "steps": n_steps, "torch_threads": torch.get_num_threads(),
+                                                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                   "load_average_after": os.getloadavg()})
 
 
 if __name__ == "__main__":
@@ -240,6 +247,6 @@ if __name__ == "__main__":
         if arg == "prepare":
             prepare()
         elif arg == "step-cost":
-            step_cost()
+            step_cost(int(os.environ.get("PACE_STEP_COST_STEPS", "4")))
         else:
             run(arg)
