@@ -46,8 +46,12 @@ def test_shard_encoder_batch_and_bad_input(tiny_bert_dir, tmp_path):
 def test_ray_actor_pool_equals_local(tiny_bert_dir, tmp_path):
     ray = pytest.importorskip("ray")
     local = encode_sharded(IDS, TEXTS, str(tiny_bert_dir), tmp_path / "local", shard_size=10)
-    (tmp_path / "ray").mkdir()
-    encode_sharded(IDS[:10], TEXTS[:10], str(tiny_bert_dir), tmp_path / "ray", shard_size=10)  # shard 0 done before: skipped
+    # A run that finished only shard 0 before it stopped: the pool encodes the other three.
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), tmp_path / "ray", shard_size=10)
+    for index in (1, 2, 3):
+        (tmp_path / "ray" / f"shard-{index:05d}.ids.txt").unlink()
+    (tmp_path / "ray" / "manifest.json").unlink()
+    untouched = (tmp_path / "ray" / "shard-00000.npy").stat().st_mtime_ns
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         manifest = encode_sharded_ray(IDS, TEXTS, str(tiny_bert_dir), tmp_path / "ray", shard_size=10, actors=2, num_cpus=0.5,
@@ -55,6 +59,7 @@ def test_ray_actor_pool_equals_local(tiny_bert_dir, tmp_path):
     finally:
         ray.shutdown()
     assert manifest["rows"] == local["rows"] and manifest["last_run"]["backend"] == "ray (2 actors)"
+    assert (tmp_path / "ray" / "shard-00000.npy").stat().st_mtime_ns == untouched
     ids, vectors = read_shards(tmp_path / "ray")
     assert ids == IDS
     np.testing.assert_allclose(vectors, read_shards(tmp_path / "local")[1], rtol=0, atol=1e-6)
