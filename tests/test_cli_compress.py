@@ -114,6 +114,8 @@ def test_text_table_prints_a_spread_only_with_several_seeds(toy40, tiny_bert_dir
     assert main([*base, "--seeds", "2027"]) == 0
     one_seed = capsys.readouterr().out
     assert "pca" in one_seed and "±" not in one_seed
+    header = next(line for line in one_seed.splitlines() if "nDCG@10" in line and "B/vector" in line)
+    assert header.index("dim") < header.index("B/vector") and " 32 " in one_seed  # 8 float32 dims: 32 bytes per vector
     assert main([*base, "--seeds", "2027", "2028"]) == 0
     two_seeds = capsys.readouterr().out
     assert "seeds [2027]" in two_seeds and "±" not in two_seeds  # PCA ignores the seed: it runs once, so it has no spread

@@ -20,6 +20,7 @@ def test_flat_benchmark_returns_positive_ordered_figures():
         assert row["throughput_qps"] > 0 and row["build_s"] >= 0
         assert row["n_single"] == 8 and row["n_batch"] == 2
         assert row["dim_ratio"] == row["memory_ratio"] == 96 / row["d"]
+        assert row["bytes_per_vector"] == 4 * row["d"]
         assert row["latency_ratio"] > 0 and row["throughput_ratio"] > 0
     ours = [r for r in rows if r["engine"].startswith("embedtune")]
     assert all(r["agree@k_with_faiss"] == 1.0 for r in ours)

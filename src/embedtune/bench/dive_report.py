@@ -120,13 +120,13 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                     row = main.get((backbone, dataset, dim, method, ""))
                     if row is None:
                         continue
-                    rows.append([dataset, settings_label(method, row["overrides"]), row["out_dim"], row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])),
+                    rows.append([dataset, settings_label(method, row["overrides"]), row["out_dim"], 4 * int(row["out_dim"]), row["heads"] or "", _fmt(row["ndcg@10"], row["ndcg@10_std"], len(row["seeds"])),
                                  _fmt(row["recall@10"], row["recall@10_std"], len(row["seeds"])), len(row["seeds"]), f"{row['fit_seconds']:.1f}"])
                     bars_ndcg[dataset][method] = (row["ndcg@10"], row["ndcg@10_std"])
                     bars_recall[dataset][method] = (row["recall@10"], row["recall@10_std"])
                     summary.setdefault("main", {}).setdefault(f"{backbone}/{dataset}/k{dim}", {})[method] = row
             out.append(f"### {backbone}, k = {dim}\n")
-            out.append(md_table(["dataset", "method", "dim", "H", "nDCG@10", "Recall@10", "seeds", "fit s"], rows) + "\n")
+            out.append(md_table(["dataset", "method", "dim", "B/vector (float32)", "H", "nDCG@10", "Recall@10", "seeds", "fit s"], rows) + "\n")
             for metric, bars in (("ndcg", bars_ndcg), ("recall", bars_recall)):
                 png = f"main_{metric}_{backbone}_k{dim}.png"
                 _plot_bars(root / png, f"{backbone}, k={dim}: held-out {metric}@10", bars, f"{metric}@10")

@@ -242,8 +242,9 @@ def flat_search_benchmark(
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ratios against the largest ``d`` of the same corpus and engine (higher is better)."""
+    """Ratios against the largest ``d`` of the same corpus and engine (higher is better), and bytes per vector."""
     for row in rows:
+        row["bytes_per_vector"] = row["memory_bytes"] / max(1, row["n"])
         peers = [r for r in rows if r["corpus"] == row["corpus"] and r["engine"] == row["engine"]]
         full = max(peers, key=lambda r: r["d"])
         row["dim_ratio"] = full["d"] / row["d"]
@@ -273,7 +274,7 @@ def run_index_benchmark(
         result["flat"] += flat_search_benchmark(cases, k, batch, rounds, singles, engines=engines)
         for factory in ann:
             label, d, xb, xq = cases[0]
-            result["ann"].append({"corpus": label, **ann_benchmark(xb, xq, factory, k)})
+            result["ann"].append(_with_bytes({"corpus": label, **ann_benchmark(xb, xq, factory, k)}))
         del cases
         gc.collect()
     for n in synthetic:
@@ -282,11 +283,18 @@ def run_index_benchmark(
         gc.collect()
         for factory in ann:
             _, d, xb, xq = next(synthetic_cases(n, [min(dims)]))
-            result["ann"].append({"corpus": f"synthetic-{n}", **ann_benchmark(xb, xq[:batch], factory, k)})
+            result["ann"].append(_with_bytes({"corpus": f"synthetic-{n}", **ann_benchmark(xb, xq[:batch], factory, k)}))
             del xb
             gc.collect()
     result["kernel_choices"] = kernel_choices()
     return result
+
+
+def _with_bytes(row: dict[str, Any]) -> dict[str, Any]:
+    """``bytes_per_vector`` of an index row: its memory over its vectors (codes plus the index's share of fixed state)."""
+    if "memory_bytes" in row and row.get("n"):
+        row["bytes_per_vector"] = row["memory_bytes"] / row["n"]
+    return row
 
 
 def ann_benchmark(xb: np.ndarray, xq: np.ndarray, factory: str, k: int = 10) -> dict[str, Any]:
@@ -435,7 +443,7 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-FLAT_COLUMNS = ["corpus", "n", "d", "engine", "memory_bytes", "build_s", "latency_p50_ms", "latency_p95_ms", "throughput_qps",
+FLAT_COLUMNS = ["corpus", "n", "d", "engine", "bytes_per_vector", "memory_bytes", "build_s", "latency_p50_ms", "latency_p95_ms", "throughput_qps",
                 "memory_ratio", "latency_ratio", "throughput_ratio"]
-ANN_COLUMNS = ["corpus", "factory", "params", "n", "d", "memory_bytes", "build_s", "latency_p50_ms", "throughput_qps", "recall@10"]
+ANN_COLUMNS = ["corpus", "factory", "params", "n", "d", "bytes_per_vector", "memory_bytes", "build_s", "latency_p50_ms", "throughput_qps", "recall@10"]
 QUANT_COLUMNS = ["vectors", "d", "quantization", "bytes_per_vector", "ndcg@10", "recall@10", "n_queries"]

@@ -313,6 +313,7 @@ def _summary_table(result: CompressionResult, model: str, split_seed: int) -> st
             row[column] = f"{row[metric]:.4f}{spread}"
         row["runs"] = len(row["seeds"])
         row["fit_s"] = f"{row['fit_s']:.1f}"
+        row["B/vector"] = 4 * int(row["dim"])  # float32; `compress plan` sweeps the smaller precisions
         epochs = row.get("selected_epochs")
         row["epoch"] = "/".join(str(e) for e in epochs) if epochs else None
         comparison = result.comparisons.get(row["method"])
@@ -321,7 +322,7 @@ def _summary_table(result: CompressionResult, model: str, split_seed: int) -> st
                 f"{comparison['mean_difference']:+.4f} ({comparison['p_value']:.2g})")
         rows.append(row)
     main = next(iter(result.summaries))
-    columns = ["method", "dim", "heads", "nDCG@10", "Recall@10", "n_queries", "epoch", f"Δ {main} (p)", "fit_s"]
+    columns = ["method", "dim", "B/vector", "heads", "nDCG@10", "Recall@10", "n_queries", "epoch", f"Δ {main} (p)", "fit_s"]
     if any(row["runs"] > 1 for row in rows):
         columns.insert(5, "runs")
     columns = [c for c in columns if c not in ("heads", "epoch") or any(row.get(c) not in (None, "") for row in rows)]
