@@ -244,7 +244,7 @@ def flat_search_benchmark(
 def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ratios against the largest ``d`` of the same corpus and engine (higher is better), and bytes per vector."""
     for row in rows:
-        row["bytes_per_vector"] = row["memory_bytes"] / max(1, row["n"])
+        _with_bytes(row)
         peers = [r for r in rows if r["corpus"] == row["corpus"] and r["engine"] == row["engine"]]
         full = max(peers, key=lambda r: r["d"])
         row["dim_ratio"] = full["d"] / row["d"]

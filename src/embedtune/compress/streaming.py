@@ -90,8 +90,8 @@ def transform_rows(
     reuses one, so no output pages are faulted in per block). ``validated``: ``X`` is already a
     C-contiguous float32 array checked finite, so the tiles skip the input scan. Methods with
     ``non_finite_input_reaches_output`` skip it anyway and read the input only when an output
-    row is not finite. ``workers``: threads that
-    transform tiles side by side, each with one BLAS thread.
+    row is not finite. ``workers``: threads that transform tiles side by side, each with one
+    BLAS thread.
     """
     X = np.asarray(X)
     n = len(X)
@@ -197,10 +197,13 @@ def _npy_layout(path: Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def _iter_npy(path: Path, chunk_size: int, reuse_buffer: bool = False) -> Iterator[tuple[int, None, np.ndarray]]:
-    """Blocks of a ``.npy``. With ``reuse_buffer``, two buffers alternate and the next block is read
-    in a thread while the caller works on this one (``readinto`` releases the GIL), so reading
-    overlaps the compute; the caller must be done with a block when it asks for the next."""
+    """Blocks of a ``.npy``. With ``reuse_buffer``, a float32 file is mapped (:func:`_iter_npy_mapped`);
+    other dtypes alternate two buffers, the next block read in a thread while the caller works on
+    this one (``readinto`` releases the GIL). The caller must be done with a block when it asks for the next."""
     (n, d), dtype, offset = _npy_layout(path)
+    if reuse_buffer and dtype == np.float32 and n and hasattr(mmap, "MADV_DONTNEED"):
+        yield from _iter_npy_mapped(path, n, d, offset, chunk_size)
+        return
     if dtype != np.float32:
         logger.info("%s: %s vectors are cast to float32 block by block.", path, dtype)
     starts = list(range(0, n, chunk_size))
@@ -220,9 +223,6 @@ def _iter_npy(path: Path, chunk_size: int, reuse_buffer: bool = False) -> Iterat
             filled += got
         return block
 
-    if reuse_buffer and dtype == np.float32 and n and hasattr(mmap, "MADV_DONTNEED"):
-        yield from _iter_npy_mapped(path, n, d, offset, chunk_size)
-        return
     with open(path, "rb", buffering=0) as handle, ThreadPoolExecutor(max_workers=1) as pool:
         handle.seek(offset)
         upcoming = pool.submit(read, handle, 0) if starts and reuse_buffer else None
@@ -443,10 +443,9 @@ def apply_compressor_streaming(
                 available -= rows
                 yield start, ids, merged[:rows]
 
-        # One output buffer serves every block when .npy blocks are whole tiles (the writer has written
-        # a block before the next is transformed). Parquet batches follow row groups, so a carried
-        # remainder could still point into the buffer: those get a new array per block.
-        # Two buffers alternate, since the writer may still be writing the previous block.
+        # When .npy blocks are whole tiles, two output buffers alternate (the writer may still be writing
+        # the previous block). Parquet batches follow row groups, so a carried remainder could still
+        # point into a buffer: those get a new array per block.
         reusable = input_path.suffix == ".npy" and chunk_size % TILE_ROWS == 0
         buffers: list[np.ndarray | None] = [None, None]
         for index, (start, _, block) in enumerate(tile_aligned_blocks(recorded(), TILE_ROWS)):
@@ -460,8 +459,7 @@ def apply_compressor_streaming(
                 outputs.append(transform_rows(compressor, block, out=target, workers=workers))
             except NonFiniteError as error:
                 if error.what == "input":
-                    raise NonFiniteError(str(input_path), "input vectors", error.row + start, error.column, error.value, 1,
-                                         "drop or repair the rows holding NaN or infinity before compressing the file") from None
+                    raise error.shifted(start, source=str(input_path), what="input vectors") from None
                 # Finite input rows, non-finite output: the adapter's weights are not.
                 raise error.shifted(start, source=f"{input_path} through the {compressor.method} adapter") from None
             yield from ready()

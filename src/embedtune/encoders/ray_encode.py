@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.encoders.sentence_transformer import SentenceEncoder
-from embedtune.io import atomic_save_npy, atomic_write, atomic_write_json
+from embedtune.io import atomic_save_npy, atomic_write, atomic_write_json, sha256_json
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,7 @@ def _claim(out: Path, ids: Sequence[str], model: str, kind: str, shard_size: int
 
     Resuming with another model, shard size or corpus would mix two encodings in one matrix.
     """
-    import hashlib
-
-    record = {"model": model, "kind": kind, "shard_size": shard_size, "rows": len(ids),
-              "ids_sha256": hashlib.sha256("".join(f"{i}\n" for i in ids).encode("utf-8")).hexdigest(),
+    record = {"model": model, "kind": kind, "shard_size": shard_size, "rows": len(ids), "ids_sha256": sha256_json([str(i) for i in ids]),
               "encoder_options": {k: v for k, v in sorted(encoder_options.items()) if k in ("max_seq_length", "normalize", "prompt")}}
     path = out / RUN_RECORD
     if path.is_file():

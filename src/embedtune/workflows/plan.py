@@ -25,6 +25,7 @@ A plan folder::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -104,17 +105,19 @@ class Candidate:
 VARIANTS: dict[str, dict[str, Any]] = {"qat-binary": {"quantization_aware": "binary"}, "qat-int8": {"quantization_aware": "int8"}}
 
 
-def candidate_for(method: str, dim: int, variant: str = "default") -> Candidate:
-    """The :class:`Candidate` of ``method`` at ``dim`` with the settings of the named ``variant``."""
+def _check_variant(variant: str) -> None:
     if variant != "default" and variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}.")
+
+
+def candidate_for(method: str, dim: int, variant: str = "default") -> Candidate:
+    """The :class:`Candidate` of ``method`` at ``dim`` with the settings of the named ``variant``."""
+    _check_variant(variant)
     return Candidate(method, dim, variant, tuple(sorted(VARIANTS.get(variant, {}).items())))
 
 
 def variant_applies(method: str, variant: str) -> bool:
     """Whether ``method``'s config has every field the ``variant`` sets."""
-    import dataclasses
-
     fields = {f.name for f in dataclasses.fields(get_compressor_class(method).config_class)}
     return set(VARIANTS[variant]) <= fields
 
@@ -459,8 +462,7 @@ def run_plan(
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo
     for variant in variants:
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; choose from {sorted(VARIANTS)}.")
+        _check_variant(variant)
         if not any(variant_applies(m, variant) for m in methods):
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     input_dim = experiment.embeddings.dim
