@@ -5,6 +5,20 @@ Usage (from the repo root, one torch thread; every step is resumable, rerun the 
     python benchmarks/pace_convergence.py prepare              # split, mining, validation pool
     python benchmarks/pace_convergence.py step-cost            # per-step seconds of each loss, measured alone
     python benchmarks/pace_convergence.py frozen infonce-lora pace ...
+    python benchmarks/pace_convergence.py pace+seed2028            # the same configuration, another training seed
+    python benchmarks/pace_convergence.py screen:st-hardness@all_negatives:5   # validation only, first SCREEN_UPDATES
+
+Configuration names: ``<preset>[@<variant>][+seed<N>]``. Variants: ``st-hardness@<mode>:<strength>``
+(sentence-transformers' hardness weighting), ``pace@s2lr<lr>`` (Stage II learning rate). ``+seed<N>``
+changes the training seed only (LoRA init, data order); the split, the mined tuples and the validation
+pool stay those of seed 2027, so two seeds differ only by what training draws. ``screen:<name>`` runs
+the configuration's first ``SCREEN_UPDATES`` updates (on the full schedule) and records the validation
+curve only: the cheap way to choose among settings on validation before a full run.
+
+A PACE variant whose Stage I equals ``pace``'s (``no-dot``, ``pace@s2lr...``) starts from ``pace``'s own
+Stage I checkpoint at the transition instead of training the same 75 updates again; the result
+records ``stage1_shared_from``. Stage I is a function of its config and seed, so this changes nothing
+but the compute.
 
 Settings (same for every configuration): train on 80 % of SciFact qrels ``train`` queries (the other
 20 % is validation, ``train_qrels_split`` seed 2027), one hard negative per (query, positive) pair
@@ -69,6 +83,7 @@ VAL_POOL = 20
 UPDATES = int(os.environ.get("PACE_UPDATES", "300"))
 EVAL_STEPS = int(os.environ.get("PACE_EVAL_STEPS", "50"))
 SAVE_STEPS = 25
+SCREEN_UPDATES = int(os.environ.get("PACE_SCREEN_UPDATES", "100"))
 STAGE2_INIT = 0.25  # the paper's transition: step 2,000 of 7,847
 COMMON = dict(model=MODEL, data=SCIFACT, train_split="train", max_seq_length=MAX_SEQ, batch_size=BATCH,
               n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED, save_steps=SAVE_STEPS, logging_steps=5)
@@ -119,23 +134,70 @@ def _doc_text(dataset, doc_id: str) -> str:
     return document_text(dataset.corpus[doc_id])
 
 
+def parse_name(name: str) -> tuple[str, str, int]:
+    """``<preset>[@<variant>][+seed<N>]`` -> (preset, variant, training seed)."""
+    base, _, seed_part = name.partition("+")
+    seed = SEED
+    if seed_part:
+        if not seed_part.startswith("seed") or not seed_part[4:].isdigit():
+            raise SystemExit(f"{name!r}: the suffix after '+' must be seed<N>, e.g. pace+seed2028")
+        seed = int(seed_part[4:])
+    preset, _, variant = base.partition("@")
+    return preset, variant, seed
+
+
 def config_for(name: str, out: Path):
-    preset, _, variant = name.partition("@")
+    preset, variant, seed = parse_name(name)
+    common = {**COMMON, "seed": seed}
     extra: dict = {}
     if preset == "st-hardness" and variant:
         mode, _, strength = variant.partition(":")
         extra.update(hardness_mode=mode, hardness_strength=float(strength))
     if preset in ("infonce-lora", "direct-dot-full", "st-hardness"):
-        return preset_config(preset, steps=UPDATES, output_dir=str(out), **COMMON, **extra)
+        return preset_config(preset, steps=UPDATES, output_dir=str(out), **common, **extra)
     stage1, stage2 = two_stage_steps(UPDATES)
     if variant.startswith("s2lr"):
         extra["stage2_lr"] = float(variant[4:])
     stage2_lr = extra.pop("stage2_lr", None)
     config = preset_config(preset, stage1_steps=stage1, stage2_steps=stage2, output_dir=str(out), stop_stage1_at_init=True,
-                           **COMMON, **extra)
+                           **common, **extra)
     if stage2_lr is not None:
         config.stage2.learning_rate = stage2_lr
     return config
+
+
+def share_stage_one(name: str, config, out: Path) -> str | None:
+    """Start ``name`` from ``pace``'s Stage I checkpoint when its Stage I is the same; returns the source run.
+
+    Same means the whole config but Stage II and the output folder is equal, so the checkpoint is the
+    one this run would write itself. The Stage I validation rows are copied with it, so the curve is whole.
+    """
+    if name == "pace" or config.stage2 is None:
+        return None
+    source = ROOT / "pace"
+    saved = source / "pace_config.json"
+    init_step = config.stage2_init_step(config.stage1.steps)
+    checkpoint = source / "stage1" / f"checkpoint-{init_step}"
+    if not (saved.is_file() and checkpoint.is_dir() and (source / "validation.jsonl").is_file()):
+        return None
+
+    def stage_one_view(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in ("stage2", "output_dir", "preset", "embedtune_version")}
+
+    if stage_one_view(json.loads(saved.read_text())) != stage_one_view(json.loads(json.dumps(config.to_dict()))):
+        return None
+    target = out / "stage1" / checkpoint.name
+    if not target.is_dir():
+        import shutil
+
+        staging = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(checkpoint, staging)
+        staging.rename(target)
+        rows = [line for line in (source / "validation.jsonl").read_text().splitlines() if '"stage": "stage1"' in line]
+        (out / "validation.jsonl").write_text("".join(r + "\n" for r in rows))
+        log.info("%s: Stage I equals pace's; starting from %s", name, checkpoint)
+    return "pace"
 
 
 def weight_change(before, after) -> float:
@@ -180,6 +242,9 @@ def run(name: str) -> None:
         record["curve"] = [{"stage": "frozen", "step": 0, "update": 0, **score_model(load_base_model(MODEL, MAX_SEQ), validation, "cosine")}]
     else:
         config = config_for(name, out)
+        shared = share_stage_one(name, config, out)
+        if shared:
+            record["stage1_shared_from"] = shared
 
         def callbacks(stage: str, offset: int, similarity: str):
             return [ValidationCallback(validation, curve_path, EVAL_STEPS, similarity, stage=stage, update_offset=offset)]
@@ -217,6 +282,47 @@ def _weight_changes(config, result) -> dict:
     return changes
 
 
+class _StopAfter:
+    """Ends training after ``step`` updates (after that step's validation, which runs first)."""
+
+    def __new__(cls, step: int):
+        from transformers import TrainerCallback
+
+        class StopAfter(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step >= step:
+                    control.should_training_stop = True
+                return control
+
+        return StopAfter()
+
+
+def screen(name: str) -> None:
+    """Validation curve of ``name``'s first ``SCREEN_UPDATES`` updates on the full schedule; no test scores."""
+    result_path = RESULTS / "screen" / f"{name}.json"
+    if result_path.is_file():
+        log.info("screen %s: already finished (%s)", name, result_path)
+        return
+    tuples, validation = prepare()
+    out = ROOT / "screen" / name
+    config = config_for(name, out)
+    if config.stage2 is not None:
+        raise SystemExit(f"screen:{name}: screening is for one-stage configurations")
+    curve_path = out / "validation.jsonl"
+    start = time.perf_counter()
+
+    def callbacks(stage: str, offset: int, similarity: str):
+        return [ValidationCallback(validation, curve_path, EVAL_STEPS, similarity, stage=stage, update_offset=offset),
+                _StopAfter(SCREEN_UPDATES)]
+
+    train_pace(config, tuples=tuples, stage_callbacks=callbacks)
+    curve = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
+    atomic_write_json(result_path, {"name": name, "screen_updates": SCREEN_UPDATES, "schedule_updates": UPDATES,
+                                    "eval_steps": EVAL_STEPS, "seed": config.seed, "curve": curve,
+                                    "seconds": round(time.perf_counter() - start, 1), "torch_threads": torch.get_num_threads()})
+    log.info("screen %s: best validation nDCG@10 %.4f", name, max(row["ndcg@10"] for row in curve))
+
+
 def step_cost(n_steps: int = 4) -> None:
     """Seconds per optimizer step of each loss on the same batches, measured alone (one thread)."""
     tuples, _ = prepare()
@@ -248,5 +354,7 @@ if __name__ == "__main__":
             prepare()
         elif arg == "step-cost":
             step_cost(int(os.environ.get("PACE_STEP_COST_STEPS", "4")))
+        elif arg.startswith("screen:"):
+            screen(arg.split(":", 1)[1])
         else:
             run(arg)
