@@ -19,6 +19,11 @@ ORDER = ["frozen", "infonce-lora", "st-hardness", "direct-dot-full", "pace", "no
 ANCHORS = ["infonce-lora", "st-hardness", "frozen"]  # every trained model is also tested against the model it started from
 
 
+def preset_of(name: str) -> str:
+    """``pace@s2lr2e-5+seed2028`` -> ``pace``."""
+    return name.split("+")[0].split("@")[0]
+
+
 def load(folder: Path) -> dict[str, dict]:
     runs = {}
     for path in sorted(folder.glob("*.json")):
@@ -26,7 +31,54 @@ def load(folder: Path) -> dict[str, dict]:
         if "test" in record:
             runs[record["name"]] = record
     rank = {name: i for i, name in enumerate(ORDER)}
-    return dict(sorted(runs.items(), key=lambda item: (rank.get(item[0].split("@")[0], 99), item[0])))
+    return dict(sorted(runs.items(), key=lambda item: (rank.get(preset_of(item[0]), 99), item[0])))
+
+
+def load_screens(folder: Path) -> dict[str, dict]:
+    return {json.loads(p.read_text(encoding="utf-8"))["name"]: json.loads(p.read_text(encoding="utf-8"))
+            for p in sorted((folder / "screen").glob("*.json"))}
+
+
+def screens(runs: dict[str, dict], screened: dict[str, dict], updates: int) -> str:
+    """Validation nDCG@10 over the first ``updates`` updates of each setting of a screened preset, and the pick.
+
+    A full run of a screened preset counts as a candidate too, read over the same first updates, so
+    every candidate is judged on the same validation evidence.
+    """
+    presets = sorted({preset_of(name) for name in screened})
+    lines = ["| setting | source | validation nDCG@10 by update | best within the first %d updates |" % updates, "|---|---|---|---|"]
+    picks = []
+    for preset in presets:
+        candidates = {name: ("screen", rec["curve"]) for name, rec in screened.items() if preset_of(name) == preset}
+        candidates.update({name: ("full run", run["curve"]) for name, run in runs.items() if preset_of(name) == preset and "+" not in name})
+        best_of = {}
+        for name, (source, curve) in sorted(candidates.items()):
+            early = [row for row in curve if row["update"] <= updates]
+            best_of[name] = max(row["ndcg@10"] for row in early)
+            by_update = ", ".join(f"{row['update']}: {row['ndcg@10']:.4f}" for row in sorted(early, key=lambda row: row["update"]))
+            lines.append(f"| {name} | {source} | {by_update} | {best_of[name]:.4f} |")
+        pick = max(best_of, key=best_of.get)
+        picks.append(f"Selected on validation for `{preset}`: **{pick}** ({best_of[pick]:.4f})."
+                     + ("" if pick in runs else " It has no full run yet."))
+    return "\n".join(lines + [""] + picks)
+
+
+def seed_variance(runs: dict[str, dict]) -> str:
+    """Seed-to-seed differences of the configurations run with a second training seed."""
+    lines = ["| configuration | seeds | dataset | nDCG@10 per seed | Δ (second − first) | 95 % CI | p |", "|---|---|---|---|---|---|---|"]
+    for name in runs:
+        if "+" not in name:
+            continue
+        first = name.split("+")[0]
+        if first not in runs:
+            continue
+        for dataset in ("scifact", "arguana"):
+            a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[first]["test"][dataset]["per_query_ndcg@10"])
+            test = paired_test(a, b)
+            lines.append(f"| {first} | {runs[first]['seed']}, {runs[name]['seed']} | {dataset} | "
+                         f"{runs[first]['test'][dataset]['ndcg@10']:.4f}, {runs[name]['test'][dataset]['ndcg@10']:.4f} | "
+                         f"{test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} |")
+    return "\n".join(lines) if len(lines) > 2 else "No configuration has a second seed yet."
 
 
 def table(runs: dict[str, dict]) -> str:
@@ -39,7 +91,7 @@ def table(runs: dict[str, dict]) -> str:
         change = run.get("weight_change", {})
         fmt = lambda key: f"{change[key]:.2e}" if key in change else "–"  # noqa: E731
         lines.append(
-            f"| {name} | {run['similarity']} | {scifact['ndcg@10']:.4f} | {scifact['recall@10']:.4f} | {arguana['ndcg@10']:.4f} | "
+            f"| {name}{' ¹' if run.get('stage1_shared_from') else ''} | {run['similarity']} | {scifact['ndcg@10']:.4f} | {scifact['recall@10']:.4f} | {arguana['ndcg@10']:.4f} | "
             + (f"{best['ndcg@10']:.4f} ({best['update']})" if best else "–")
             + f" | {fmt('stage1')} | {fmt('stage2')} | {fmt('total')} |"
         )
@@ -58,7 +110,7 @@ def diagnostics(runs: dict[str, dict]) -> str:
 def significance(runs: dict[str, dict]) -> str:
     lines = ["| comparison | dataset | Δ nDCG@10 | 95 % CI | p |", "|---|---|---|---|---|"]
     for anchor_prefix in ANCHORS:
-        anchors = [n for n in runs if n.split("@")[0] == anchor_prefix]
+        anchors = [n for n in runs if preset_of(n) == anchor_prefix and "+" not in n]
         for anchor in anchors:
             for name in runs:
                 if name == anchor or name == "frozen":
@@ -104,9 +156,11 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default="benchmarks/results/pace-convergence")
+    parser.add_argument("--screen-updates", type=int, default=100, help="updates of validation that a screen and a full run are compared on")
     args = parser.parse_args()
     folder = Path(args.results)
     runs = load(folder)
+    screened = load_screens(folder)
     if not runs:
         raise SystemExit(f"{folder}: no finished configuration yet.")
     plot(runs, folder / "curves.png")
@@ -114,11 +168,13 @@ def main() -> None:
         "# PACE convergence study (issue 20)",
         f"Built from {len(runs)} finished configuration(s) in `{folder}` by `benchmarks/pace_convergence_report.py`.",
         "## Test scores (all 300 SciFact test queries; all ArguAna queries, zero-shot)", table(runs),
-        "Δθ: relative L2 change of the transformer weights, ‖θ_after − θ_before‖ / ‖θ_before‖, per stage.",
+        "Δθ: relative L2 change of the transformer weights, ‖θ_after − θ_before‖ / ‖θ_before‖, per stage. "
+        "¹ Stage I is `pace`'s own (the same config and seed), reused from its checkpoint at the transition.",
         "## Validation curves", "![curves](curves.png)",
         "## Geometry diagnostics (SciFact train pairs)", diagnostics(runs),
         "## Paired tests (per-query nDCG@10; permutation p, bootstrap 95 % CI)", significance(runs),
-    ]) + "\n"
+        "## Seed variance (training seed only; same split, tuples and validation pool)", seed_variance(runs),
+    ] + (["## Settings chosen on validation (screens)", screens(runs, screened, args.screen_updates)] if screened else [])) + "\n"
     atomic_write_bytes(folder / "REPORT.md", text.encode("utf-8"))
     print(text)
 
