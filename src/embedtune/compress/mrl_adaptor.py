@@ -58,11 +58,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
-from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.rotated_adapter import RotatedAdapterMixin, selected_epoch_from_state, selected_epoch_state
 from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
     check_output_dim,
@@ -71,7 +71,6 @@ from embedtune.compress.training import (
     resolve_device,
     run_epochs,
     seeded,
-    transform_in_batches,
     unit_rows,
 )
 from embedtune.evaluate.search import exact_search
@@ -244,7 +243,7 @@ class MRLAdaptorConfig(SelectableTrainingConfig):
 
 
 @register
-class MRLAdaptorCompressor(Compressor):
+class MRLAdaptorCompressor(RotatedAdapterMixin, Compressor):
     """Matryoshka-Adaptor, evaluated at the prefix ``k``.
 
     Attributes:
@@ -373,27 +372,9 @@ class MRLAdaptorCompressor(Compressor):
         self.adapter_ = adapter.eval()
         self.history_ += history
 
-    def fit_details(self) -> dict[str, Any]:
-        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
-
-    def _transform(self, X: np.ndarray) -> np.ndarray:
-        assert self.adapter_ is not None
-        k = self.config.dim
-        device = next(self.adapter_.parameters()).device
-        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, :k], X, device)  # type: ignore[misc]
-
-    def export_layers(self) -> list[ExportLayer]:
-        """``Normalize``, the adapter read at its first ``k`` outputs as two ``Dense`` (the input rotation
-        folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_adapter_layers`."""
-        self._check_fitted()
-        assert self.adapter_ is not None
-        return residual_mlp_layers(self.adapter_, self.config.activation, np.arange(self.config.dim), self.rotation_.matrix)  # type: ignore[attr-defined]
-
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None
-        state = {**module_state("adapter", self.adapter_), **self.rotation_.state()}
-        if self.selected_epoch_ is not None:
-            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
+        state = {**module_state("adapter", self.adapter_), **self.rotation_.state(), **selected_epoch_state(self.selected_epoch_)}
         return state
 
     def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -401,6 +382,6 @@ class MRLAdaptorCompressor(Compressor):
         adapter = self._build(self.input_dim_)
         load_module_state("adapter", adapter, state)
         self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
-        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
+        self.selected_epoch_ = selected_epoch_from_state(state)
         self.adapter_ = adapter.to(resolve_device(self.config.device)).eval()  # type: ignore[attr-defined]
         self.nested_dims_ = self.config.resolved_nested_dims(self.input_dim_)  # type: ignore[attr-defined]

@@ -42,11 +42,11 @@ import torch
 from torch import Tensor
 
 from embedtune.compress.base import Compressor, TrainingData
-from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.rotated_adapter import RotatedAdapterMixin, selected_epoch_from_state, selected_epoch_state
 from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
     check_output_dim,
@@ -55,7 +55,6 @@ from embedtune.compress.training import (
     resolve_device,
     run_epochs,
     seeded,
-    transform_in_batches,
     unit_rows,
 )
 
@@ -134,7 +133,7 @@ class SearchAdaptorConfig(SelectableTrainingConfig):
 
 
 @register
-class SearchAdaptorCompressor(Compressor):
+class SearchAdaptorCompressor(RotatedAdapterMixin, Compressor):
     """Search-Adaptor, trained at full width and evaluated by truncation to ``k``.
 
     Attributes:
@@ -207,27 +206,9 @@ class SearchAdaptorCompressor(Compressor):
         self.history_ += run_epochs(parameters, step, len(triplets), config, stage="search-adaptor", control=control)
         self.adapter_, self.predictor_ = adapter.eval(), predictor.eval()
 
-    def fit_details(self) -> dict[str, Any]:
-        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
-
-    def _transform(self, X: np.ndarray) -> np.ndarray:
-        assert self.adapter_ is not None
-        k = self.config.dim
-        device = next(self.adapter_.parameters()).device
-        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, :k], X, device)  # type: ignore[misc]
-
-    def export_layers(self) -> list[ExportLayer]:
-        """``Normalize``, the adapter read at its first ``k`` outputs as two ``Dense`` (the input rotation
-        folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_adapter_layers`."""
-        self._check_fitted()
-        assert self.adapter_ is not None
-        return residual_mlp_layers(self.adapter_, self.config.activation, np.arange(self.config.dim), self.rotation_.matrix)  # type: ignore[attr-defined]
-
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.predictor_ is not None
-        state = {**module_state("adapter", self.adapter_), **module_state("predictor", self.predictor_), **self.rotation_.state()}
-        if self.selected_epoch_ is not None:
-            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
+        state = {**module_state("adapter", self.adapter_), **module_state("predictor", self.predictor_), **self.rotation_.state(), **selected_epoch_state(self.selected_epoch_)}
         return state
 
     def _load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -236,6 +217,6 @@ class SearchAdaptorCompressor(Compressor):
         load_module_state("adapter", adapter, state)
         load_module_state("predictor", predictor, state)
         self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
-        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
+        self.selected_epoch_ = selected_epoch_from_state(state)
         device = resolve_device(self.config.device)  # type: ignore[attr-defined]
         self.adapter_, self.predictor_ = adapter.to(device).eval(), predictor.to(device).eval()

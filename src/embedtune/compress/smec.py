@@ -72,11 +72,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from embedtune.compress.base import Compressor, TrainingData
-from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
+from embedtune.compress.rotated_adapter import RotatedAdapterMixin, selected_epoch_from_state, selected_epoch_state
 from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
 from embedtune.compress.training import (
     check_output_dim,
@@ -85,7 +85,6 @@ from embedtune.compress.training import (
     resolve_device,
     run_epochs,
     seeded,
-    transform_in_batches,
     unit_rows,
 )
 
@@ -385,7 +384,7 @@ class SMECConfig(SelectableTrainingConfig):
 
 
 @register
-class SMECCompressor(Compressor):
+class SMECCompressor(RotatedAdapterMixin, Compressor):
     """SMEC: ``g = ResidualMLP`` then the composed ADS selections.
 
     Attributes:
@@ -483,9 +482,6 @@ class SMECCompressor(Compressor):
         self.stage_scores_ = stage_scores
         self.history_ += history
 
-    def fit_details(self) -> dict[str, Any]:
-        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
-
     def _train_stage(
         self,
         stage: int,
@@ -570,25 +566,15 @@ class SMECCompressor(Compressor):
             candidate=candidate,
         )
 
-    def _transform(self, X: np.ndarray) -> np.ndarray:
-        assert self.adapter_ is not None and self.selected_indices_ is not None
-        device = next(self.adapter_.parameters()).device
-        index = torch.from_numpy(self.selected_indices_).to(device)
-        return transform_in_batches(lambda x: self.adapter_(self.rotation_(x))[:, index], X, device)  # type: ignore[misc]
-
-    def export_layers(self) -> list[ExportLayer]:
-        """``Normalize``, the adapter read at its selected coordinates as two ``Dense`` (the input rotation
-        folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_adapter_layers`."""
-        self._check_fitted()
-        assert self.adapter_ is not None and self.selected_indices_ is not None
-        return residual_mlp_layers(self.adapter_, self.config.activation, self.selected_indices_, self.rotation_.matrix)  # type: ignore[attr-defined]
+    def _kept_columns(self) -> np.ndarray:
+        assert self.selected_indices_ is not None
+        return self.selected_indices_
 
     def _state_dict(self) -> dict[str, np.ndarray]:
         assert self.adapter_ is not None and self.selected_indices_ is not None
         state = {**module_state("adapter", self.adapter_), **self.rotation_.state()}
         state["selected_indices"] = self.selected_indices_
-        if self.selected_epoch_ is not None:
-            state["selected_epoch"] = np.array([self.selected_epoch_], dtype=np.int64)
+        state.update(selected_epoch_state(self.selected_epoch_))
         for stage, scores in enumerate(self.stage_scores_):
             state[f"stage_scores.{stage}"] = scores
         return state
@@ -602,7 +588,7 @@ class SMECCompressor(Compressor):
         if not in_range or len(np.unique(selected)) != len(selected):
             raise ValueError(f"selected_indices must be {self.config.dim} distinct indices below {self.input_dim_}; got {selected.shape}.")
         self.rotation_ = InputRotation.from_state(state, self.config.init, self.input_dim_)  # type: ignore[attr-defined]
-        self.selected_epoch_ = int(state["selected_epoch"][0]) if "selected_epoch" in state else None
+        self.selected_epoch_ = selected_epoch_from_state(state)
         self.stage_dims_ = smrl_schedule(self.input_dim_, self.config.dim)
         self.stage_scores_ = [np.asarray(state[f"stage_scores.{stage}"], dtype=np.float32) for stage in range(len(self.stage_dims_))]
         self.adapter_ = adapter.to(resolve_device(self.config.device)).eval()  # type: ignore[attr-defined]
