@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
             queries = embeddings.queries(query_ids)
             docs = embeddings.doc_embeddings
             d = docs.shape[1]
-            for fraction in DIM_FRACTIONS:
+            for fraction in args.dim_fractions:
                 dim = d // fraction
                 for method in args.methods:
                     seeds = SEEDS[: args.n_seeds] if get_compressor_class(method).seed_dependent else SEEDS[:1]
@@ -199,6 +199,8 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=["scifact", "arguana"])
     parser.add_argument("--models", nargs="+", default=["minilm", "mpnet"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--dim-fractions", nargs="+", type=int, default=list(DIM_FRACTIONS),
+                        help="k = d / fraction for each; two processes can split the cells of one encode (e.g. 6 and 3)")
     parser.add_argument("--n-seeds", type=int, default=3, help="seeds of the seed-dependent methods (2027, 2028, 2029)")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "beir"))
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "unsupervised"))
