@@ -109,12 +109,14 @@ def diagnostics(runs: dict[str, dict]) -> str:
 
 def significance(runs: dict[str, dict]) -> str:
     lines = ["| comparison | dataset | Δ nDCG@10 | 95 % CI | p |", "|---|---|---|---|---|"]
+    done: set[frozenset[str]] = set()  # a pair of anchors is tested once, not both ways round
     for anchor_prefix in ANCHORS:
         anchors = [n for n in runs if preset_of(n) == anchor_prefix and "+" not in n]
         for anchor in anchors:
             for name in runs:
-                if name == anchor or name == "frozen":
+                if name == anchor or name == "frozen" or frozenset((name, anchor)) in done:
                     continue
+                done.add(frozenset((name, anchor)))
                 for dataset in ("scifact", "arguana"):
                     a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[anchor]["test"][dataset]["per_query_ndcg@10"])
                     test = paired_test(a, b)
