@@ -61,8 +61,9 @@ from embedtune.workflows.diagnose import diagnose_model
 from embedtune.finetune import preset_config, train_pace
 from embedtune.finetune.data import TrainingTuples, mine_training_tuples
 from embedtune.finetune.recipe import evaluate_model
+from embedtune.finetune.trainer import StageCheckpointCallback
 from embedtune.finetune.validation import ValidationCallback, ValidationSet, build_validation_set
-from embedtune.io import atomic_write_json
+from embedtune.io import atomic_write_bytes, atomic_write_json
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = Path(os.environ.get("PACE_RUNS", REPO / "runs" / "pace-convergence"))
@@ -194,8 +195,9 @@ def share_stage_one(name: str, config, out: Path) -> str | None:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(checkpoint, staging)
         staging.rename(target)
-        rows = [line for line in (source / "validation.jsonl").read_text().splitlines() if '"stage": "stage1"' in line]
-        (out / "validation.jsonl").write_text("".join(r + "\n" for r in rows))
+        rows = [line for line in (source / "validation.jsonl").read_text().splitlines()
+                if line.strip() and json.loads(line)["stage"] == "stage1"]
+        atomic_write_bytes(out / "validation.jsonl", "".join(r + "\n" for r in rows).encode("utf-8"))
         log.info("%s: Stage I equals pace's; starting from %s", name, checkpoint)
     return "pace"
 
@@ -282,21 +284,6 @@ def _weight_changes(config, result) -> dict:
     return changes
 
 
-class _StopAfter:
-    """Ends training after ``step`` updates (after that step's validation, which runs first)."""
-
-    def __new__(cls, step: int):
-        from transformers import TrainerCallback
-
-        class StopAfter(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step >= step:
-                    control.should_training_stop = True
-                return control
-
-        return StopAfter()
-
-
 def screen(name: str) -> None:
     """Validation curve of ``name``'s first ``SCREEN_UPDATES`` updates on the full schedule; no test scores."""
     result_path = RESULTS / "screen" / f"{name}.json"
@@ -312,8 +299,9 @@ def screen(name: str) -> None:
     start = time.perf_counter()
 
     def callbacks(stage: str, offset: int, similarity: str):
+        # Validation runs at the last screened step before the stop takes effect (both act on that step's end).
         return [ValidationCallback(validation, curve_path, EVAL_STEPS, similarity, stage=stage, update_offset=offset),
-                _StopAfter(SCREEN_UPDATES)]
+                StageCheckpointCallback(stop_after=SCREEN_UPDATES)]
 
     train_pace(config, tuples=tuples, stage_callbacks=callbacks)
     curve = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]

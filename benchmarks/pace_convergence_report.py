@@ -35,8 +35,8 @@ def load(folder: Path) -> dict[str, dict]:
 
 
 def load_screens(folder: Path) -> dict[str, dict]:
-    return {json.loads(p.read_text(encoding="utf-8"))["name"]: json.loads(p.read_text(encoding="utf-8"))
-            for p in sorted((folder / "screen").glob("*.json"))}
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / "screen").glob("*.json"))]
+    return {record["name"]: record for record in records}
 
 
 def screens(runs: dict[str, dict], screened: dict[str, dict], updates: int) -> str:
