@@ -28,6 +28,10 @@ seed 2027 (same data order). Validation nDCG@10 every ``EVAL_STEPS`` on a sub-co
 top 20 of every validation query plus their positives). Final scores: all 300 SciFact test queries
 and all ArguAna queries (zero-shot), each ranked with the model's own similarity.
 
+Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50), ``PACE_TEST_SETS`` (``scifact,arguana``;
+a second-seed run may use ``scifact`` to spend its budget on the in-domain seed variance),
+``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``.
+
 Results: ``benchmarks/results/pace-convergence/<config>.json`` (metrics with per-query nDCG@10,
 the validation curve, weight change per stage, geometry diagnostics, timings). Checkpoints and
 models live under ``$PACE_RUNS`` (default ``runs/pace-convergence``).
@@ -85,6 +89,8 @@ UPDATES = int(os.environ.get("PACE_UPDATES", "300"))
 EVAL_STEPS = int(os.environ.get("PACE_EVAL_STEPS", "50"))
 SAVE_STEPS = 25
 SCREEN_UPDATES = int(os.environ.get("PACE_SCREEN_UPDATES", "100"))
+# A second-seed run may score SciFact only: its purpose is the seed variance of the in-domain score.
+TEST_SETS = tuple(os.environ.get("PACE_TEST_SETS", "scifact,arguana").split(","))
 STAGE2_INIT = 0.25  # the paper's transition: step 2,000 of 7,847
 COMMON = dict(model=MODEL, data=SCIFACT, train_split="train", max_seq_length=MAX_SEQ, batch_size=BATCH,
               n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED, save_steps=SAVE_STEPS, logging_steps=5)
@@ -215,7 +221,12 @@ def weight_change(before, after) -> float:
 
 def score(model_dir: str, similarity: str) -> dict:
     out = {}
+    unknown = set(TEST_SETS) - {"scifact", "arguana"}
+    if unknown:
+        raise SystemExit(f"PACE_TEST_SETS: unknown set(s) {sorted(unknown)}; use scifact and/or arguana, comma-separated")
     for label, data in (("scifact", SCIFACT), ("arguana", str(ARGUANA))):
+        if label not in TEST_SETS:
+            continue
         start = time.perf_counter()
         metrics = evaluate_model(model_dir, data, "test", similarity=similarity, max_seq_length=MAX_SEQ)
         out[label] = {**metrics.to_dict(), "per_query_ndcg@10": {q: v["ndcg@10"] for q, v in sorted(metrics.per_query.items())},
@@ -268,7 +279,7 @@ def run(name: str) -> None:
     record["wall_seconds"] = round(time.perf_counter() - start, 1)
     record["torch_threads"] = torch.get_num_threads()
     atomic_write_json(result_path, record)
-    log.info("DONE %s: SciFact %.4f, ArguAna %.4f", name, record["test"]["scifact"]["ndcg@10"], record["test"]["arguana"]["ndcg@10"])
+    log.info("DONE %s: %s", name, ", ".join(f"{k} {v['ndcg@10']:.4f}" for k, v in record["test"].items()))
 
 
 def _weight_changes(config, result) -> dict:
