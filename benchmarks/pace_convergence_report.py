@@ -64,35 +64,51 @@ def screens(runs: dict[str, dict], screened: dict[str, dict], updates: int) -> s
 
 
 def seed_variance(runs: dict[str, dict]) -> str:
-    """Seed-to-seed differences of the configurations run with a second training seed."""
-    lines = ["| configuration | seeds | dataset | nDCG@10 per seed | Δ (second − first) | 95 % CI | p |", "|---|---|---|---|---|---|---|"]
+    """Seed-to-seed differences of the configurations run with a second training seed, on the sets both scored."""
+    lines = ["| configuration | seeds | dataset | nDCG@10 per seed | Δ (second − first) | 95 % CI | p | val nDCG@10 at the last update per seed |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in runs:
         if "+" not in name:
             continue
         first = name.split("+")[0]
         if first not in runs:
             continue
-        for dataset in ("scifact", "arguana"):
+        finals = ", ".join(f"{final_validation(runs[n])['ndcg@10']:.4f}" if final_validation(runs[n]) else "–" for n in (first, name))
+        for dataset in scored_sets(runs[first], runs[name]):
             a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[first]["test"][dataset]["per_query_ndcg@10"])
             test = paired_test(a, b)
             lines.append(f"| {first} | {runs[first]['seed']}, {runs[name]['seed']} | {dataset} | "
                          f"{runs[first]['test'][dataset]['ndcg@10']:.4f}, {runs[name]['test'][dataset]['ndcg@10']:.4f} | "
-                         f"{test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} |")
+                         f"{test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} | {finals} |")
     return "\n".join(lines) if len(lines) > 2 else "No configuration has a second seed yet."
 
 
+def scored_sets(*records: dict) -> list[str]:
+    """The test sets every one of ``records`` scored (a second-seed run may score SciFact only)."""
+    return [d for d in ("scifact", "arguana") if all(d in r["test"] for r in records)]
+
+
+def final_validation(run: dict) -> dict | None:
+    """The validation row of the model that was tested: the last update on the final model's path."""
+    curve = run.get("curve", [])
+    return max(curve, key=lambda row: (row["update"], row["stage"] == "stage2")) if curve else None
+
+
 def table(runs: dict[str, dict]) -> str:
-    lines = ["| configuration | ranking | SciFact nDCG@10 | SciFact R@10 | ArguAna nDCG@10 | best val nDCG@10 (update) | Δθ S1 | Δθ S2 | Δθ total |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | ranking | SciFact nDCG@10 | SciFact R@10 | ArguAna nDCG@10 | best val nDCG@10 (update) | val at the last update | Δθ S1 | Δθ S2 | Δθ total |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
-        scifact, arguana = run["test"]["scifact"], run["test"]["arguana"]
+        scifact, arguana = run["test"]["scifact"], run["test"].get("arguana")
         curve = run.get("curve", [])
         best = max(curve, key=lambda row: row["ndcg@10"]) if curve else None
+        last = final_validation(run)
         change = run.get("weight_change", {})
         fmt = lambda key: f"{change[key]:.2e}" if key in change else "–"  # noqa: E731
         lines.append(
-            f"| {name}{' ¹' if run.get('stage1_shared_from') else ''} | {run['similarity']} | {scifact['ndcg@10']:.4f} | {scifact['recall@10']:.4f} | {arguana['ndcg@10']:.4f} | "
+            f"| {name}{' ¹' if run.get('stage1_shared_from') else ''} | {run['similarity']} | {scifact['ndcg@10']:.4f} | {scifact['recall@10']:.4f} | "
+            + (f"{arguana['ndcg@10']:.4f} | " if arguana else "not scored | ")
             + (f"{best['ndcg@10']:.4f} ({best['update']})" if best else "–")
+            + (f" | {last['ndcg@10']:.4f} ({last['update']})" if last else " | –")
             + f" | {fmt('stage1')} | {fmt('stage2')} | {fmt('total')} |"
         )
     return "\n".join(lines)
@@ -114,10 +130,11 @@ def significance(runs: dict[str, dict]) -> str:
         anchors = [n for n in runs if preset_of(n) == anchor_prefix and "+" not in n]
         for anchor in anchors:
             for name in runs:
-                if name == anchor or name == "frozen" or frozenset((name, anchor)) in done:
+                # Second-seed runs are compared with their first seed in the seed-variance table instead.
+                if name == anchor or name == "frozen" or "+" in name or frozenset((name, anchor)) in done:
                     continue
                 done.add(frozenset((name, anchor)))
-                for dataset in ("scifact", "arguana"):
+                for dataset in scored_sets(runs[name], runs[anchor]):
                     a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[anchor]["test"][dataset]["per_query_ndcg@10"])
                     test = paired_test(a, b)
                     lines.append(f"| {name} − {anchor} | {dataset} | {test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} |")
@@ -132,6 +149,8 @@ def plot(runs: dict[str, dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, run in runs.items():
+        if "+" in name:  # second seeds are validated more sparsely; the seed-variance table reports them
+            continue
         curve = sorted(run.get("curve", []), key=lambda row: row["update"])
         if name == "frozen" and curve:
             ax.axhline(curve[0]["ndcg@10"], color="grey", linestyle=":", label="frozen")
