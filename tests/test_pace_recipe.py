@@ -201,3 +201,35 @@ def test_cli_handler_one_stage_baseline_and_dot_evaluation(tiny_bert_dir, toy_da
     assert printed["similarity"] == "dot" and printed["stages"][0]["steps_run"] == 2 and "ndcg@10" in printed["metrics"]
     again = evaluate_model(printed["model_dir"], str(toy_data), "test", similarity="dot")
     assert again.to_dict()["ndcg@10"] == pytest.approx(printed["metrics"]["ndcg@10"])
+
+
+def test_default_preset_is_the_validation_winner_with_its_own_schedule(tiny_bert_dir, toy_data, tmp_path, capsys):
+    """Issue 20: with no preset named, text runs direct-dot-full for 5 epochs; VL keeps the paper's recipe."""
+    from embedtune.cli import build_parser
+    from embedtune.finetune.config import DEFAULT_PRESETS, ONE_STAGE_DEFAULT_EPOCHS, stage_steps
+
+    parser = build_parser()
+    assert parser.parse_args(["finetune", "pace"]).preset == DEFAULT_PRESETS["text"] == "direct-dot-full"
+    assert parser.parse_args(["finetune", "pace-vl"]).preset == DEFAULT_PRESETS["vl"] == "pace"
+    assert parser.parse_args(["pipeline", "--out", "x"]).preset == "direct-dot-full"
+    direct = preset_config("direct-dot-full")
+    assert direct.stage2 is None and direct.stage1.steps is None and direct.stage1.epochs == ONE_STAGE_DEFAULT_EPOCHS["direct-dot-full"] == 5.0
+    # 20 tuples at batch 4: 5 steps per epoch, 25 for five epochs; steps given always win.
+    assert stage_steps(direct.stage1, 20, 4) == 25 and stage_steps(direct.stage1, 21, 4) == 30
+    assert stage_steps(preset_config("direct-dot-full", steps=7).stage1, 20, 4) == 7
+    assert preset_config("direct-dot-full", stage1_steps=8, stage2_steps=4).stage1.steps == 2 + 4
+    assert preset_config("direct-dot-full", backbone="vl").stage1.epochs == 1.0
+    with pytest.raises(ValueError, match="preset 'infonce-lora' needs steps="):
+        preset_config("infonce-lora")
+    with pytest.raises(ValueError, match="epochs must be > 0"):
+        StageConfig(epochs=0)
+    document = json.loads(preset_config("pace", stage1_steps=8, stage2_steps=4).save(tmp_path / "old").read_text())
+    for stage in ("stage1", "stage2"):
+        del document[stage]["epochs"]  # as saved before `epochs` existed
+    assert PACEConfig.from_dict(document).stage1.epochs == 1.0
+
+    config = tiny_config(tiny_bert_dir, toy_data, tmp_path, preset="direct-dot-full", stage1_steps=None, stage2_steps=None)
+    config.stage1.epochs = 1.5
+    result = train_pace(config)
+    n_tuples = len(json.loads((tmp_path / "run" / "train_tuples.json").read_text())["tuples"])
+    assert result.stages[0].steps_run == round(1.5 * -(-n_tuples // 4))

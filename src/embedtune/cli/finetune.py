@@ -16,7 +16,7 @@ from typing import Any
 from embedtune.cli.common import DeprecatedAlias, add_list_flag, command_config, command_line, format_table, print_json
 from embedtune.data.beir import load_beir
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
-from embedtune.finetune.config import PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
+from embedtune.finetune.config import DEFAULT_PRESETS, PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
 from embedtune.finetune.losses.focal_embedding import WEIGHTINGS
 from embedtune.io import sha256_file
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
@@ -102,7 +102,10 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     model_help = ("'minilm', 'mpnet', or a local sentence-transformers folder" if backbone == "text"
                   else "checkpoint folder or hub id of a supported family, or a tiny-* name")
     required = "" if backbone == "text" else " (required unless --config)"
-    parser.add_argument("--preset", default="pace", choices=sorted(PRESETS), help="recipe, baseline or ablation")
+    parser.add_argument("--preset", default=DEFAULT_PRESETS[backbone], choices=sorted(PRESETS),
+                        help=f"recipe, baseline or ablation (default: {DEFAULT_PRESETS[backbone]}"
+                             + (", the best on validation in the PACE convergence study; it specialises the model to --data's domain: "
+                                "--preset st-hardness keeps it general, --preset pace is the paper's recipe)" if backbone == "text" else ", the paper's recipe)"))
     parser.add_argument("--config", default=None, metavar="JSON", help="start from a saved pace_config.json (or its folder) instead of --preset")
     parser.add_argument("--model", default=None, help=f"{model_help} " + ("(preset: minilm)" if backbone == "text" else "(required unless --config)"))
     parser.add_argument("--data", default=None, help=f"{data_help}{required}" + (" (preset: scifact)" if backbone == "text" else ""))

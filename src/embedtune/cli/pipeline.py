@@ -10,7 +10,7 @@ from embedtune.compress import DIVECompressor
 from embedtune.data.beir import load_beir
 from embedtune.encoders import resolve_model_path
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
-from embedtune.finetune.config import parse_stage2_init, preset_config
+from embedtune.finetune.config import DEFAULT_PRESETS, parse_stage2_init, preset_config
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.results import describe_data, pipeline_summary, write_results
 
@@ -33,7 +33,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
     parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, results.json, results.md; pipeline_result.json kept for one release)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (re-running into the same --out resumes instead)")
-    parser.add_argument("--preset", default="pace", help="PACE preset (see `embedtune finetune pace --help`)")
+    parser.add_argument("--preset", default=DEFAULT_PRESETS["text"], help="fine-tuning preset (default as `embedtune finetune pace`; see its --help)")
     parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
     parser.add_argument("--test-split", default="test", help="qrels split of the held-out evaluation")
     parser.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (default: one epoch)")

@@ -25,7 +25,7 @@ Stage I                cosine, LoRA r=32,      ``stage1`` (similarity, parameter
 Stage II               dot, full LM, lr 2e-6,  ``stage2`` (τ: "auto" for text backbones;
                        τ 100                   the literal 100 in the VL presets)
 Stage II init          Stage I step 2,000      ``stage2_init`` = 0.25 (2,000 / 7,847 steps)
-Epochs / warmup        1 per stage / 0.05      ``steps=None`` (one epoch), ``warmup_ratio``
+Epochs / warmup        1 per stage / 0.05      ``steps=None`` (``epochs``, 1), ``warmup_ratio``
 Batch / negatives      32 / 5                  ``batch_size``, ``n_negatives``
 Loss                   focal, γ 2, global      ``weighting``, ``gamma``, ``normalize``
 Max seq / image px     8,192 / 1,605,632       ``max_seq_length``, ``vl.max_image_pixels``
@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "BACKBONES",
     "CONFIG_FILE",
+    "DEFAULT_PRESETS",
     "LEGACY_VL_CONFIG_FILE",
     "PARAMETER_MODES",
     "PRESETS",
@@ -95,8 +96,9 @@ class StageConfig:
     similarity: Literal["cosine", "dot"] = field(default="cosine", metadata={"help": "training similarity s_t: cosine (Eq. 1) or dot (Eq. 2)"})
     parameters: Literal["lora", "full"] = field(default="lora", metadata={"help": "train a LoRA adapter or every language-model parameter"})
     steps: int | None = field(
-        default=None, metadata={"help": "optimizer steps of this stage's schedule; None = one epoch; 0 = skip the stage (vl only)"}
+        default=None, metadata={"help": "optimizer steps of this stage's schedule; None = `epochs` epochs; 0 = skip the stage (vl only)"}
     )
+    epochs: float = field(default=1.0, metadata={"help": "schedule length in passes over the training tuples when steps is None"})
     learning_rate: float = field(default=2e-5, metadata={"help": "peak AdamW learning rate (paper: 2e-5 Stage I, 2e-6 Stage II)"})
     warmup_ratio: float = field(default=0.05, metadata={"help": "linear warmup, as a fraction of the stage's steps"})
     scheduler: Literal["linear", "constant"] = field(default="linear", metadata={"help": "after warmup: linear decay to 0, or constant"})
@@ -151,6 +153,8 @@ class StageConfig:
             raise ValueError(f"scheduler must be one of {list(SCHEDULERS)}; got {self.scheduler!r}.")
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 0):
             raise ValueError(f"steps must be >= 1, None (one epoch) or 0 (skip the stage, vl only); got {self.steps!r}.")
+        if isinstance(self.epochs, bool) or not self.epochs > 0:
+            raise ValueError(f"epochs must be > 0; got {self.epochs!r}.")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0; got {self.learning_rate}.")
         if not 0 <= self.warmup_ratio < 1:
@@ -435,6 +439,19 @@ PRESETS: dict[str, str] = {
 }
 ONE_STAGE_PRESETS = ("infonce-lora", "vlm2vec", "direct-dot-full", "stage1-only", "st-hardness")
 
+# The preset `finetune pace` and `pipeline` run when none is named. Text: direct-dot-full, the setting
+# with the highest validation nDCG@10 in the PACE convergence study (benchmarks/RESULTS.md, "PACE at
+# convergence": 0.7338 at its last update against 0.7264 for PACE with Stage II lr 2e-5 and 0.6677
+# for the paper's PACE), so in-domain quality is the default; it specialises the model (ArguAna
+# zero-shot −0.198), which the README states beside the command. Vision-language: the paper's recipe,
+# which no study here has measured against its alternatives.
+DEFAULT_PRESETS: dict[str, str] = {"text": "direct-dot-full", "vl": "pace"}
+
+# A text one-stage preset needs its length named (baselines are compared at PACE's total), except a
+# preset with a measured schedule of its own: direct-dot-full's validation nDCG@10 rose until about
+# 5.4 epochs of SciFact-train tuples in that study (0.7354 at 250 updates of 736 tuples at batch 16).
+ONE_STAGE_DEFAULT_EPOCHS: dict[str, float] = {"direct-dot-full": 5.0}
+
 # What the paper states per backbone family, applied on top of PACEConfig's defaults by preset_config:
 # the dot-stage τ (text: measured, "auto"; Qwen-VL: Table 3's literal 100) and the VL input limits.
 # seed 0 is what VL runs of earlier releases used, kept so that they reproduce.
@@ -490,6 +507,8 @@ def preset_config(
         if steps is None and name != "stage1-only":
             if stage1_steps is not None and stage2_steps is not None:
                 steps = PACEConfig(stage2_init=init, stage2=None).stage2_init_step(stage1_steps) + stage2_steps
+            elif stage2_steps is None and backbone == "text" and name in ONE_STAGE_DEFAULT_EPOCHS:
+                steps = stage1_steps  # None: the preset's own number of epochs, below
             elif stage2_steps is not None or backbone == "text":
                 raise ValueError(f"preset {name!r} needs steps=, or stage1_steps= and stage2_steps= to match PACE's total.")
             else:
@@ -502,7 +521,8 @@ def preset_config(
             stage1 = StageConfig(similarity="cosine", parameters="lora", steps=steps, learning_rate=2e-5, temperature=0.1,
                                  weighting="none", loss="mnrl", hardness_mode=hardness_mode, hardness_strength=hardness_strength)
         elif name == "direct-dot-full":
-            stage1 = StageConfig(similarity="dot", parameters="full", steps=steps, learning_rate=2e-5, temperature=dot_tau, weighting="none")
+            stage1 = StageConfig(similarity="dot", parameters="full", steps=steps, learning_rate=2e-5, temperature=dot_tau, weighting="none",
+                                 epochs=ONE_STAGE_DEFAULT_EPOCHS[name] if backbone == "text" else 1.0)
         else:
             stage1.steps = steps
         stage2 = None
@@ -544,6 +564,13 @@ def preset_config(
 
 def steps_per_epoch(n_examples: int, batch_size: int, world_size: int = 1) -> int:
     return max(1, math.ceil(n_examples / (batch_size * world_size)))
+
+
+def stage_steps(stage: StageConfig, n_examples: int, batch_size: int, world_size: int = 1) -> int:
+    """The stage's schedule length: its ``steps``, or ``epochs`` passes over ``n_examples`` when steps is None."""
+    if stage.steps is not None:
+        return stage.steps
+    return max(1, round(stage.epochs * steps_per_epoch(n_examples, batch_size, world_size)))
 
 
 # -- Deprecated aliases of the former vision-language config module (``finetune/vl_config.py``) ------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
-from embedtune.finetune.config import PACEConfig, StageConfig, steps_per_epoch
+from embedtune.finetune.config import PACEConfig, StageConfig, stage_steps
 from embedtune.finetune.modeling import parameter_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def run_stages(backbone: Backbone, model: Any, data: Sequence, config: PACEConfi
     ``stage1_dir`` and ``stage2_dir`` (None: the backbone keeps nothing on disk, where it can).
     """
     timings: dict[str, float] = {}
-    stage1_steps = config.stage1.steps if config.stage1.steps is not None else steps_per_epoch(len(data), config.batch_size, backbone.world_size)
+    stage1_steps = stage_steps(config.stage1, len(data), config.batch_size, backbone.world_size)
     init_step = config.stage2_init_step(stage1_steps) if config.stage2 is not None and stage1_steps > 0 else None
     stages: list[StageResult] = []
     stage1: StageResult | None = None
@@ -157,7 +157,7 @@ def run_stages(backbone: Backbone, model: Any, data: Sequence, config: PACEConfi
         model, checkpoint = backbone.start_stage_two(handoff.pop(), config, stage1, stage1_dir, init_step)
         timings["stage2_prepare"] = time.perf_counter() - start
         fingerprint = parameter_fingerprint(model)
-        stage2_steps = config.stage2.steps if config.stage2.steps is not None else steps_per_epoch(len(data), config.batch_size, backbone.world_size)
+        stage2_steps = stage_steps(config.stage2, len(data), config.batch_size, backbone.world_size)
         temperature, median = resolve_temperature(backbone, model, data, config.stage2, config, "stage2")
         stage2 = backbone.run_stage(
             "stage2", model, data, config.stage2, config, stage2_dir, steps=stage2_steps, temperature=temperature, save_at=set(),

@@ -22,7 +22,7 @@ from embedtune.encoders.dataset import embed_dataset
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.finetune.stages import StageResult
-from embedtune.finetune.config import PACEConfig, StageConfig, steps_per_epoch
+from embedtune.finetune.config import PACEConfig, StageConfig, stage_steps
 from embedtune.finetune.data import TrainingTuples, mine_training_tuples
 from embedtune.finetune.losses import CachedFocalEmbeddingLoss, FocalEmbeddingLoss
 from embedtune.finetune.modeling import (
@@ -160,7 +160,7 @@ def run_stage(
     )
 
     processes = world_size()
-    steps = steps or stage.steps or steps_per_epoch(len(train_dataset), config.batch_size, processes)
+    steps = steps or stage_steps(stage, len(train_dataset), config.batch_size, processes)
     if temperature is None:
         temperature = stage.temperature
         if temperature == "auto":
