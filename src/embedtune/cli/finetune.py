@@ -119,7 +119,8 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     stages.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (preset: one epoch)")
     stages.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (preset: one epoch)")
     stages.add_argument("--steps", type=int, default=None,
-                        help="steps of a one-stage preset (default: PACE's updates, stage2-init step + stage2 steps)")
+                        help="steps of a one-stage preset (default: PACE's updates, stage2-init step + stage2 steps; "
+                             "direct-dot-full without stage steps: 5 epochs)")
     stages.add_argument("--stage2-init", type=parse_stage2_init, default=None,
                         help="Stage II init checkpoint: fraction of Stage I steps, a step, or 'final' (preset: 0.25)")
     stages.add_argument("--stop-stage1-at-init", action="store_true", default=None,

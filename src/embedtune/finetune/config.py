@@ -152,7 +152,7 @@ class StageConfig:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {list(SCHEDULERS)}; got {self.scheduler!r}.")
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 0):
-            raise ValueError(f"steps must be >= 1, None (one epoch) or 0 (skip the stage, vl only); got {self.steps!r}.")
+            raise ValueError(f"steps must be >= 1, None (`epochs` epochs) or 0 (skip the stage, vl only); got {self.steps!r}.")
         if isinstance(self.epochs, bool) or not self.epochs > 0:
             raise ValueError(f"epochs must be > 0; got {self.epochs!r}.")
         if not self.learning_rate > 0:
