@@ -74,3 +74,14 @@ def test_anchor_tests_cover_both_sets_once(report, results):
     assert ("pace − infonce-lora", "arguana") in comparisons
     assert ("infonce-lora − frozen", "scifact") in comparisons
     assert len(comparisons) == len(set(comparisons)) == 6  # pace−infonce, infonce−frozen, pace−frozen, on 2 sets
+
+
+def test_pace_setting_is_chosen_on_the_tested_models_validation(report, results):
+    runs = report.load(results)
+    assert report.pace_selection(runs) == "Only one PACE setting has finished."
+    variant = dict(runs["pace"], name="pace@s2lr2e-5", curve=[{"stage": "stage1", "update": 0, "ndcg@10": 0.60},
+                                                             {"stage": "stage2", "update": 25, "ndcg@10": 0.70},
+                                                             {"stage": "stage2", "update": 100, "ndcg@10": 0.66}])
+    text = report.pace_selection({**runs, "pace@s2lr2e-5": variant})
+    # 0.66 at the last update beats pace's 0.61, though the variant's best (0.70) came earlier.
+    assert "**pace@s2lr2e-5** (0.6600)" in text and "0.7000 (25)" in text
