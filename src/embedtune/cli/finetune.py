@@ -49,12 +49,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     presets = "; ".join(f"{name}: {text}" for name, text in PRESETS.items())
     text = methods.add_parser(
         "pace",
-        help="PACE on a text model: Stage I cosine+LoRA, then Stage II dot+full from an intermediate checkpoint",
+        help="fine-tune a text model: PACE (--preset pace), its baselines and ablations; default direct-dot-full",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=(
-            "Train with the Focal Embedding Loss on (query, positive, K hard negatives) tuples mined from BEIR train "
-            f"qrels with the frozen model. Presets: {presets}. Evaluate a dot-product model with "
-            "`embedtune evaluate --model OUT/model --similarity dot`. "
+            "Train on (query, positive, K hard negatives) tuples mined from BEIR train qrels with the frozen model. "
+            f"Presets: {presets}. Without --preset, direct-dot-full runs: in the PACE convergence study "
+            "(benchmarks/RESULTS.md) it scored highest on validation and in-domain, and it specialises the model to "
+            "the training domain. `embedtune evaluate` ranks a dot-product model by dot product, as the model was saved. "
             "Multi-process: `accelerate launch --num_processes 2 -m embedtune finetune pace ...`."
         ),
     )
