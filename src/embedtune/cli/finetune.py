@@ -106,7 +106,7 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--preset", default=DEFAULT_PRESETS[backbone], choices=sorted(PRESETS),
                         help=f"recipe, baseline or ablation (default: {DEFAULT_PRESETS[backbone]}"
                              + (", the best on validation in the PACE convergence study; it specialises the model to --data's domain: "
-                                "--preset st-hardness keeps it general, --preset pace is the paper's recipe)" if backbone == "text" else ", the paper's recipe)"))
+                                "--preset no-dot or st-hardness keep it general, --preset pace is the paper's recipe)" if backbone == "text" else ", the paper's recipe)"))
     parser.add_argument("--config", default=None, metavar="JSON", help="start from a saved pace_config.json (or its folder) instead of --preset")
     parser.add_argument("--model", default=None, help=f"{model_help} " + ("(preset: minilm)" if backbone == "text" else "(required unless --config)"))
     parser.add_argument("--data", default=None, help=f"{data_help}{required}" + (" (preset: scifact)" if backbone == "text" else ""))
