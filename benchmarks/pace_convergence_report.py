@@ -96,10 +96,15 @@ def seed_variance(runs: dict[str, dict]) -> str:
         for dataset in scored_sets(runs[first], runs[name]):
             a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[first]["test"][dataset]["per_query_ndcg@10"])
             test = paired_test(a, b)
-            lines.append(f"| {first} | {runs[first]['seed']}, {runs[name]['seed']} | {dataset} | "
+            lines.append(f"| {first} | {training_seed(runs[first])}, {training_seed(runs[name])} | {dataset} | "
                          f"{runs[first]['test'][dataset]['ndcg@10']:.4f}, {runs[name]['test'][dataset]['ndcg@10']:.4f} | "
                          f"{test.mean_difference:+.4f} | [{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {test.p_value:.4f} | {finals} |")
     return "\n".join(lines) if len(lines) > 2 else "No configuration has a second seed yet."
+
+
+def training_seed(run: dict) -> int:
+    """The seed training drew from (the record's top-level ``seed`` is the split's)."""
+    return run.get("config", {}).get("seed", run["seed"])
 
 
 def scored_sets(*records: dict) -> list[str]:
