@@ -91,6 +91,8 @@ SAVE_STEPS = 25
 SCREEN_UPDATES = int(os.environ.get("PACE_SCREEN_UPDATES", "100"))
 # A second-seed run may score SciFact only: its purpose is the seed variance of the in-domain score.
 TEST_SETS = tuple(os.environ.get("PACE_TEST_SETS", "scifact,arguana").split(","))
+if set(TEST_SETS) - {"scifact", "arguana"}:  # checked at start-up, not after an hour of training
+    raise SystemExit(f"PACE_TEST_SETS: unknown set(s) {sorted(set(TEST_SETS) - {'scifact', 'arguana'})}; use scifact and/or arguana, comma-separated")
 STAGE2_INIT = 0.25  # the paper's transition: step 2,000 of 7,847
 COMMON = dict(model=MODEL, data=SCIFACT, train_split="train", max_seq_length=MAX_SEQ, batch_size=BATCH,
               n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED, save_steps=SAVE_STEPS, logging_steps=5)
@@ -221,9 +223,6 @@ def weight_change(before, after) -> float:
 
 def score(model_dir: str, similarity: str) -> dict:
     out = {}
-    unknown = set(TEST_SETS) - {"scifact", "arguana"}
-    if unknown:
-        raise SystemExit(f"PACE_TEST_SETS: unknown set(s) {sorted(unknown)}; use scifact and/or arguana, comma-separated")
     for label, data in (("scifact", SCIFACT), ("arguana", str(ARGUANA))):
         if label not in TEST_SETS:
             continue

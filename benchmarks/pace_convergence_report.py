@@ -92,7 +92,7 @@ def seed_variance(runs: dict[str, dict]) -> str:
         first = name.split("+")[0]
         if first not in runs:
             continue
-        finals = ", ".join(f"{final_validation(runs[n])['ndcg@10']:.4f}" if final_validation(runs[n]) else "–" for n in (first, name))
+        finals = ", ".join(f"{row['ndcg@10']:.4f}" if row else "–" for row in map(final_validation, (runs[first], runs[name])))
         for dataset in scored_sets(runs[first], runs[name]):
             a, b = align_by_query(runs[name]["test"][dataset]["per_query_ndcg@10"], runs[first]["test"][dataset]["per_query_ndcg@10"])
             test = paired_test(a, b)
