@@ -17,6 +17,8 @@ import pytest
 from embedtune.cli import main
 from embedtune.compress import DIVECompressor, DIVEConfig, load_compressor, make_compressor
 from embedtune.compress.base import TrainingData
+from embedtune import outputs
+from embedtune.io import atomic_write_bytes
 from embedtune.outputs import MARKER_NAME, OutputExistsError, finish_output_dir, prepare_output_dir, prepare_output_file, read_marker
 
 
@@ -39,7 +41,7 @@ def test_a_new_or_empty_folder_is_used_and_marked(tmp_path):
     (out / "a.npy").write_bytes(b"x")
     finish_output_dir(out, "embed")
     marker = read_marker(out)
-    assert marker["command"] == "embed" and marker["complete"] and marker["written"] == ["a.npy"]
+    assert marker["command"] == "embed" and marker["complete"] and marker["written"] == ["a.npy"] and marker["files"] == ["a.npy"]
 
 
 def test_a_non_empty_folder_is_refused_without_overwrite(tmp_path):
@@ -61,17 +63,19 @@ def test_overwrite_removes_only_what_embedtune_wrote(tmp_path):
     (out / "notes.md").write_text("the user's")
     prepare_output_dir(out, overwrite=True, command="compress train")
     assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "notes.md"]
-    # An unfinished run: everything but what was there before it counts as its output.
-    (out / "pca").mkdir()
+    # An unfinished (killed) run owns what it recorded, nothing else (issue 28: not "all that was not there before").
+    atomic_write_bytes(out / "pca" / "config.json", b"{}")
+    (out / "later.md").write_text("added by the user after the kill")
+    outputs._open.clear()  # the process died: nothing finished the marker
     prepare_output_dir(out, overwrite=True, command="compress train")
-    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "notes.md"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "later.md", "notes.md"]
 
 
 def test_overwrite_never_removes_an_input(tmp_path):
     out = prepare_output_dir(tmp_path / "out", command="compress train")
     adapter = _adapter(out / "dive")
     finish_output_dir(out, "compress train")
-    with pytest.raises(OutputExistsError, match=r"would remove .*dive, which holds the input"):
+    with pytest.raises(OutputExistsError, match=r"would remove .*dive.*, which lies inside the input .*dive; copy"):
         prepare_output_dir(out, overwrite=True, inputs=[adapter], command="compress export")
     assert (adapter / "model.safetensors").is_file()
 
@@ -134,7 +138,7 @@ def test_compress_export_overwrite_keeps_the_adapter_it_reads_and_foreign_files(
     inner = out / "embedtune_compressor"  # the adapter copy inside the exported folder
     capsys.readouterr()
     assert main(["compress", "export", "--adapter", str(inner), "--model", str(tiny_bert_dir), "--out", str(out), "--overwrite"]) == 2
-    assert "holds the input" in capsys.readouterr().err
+    assert "lies inside the input" in capsys.readouterr().err
     assert load_compressor(inner).output_dim == 4 and (out / "notes.txt").read_text() == "mine"
     assert main(["compress", "export", "--adapter", str(adapter), "--model", str(tiny_bert_dir), "--out", str(out), "--overwrite"]) == 0
     assert (out / "notes.txt").read_text() == "mine" and (out / "modules.json").is_file()
@@ -184,3 +188,86 @@ def test_index_build_refuses_a_non_empty_out(tmp_path, capsys):
     command[3] = str(tmp_path / "index" / "vectors" / "x.npy")
     assert main([*command, "--overwrite"]) == 0
     assert (tmp_path / "index" / "vectors" / "x.npy").is_file() and (tmp_path / "index" / "index.faiss").is_file()
+
+
+# -- issue 28: ownership is exact ---------------------------------------------------------------
+def _owned_adapter(folder: Path) -> Path:
+    """An adapter in a folder an earlier embedtune command wrote (as `compress fit --out A` leaves it)."""
+    prepare_output_dir(folder, command="compress fit")
+    _adapter(folder)
+    finish_output_dir(folder, "compress fit")
+    return folder
+
+
+def test_overwrite_refuses_when_out_is_the_inputs_own_folder(tmp_path):
+    adapter = _owned_adapter(tmp_path / "A")
+    with pytest.raises(OutputExistsError, match=r"lies inside the input .*A \(--out is the input's own folder"):
+        prepare_output_dir(adapter, overwrite=True, inputs=[adapter], command="index build")
+    with pytest.raises(OutputExistsError, match="lies inside the input"):  # an input folder above --out
+        prepare_output_dir(adapter, overwrite=True, inputs=[tmp_path], command="index build")
+    assert load_compressor(adapter).output_dim == 4
+
+
+def test_index_build_export_and_search_into_their_own_input_are_refused(tmp_path, tiny_bert_dir, capsys):
+    adapter = _owned_adapter(tmp_path / "A")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(12, 32)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(12)))
+    build = ["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--ids", str(tmp_path / "ids.txt")]
+    assert main([*build, "--adapter", str(adapter), "--out", str(adapter), "--overwrite"]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
+    assert load_compressor(adapter).output_dim == 4
+
+    dive = _owned_adapter(tmp_path / "D")
+    _adapter(dive, method="dive")
+    assert main(["compress", "export", "--adapter", str(dive), "--model", str(tiny_bert_dir), "--out", str(dive), "--overwrite"]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
+    assert load_compressor(dive).method == "dive" and not (dive / "modules.json").exists()
+
+    index = tmp_path / "I"
+    assert main([*build, "--out", str(index)]) == 0
+    assert main(["search", "--index", str(index), "--model", str(tiny_bert_dir), "--out", str(index), "--overwrite", "q"]) == 2
+    assert "lies inside the input" in capsys.readouterr().err
+    assert (index / "index.faiss").is_file() and (index / "manifest.json").is_file()
+
+
+def test_a_file_added_after_a_failed_run_survives_the_next_overwrite(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
+    (tmp_path / "short.txt").write_text("d0\n")
+    out = tmp_path / "index"
+    command = ["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--out", str(out)]
+    assert main([*command, "--ids", str(tmp_path / "short.txt")]) == 2  # fails after --out was prepared
+    marker = read_marker(out)
+    assert marker["failed"] and not marker["complete"] and marker["files"] == []
+    (out / "notes.md").write_text("the user's, added after the failure")
+    assert main([*command, "--ids", str(tmp_path / "ids.txt"), "--overwrite"]) == 0
+    assert (out / "notes.md").read_text() == "the user's, added after the failure"
+    assert "notes.md" not in read_marker(out)["files"] and (out / "index.faiss").is_file()
+
+
+def test_a_users_file_inside_an_owned_subfolder_survives_overwrite(tmp_path):
+    out = prepare_output_dir(tmp_path / "out", command="compress train")
+    _adapter(out / "pca")
+    finish_output_dir(out, "compress train")
+    assert read_marker(out)["files"] == ["pca/config.json", "pca/model.safetensors"]
+    (out / "pca" / "notes.md").write_text("the user's")
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert sorted(p.name for p in (out / "pca").iterdir()) == ["notes.md"]
+    assert (out / "pca" / "notes.md").read_text() == "the user's"
+    # An owned folder left empty by the removal goes too.
+    _adapter(out / "dive")
+    finish_output_dir(out, "compress train")
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert not (out / "dive").exists() and (out / "pca" / "notes.md").is_file()
+
+
+def test_a_marker_never_reaches_outside_its_folder(tmp_path):
+    out = prepare_output_dir(tmp_path / "out", command="embed")
+    finish_output_dir(out, "embed")
+    (tmp_path / "precious.txt").write_text("x")
+    marker = json.loads((out / MARKER_NAME).read_text())
+    marker["files"] = ["../precious.txt", str(tmp_path / "precious.txt")]
+    (out / MARKER_NAME).write_text(json.dumps(marker))
+    (out / "junk").write_text("y")  # something there, so --overwrite has work to do
+    prepare_output_dir(out, overwrite=True, command="embed")
+    assert (tmp_path / "precious.txt").read_text() == "x"

@@ -45,6 +45,7 @@ __all__ = [
     "IntegrityError",
     "DIGEST_KEY",
     "atomic_write",
+    "add_write_observer",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_save_npy",
@@ -76,6 +77,16 @@ class IntegrityError(EmbedtuneError):
 
 
 _umask_lock = threading.Lock()
+_write_observers: list[Callable[[Path], None]] = []
+
+
+def add_write_observer(observer: Callable[[Path], None]) -> None:
+    """Call ``observer(path)`` after every :func:`atomic_write` has moved a file into place.
+
+    :mod:`embedtune.outputs` records this way which files a command wrote into its ``--out``.
+    """
+    if observer not in _write_observers:
+        _write_observers.append(observer)
 
 
 def current_umask() -> int:
@@ -121,6 +132,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    for observer in _write_observers:
+        observer(path)
     return path
 
 

@@ -1,4 +1,4 @@
-"""Output folders and files that embedtune never overwrites unasked.
+"""Output folders and files that embedtune never overwrites unasked, and never deletes what it did not write.
 
 Every command with ``--out`` calls :func:`prepare_output_dir` (or :func:`prepare_output_file`)
 before it writes anything:
@@ -6,16 +6,23 @@ before it writes anything:
 * a missing or empty ``--out`` is used as is;
 * an existing non-empty one is refused unless ``overwrite`` (``--overwrite``) is given, or the
   command resumes its own earlier run there (``resume=True``: ``finetune pace``, ``pipeline``);
-* ``overwrite`` removes only what embedtune wrote there, recognised by the marker file
-  ``.embedtune-output.json`` (the command and the entries it wrote); files that were there
-  before embedtune are kept, a folder without a marker is refused, and so is a folder whose
-  removal would delete an input the command reads;
+* ``overwrite`` removes only the files embedtune's marker ``.embedtune-output.json`` lists as
+  written by an earlier run, file by file (a file the user put inside a folder embedtune wrote
+  stays, and so does that folder); a folder without a marker is refused, and so is any removal
+  that would touch an input of the command: a listed file that is an input, lies inside an
+  input folder (``--out`` is the input's own folder), or a folder that holds an input;
 * an output file equal to one of the inputs is always refused.
 
-The marker is written when the folder is prepared (``complete: false``, with the entries that
-were already there) and finished by :func:`finish_output_dir` (``complete: true`` and the
-entries written). For a run that never finished, everything but the entries that were there
-before it counts as its output.
+Ownership is exact. The marker is written when the folder is prepared (``complete: false``,
+with the files that were already there, ``kept``); every file embedtune then writes through
+:func:`embedtune.io.atomic_write` is recorded in it as it is written (so a run killed
+mid-way still lists what it wrote), and :func:`finish_output_dir` records the rest and sets
+``complete: true``. A run that fails with an error finishes its marker too (``failed: true``)
+with what it wrote up to then (:func:`close_open_outputs`, called by the command line), so a file
+the user adds after a failed run is never taken for embedtune's.
+
+Markers written by embedtune before the per-file record (no ``files`` field) list top-level
+entries; for those the top-level rule of that version applies.
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from embedtune import __version__
 from embedtune.errors import EmbedtuneError
-from embedtune.io import atomic_write_json
+from embedtune.io import add_write_observer, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +52,18 @@ __all__ = [
     "finish_output_dir",
     "prepare_output_file",
     "read_marker",
+    "owned_files",
+    "close_open_outputs",
+    "command_outputs",
 ]
 
 MARKER_NAME = ".embedtune-output.json"
+MARKER_FORMAT = 2
 OVERWRITE_HELP = ("replace what an earlier embedtune run wrote in --out (files embedtune did not write are kept, "
                   "and the inputs are never removed); without it, a non-empty --out is refused")
+# Seconds between two marker rewrites while a run records its files (the rest is recorded on finish).
+_RECORD_INTERVAL = 0.5
+_RECORD_EACH = 256
 
 
 class OutputExistsError(FileExistsError, EmbedtuneError):
@@ -78,25 +94,157 @@ def read_marker(directory: str | os.PathLike) -> dict[str, Any] | None:
     return marker if isinstance(marker, dict) and isinstance(marker.get("command"), str) else None
 
 
-def _owned_entries(directory: Path, marker: dict[str, Any]) -> list[Path]:
-    """The top-level entries of ``directory`` that embedtune wrote, by its marker."""
+def _walk_files(directory: Path) -> list[str]:
+    """Every file (and symlink) below ``directory``, as sorted POSIX paths relative to it; the marker excluded."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        base = Path(root)
+        for name in files + [d for d in dirs if (base / d).is_symlink()]:
+            rel = (base / name).relative_to(directory).as_posix()
+            if rel != MARKER_NAME:
+                found.append(rel)
+    return sorted(found)
+
+
+def _names(values: Any) -> list[str]:
+    return [str(v) for v in values] if isinstance(values, list) else []
+
+
+def _safe_relative(directory: Path, rel: str) -> Path | None:
+    """``directory / rel`` when ``rel`` stays inside ``directory`` (a marker is never trusted to point outside)."""
+    candidate = directory / rel
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+        return None
+    return candidate
+
+
+def owned_files(directory: str | os.PathLike, marker: dict[str, Any] | None = None) -> list[Path]:
+    """The paths in ``directory`` that embedtune wrote, by its marker (files; whole entries for an old marker)."""
+    directory = Path(directory)
+    marker = read_marker(directory) if marker is None else marker
+    if marker is None:
+        return []
+    if "files" in marker:  # per-file record
+        paths = [_safe_relative(directory, rel) for rel in _names(marker["files"])]
+        return [p for p in paths if p is not None and (p.exists() or p.is_symlink())]
+    # A marker of an older embedtune: top-level entries.
     present = {entry.name for entry in directory.iterdir()} - {MARKER_NAME}
     if marker.get("complete") and isinstance(marker.get("written"), list):
-        owned = present & {str(name) for name in marker["written"]}
-    else:  # an unfinished run: everything but what was there before it
-        owned = present - {str(name) for name in marker.get("kept", [])}
+        owned = present & set(_names(marker["written"]))
+    else:  # an unfinished run of that version: everything but what was there before it
+        owned = present - set(_names(marker.get("kept", [])))
     return [directory / name for name in sorted(owned)]
 
 
-def _write_marker(directory: Path, command: str, kept: Iterable[str], complete: bool, written: Iterable[str] = ()) -> None:
-    atomic_write_json(directory / MARKER_NAME, {
-        "command": command,
-        "complete": complete,
-        "embedtune_version": __version__,
-        "kept": sorted(kept),
-        "written": sorted(written),
-        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    })
+class _OpenOutput:
+    """A folder this process prepared and has not finished: the files recorded so far."""
+
+    def __init__(self, directory: Path, command: str, kept: list[str]) -> None:
+        self.directory, self.command, self.kept = directory, command, kept
+        self.files: set[str] = set()
+        self.resolved = directory.resolve()
+        self.last_write = 0.0
+        self.pending = False
+
+    def record(self, path: Path) -> None:
+        try:
+            rel = path.resolve().relative_to(self.resolved).as_posix()
+        except ValueError:
+            return
+        if rel == MARKER_NAME or rel in self.files:
+            return
+        self.files.add(rel)
+        self.pending = True
+        # Each file is recorded at once (a killed run still lists it); past a few hundred, at most twice a second.
+        if len(self.files) <= _RECORD_EACH or time.monotonic() - self.last_write >= _RECORD_INTERVAL:
+            self.flush()
+
+    def flush(self, complete: bool = False, failed: bool = False) -> None:
+        _write_marker(self.directory, self.command, self.kept, complete, sorted(self.files), failed=failed)
+        self.last_write, self.pending = time.monotonic(), False
+
+
+_open: dict[Path, _OpenOutput] = {}
+_writing_marker = False
+
+
+def _observe(path: Path) -> None:
+    if _writing_marker or not _open:
+        return
+    for output in list(_open.values()):
+        output.record(Path(path))
+
+
+add_write_observer(_observe)
+
+
+def _write_marker(directory: Path, command: str, kept: Iterable[str], complete: bool, files: Iterable[str] = (),
+                  failed: bool = False) -> None:
+    global _writing_marker
+    files = sorted(set(files))
+    _writing_marker = True
+    try:
+        atomic_write_json(directory / MARKER_NAME, {
+            "command": command,
+            "complete": complete,
+            "failed": failed,
+            "embedtune_version": __version__,
+            "format": MARKER_FORMAT,
+            "kept": sorted(set(kept)),
+            "files": files,
+            "written": sorted({rel.split("/", 1)[0] for rel in files}),  # top-level entries, as older versions read it
+            "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        })
+    finally:
+        _writing_marker = False
+
+
+def _open_output(directory: Path, command: str, kept: list[str], files: Iterable[str] = ()) -> None:
+    output = _OpenOutput(directory, command, kept)
+    output.files.update(files)
+    _open[output.resolved] = output
+    output.flush()
+
+
+def _check_inputs(directory: Path, owned: list[Path], inputs: Iterable[str | os.PathLike | None], flag: str) -> None:
+    """Refuse when removing ``owned`` would touch an input: one is an input, lies inside one, or holds one."""
+    sources = [(source, _resolved(source)) for source in inputs if source is not None]
+    if not sources:
+        return
+    for entry in owned:
+        resolved = entry.resolve() if not entry.is_symlink() else entry.parent.resolve() / entry.name
+        for source, source_path in sources:
+            if _is_within(source_path, resolved):
+                raise OutputExistsError(
+                    f"{directory}: --overwrite would remove {entry}, which holds the input {source}; "
+                    f"copy the input elsewhere or choose another {flag}."
+                )
+            if _is_within(resolved, source_path):
+                where = (f" ({flag} is the input's own folder or lies inside it)" if _is_within(directory.resolve(), source_path)
+                         else "")
+                raise OutputExistsError(
+                    f"{directory}: --overwrite would remove {entry}, which lies inside the input {source}{where}; "
+                    f"copy the input elsewhere or choose another {flag}."
+                )
+
+
+def _remove(directory: Path, owned: list[Path]) -> None:
+    """Remove ``owned`` (files; whole entries of an old marker), then the folders that this left empty."""
+    parents: set[Path] = set()
+    for entry in owned:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
+        parent = entry.parent
+        while parent != directory and _is_within(parent, directory):
+            parents.add(parent)
+            parent = parent.parent
+    for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        try:
+            parent.rmdir()  # only when empty: a folder holding the user's files stays
+        except OSError:
+            pass
 
 
 def prepare_output_dir(
@@ -114,7 +262,8 @@ def prepare_output_dir(
     Args:
         path: the output folder.
         overwrite: remove what an earlier embedtune run wrote there first (never other files).
-        inputs: paths the command reads (None entries are skipped); removing one is refused.
+        inputs: paths the command reads (None entries are skipped); removing one, a file inside
+            one, or a folder holding one is refused.
         command: the command's name (``"compress train"``), recorded in the marker.
         resume: a folder this same command wrote (by its marker) is re-entered as it is.
         legacy_names: with ``resume``, files whose presence marks a folder this command wrote
@@ -125,9 +274,10 @@ def prepare_output_dir(
 
     Raises:
         OutputExistsError: ``path`` is a file, is not empty (without ``overwrite``), has no
-            marker (with ``overwrite``), or holds an input that ``overwrite`` would remove.
+            marker (with ``overwrite``), or a file to remove is, holds or lies inside an input.
     """
     directory = Path(path)
+    inputs = list(inputs)
     if directory.exists() and not directory.is_dir():
         raise OutputExistsError(f"{directory}: {flag} must be a folder, but a file is there; choose another {flag}.")
     entries = sorted(entry.name for entry in directory.iterdir()) if directory.is_dir() else []
@@ -136,19 +286,21 @@ def prepare_output_dir(
     if not foreign:
         if not check_only:
             directory.mkdir(parents=True, exist_ok=True)
-            _write_marker(directory, command, kept=(), complete=False)
+            _open_output(directory, command, kept=[])
         return directory
     if resume and not overwrite:
         if marker is not None and marker["command"] == command:
             if not check_only:
                 logger.info("%s: resuming the earlier `embedtune %s` run in this folder", directory, command)
+                if "files" in marker:
+                    _open_output(directory, command, _names(marker.get("kept", [])), _names(marker["files"]))
             return directory
         legacy = [name for name in legacy_names if (directory / name).exists()]
         if marker is None and legacy:
             if not check_only:
                 logger.info("%s: resuming an earlier `embedtune %s` run (written before output markers; %s found)",
                             directory, command, legacy[0])
-                _write_marker(directory, command, kept=(), complete=False)
+                _open_output(directory, command, kept=[], files=_walk_files(directory))
             return directory
     if not overwrite:
         what = f"an earlier `embedtune {marker['command']}` run" if marker is not None else "files embedtune did not write"
@@ -162,40 +314,68 @@ def prepare_output_dir(
             f"{directory}: --overwrite only replaces what embedtune wrote, and this folder has no {MARKER_NAME} "
             f"(it holds {_listing(foreign)}); remove it yourself or choose a new {flag}."
         )
-    owned = _owned_entries(directory, marker)
-    for source in inputs:
-        if source is None:
-            continue
-        source_path = _resolved(source)
-        for entry in owned:
-            if _is_within(source_path, entry.resolve()):
-                raise OutputExistsError(
-                    f"{directory}: --overwrite would remove {entry}, which holds the input {source}; "
-                    f"copy the input elsewhere or choose another {flag}."
-                )
+    owned = owned_files(directory, marker)
+    _check_inputs(directory, owned, inputs, flag)
     if check_only:
         return directory
-    for entry in owned:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    kept = [name for name in foreign if directory / name not in owned]
-    logger.info("%s: --overwrite removed %d entries of an earlier `embedtune %s` run%s", directory, len(owned), marker["command"],
-                f"; kept {_listing(kept)}" if kept else "")
-    _write_marker(directory, command, kept=kept, complete=False)
+    _remove(directory, owned)
+    kept = _walk_files(directory)
+    logger.info("%s: --overwrite removed %d files of an earlier `embedtune %s` run%s", directory, len(owned), marker["command"],
+                f"; kept {_listing(kept)} (not written by embedtune)" if kept else "")
+    _open_output(directory, command, kept=kept)
     return directory
 
 
-def finish_output_dir(path: str | os.PathLike, command: str | None = None) -> None:
-    """Record in the marker of ``path`` that the run finished, and the entries it wrote."""
+def finish_output_dir(path: str | os.PathLike, command: str | None = None, failed: bool = False) -> None:
+    """Record in the marker of ``path`` the files the run wrote, and that it finished (or ``failed``)."""
     directory = Path(path)
+    resolved = directory.resolve()
+    output = _open.pop(resolved, None)
     marker = read_marker(directory) or {"command": command or "embedtune", "kept": []}
-    kept = [str(name) for name in marker.get("kept", [])]
-    written = [entry.name for entry in directory.iterdir() if entry.name != MARKER_NAME and entry.name not in kept]
-    if marker.get("complete") and isinstance(marker.get("written"), list):  # a resumed run keeps what the first one wrote
-        written = sorted(set(written) | {str(name) for name in marker["written"]})
-    _write_marker(directory, command or marker["command"], kept=kept, complete=True, written=written)
+    if output is not None:
+        kept, files = output.kept, set(output.files)
+    elif "files" in marker:
+        kept, files = _names(marker.get("kept", [])), set(_names(marker["files"]))
+    else:  # a marker of an older embedtune: its kept entries were top-level names
+        top = set(_names(marker.get("kept", [])))
+        kept = [rel for rel in _walk_files(directory) if rel.split("/", 1)[0] in top]
+        files = set()
+    # What is there now and was not there before: written by this run (most writes are recorded
+    # as they happen; this adds the files other libraries wrote, e.g. a trainer's checkpoints).
+    kept_set = set(kept)
+    files |= {rel for rel in _walk_files(directory) if rel not in kept_set}
+    existing = {rel for rel in files if (directory / rel).exists() or (directory / rel).is_symlink()}
+    _write_marker(directory, command or marker["command"], kept=kept, complete=not failed, files=existing, failed=failed)
+
+
+def close_open_outputs(failed: bool = True) -> None:
+    """Finish the marker of every folder this process prepared and has not finished (a failed command's)."""
+    for resolved, output in list(_open.items()):
+        try:
+            if output.directory.is_dir():
+                finish_output_dir(output.directory, output.command, failed=failed)
+        except OSError as error:  # the disk that failed the command may fail this too: the per-file record stays
+            logger.warning("%s: could not finish %s (%s)", output.directory, MARKER_NAME, error)
+        finally:
+            _open.pop(resolved, None)
+
+
+@contextmanager
+def command_outputs() -> Iterator[None]:
+    """Around one command: the folders it prepared and did not finish are finished as failed when it raises."""
+    try:
+        yield
+    except BaseException:
+        close_open_outputs(failed=True)
+        raise
+    finally:
+        for output in list(_open.values()):
+            if output.pending:
+                try:
+                    output.flush()
+                except OSError:
+                    pass
+        _open.clear()
 
 
 def prepare_output_file(

@@ -73,8 +73,12 @@ def _run(args: argparse.Namespace) -> int:
         set_threads(args.threads)
     if args.command == "bench":  # the deprecated name of `benchmark`
         warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
+    from embedtune.outputs import command_outputs
+
     try:
-        return int(args.handler(args) or 0)
+        # A command that fails records in its --out marker what it wrote up to then (and nothing else).
+        with command_outputs():
+            return int(args.handler(args) or 0)
     except (Exception, KeyboardInterrupt) as error:
         if args.verbose and not isinstance(error, KeyboardInterrupt):
             raise  # -v: the full traceback
