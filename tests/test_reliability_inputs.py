@@ -307,3 +307,23 @@ def test_an_unexpected_error_is_one_line_and_v_shows_the_trace(tmp_path, capsys,
 
 def test_data_format_errors_are_embedtune_errors():
     assert issubclass(DataFormatError, EmbedtuneError) and issubclass(EmbedtuneError, ValueError)
+
+
+# -- issue 28: every judged document needs a vector -----------------------------------------------
+def test_evaluate_refuses_doc_vectors_that_miss_judged_documents(tmp_path, capsys):
+    data, paths = _dataset(tmp_path), _vectors(tmp_path)
+    docs = np.load(paths["docs"])
+    keep = [i for i in range(60) if i not in (3, 7, 11)]  # judged documents of q3, q7, q11
+    np.save(tmp_path / "part.npy", docs[keep])
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in keep))
+    assert _evaluate(tmp_path, data, tmp_path / "part.npy") == 2  # before: exit 0 and a lower nDCG@10
+    err = _error(capsys)
+    assert f"{tmp_path / 'docs.txt'}: no vector for document 'd3'" in err and "3 documents missing" in err and "Fix:" in err
+
+
+def test_evaluate_names_ids_that_differ_only_by_trailing_spaces(tmp_path, capsys):
+    data, paths = _dataset(tmp_path), _vectors(tmp_path)
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}{' ' if i == 4 else ''}\n" for i in range(60)))
+    assert _evaluate(tmp_path, data, paths["docs"]) == 2
+    err = _error(capsys)
+    assert "no vector for document 'd4'" in err and "'d4' and 'd4 ' differ only by surrounding whitespace" in err

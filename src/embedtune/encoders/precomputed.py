@@ -22,7 +22,7 @@ from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_embeddings", "read_ids", "check_unique_ids", "require_ids", "vector_fingerprints", "PRECOMPUTED_MODEL"]
+__all__ = ["load_embeddings", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "PRECOMPUTED_MODEL"]
 
 #: What a report records as the model when the vectors were given, not encoded.
 PRECOMPUTED_MODEL = "precomputed"
@@ -39,14 +39,31 @@ def check_unique_ids(ids: list[str], source: str | Path) -> None:
 
 
 def require_ids(available: Iterable[str], needed: Iterable[str], source: str | Path, needed_by: str | Path, kind: str = "id") -> None:
-    """Raise naming ``source`` and the first of ``needed`` (used by ``needed_by``) that ``available`` lacks."""
+    """Raise naming ``source``, the count and the first of ``needed`` (used by ``needed_by``) that ``available`` lacks.
+
+    When an id differs from a missing one only by surrounding whitespace (``"d1 "`` for ``"d1"``),
+    the message says so: such ids never match and would be scored as never retrieved.
+    """
     have = set(available)
-    missing = [item for item in needed if item not in have]
+    missing = [item for item in dict.fromkeys(needed) if item not in have]
     if missing:
+        hint = ""
+        spaced = {item.strip(): item for item in have if item != item.strip()}
+        near = next(((item, spaced[item.strip()]) for item in missing if item.strip() in spaced), None)
+        near = near or next(((item, item.strip()) for item in missing if item != item.strip() and item.strip() in have), None)
+        if near is not None:
+            hint = (f"; {near[0]!r} and {near[1]!r} differ only by surrounding whitespace (ids are compared exactly): "
+                    "strip the spaces from the ids")
         raise DataFormatError(
-            str(source), f"no vector for {kind} {missing[0]!r}, which {needed_by} uses ({len(missing)} {kind}s missing)",
+            str(source), f"no vector for {kind} {missing[0]!r}, which {needed_by} uses ({len(missing)} {kind}s missing{hint})",
             f"add a row for every {kind} {needed_by} names, or drop those labels",
         )
+
+
+def judged_documents(dataset: BeirDataset) -> list[str]:
+    """The corpus documents the dataset's qrels judge (any relevance), in qrels order: each needs a vector."""
+    corpus = dataset.corpus
+    return list(dict.fromkeys(doc_id for docs in dataset.qrels.values() for doc_id in docs if doc_id in corpus))
 
 
 def vector_fingerprints(*paths: str | Path | None) -> dict[str, str]:

@@ -20,7 +20,7 @@ from embedtune.data.pairs import labelled_dataset, read_labels
 from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
-from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, load_embeddings, require_ids, vector_fingerprints
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, judged_documents, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
@@ -145,6 +145,8 @@ def load_experiment(
         embeddings = DatasetEmbeddings(d_ids, d_vecs, q_ids, q_vecs, {"load": time.perf_counter() - start}, {})
         qrels_file = f"{dataset.source}/qrels/{dataset.split}.tsv"
         require_ids(q_ids, dataset.judged_query_ids(), query_ids or query_embeddings, qrels_file, "query")
+        # A judged document without a vector would be scored as never retrieved: a lower number, no warning.
+        require_ids(d_ids, judged_documents(dataset), doc_ids or doc_embeddings, qrels_file, "document")
         provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL,
                                       "vectors": vector_fingerprints(doc_embeddings, doc_ids, query_embeddings, query_ids)}
     else:
