@@ -28,7 +28,6 @@ to every :func:`~embedtune.compress.training.run_epochs` call.
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import math
 from collections.abc import Callable
@@ -40,7 +39,8 @@ import torch
 from torch import nn
 
 from embedtune.compress.base import TrainingData
-from embedtune.compress.dive import corpus_pca_rotation
+from embedtune.compress.dive.network import corpus_pca_rotation
+from embedtune.compress.holdout import holdout_split
 from embedtune.compress.training import TrainedCompressorConfig
 from embedtune.evaluate.retrieval import evaluate_embeddings
 
@@ -100,7 +100,7 @@ class InputRotation:
 
     @classmethod
     def fit(cls, init: str, doc_embeddings: np.ndarray) -> "InputRotation":
-        """The corpus PCA basis for ``init='pca'`` (see :func:`embedtune.compress.dive.corpus_pca_rotation`), else none."""
+        """The corpus PCA basis for ``init='pca'`` (see :func:`embedtune.compress.dive.network.corpus_pca_rotation`), else none."""
         return cls(corpus_pca_rotation(doc_embeddings, normalize_input=True) if init == "pca" else None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,32 +206,6 @@ class EpochControl:
                 module.load_state_dict(self._best_state[name])
             if self._extra is not None:
                 self._extra[1](self._best_extra)
-
-
-def holdout_split(train: TrainingData, fraction: float, seed: int, method: str) -> tuple[TrainingData, TrainingData]:
-    """Split ``train`` by query into (fit part, held-out part) for epoch selection.
-
-    As DIVE's: queries that have triplets are ranked by ``sha256(f"{seed}:{query_id}")`` and the
-    first ``ceil(fraction · n)`` are held out; both parts keep the whole corpus.
-    """
-    triplets = train.require_triplets(method)
-    rows = np.unique(triplets[:, 0])
-    ids = [train.query_ids[row] for row in rows]
-    if len(ids) < 2:
-        raise ValueError(
-            f"{method} epoch_selection='best' holds out a fraction of the training queries, but only {len(ids)} "
-            "query has triplets; add training queries or use epoch_selection='last'."
-        )
-    ranked = sorted(ids, key=lambda query_id: hashlib.sha256(f"{seed}:{query_id}".encode()).hexdigest())
-    n_holdout = min(len(ids) - 1, max(1, math.ceil(fraction * len(ids))))
-    held = set(ranked[:n_holdout])
-    held_rows = np.array([row for row, query_id in zip(rows, ids) if query_id in held], dtype=np.int64)
-    fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels,
-                            triplets[~np.isin(triplets[:, 0], held_rows)])
-    held_ids = [train.query_ids[row] for row in held_rows]
-    holdout = TrainingData(held_ids, train.query_embeddings[held_rows], train.doc_ids, train.doc_embeddings,
-                           {query_id: train.qrels.get(query_id, {}) for query_id in held_ids})
-    return fit_part, holdout
 
 
 def fit_with_selection(

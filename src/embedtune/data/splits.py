@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from embedtune.data.beir import BeirDataset
 from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 
-__all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
+__all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "rank_by_hash", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
 
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 DEFAULT_SEED = 2027
@@ -100,8 +101,14 @@ class QuerySplit:
         return atomic_write_json(path, self.manifest())
 
 
-def _rank_key(seed: int, query_id: str) -> str:
-    return hashlib.sha256(f"{seed}:{query_id}".encode("utf-8")).hexdigest()
+def rank_by_hash(ids: Iterable[str], seed: int) -> list[str]:
+    """``ids`` sorted by ``sha256(f"{seed}:{id}")`` (hex digest, ascending), ties by the id itself.
+
+    The one query-id ranking of the project: every split (train/val/test, the epoch-selection
+    hold-out, the validation hold-out of ``fit``) takes a prefix of it, so a split depends on
+    the ids and the seed only, not on their order.
+    """
+    return sorted(ids, key=lambda query_id: (hashlib.sha256(f"{seed}:{query_id}".encode("utf-8")).hexdigest(), query_id))
 
 
 def query_disjoint_split(
@@ -116,7 +123,7 @@ def query_disjoint_split(
     fractions = tuple(float(f) for f in fractions)  # type: ignore[assignment]
     if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-9:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1 (train, val, test); got {fractions}.")
-    ranked = sorted(dataset.judged_query_ids(), key=lambda qid: (_rank_key(seed, qid), qid))
+    ranked = rank_by_hash(dataset.judged_query_ids(), seed)
     if not ranked:
         raise ValueError(f"{dataset.source}: qrels split {dataset.split!r} has no judged queries to split.")
     n_train = int(round(len(ranked) * fractions[0]))
@@ -156,9 +163,9 @@ def train_qrels_split(
             f"{train.source}: {len(shared)} queries are judged in both qrels/{train.split}.tsv and qrels/{test.split}.tsv "
             f"(e.g. {sorted(shared)[0]!r}); the beir-train protocol needs disjoint queries. Use the paper protocol instead."
         )
-    ranked = sorted(train_ids, key=lambda qid: (_rank_key(seed, qid), qid))
+    ranked = rank_by_hash(train_ids, seed)
     n_val = min(len(ranked) - 1, max(1, int(round(len(ranked) * val_fraction))))
-    test_ranked = sorted(test_ids, key=lambda qid: (_rank_key(seed, qid), qid))
+    test_ranked = rank_by_hash(test_ids, seed)
     n_all = len(ranked) + len(test_ranked)
     return QuerySplit(
         train=ranked[n_val:],

@@ -42,7 +42,7 @@ from embedtune.compress import Compressor, Preset, TrainingData, get_compressor_
 from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir, load_beir_corpus, qrels_splits
 from embedtune.data.pairs import read_labels
-from embedtune.data.splits import QuerySplit
+from embedtune.data.splits import QuerySplit, rank_by_hash
 from embedtune.encoders.dataset import embed_dataset
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
@@ -110,12 +110,12 @@ def _val_ids(val_split: str | Path, data: str | Path | None, labels: str | Path 
 
 
 def _ranked_holdout(ids: Sequence[str], fraction: float, seed: int) -> list[str]:
-    """The first ``round(fraction · n)`` ids by ``sha256(f"{seed}:{id}")`` (at least 1, at most n − 1)."""
+    """The first ``round(fraction · n)`` ids by ``sha256(f"{seed}:{id}")`` (:func:`~embedtune.data.splits.rank_by_hash`), at least 1, at most n − 1."""
     if not 0 < fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1); got {fraction!r}.")
     if len(ids) < 2:
         raise ValueError(f"val_fraction holds out labelled queries for epoch selection, but there are only {len(ids)}.")
-    ranked = sorted(ids, key=lambda qid: (hashlib.sha256(f"{seed}:{qid}".encode()).hexdigest(), qid))
+    ranked = rank_by_hash(ids, seed)
     return ranked[: min(len(ids) - 1, max(1, round(len(ids) * fraction)))]
 
 

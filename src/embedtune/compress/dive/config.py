@@ -1,0 +1,210 @@
+"""DIVE's configuration: :class:`DIVEConfig` (the paper's defaults and the named presets), the
+allowed option values, and :func:`resolve_heads`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from embedtune.compress.base import CompressorConfig
+from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
+from embedtune.compress.quantization_aware import check_quantization_aware
+from embedtune.compress.residual_mlp import ACTIVATIONS
+
+__all__ = ["DIVEConfig", "resolve_heads", "INIT_KINDS", "EPOCH_SELECTIONS", "OUTPUT_NORMS", "MODES"]
+
+INIT_KINDS = ("identity", "pca")
+EPOCH_SELECTIONS = ("last", "best", "val")
+OUTPUT_NORMS = ("unit", "input")
+MODES = ("supervised", "unsupervised")
+
+
+@dataclass
+class DIVEConfig(CompressorConfig):
+    """DIVE hyperparameters; the defaults are the paper's single global configuration (Table 2, §4.1)."""
+
+    dim: int = field(default=128, metadata={"help": "Output dimension k: the size of each head and of the stored vector."})
+    seed: int = field(default=2027, metadata={"help": "Seed for the adapter initialisation and the triplet order."})
+    heads: int | str = field(
+        default="auto",
+        metadata={"help": "Number of heads H (implicit views), or 'auto' (default) for the largest H <= min(max_heads, d // k): the paper's H=4 wherever k*4 <= d. A fixed H needs dim*heads <= input dim."},
+    )
+    max_heads: int = field(default=4, metadata={"help": "Upper bound on H when heads='auto'."})
+    margin: float = field(default=0.7, metadata={"help": "Hinge margin m: a triplet with Δ >= m stops producing gradient."})
+    view_weight: float = field(default=0.01, metadata={"help": "λ, weight of the head-wise NT-Xent view loss (0 disables it)."})
+    geometry_weight: float = field(default=10.0, metadata={"help": "γ, weight of the geometry distillation loss (0 disables it)."})
+    temperature: float = field(default=0.1, metadata={"help": "τ, NT-Xent temperature."})
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate."})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default)."})
+    batch_size: int = field(default=128, metadata={"help": "Triplets per optimisation step."})
+    epochs: int = field(default=50, metadata={"help": "Passes over the training triplets (0 keeps the identity adapter)."})
+    hidden_dim: int | None = field(default=None, metadata={"help": "Residual MLP hidden width r; None means d // 2, as in the paper."})
+    activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATIONS)}."})
+    normalize_input: bool = field(default=True, metadata={"help": "L2-normalise the frozen embedding before the adapter."})
+    triplet_loss: str = field(
+        default="hinge",
+        metadata={"help": "'hinge' (self-limiting, DIVE) or 'softplus' (the 'w/o self-limiting' ablation, §4.4)."},
+    )
+    init: str = field(
+        default="identity",
+        metadata={"help": "'identity' (the paper: head 1 starts as the first k input coordinates) or 'pca' (rotate the input by the corpus PCA basis first)."},
+    )
+    epoch_selection: str = field(
+        default="last",
+        metadata={"help": "'last' (the paper: keep the final epoch), 'best' (keep the epoch, 0 included, with the best nDCG@10 on "
+                  "held-out training queries, then refit on all), or 'val' (select on the val queries given to fit; no refit)."},
+    )
+    selection_fraction: float = field(
+        default=0.2,
+        metadata={"help": "With epoch_selection='best' and no validation set: fraction of training queries held out to select on."},
+    )
+    output_norm: str = field(
+        default="unit",
+        metadata={"help": "'unit' (L2-normalised head 1, cosine) or 'input' (head 1 scaled by the input's norm, for dot-product models)."},
+    )
+    quantization_aware: str | None = field(
+        default=None,
+        metadata={"help": "Train head 1 for the precision it is deployed at: None (float), 'binary' (straight-through sign) or "
+                  "'int8' (fake quantisation); epoch selection then scores that precision (compress/quantization_aware.py)."},
+    )
+    mode: str = field(
+        default="supervised",
+        metadata={"help": "'supervised' (the paper: triplets from labels) or 'unsupervised' (corpus embeddings only: "
+                  "neighbour-rank distillation replaces the triplet term; epochs are passes over the corpus)."},
+    )
+    neighbors: int = field(default=20, metadata={"help": "Unsupervised mode: frozen-space nearest neighbours of each anchor in its pool."})
+    neighbor_temperature: float = field(
+        default=0.5,
+        metadata={"help": "Unsupervised mode: temperature τ of the neighbour-rank softmaxes, in standard deviations of each "
+                  "anchor's similarities over its pool."},
+    )
+    holdout_docs: int = field(
+        default=1000,
+        metadata={"help": "Unsupervised mode with epoch_selection='best': documents held out (at most a tenth of the corpus) "
+                  "to select the start and the epoch on (their rank KL against the corpus)."},
+    )
+    max_train_docs: int | None = field(
+        default=50000, metadata={"help": "Unsupervised mode: train on a seeded sample of this many documents (None: all)."}
+    )
+    patience: int | None = field(
+        default=None,
+        metadata={"help": "Unsupervised mode with a selection signal: stop once it has not improved for this many epochs "
+                  "(None: run every epoch). `epochs` is then the cap."},
+    )
+    device: str = field(default="auto", metadata={"help": "Torch device for training and transform: 'auto' (CUDA when available), 'cpu', 'cuda', ..."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar over epochs."})
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # The paper's single global configuration (Table 2, §4.1): the dataclass defaults.
+        "paper": {},
+        # Selected on validation queries only (benchmarks/dive_beyond.toml: 10 candidates over init,
+        # objective and margin, SciFact + ArguAna, MiniLM), then scored once on held-out test;
+        # see benchmarks/RESULTS.md, "Beyond the paper".
+        "best": {"init": "pca", "margin": 0.4},
+        # "best" plus the safety net of issue 9 §6: keep the best epoch (0 = the PCA projection)
+        # on half of the training queries, then refit. With ROBUST's false-negative filter and
+        # triplet cap it does not collapse where the paper recipe does, and it costs nothing
+        # significant on SciFact/ArguAna held-out test. The default (see ROBUST below).
+        "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5},
+        # No labels: neighbour-rank distillation on the corpus from the better PCA start, the
+        # epoch (0 included) selected on held-out documents (benchmarks/RESULTS.md, "Unsupervised
+        # compression (issue 18)"). At most 50 corpus passes at lr 1e-3, batch 256 anchors,
+        # stopping 5 epochs after the last improvement of the held-out signal.
+        "unsupervised": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
+                         "epochs": 50, "patience": 5, "batch_size": 256},
+    }
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "DIVEConfig":
+        """A config from a named preset (see ``DIVEConfig.PRESETS``) plus field overrides."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"DIVEConfig: unknown preset {name!r}; choose one of: {', '.join(sorted(cls.PRESETS))}.")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.init not in INIT_KINDS:
+            raise ValueError(f"init must be one of {list(INIT_KINDS)}; got {self.init!r}.")
+        if self.epoch_selection not in EPOCH_SELECTIONS:
+            raise ValueError(f"epoch_selection must be one of {list(EPOCH_SELECTIONS)}; got {self.epoch_selection!r}.")
+        if not isinstance(self.selection_fraction, (int, float)) or not 0 < self.selection_fraction < 1:
+            raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
+        if self.output_norm not in OUTPUT_NORMS:
+            raise ValueError(f"output_norm must be one of {list(OUTPUT_NORMS)}; got {self.output_norm!r}.")
+        check_quantization_aware(self.quantization_aware)
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}; got {self.mode!r}.")
+        for name in ("neighbors", "holdout_docs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1):
+            raise ValueError(f"patience must be a positive integer or None; got {self.patience!r}.")
+        if self.max_train_docs is not None and (isinstance(self.max_train_docs, bool) or not isinstance(self.max_train_docs, int) or self.max_train_docs < 2):
+            raise ValueError(f"max_train_docs must be an integer >= 2 or None; got {self.max_train_docs!r}.")
+        if not isinstance(self.neighbor_temperature, (int, float)) or not math.isfinite(self.neighbor_temperature) or self.neighbor_temperature <= 0:
+            raise ValueError(f"neighbor_temperature must be a finite number > 0; got {self.neighbor_temperature!r}.")
+        if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
+            raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
+        if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
+            raise ValueError(f"max_heads must be a positive integer; got {self.max_heads!r}.")
+        for name in ("view_weight", "geometry_weight", "weight_decay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
+        for name in ("temperature", "learning_rate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0; got {value!r}.")
+        if not isinstance(self.margin, (int, float)) or not math.isfinite(self.margin):
+            raise ValueError(f"margin must be a finite number; got {self.margin!r}.")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer; got {self.batch_size!r}.")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
+            raise ValueError(f"epochs must be an integer >= 0; got {self.epochs!r}.")
+        if self.hidden_dim is not None and (isinstance(self.hidden_dim, bool) or not isinstance(self.hidden_dim, int) or self.hidden_dim < 1):
+            raise ValueError(f"hidden_dim must be a positive integer or None; got {self.hidden_dim!r}.")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {self.activation!r}.")
+        if self.triplet_loss not in TRIPLET_KINDS:
+            raise ValueError(f"triplet_loss must be one of {list(TRIPLET_KINDS)}; got {self.triplet_loss!r}.")
+        if not isinstance(self.device, str) or not self.device:
+            raise ValueError(f"device must be a torch device string such as 'cpu', 'cuda' or 'auto'; got {self.device!r}.")
+        # The view loss needs two views of each item (Appendix A.3: H = 1 has no positive pair).
+        if self.view_weight > 0 and (self.heads == 1 or (self.heads == "auto" and self.max_heads < 2)):
+            raise ValueError(
+                "the view loss (view_weight > 0) needs at least 2 heads; set heads >= 2 (or max_heads >= 2 with "
+                "heads='auto'), or set view_weight=0 to train without it."
+            )
+        if self.heads != "auto" and self.max_heads != 4:
+            warnings.warn(f"DIVEConfig: max_heads={self.max_heads} is ignored because heads={self.heads} is fixed.")
+        if not -2.0 < self.margin <= 2.0:
+            # Δ is a difference of cosines, so it lies in [-2, 2].
+            warnings.warn(f"DIVEConfig: margin={self.margin} is outside (-2, 2]; the hinge is then always or never active.")
+        if self.triplet_loss == "softplus":
+            warnings.warn("DIVEConfig: triplet_loss='softplus' is the 'w/o self-limiting' ablation; satisfied triplets keep producing gradient.")
+
+
+def resolve_heads(heads: int | str, max_heads: int, dim: int, input_dim: int, view_weight: float) -> int:
+    """The number of heads H for a ``input_dim``-d input; raises if ``dim * H`` cannot fit."""
+    if dim > input_dim:
+        raise ValueError(f"DIVE cannot compress {input_dim}-d input to dim={dim}: lower dim to at most {input_dim}.")
+    if heads == "auto":
+        resolved = min(max_heads, input_dim // dim)
+        if resolved < 2 and view_weight > 0:
+            raise ValueError(
+                f"heads='auto' resolves to H={resolved} for {input_dim}-d input and dim={dim} "
+                f"(H <= min(max_heads={max_heads}, {input_dim} // {dim})), but the view loss needs H >= 2. "
+                f"Lower dim to at most {input_dim // 2}, or set view_weight=0."
+            )
+        return resolved
+    heads = int(heads)
+    if dim * heads > input_dim:
+        raise ValueError(
+            f"DIVE needs dim * heads <= input dim, but dim={dim} * heads={heads} = {dim * heads} > {input_dim}. "
+            f"Lower heads to at most {input_dim // dim} (or use heads='auto'), or lower dim to at most {input_dim // heads}."
+        )
+    return heads

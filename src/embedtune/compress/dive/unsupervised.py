@@ -1,0 +1,233 @@
+"""DIVE's unsupervised training algorithm (``mode="unsupervised"``): corpus embeddings only.
+
+``L = L_rank + λ·L_view + γ·L_geo``, with neighbour-rank distillation on the corpus in place of
+the triplet term; the better of the two PCA starts is trained, and the start or epoch with the
+lowest held-out rank KL is kept (see :mod:`embedtune.compress.dive`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedtune.compress.base import TrainingData
+from embedtune.compress.dive.config import DIVEConfig
+from embedtune.compress.dive.network import DIVEAdapter, corpus_mean, nearest_neighbors, unit_float32
+from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
+from embedtune.evaluate.search import exact_search
+from embedtune.runtime import progress_bar
+
+logger = logging.getLogger(__package__)  # "embedtune.compress.dive", as before the package split
+
+__all__ = ["UnsupervisedTraining"]
+
+# The unsupervised mode's held-out signals: neighbour recall@10, and the rank KL in chunks of held-out rows.
+_RECALL_AT = 10
+_KL_CHUNK = 256
+
+
+class UnsupervisedTraining:
+    """The unsupervised mode of :class:`~embedtune.compress.dive.DIVECompressor` (a mixin).
+
+    It reads and sets the compressor's ``config``, ``adapter_`` and ``history_``, and calls its
+    ``transform``, ``_validate`` (for ``epoch_selection='val'``) and ``_append_log``.
+    """
+
+    config: DIVEConfig
+    adapter_: DIVEAdapter | None
+    history_: list[dict[str, Any]]
+    transform: Callable[[Any], np.ndarray]
+    _validate: Callable[[TrainingData], float]
+    _append_log: Callable[[dict[str, Any]], None]
+
+    def _fit_corpus(
+        self,
+        train: TrainingData,
+        val: TrainingData | None,
+        heads: int,
+        hidden_dim: int,
+        rotation: np.ndarray | None,
+        device: torch.device,
+    ) -> int | None:
+        """The unsupervised mode: train on corpus embeddings only; returns the selected epoch (None: 'last')."""
+        config = self.config
+        n_docs = len(train.doc_embeddings)
+        if n_docs < 3:
+            raise ValueError(f"DIVE mode='unsupervised' needs at least 3 documents to learn neighbourhoods from; got {n_docs}.")
+        rng = np.random.default_rng(config.seed)
+        order = rng.permutation(n_docs)
+        n_holdout = min(config.holdout_docs, n_docs // 10) if config.epoch_selection == "best" else 0
+        if config.epoch_selection == "best" and n_holdout == 0:
+            raise ValueError(
+                f"DIVE mode='unsupervised' with epoch_selection='best' holds out a tenth of the corpus (at most holdout_docs) "
+                f"to select on, but {n_docs} documents leave none; give at least 10 documents or use epoch_selection='last'."
+            )
+        held = np.sort(order[:n_holdout])
+        fit_rows = order[n_holdout:]
+        if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
+            fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
+        fit_rows = np.sort(fit_rows)
+        # Only the sampled and the held-out documents are copied (a large corpus is not); rows below are local to them.
+        universe = np.sort(np.concatenate([fit_rows, held]))
+        fit_local, held_local = np.searchsorted(universe, fit_rows), np.searchsorted(universe, held)
+        # The frozen space's cosine geometry (what retrieval with the frozen model ranks by) is the teacher.
+        frozen = unit_float32(train.doc_embeddings[universe])
+        adapter_input = frozen if config.normalize_input else np.ascontiguousarray(train.doc_embeddings[universe], dtype=np.float32)
+        neighbors = nearest_neighbors(frozen[fit_local], config.neighbors)  # rows of fit_local
+
+        # measure() -> the row's selection metrics; the first is the one selected on, `sign` says which way is better.
+        measure: Callable[[], dict[str, float]] | None = None
+        sign = 1.0
+        if config.epoch_selection == "val":
+            if val is None or not val.query_ids:
+                raise ValueError("DIVE epoch_selection='val' selects on the val queries given to fit(train, val); none were given.")
+            measure = lambda: {"val_ndcg@10": self._validate(val)}  # noqa: E731
+        elif n_holdout:
+            # Held-out documents stand in for queries; the candidates are the sampled and the held-out documents.
+            truth = nearest_neighbors(frozen, _RECALL_AT, queries=held_local)
+            measure = lambda: self._holdout_metrics(adapter_input, frozen, held_local, truth)  # noqa: E731
+            sign = -1.0  # the held-out rank KL: lower is better
+        score_name = ""
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            adapter = DIVEAdapter(train.dim, config.dim, heads, hidden_dim, config.activation, config.normalize_input)
+        adapter.to(device)
+        adapter.set_rotation(rotation)
+        self.adapter_ = adapter
+        start_row: dict[str, Any] = {"epoch": 0, "phase": "unsupervised"}
+        best_epoch, best_score, best_state = config.epochs, -math.inf, None
+        if measure is not None:
+            starts = {"uncentred": measure()}
+            score_name = next(iter(starts["uncentred"]))
+            if rotation is not None:
+                # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR),
+                # which is the pca baseline.
+                mean = corpus_mean(train.doc_embeddings, config.normalize_input)  # the whole corpus's, as the pca baseline's
+                centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(device)
+                with torch.no_grad():
+                    adapter.mlp.down.bias.copy_(centring)
+                starts["centred"] = measure()
+            chosen = max(starts, key=lambda name: (sign * starts[name][score_name], name == "uncentred"))  # ties: uncentred
+            if chosen == "uncentred":
+                with torch.no_grad():
+                    adapter.mlp.down.bias.zero_()
+            for name, metrics in starts.items():
+                start_row.update({f"{key}_{name}_start": value for key, value in metrics.items()})
+            if rotation is not None:
+                start_row["start"] = chosen
+                logger.info("DIVE (unsupervised): %s PCA start (%s: %s)", chosen, score_name,
+                            ", ".join(f"{name} {metrics[score_name]:.4f}" for name, metrics in starts.items()))
+            best_epoch, best_score, best_state = 0, sign * starts[chosen][score_name], copy.deepcopy(adapter.state_dict())
+        self.history_.append(start_row)
+        self._append_log(start_row)
+
+        docs = torch.from_numpy(adapter_input[fit_local])
+        teacher = torch.from_numpy(frozen[fit_local])
+        neighbor_rows = torch.from_numpy(neighbors)
+        optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        generator = torch.Generator().manual_seed(config.seed)
+        logger.debug("DIVE (unsupervised): %d training documents, %d held out, %d neighbours each, H=%d, device %s",
+                     len(fit_rows), n_holdout, neighbors.shape[1], heads, device)
+        progress = progress_bar(config.epochs, "DIVE unsupervised epochs", unit="epoch", enabled=config.progress)
+        for epoch in range(1, config.epochs + 1):
+            start = time.perf_counter()
+            row = self._corpus_epoch(adapter, optimizer, docs, teacher, neighbor_rows, generator, device)
+            if measure is not None:
+                row.update(measure())
+                value = sign * row[score_name]
+                if value > best_score:  # strict: ties keep the earlier (simpler) adapter
+                    best_epoch, best_score, best_state = epoch, value, copy.deepcopy(adapter.state_dict())
+            row = {"epoch": epoch, "phase": "unsupervised", **row, "seconds": time.perf_counter() - start}
+            self.history_.append(row)
+            self._append_log(row)
+            postfix = {"loss": f"{row['loss_total']:.4f}"}
+            if measure is not None:
+                postfix[score_name] = f"{row[score_name]:.4f}"
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+            if measure is not None and config.patience is not None and epoch - best_epoch >= config.patience:
+                logger.info("DIVE (unsupervised): %s has not improved for %d epochs; stopping at epoch %d", score_name, config.patience, epoch)
+                break
+        progress.close()
+        if best_state is not None:
+            adapter.load_state_dict(best_state)
+            logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, len(self.history_) - 1, score_name,
+                        sign * best_score, "; training did not beat the PCA start" if best_epoch == 0 else "")
+        adapter.eval()
+        return best_epoch if measure is not None else None
+
+    def _corpus_epoch(
+        self,
+        adapter: DIVEAdapter,
+        optimizer: torch.optim.Optimizer,
+        docs: torch.Tensor,
+        teacher: torch.Tensor,
+        neighbor_rows: torch.Tensor,
+        generator: torch.Generator,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """One pass over the training documents as anchors; mean loss terms."""
+        config = self.config
+        adapter.train()
+        order = torch.randperm(len(docs), generator=generator)
+        totals = {"loss_rank": 0.0, "loss_view": 0.0, "loss_geometry": 0.0}
+        for lo in range(0, len(docs), config.batch_size):
+            anchors = order[lo : lo + config.batch_size]
+            pool = torch.unique(torch.cat([anchors, neighbor_rows[anchors].reshape(-1)]))  # sorted
+            slots = torch.searchsorted(pool, anchors).to(device)
+            heads = adapter(docs[pool].to(device))  # (m, H, k)
+            student, frozen = heads[:, 0], teacher[pool].to(device)
+            loss_rank = neighbor_rank_distillation_loss(student[slots], student, frozen[slots], frozen, slots, config.neighbor_temperature)
+            with torch.set_grad_enabled(config.view_weight > 0):
+                loss_view = headwise_ntxent_loss(heads[slots], config.temperature) if adapter.heads >= 2 else heads.new_zeros(())
+            with torch.set_grad_enabled(config.geometry_weight > 0):
+                loss_geometry = geometry_distillation_loss(student[slots], frozen[slots])
+            loss = loss_rank + config.view_weight * loss_view + config.geometry_weight * loss_geometry
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            for name, value in (("loss_rank", loss_rank), ("loss_view", loss_view), ("loss_geometry", loss_geometry)):
+                totals[name] += float(value.detach()) * len(anchors)
+        means = {name: value / len(docs) for name, value in totals.items()}
+        means["loss_total"] = means["loss_rank"] + config.view_weight * means["loss_view"] + config.geometry_weight * means["loss_geometry"]
+        return means
+
+    def _holdout_metrics(self, candidates: np.ndarray, teacher: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+        """The unsupervised mode's selection signal on held-out documents, over the whole candidate set.
+
+        ``holdout_rank_kl`` (selected on, lower is better): the neighbour-rank distillation loss of
+        each held-out document against every candidate document, i.e. how far the compressed
+        space's softmax ranking of the corpus around it is from the frozen space's. It is the
+        training objective on documents never trained on. ``holdout_neighbor_recall@10``
+        (reported): the share of each held-out document's 10 nearest frozen-space neighbours that
+        the compressed space also ranks in its top 10.
+
+        Args:
+            candidates: (n, d) adapter inputs of the candidate documents.
+            teacher: (n, d) their unit-norm frozen embeddings.
+            queries: rows of ``candidates`` that are held out.
+            truth: (n_queries, 10) each held-out row's frozen-space top 10 (rows of ``candidates``).
+        """
+        compressed = self.transform(candidates)
+        student_all, teacher_all = torch.from_numpy(compressed), torch.from_numpy(np.ascontiguousarray(teacher))
+        total = 0.0
+        with torch.no_grad():
+            for lo in range(0, len(queries), _KL_CHUNK):
+                rows = torch.from_numpy(np.asarray(queries[lo : lo + _KL_CHUNK], dtype=np.int64))
+                loss = neighbor_rank_distillation_loss(student_all[rows], student_all, teacher_all[rows], teacher_all, rows,
+                                                       self.config.neighbor_temperature)
+                total += float(loss) * len(rows)
+        _, found = exact_search(compressed[queries], compressed, k=min(_RECALL_AT + 1, len(candidates)))
+        hits = 0
+        for row, query in enumerate(queries):
+            top = [j for j in found[row] if j != query][: truth.shape[1]]
+            hits += len(set(top) & set(truth[row].tolist()))
+        return {"holdout_rank_kl": total / len(queries), "holdout_neighbor_recall@10": hits / max(truth.size, 1)}
