@@ -30,6 +30,7 @@ from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.plots import plot_compression_runs
 from embedtune.workflows.results import compression_rows, describe_data, describe_model, write_results
 from embedtune.workflows.fit import FIT_INFO_NAME, fit_on_all, supported_paths
+from embedtune.workflows.subset_report import new_documents_lines, subset_lines
 from embedtune.workflows.train_compressor import PCA_VARIANTS, CompressionResult, fit_compressor
 
 logger = logging.getLogger(__name__)
@@ -191,6 +192,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="paper: a query-disjoint --fractions split of the judged queries of --split; beir-train: fit on "
                        "qrels/train.tsv (selecting on part of it) and score every judged query of --split (implies --final)")
     add_label_flags(train)
+    train.add_argument("--new-documents", type=_fraction, default=None, metavar="FRACTION",
+                       help="the new-documents protocol: withhold this hashed fraction of the corpus (e.g. 0.2) from fitting "
+                       "and selection, then also score the test queries whose positives are all withheld, over the whole corpus")
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
                        "the triplets, results.json (the one results layout), results.md, training.png curves; "
@@ -283,7 +287,7 @@ def run_train(args: argparse.Namespace) -> int:
             args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
     experiment = experiment_from_args(args)
     result = fit_compressor(experiment, args.method, args.dim, preset, seeds, args.final, settings, mining,
-                            args.compare, args.out, labels={"model": args.model})
+                            args.compare, args.out, labels={"model": args.model}, new_documents=args.new_documents)
     model_name = experiment.provenance.get("model", args.model)
     table = _summary_table(result, model_name, args.split_seed)
     if args.out:
@@ -328,7 +332,18 @@ def _summary_table(result: CompressionResult, model: str, split_seed: int) -> st
     columns = [c for c in columns if c not in ("heads", "epoch") or any(row.get(c) not in (None, "") for row in rows)]
     lines.append(format_table(rows, columns))
     lines += _training_lines(result)
+    if result.subsets is not None:
+        lines += [""] + subset_lines(result.subsets)
+    if result.new_documents is not None:
+        lines += [""] + new_documents_lines(result.new_documents)
     return "\n".join(lines)
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), e.g. 0.2; got {text!r}")
+    return value
 
 
 def _training_lines(result: CompressionResult) -> list[str]:
@@ -357,7 +372,8 @@ def _write_results(args: argparse.Namespace, result: CompressionResult, experime
                          model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model),
                                               **({"vectors": experiment.provenance["vectors"]} if "vectors" in experiment.provenance else {})),
                          metrics=main["metrics"],
-                         per_query=main["per_query"], rows=rows, table=table)
+                         per_query=main["per_query"], rows=rows, table=table,
+                         extra={key: result.report[key] for key in ("subsets", "new_documents") if key in result.report})
     logger.info("results: %s", path)
 
 

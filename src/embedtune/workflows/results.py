@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +40,9 @@ from embedtune.data.beir import BeirDataset
 from embedtune.encoders.dataset import DatasetEmbeddings
 from embedtune.io import atomic_write_bytes, atomic_write_json
 from embedtune.workflows.fit_and_score import MethodRun
-from embedtune.workflows.train_compressor import CompressionResult
+
+if TYPE_CHECKING:  # train_compressor prints through this module's tables
+    from embedtune.workflows.train_compressor import CompressionResult
 
 __all__ = [
     "RESULTS_NAME",

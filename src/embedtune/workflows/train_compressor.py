@@ -28,7 +28,9 @@ from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summarize
+from embedtune.workflows.new_documents import NewDocuments, score_new_documents, withhold_new_documents
 from embedtune.workflows.significance import align_by_query, paired_test
+from embedtune.workflows.subset_report import per_query_means, subset_block
 from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,10 @@ class CompressionResult:
     triplets: np.ndarray | None = field(default=None, repr=False)
     comparisons: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: All, seen and unseen (see :mod:`embedtune.workflows.subset_report`); None when no method is supervised.
+    subsets: dict[str, Any] | None = None
+    #: The new-documents protocol's block (``fit_compressor(new_documents=...)``), else None.
+    new_documents: dict[str, Any] | None = None
 
 
 def compressor_dir(out: str | Path, method: str, seed: int, n_seeds: int) -> Path:
@@ -163,6 +169,7 @@ def fit_compressor(
     out: str | Path | None = None,
     mining_seed: int | None = None,
     labels: Mapping[str, Any] | None = None,
+    new_documents: float | None = None,
 ) -> CompressionResult:
     """Fit ``method`` (and each ``compare`` method) on train, score it on val (``final``: train+val, test).
 
@@ -181,6 +188,9 @@ def fit_compressor(
         out: folder for the fitted compressors, the triplets and ``report.json``.
         mining_seed: the mining seed (default: the experiment's split seed, else 2027).
         labels: more JSON-safe fields for the report, e.g. ``{"model": "minilm"}``.
+        new_documents: withhold this hashed fraction of the corpus from fitting and selection
+            (:mod:`embedtune.data.new_documents`), then also score every method on the scored
+            part's queries whose positives are all withheld, searching the whole corpus.
 
     Returns:
         A :class:`CompressionResult`.
@@ -195,6 +205,11 @@ def fit_compressor(
         raise ValueError("fit_compressor: give at least one seed.")
     out = Path(out) if out is not None else None
     train_part = "train+val" if final else "train"
+    eval_part = "test" if final else "val"
+    view: NewDocuments | None = None
+    if new_documents is not None:
+        view = withhold_new_documents(experiment, new_documents, part=eval_part)
+        experiment = view.fit
     if mining_seed is None:
         mining_seed = experiment.split.seed if experiment.split is not None else 2027
     needs_triplets = any(cls.supervised for cls in classes.values())
@@ -230,6 +245,12 @@ def fit_compressor(
         if history and name == method:
             results[name]["history_seed0"] = history
     comparisons = {name: _compare(runs[method], runs[name]) for name in runs if name != method}
+    subsets = None
+    if needs_triplets:
+        per_query = {name: per_query_means([run.metrics.per_query for run in method_runs]) for name, method_runs in runs.items()}
+        subsets = subset_block(per_query, experiment.qrels_for(experiment.part_ids(eval_part)),
+                               experiment.qrels_for(experiment.part_ids(train_part)), method, train_part)
+    new_block = _new_documents_block(view, runs, method) if view is not None else None
     notes = [line for name in runs for line in training_notes(name, summaries[name].get("selected_epochs"))]
     pca_runs = [name for name in PCA_VARIANTS if name in runs and name != method]
     gain: dict[str, Any] | None = None
@@ -259,6 +280,10 @@ def fit_compressor(
         report["provenance"] = experiment.provenance
     if gain is not None:
         report["gain_over_pca"] = gain
+    if subsets is not None:
+        report["subsets"] = subsets
+    if new_block is not None:
+        report["new_documents"] = new_block
     if needs_triplets:
         report["triplets"] = {
             "negatives": triplet_mining.negatives,
@@ -268,4 +293,21 @@ def fit_compressor(
         }
     if out:
         atomic_write_json(out / REPORT_NAME, report)
-    return CompressionResult(report, runs, summaries, chosen, out, triplets, comparisons, notes)
+    return CompressionResult(report, runs, summaries, chosen, out, triplets, comparisons, notes, subsets, new_block)
+
+
+def _new_documents_block(view: NewDocuments, runs: Mapping[str, Sequence[MethodRun]], main: str) -> dict[str, Any]:
+    """Every method scored on the new-document queries (seed means), with paired tests of ``main`` against each."""
+    per_query = {}
+    for name, method_runs in runs.items():
+        scored = [score_new_documents(view, run.compressor).per_query for run in method_runs if run.compressor is not None]
+        per_query[name] = per_query_means(scored)
+    methods = {name: {"ndcg@10": float(np.mean([q["ndcg@10"] for q in scores.values()])),
+                      "recall@10": float(np.mean([q["recall@10"] for q in scores.values()])),
+                      "n_queries": len(scores)} for name, scores in per_query.items()}
+    comparisons = {}
+    for name, scores in per_query.items():
+        if name != main:
+            a, b = align_by_query({q: v["ndcg@10"] for q, v in per_query[main].items()}, {q: v["ndcg@10"] for q, v in scores.items()})
+            comparisons[name] = {"against": name, **paired_test(a, b).to_dict()}
+    return {**view.describe(), "methods": methods, "comparisons": comparisons, "main": main}

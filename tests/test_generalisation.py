@@ -1,0 +1,87 @@
+"""Issue 27: seen/unseen subsets, the new-documents protocol and selection memorisation cannot fool."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedtune.data.beir import BeirDataset
+from embedtune.data.new_documents import new_document_queries, withheld_documents, without_documents
+from embedtune.data.splits import QuerySplit
+from embedtune.data.synthetic_popular import make_popular_documents_dataset
+from embedtune.encoders.dataset import DatasetEmbeddings
+from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.new_documents import withhold_new_documents
+from embedtune.workflows.subset_report import subset_block, subset_lines
+
+
+def popular_experiment(**options) -> Experiment:
+    """The synthetic popular-documents set as an Experiment: train/val from its training queries, test as built."""
+    ds = make_popular_documents_dataset(**options)
+    dataset = BeirDataset("popular", {d: {"title": "", "text": ""} for d in ds.doc_ids}, {q: "" for q in ds.query_ids},
+                          ds.qrels, "test", {"synthetic": "popular"}, "synthetic")
+    embeddings = DatasetEmbeddings(ds.doc_ids, ds.doc_emb, ds.query_ids, ds.query_emb, {}, {})
+    # Every fifth training query validates, so both parts mix popular and unique queries.
+    train = [q for i, q in enumerate(ds.train_ids) if i % 5]
+    val = [q for i, q in enumerate(ds.train_ids) if not i % 5]
+    split = QuerySplit(train, val, ds.test_ids, 0, (0.6, 0.2, 0.2), "popular", "test", {})
+    return Experiment(dataset, embeddings, split)
+
+
+def test_subsets_follow_the_training_positives():
+    train = {"q1": {"d1": 1, "d0": 0}, "q2": {"d2": 2}}
+    test = {"t1": {"d1": 1}, "t2": {"d9": 1}, "t3": {"d2": 1, "d8": 1}, "t4": {"d0": 1}, "t5": {"d1": 0}}
+    seen = training_positives(train)
+    assert seen == {"d1", "d2"}  # a judged non-relevant document is not a training positive
+    groups = query_subsets(test, seen)
+    assert groups == {"seen": ["t1"], "unseen": ["t2", "t4"], "mixed": ["t3"]}  # t5 has no positive: in no subset
+    per_query = {"t1": {"ndcg@10": 1.0, "recall@10": 1.0}, "t2": {"ndcg@10": 0.0, "recall@10": 0.0},
+                 "t3": {"ndcg@10": 0.5, "recall@10": 0.5}, "t4": {"ndcg@10": 0.5, "recall@10": 1.0}}
+    means = subset_means(per_query, groups)
+    assert means["all"] == {"n_queries": 4, "ndcg@10": 0.5, "recall@10": 0.625}
+    assert means["seen"]["ndcg@10"] == 1.0 and means["unseen"] == {"n_queries": 2, "ndcg@10": 0.25, "recall@10": 0.5}
+    assert means["mixed"]["n_queries"] == 1
+
+
+def test_subset_block_gives_paired_tests_per_subset_and_says_when_nothing_is_unseen():
+    per_query = {"a": {"t1": {"ndcg@10": 1.0, "recall@10": 1.0}, "t2": {"ndcg@10": 0.2, "recall@10": 0.0}},
+                 "b": {"t1": {"ndcg@10": 0.5, "recall@10": 1.0}, "t2": {"ndcg@10": 0.4, "recall@10": 1.0}}}
+    block = subset_block(per_query, {"t1": {"d1": 1}, "t2": {"d9": 1}}, {"q1": {"d1": 1}}, main="a")
+    assert block["counts"] == {"all": 2, "seen": 1, "unseen": 1, "mixed": 0}
+    tests = block["comparisons"]["b"]
+    assert tests["seen"]["mean_difference"] == pytest.approx(0.5) and tests["unseen"]["mean_difference"] == pytest.approx(-0.2)
+    assert tests["all"]["n_queries"] == 2
+    text = "\n".join(subset_lines(block))
+    assert "unseen" in text and "+0.5000" in text and "-0.2000" in text
+    only_seen = subset_block(per_query, {"t1": {"d1": 1}, "t2": {"d1": 1}}, {"q1": {"d1": 1}}, main="a")
+    assert "No scored query is unseen" in "\n".join(subset_lines(only_seen))
+
+
+def test_withheld_documents_are_deterministic_and_sized():
+    ids = [f"d{i}" for i in range(1000)]
+    first, again = withheld_documents(ids, 0.2, 7), withheld_documents(list(reversed(ids)), 0.2, 7)
+    assert first == again and len(first) == 200
+    assert withheld_documents(ids, 0.2, 8) != first
+    with pytest.raises(ValueError, match="fraction"):
+        withheld_documents(ids, 1.0)
+    qrels = {"q1": {"a": 1, "b": 1}, "q2": {"a": 1}, "q3": {"b": 1, "c": 0}}
+    assert new_document_queries(qrels, ["q1", "q2", "q3"], {"b", "c"}) == ["q3"]
+    assert without_documents(qrels, {"b"}) == {"q1": {"a": 1}, "q2": {"a": 1}}  # q3 has no positive left
+
+
+def test_fitting_never_sees_the_withheld_documents():
+    experiment = popular_experiment()
+    view = withhold_new_documents(experiment, 0.2, seed=3)
+    fit = view.fit
+    assert not view.withheld & set(fit.embeddings.doc_ids)
+    assert len(fit.embeddings.doc_ids) + len(view.withheld) == len(experiment.embeddings.doc_ids)
+    for part in ("train", "val"):
+        for qid in fit.part_ids(part):
+            assert not view.withheld & set(fit.dataset.qrels[qid]), "a withheld document is still judged for a fitting query"
+    assert view.query_ids and all(set(experiment.dataset.qrels[q]) <= view.withheld for q in view.query_ids)
+    assert set(view.query_ids) <= set(experiment.split.test)
+    # The fit view's doc vectors are the same rows, not re-encoded or reordered.
+    rows = {doc: i for i, doc in enumerate(experiment.embeddings.doc_ids)}
+    picked = [rows[d] for d in fit.embeddings.doc_ids[:5]]
+    np.testing.assert_array_equal(fit.embeddings.doc_embeddings[:5], experiment.embeddings.doc_embeddings[picked])
