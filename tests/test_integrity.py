@@ -70,12 +70,44 @@ def test_an_adapter_saved_before_digests_loads_with_a_note(tmp_path, caplog):
     config = tmp_path / "a" / "config.json"
     values = json.loads(config.read_text())
     del values[DIGEST_KEY], values["weights_sha256"]
+    values["embedtune_version"] = "0.0.9"  # an embedtune that wrote no digests
     config.write_text(json.dumps(values))
     with caplog.at_level(logging.INFO, logger="embedtune.compress.base"):
         loaded = load_compressor(tmp_path / "a")
     np.testing.assert_array_equal(loaded.transform(X), compressor.transform(X))
     notes = [r.getMessage() for r in caplog.records if "without integrity digests" in r.getMessage()]
     assert len(notes) == 1 and "\n" not in notes[0]
+
+
+def test_an_adapter_of_this_version_with_both_digests_removed_is_refused(tmp_path):
+    """Issue 28: removing both digest fields made an edited adapter load "unchecked", exit 0."""
+    compressor, X = _fit_pca()
+    compressor.save(tmp_path / "a")
+    config = tmp_path / "a" / "config.json"
+    values = json.loads(config.read_text())
+    del values[DIGEST_KEY], values["weights_sha256"]
+    values["config"]["seed"] = 1
+    config.write_text(json.dumps(values))
+    with pytest.raises(IntegrityError, match=r"config\.json: fields 'weights_sha256' and 'content_sha256' are missing, which embedtune .* always writes"):
+        load_compressor(tmp_path / "a")
+    del values["embedtune_version"]
+    config.write_text(json.dumps(values))
+    with pytest.raises(IntegrityError, match="no version stamp"):
+        load_compressor(tmp_path / "a")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("input_dim", "8", "field 'input_dim' must be a positive integer; got '8'"),
+    ("config", [4], "field 'config' must be a JSON object; got list"),
+    ("input_normalization", "l1", "field 'input_normalization' is 'l1'"),
+])
+def test_a_config_json_with_wrong_types_names_the_file_and_field(tmp_path, field, value, message):
+    compressor, _ = _fit_pca()
+    compressor.save(tmp_path / "a")
+    values, _ = read_json_verified(tmp_path / "a" / "config.json", "")
+    write_json_with_digest(tmp_path / "a" / "config.json", {**values, field: value})  # digests recomputed: only the types are wrong
+    with pytest.raises(ValueError, match=rf"config\.json: {message}"):
+        load_compressor(tmp_path / "a")
 
 
 def _restamp(folder: Path, version: str) -> None:

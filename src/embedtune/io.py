@@ -46,6 +46,7 @@ __all__ = [
     "DIGEST_KEY",
     "atomic_write",
     "add_write_observer",
+    "notify_written",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_save_npy",
@@ -55,6 +56,7 @@ __all__ = [
     "write_json_with_digest",
     "read_json_verified",
     "check_version_stamp",
+    "older_than_installed",
     "current_umask",
     "save_weights",
     "load_weights",
@@ -132,9 +134,14 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    for observer in _write_observers:
-        observer(path)
+    notify_written(path)
     return path
+
+
+def notify_written(path: str | os.PathLike) -> None:
+    """Tell the write observers that ``path`` was just written (a file moved into place without :func:`atomic_write`)."""
+    for observer in _write_observers:
+        observer(Path(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -235,6 +242,18 @@ def read_json_verified(path: str | os.PathLike, fix: str, require_digest: bool =
 def _version_tuple(version: str) -> tuple[int, ...]:
     match = re.match(r"\d+(\.\d+)*", version.strip())
     return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def older_than_installed(stamp: Any) -> bool:
+    """Whether ``stamp`` (a saved ``embedtune_version``) names an older embedtune than the installed one.
+
+    Files of this version always carry their digests; only a file stamped by an older version may
+    lack them (a missing or unreadable stamp is not older: its digests are required).
+    """
+    if not isinstance(stamp, str):
+        return False
+    saved, installed = _version_tuple(stamp), _version_tuple(__version__)
+    return bool(saved) and bool(installed) and saved < installed
 
 
 def check_version_stamp(stamp: Any, where: str) -> None:

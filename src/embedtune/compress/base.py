@@ -31,9 +31,11 @@ from embedtune.io import (
     check_version_stamp,
     config_from_dict,
     load_weights,
+    older_than_installed,
     read_json_verified,
     save_weights,
     sha256_file,
+    sha256_json,
     verify_sha256,
     write_json_with_digest,
 )
@@ -51,6 +53,12 @@ CONFIG_NAME = "config.json"
 _OUTPUT_FIX = ("the input rows are finite, so the compressor's weights hold NaN or infinity (a damaged file or a diverged fit); "
                "re-fit it or restore the adapter folder from a good copy")
 WEIGHTS_NAME = "model.safetensors"
+#: What a compressor does to its input rows before its map, recorded at fit time and applied by every
+#: deployed path (``transform``, ``compress apply``, ``index build``, ``search``, the export):
+#: ``"unit"`` scales each row to unit L2 norm (it was fitted, and scored, on unit rows: cosine similarity).
+INPUT_NORMALIZATIONS = (None, "unit")
+# Rows whose L2 norms are all within this of 1 (or 0) count as unit rows: unit_rows keeps such rows bit for bit.
+_UNIT_TOLERANCE = 1e-4
 
 
 def as_float32_rows(X: Any, name: str = "X", dim: int | None = None) -> np.ndarray:
@@ -211,6 +219,7 @@ class Compressor(abc.ABC):
         if not isinstance(self.config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}; got {type(self.config).__name__}.")
         self.input_dim_: int | None = None
+        self.input_normalization_: str | None = None
         self.history_: list[dict[str, Any]] = []
 
     @classmethod
@@ -235,6 +244,8 @@ class Compressor(abc.ABC):
                 methods without such a log ignore it.
         """
         self.input_dim_ = train.dim
+        # Fitted on unit rows (cosine: the experiment normalised them), so every deployed path must feed unit rows too.
+        self.input_normalization_ = "unit" if _all_unit_rows(train) else None
         try:
             self._fit(train, val)
         except BaseException:
@@ -281,7 +292,32 @@ class Compressor(abc.ABC):
     def transform(self, X: Any) -> np.ndarray:
         self._check_fitted()
         X = as_float32_rows(X, "X", self.input_dim_)
-        return self.transform_validated(X)
+        return self.transform_validated(self.normalize_input(X))
+
+    def normalize_input(self, X: np.ndarray) -> np.ndarray:
+        """``X`` as this compressor was fitted on it: unit rows when ``input_normalization_`` is ``"unit"``.
+
+        Rows already unit are kept bit for bit (:func:`embedtune.evaluate.search.unit_rows`), so scoring
+        on normalised vectors and deploying on raw ones give the same output.
+        """
+        if self.input_normalization_ != "unit":
+            return X
+        from embedtune.evaluate.search import unit_rows
+
+        return unit_rows(X)
+
+    def state_sha256(self) -> str:
+        """sha256 of what the fitted map is (method, input dim and normalisation, config, every weight): equal fits, equal digests."""
+        import hashlib
+
+        self._check_fitted()
+        digest = hashlib.sha256(sha256_json({"method": self.method, "input_dim": self.input_dim_, "config": self.config.to_dict(),
+                                             "input_normalization": self.input_normalization_}).encode())
+        for name, value in sorted(self._state_dict().items()):
+            array = np.ascontiguousarray(value)
+            digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+            digest.update(array.tobytes())
+        return digest.hexdigest()
 
     def transform_validated(self, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """:meth:`transform` of rows the caller has already validated, optionally into ``out``.
@@ -346,6 +382,7 @@ class Compressor(abc.ABC):
                 "method": self.method,
                 "embedtune_version": __version__,
                 "input_dim": self.input_dim_,
+                "input_normalization": self.input_normalization_,
                 "config": self.config.to_dict(),
                 "weights_sha256": sha256_file(weights),
             },
@@ -371,11 +408,30 @@ class Compressor(abc.ABC):
             verify_sha256(directory / WEIGHTS_NAME, meta["weights_sha256"], REFIT_HINT)
         elif verified:  # a verified config always names its weights' digest
             raise IntegrityError(f"{directory / CONFIG_NAME}: field 'weights_sha256' is missing or damaged. {REFIT_HINT}")
-        else:
-            logger.info("%s: saved without integrity digests (by an older embedtune), so its files are loaded unchecked; "
-                        "save it again to add them", directory)
-        estimator = cls(cls.config_class.from_dict(meta["config"]))
-        estimator.input_dim_ = int(meta["input_dim"])
+        elif older_than_installed(meta.get("embedtune_version")):
+            logger.info("%s: saved without integrity digests (by embedtune %s), so its files are loaded unchecked; "
+                        "save it again to add them", directory, meta.get("embedtune_version"))
+        else:  # this version always writes both: removed digests are damage, not age
+            raise IntegrityError(f"{directory / CONFIG_NAME}: fields 'weights_sha256' and {'content_sha256'!r} are missing, which "
+                                 f"embedtune {meta.get('embedtune_version', '(no version stamp)')} always writes; the file was "
+                                 f"edited or damaged. {REFIT_HINT}")
+        where = directory / CONFIG_NAME
+        normalization = meta.get("input_normalization")
+        if normalization not in INPUT_NORMALIZATIONS:
+            raise ValueError(f"{where}: field 'input_normalization' is {normalization!r}; expected one of "
+                             f"{list(INPUT_NORMALIZATIONS)}. {REFIT_HINT}")
+        if not isinstance(meta["config"], dict):
+            raise ValueError(f"{where}: field 'config' must be a JSON object; got {type(meta['config']).__name__}. {REFIT_HINT}")
+        input_dim = meta["input_dim"]
+        if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:
+            raise ValueError(f"{where}: field 'input_dim' must be a positive integer; got {input_dim!r}. {REFIT_HINT}")
+        try:
+            config = cls.config_class.from_dict(meta["config"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
+        estimator = cls(config)
+        estimator.input_dim_ = input_dim
+        estimator.input_normalization_ = normalization
         tensors = load_weights(directory / WEIGHTS_NAME)
         try:
             estimator._load_state_dict({key: value.numpy() for key, value in tensors.items()})
@@ -406,6 +462,17 @@ class Compressor(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
+
+
+def _all_unit_rows(train: TrainingData) -> bool:
+    """Whether every document and query row of ``train`` has unit L2 norm (zero rows allowed: normalising keeps them zero)."""
+    for rows in (train.doc_embeddings, train.query_embeddings):
+        for start in range(0, len(rows), 65536):
+            block = rows[start : start + 65536]
+            norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
+            if np.any((np.abs(norms - 1.0) > _UNIT_TOLERANCE) & (norms > 0)):
+                return False
+    return len(train.doc_embeddings) + len(train.query_embeddings) > 0
 
 
 REFIT_HINT = "Re-create it: re-train the adapter (`embedtune compress train`) or re-export it, or restore it from a copy."

@@ -109,7 +109,12 @@ def export_sentence_transformer(
             "use 'embedtune' (or 'auto'). Every registered method has one except DIVE with output_norm='input'."
         )
     # An empty list is a built-in form too: e.g. frozen on a base that already normalises.
-    for module in builtin if builtin is not None else [CompressorModule(compressor)]:
+    modules = list(builtin) if builtin is not None else [CompressorModule(compressor)]
+    # Fitted (and scored) on unit rows: the exported model normalises before the compressor, as
+    # compressor.transform does, unless the base already ends with Normalize or the map starts with one.
+    if compressor.input_normalization_ == "unit" and not isinstance(model[-1], Normalize) and not (modules and isinstance(modules[0], Normalize)):
+        modules.insert(0, Normalize())
+    for module in modules:
         model.append(module)
 
     # Write next to the target, then move it in, so a crash leaves no half-written model.
@@ -119,6 +124,7 @@ def export_sentence_transformer(
     try:
         model.save(str(staging))
         compressor.save(staging / COMPRESSOR_SUBFOLDER)
+        _umask_modes(staging)  # safetensors writes its weights 0600, whatever the umask
         if not out_dir.exists():
             os.replace(staging, out_dir)
         else:
@@ -136,6 +142,18 @@ def export_sentence_transformer(
         raise
     logger.debug("exported %s + %s to %s", type(base_model).__name__, compressor.method, out_dir)
     return out_dir
+
+
+def _umask_modes(folder: Path) -> None:
+    """Give every file and folder below ``folder`` the permissions the umask allows (``0666``/``0777 & ~umask``)."""
+    mask = current_umask()
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(Path(root) / name, 0o777 & ~mask)
+        for name in files:
+            path = Path(root) / name
+            if not path.is_symlink():
+                os.chmod(path, 0o666 & ~mask)
 
 
 def builtin_modules(layers: Sequence[ExportLayer], input_is_normalized: bool) -> "list[torch.nn.Module]":

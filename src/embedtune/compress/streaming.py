@@ -105,6 +105,7 @@ def transform_rows(
     output_shows_input = compressor.non_finite_input_reaches_output
 
     def transform_tile(rows: np.ndarray, full: bool, start: int) -> None:
+        rows = compressor.normalize_input(rows)  # the rows it was fitted and scored on (unit rows for a cosine fit)
         if full:
             compressor.transform_validated(rows, out=out[start : start + tile])
         else:
