@@ -7,14 +7,15 @@ import json
 import logging
 from pathlib import Path
 
-from embedtune.cli.common import add_data_flags, print_json, print_table
-from embedtune.compress import load_compressor
+from embedtune.cli.common import add_data_flags, positive_int, print_json, print_table
 from embedtune.data.beir import load_beir
 from embedtune.data.query_files import read_query_file
-from embedtune.encoders import SentenceEncoder
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
-from embedtune.index import build_index, load_index
+from embedtune.index import build_index
 from embedtune.index.precision import build_planned_index
+from embedtune.index.query import search_texts
+
+__all__ = ["register", "run_index_build", "run_search", "search_texts"]
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 logger = logging.getLogger(__name__)
@@ -62,25 +63,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
     search.add_argument("--no-adapter", action="store_true", help="search with the raw model vectors")
     search.add_argument("--query-prompt", default="", help="text prepended to the query (instruction models)")
-    search.add_argument("--top-k", type=int, default=10, help="hits per query")
+    search.add_argument("--top-k", type=positive_int, default=10, help="hits per query (>= 1)")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     search.set_defaults(handler=run_search)
 
 
 def run_index_build(args: argparse.Namespace) -> int:
-    prepare_output_dir(args.out, args.overwrite, command="index build", inputs=[args.embeddings, args.ids, args.adapter, args.data, args.plan])
+    inputs = [args.embeddings, args.ids, args.adapter, args.data, args.plan]
+    # Refusals now; --out itself is prepared (and --overwrite applied) only once the index is built.
+    prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs, check_only=True)
+
+    def prepare() -> None:
+        prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs)
+
+    if args.plan and (args.adapter or args.kind != "flat"):
+        raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
     titles = None
     if args.data:
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
     if args.plan:
-        if args.adapter or args.kind != "flat":
-            raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
         out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
-                                  chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
+                                  chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
+                                  before_write=prepare)
     else:
         out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
-                          chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column)
+                          chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
+                          before_write=prepare)
     finish_output_dir(out, "index build")
     manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
     if args.json:
@@ -89,26 +98,6 @@ def run_index_build(args: argparse.Namespace) -> int:
         print_table([manifest], ["kind", "ntotal", "input_dim", "dim", "bytes_per_vector", "index_bytes", "build_seconds"])
         print(f"saved to {out}")
     return 0
-
-
-def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
-                 use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
-                 show_progress: bool = False) -> list[list[dict]]:
-    """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each."""
-    index = load_index(index_dir)
-    model = model or index.manifest.get("model") or "minilm"
-    if use_adapter and adapter is None:
-        recorded = (index.manifest.get("adapter") or {}).get("path")
-        if recorded:
-            if not Path(recorded).is_dir():
-                raise FileNotFoundError(f"the index was built with the adapter {recorded}, which no longer exists; pass --adapter or --no-adapter.")
-            adapter = recorded
-    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress)
-    vectors = encoder.encode(queries, kind="query")
-    if use_adapter and adapter is not None:
-        vectors = load_compressor(adapter).transform(vectors)
-    D, I = index.search(vectors, top_k, rescore_with=rescore)
-    return index.hits(D, I)
 
 
 def run_search(args: argparse.Namespace) -> int:
@@ -120,13 +109,14 @@ def run_search(args: argparse.Namespace) -> int:
         queries = [(str(number), text) for number, text in enumerate(args.query, 1)]
     else:
         raise ValueError("no query: pass query text as arguments, or --queries FILE (JSONL or TSV).")
-    if args.out:
-        prepare_output_dir(args.out, args.overwrite, command="search", inputs=[args.queries, args.index])
+    inputs = [args.queries, args.index, args.adapter]
+    if args.out:  # refusals now; --out is prepared once the hits are there
+        prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs, check_only=True)
     results = search_texts(args.index, [text for _, text in queries], args.model, args.adapter, not args.no_adapter, args.top_k,
                            args.query_prompt, args.rescore, show_progress=len(queries) > 1)
     hits = {qid: found for (qid, _), found in zip(queries, results)}
     if args.out:
-        out = Path(args.out)
+        out = prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs)
         trec = write_trec_run(out / "run.trec", hits, args.run_tag)
         jsonl = write_jsonl_run(out / "run.jsonl", queries, hits)
         finish_output_dir(out, "search")

@@ -23,7 +23,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,13 +39,18 @@ from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
+from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import as_rows, exact_search
 from embedtune.index import quantize
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.io import (
+    DIGEST_KEY,
+    IntegrityError,
     atomic_write,
     atomic_write_json,
     check_version_stamp,
+    notify_written,
+    older_than_installed,
     read_json_verified,
     sha256_file,
     verify_sha256,
@@ -50,7 +59,7 @@ from embedtune.io import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["INDEX_KINDS", "build_index", "load_index", "verify_index", "Index", "adapter_fingerprint"]
+__all__ = ["INDEX_KINDS", "build_index", "load_index", "verify_index", "Index", "adapter_fingerprint", "check_adapter"]
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -58,22 +67,55 @@ INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.txt"
 TITLES_FILE = "titles.json"
 VECTORS_FILE = "vectors.npy"
+ADAPTER_FILES = ("config.json", "model.safetensors")
 REBUILD_HINT = "Rebuild the index with `embedtune index build` (or restore the folder from a copy)."
 INDEX_KINDS = ("flat", "sq8", "binary")
 """Built-in kinds; any other string is passed to ``faiss.index_factory`` (e.g. ``IVF1024,Flat``)."""
 
 
-def adapter_fingerprint(directory: str | Path) -> dict[str, Any]:
-    """Path, method, dims and sha256 of every file of a saved compressor."""
+def adapter_fingerprint(directory: str | Path, compressor: Compressor | None = None) -> dict[str, Any]:
+    """Path, method, dims, input normalisation, sha256 of every file of a saved compressor, and of its fitted state."""
     directory = Path(directory)
     meta = read_compressor_meta(directory)
-    return {
+    info = {
         "path": str(directory.resolve()),
         "method": meta["method"],
         "input_dim": meta.get("input_dim"),
         "output_dim": meta.get("config", {}).get("dim"),
-        "sha256": {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file()},
+        "input_normalization": meta.get("input_normalization"),
+        "sha256": {p.name: sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name in ADAPTER_FILES},
     }
+    if compressor is not None:
+        info["state_sha256"] = compressor.state_sha256()
+    return info
+
+
+def check_adapter(manifest: dict[str, Any], manifest_path: Path, adapter: str | Path, compressor: Compressor) -> None:
+    """Refuse ``compressor`` (loaded from ``adapter``) unless it is the adapter the index was built with.
+
+    The manifest records the adapter's file digests and the digest of its fitted state; an adapter
+    refitted or edited after ``index build`` would map queries into another space than the documents.
+    """
+    recorded = manifest.get("adapter") or {}
+    fix = (f"rebuild the index with this adapter (`embedtune index build --adapter {adapter}`), or search with the adapter "
+           "it was built with")
+    expected = recorded.get("state_sha256")
+    if isinstance(recorded.get("sha256"), dict) and Path(adapter).is_dir():
+        for name, digest in sorted(recorded["sha256"].items()):
+            if name not in ADAPTER_FILES:
+                continue
+            actual = sha256_file(Path(adapter) / name) if (Path(adapter) / name).is_file() else None
+            if actual != digest and expected is None:
+                raise IntegrityError(
+                    f"{Path(adapter) / name}: sha256 {actual} differs from the {digest} that {manifest_path} field 'adapter.sha256' "
+                    f"recorded when the index was built; the adapter was refitted or edited since. Fix: {fix}."
+                )
+    if expected is not None and compressor.state_sha256() != expected:
+        raise IntegrityError(
+            f"{adapter}: its fitted state (sha256 {compressor.state_sha256()}) is not the adapter {manifest_path} field "
+            f"'adapter.state_sha256' recorded ({expected}); it was refitted or edited after the index was built, and its query "
+            f"vectors would not match the indexed ones. Fix: {fix}."
+        )
 
 
 def _check_ids(ids: list[str], source: str) -> None:
@@ -97,6 +139,7 @@ def build_index(
     vector_column: str = "embedding",
     sq8_ranges: tuple[np.ndarray, np.ndarray] | None = None,
     plan: dict[str, Any] | None = None,
+    before_write: Callable[[], Any] | None = None,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -116,6 +159,8 @@ def build_index(
             vectors (a plan's saved int8 calibration).
         plan: what ``compress plan`` chose (see :func:`embedtune.index.precision.build_planned_index`),
             recorded in the manifest; its ``rescore`` and ``candidates`` become the search defaults.
+        before_write: called once the index is built, right before anything is moved into ``out``
+            (the command line prepares ``--out`` there, so a failed build leaves it untouched).
     Returns the folder.
     """
     import faiss
@@ -130,7 +175,7 @@ def build_index(
             compressor = adapter
         else:
             compressor = load_compressor(adapter)
-            adapter_info = adapter_fingerprint(adapter)
+            adapter_info = adapter_fingerprint(adapter, compressor)
         if d_in != compressor.input_dim_:
             raise ValueError(f"{embeddings} has {d_in} columns but the adapter was fitted on {compressor.input_dim_}-d input.")
     d = compressor.output_dim if compressor is not None else d_in
@@ -143,6 +188,7 @@ def build_index(
     else:
         id_list = []
     keep_vectors = (kind == "binary") if keep_vectors is None else keep_vectors
+    index = new_index(kind, d, sq8_ranges)
 
     def blocks(collect_ids: bool = False):
         for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):
@@ -150,81 +196,136 @@ def build_index(
                 id_list.extend(block_ids)
             yield start, (transform_rows(compressor, block) if compressor is not None else block)
 
-    out.mkdir(parents=True, exist_ok=True)
-    if kind == "flat":
-        index = faiss.IndexFlatIP(d)
-    elif kind == "sq8":
-        # One extra pass for the per-dimension ranges, so the calibration sees every vector.
-        index = quantize.sq8_index(d, ranges=sq8_ranges if sq8_ranges is not None else quantize.sq8_ranges(blocks()))
-    elif kind == "binary":
-        index = faiss.IndexBinaryFlat(((d + 7) // 8) * 8)
-    else:
-        index = faiss.index_factory(d, kind, faiss.METRIC_INNER_PRODUCT)
-        if not index.is_trained:
-            sample = []
-            for _, block in blocks():
-                sample.append(block[: train_size - sum(len(s) for s in sample)].copy())  # the reader reuses its buffer
-                if sum(len(s) for s in sample) >= train_size:
-                    break
-            index.train(np.concatenate(sample))
-        set_search_params(index, default_params(kind))
-
-    vectors_out = np.lib.format.open_memmap(out / f".{VECTORS_FILE}.tmp", mode="w+", dtype=np.float32, shape=(n, d)) if keep_vectors else None
+    # Everything is built in a folder beside OUT and moved in at the end: a build that fails
+    # (bad input, a FAISS error, a full disk) leaves OUT as it was.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
     try:
+        if kind == "sq8" and sq8_ranges is None:
+            # One extra pass for the per-dimension ranges, so the calibration sees every vector.
+            index = quantize.sq8_index(d, ranges=quantize.sq8_ranges(blocks()))
+        elif kind not in INDEX_KINDS:
+            if not index.is_trained:
+                sample = []
+                for _, block in blocks():
+                    sample.append(block[: train_size - sum(len(s) for s in sample)].copy())  # the reader reuses its buffer
+                    if sum(len(s) for s in sample) >= train_size:
+                        break
+                points = np.concatenate(sample) if sample else np.zeros((0, d), np.float32)
+                try:
+                    index.train(points)
+                except RuntimeError as error:
+                    raise EmbedtuneError(
+                        f"{embeddings}: FAISS could not train the --kind {kind!r} index on {len(points)} vectors "
+                        f"({_faiss_message(error)}). Fix: give more vectors, or choose an index that needs fewer training "
+                        "points (fewer IVF lists or PQ bits), or --kind flat."
+                    ) from None
+            set_search_params(index, default_params(kind))
+
+        vectors_path = staging / VECTORS_FILE
+        vectors_out = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(n, d)) if keep_vectors else None
         for start, block in blocks(collect_ids=True):
-            if kind == "binary":
-                index.add(quantize.binary_codes(block))
-            else:
-                index.add(block)
+            try:
+                index.add(quantize.binary_codes(block) if kind == "binary" else block)
+            except RuntimeError as error:
+                raise EmbedtuneError(f"{embeddings}: FAISS could not add rows {start}.. to the --kind {kind!r} index "
+                                     f"({_faiss_message(error)}). Fix: choose another --kind (e.g. flat).") from None
             if vectors_out is not None:
                 vectors_out[start : start + len(block)] = block
         if vectors_out is not None:
             vectors_out.flush()
             del vectors_out
-            (out / f".{VECTORS_FILE}.tmp").replace(out / VECTORS_FILE)
-        else:
-            (out / VECTORS_FILE).unlink(missing_ok=True)  # a previous build's, which this index does not match
-    except BaseException:
-        (out / f".{VECTORS_FILE}.tmp").unlink(missing_ok=True)
-        raise
-    if len(id_list) != index.ntotal:
-        raise ValueError(f"{embeddings}: indexed {index.ntotal} vectors but read {len(id_list)} ids.")
-    _check_ids(id_list, str(embeddings))
+        if len(id_list) != index.ntotal:
+            raise ValueError(f"{embeddings}: indexed {index.ntotal} vectors but read {len(id_list)} ids.")
+        _check_ids(id_list, str(embeddings))
 
-    writer = faiss.write_index_binary if kind == "binary" else faiss.write_index
-    atomic_write(out / INDEX_FILE, lambda tmp: writer(index, str(tmp)))
-    atomic_write(out / IDS_FILE, lambda tmp: tmp.write_text("".join(i + "\n" for i in id_list), encoding="utf-8"))
-    if titles is not None:
-        atomic_write_json(out / TITLES_FILE, [titles.get(i, "") for i in id_list])
-    elif (out / TITLES_FILE).exists():
-        (out / TITLES_FILE).unlink()
-    seconds = time.perf_counter() - start_time
-    manifest = {
-        "format": "embedtune-index",
-        "format_version": FORMAT_VERSION,
-        "embedtune_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "kind": kind,
-        "metric": "inner_product",
-        "exact": kind == "flat",
-        "dim": int(d),
-        "input_dim": int(d_in),
-        "ntotal": int(index.ntotal),
-        "bytes_per_vector": quantize.bytes_per_vector(kind, d) if kind in INDEX_KINDS else None,
-        "index_bytes": (out / INDEX_FILE).stat().st_size,
-        "search_params": default_params(kind) if kind not in INDEX_KINDS else {},
-        "adapter": adapter_info if adapter_info is not None else ({"method": compressor.method, "path": None} if compressor is not None else None),
-        "model": model,
-        "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
-        "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None, "vectors": VECTORS_FILE if keep_vectors else None},
-        "sha256": {name: sha256_file(out / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE)
-                   if (out / name).is_file() and (name != TITLES_FILE or titles is not None) and (name != VECTORS_FILE or keep_vectors)},
-        **({"plan": plan} if plan is not None else {}),
-        "build_seconds": seconds,
-    }
-    write_json_with_digest(out / MANIFEST, manifest)
+        writer = faiss.write_index_binary if kind == "binary" else faiss.write_index
+
+        def write_index(tmp: Path) -> None:
+            try:
+                writer(index, str(tmp))
+            except RuntimeError as error:
+                raise OSError(f"FAISS could not write the index ({_faiss_message(error)}); is the disk full? Free space or "
+                              "choose another --out") from None
+
+        atomic_write(staging / INDEX_FILE, write_index)
+        atomic_write(staging / IDS_FILE, lambda tmp: tmp.write_text("".join(i + "\n" for i in id_list), encoding="utf-8"))
+        if titles is not None:
+            atomic_write_json(staging / TITLES_FILE, [titles.get(i, "") for i in id_list])
+        seconds = time.perf_counter() - start_time
+        manifest = {
+            "format": "embedtune-index",
+            "format_version": FORMAT_VERSION,
+            "embedtune_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "kind": kind,
+            "metric": "inner_product",
+            "exact": kind == "flat",
+            "dim": int(d),
+            "input_dim": int(d_in),
+            "ntotal": int(index.ntotal),
+            "bytes_per_vector": quantize.bytes_per_vector(kind, d) if kind in INDEX_KINDS else None,
+            "index_bytes": (staging / INDEX_FILE).stat().st_size,
+            "search_params": default_params(kind) if kind not in INDEX_KINDS else {},
+            "adapter": adapter_info if adapter_info is not None else (
+                {"method": compressor.method, "path": None, "input_dim": compressor.input_dim_, "output_dim": compressor.output_dim,
+                 "input_normalization": compressor.input_normalization_, "state_sha256": compressor.state_sha256()}
+                if compressor is not None else None),
+            "model": model,
+            "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
+            "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
+                      "vectors": VECTORS_FILE if keep_vectors else None},
+            "sha256": {name: sha256_file(staging / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE)
+                       if (staging / name).is_file()},
+            **({"plan": plan} if plan is not None else {}),
+            "build_seconds": seconds,
+        }
+        write_json_with_digest(staging / MANIFEST, manifest)
+        if before_write is not None:
+            before_write()  # e.g. the command's --overwrite: only now, with the new index ready
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MANIFEST).unlink(missing_ok=True)  # first: a half-moved folder has no manifest, so it never loads
+        for name in (TITLES_FILE, VECTORS_FILE):
+            if not (staging / name).exists():
+                (out / name).unlink(missing_ok=True)  # a previous build's, which this index does not match
+        for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, MANIFEST):  # the manifest last
+            if (staging / name).exists():
+                os.replace(staging / name, out / name)
+                notify_written(out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     logger.debug("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
     return out
+
+
+def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
+    """The empty FAISS index of ``kind`` for ``d``-d vectors, or an error naming ``--kind`` and the fix (nothing is written)."""
+    import faiss
+
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"an index needs vectors of at least 1 dimension; got {d!r}.")
+    if kind == "flat":
+        return faiss.IndexFlatIP(int(d))
+    if kind == "sq8":
+        if sq8_ranges is not None:
+            vmin, vmax = (np.asarray(r, dtype=np.float32) for r in sq8_ranges)
+            if vmin.shape != (d,) or vmax.shape != (d,) or not (np.isfinite(vmin).all() and np.isfinite(vmax).all()) or (vmax < vmin).any():
+                raise EmbedtuneError(f"sq8 calibration: expected finite ({d},) ranges with vmin <= vmax; got {vmin.shape} and {vmax.shape}. "
+                                     "Fix: write the plan again with `embedtune compress plan`.")
+            return quantize.sq8_index(int(d), ranges=(vmin, vmax))
+        return faiss.IndexScalarQuantizer(int(d), faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
+    if kind == "binary":
+        return faiss.IndexBinaryFlat(((int(d) + 7) // 8) * 8)
+    if not isinstance(kind, str) or not kind.strip():
+        raise EmbedtuneError(f"--kind {kind!r}: give flat, sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'.")
+    try:
+        return faiss.index_factory(int(d), kind, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as error:
+        raise EmbedtuneError(
+            f"--kind {kind!r}: FAISS cannot make this index for {d}-d vectors ({_faiss_message(error)}). Fix: use flat, sq8, "
+            f"binary, or a valid FAISS index_factory string such as 'IVF1024,Flat' or 'PQ{max(1, d // 8)}' (its numbers must "
+            f"divide the dimension {d})."
+        ) from None
 
 
 @dataclass
@@ -293,10 +394,14 @@ def verify_index(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{manifest_path}: format_version {manifest['format_version']} is newer than this embedtune reads ({FORMAT_VERSION}).")
     check_version_stamp(manifest.get("embedtune_version"), str(manifest_path))
     digests = manifest.get("sha256")
-    if not isinstance(digests, dict):
-        if verified:
-            raise ValueError(f"{manifest_path}: field 'sha256' is missing. {REBUILD_HINT}")
-        logger.info("%s: built without file digests (by an older embedtune), so its files are loaded unchecked; rebuild it to add them", path)
+    if not isinstance(digests, dict) or not verified:
+        if verified or isinstance(digests, dict) or not older_than_installed(manifest.get("embedtune_version")):
+            # This version always writes both the manifest's own digest and the files': a missing one is damage, not age.
+            raise IntegrityError(f"{manifest_path}: field {'sha256' if verified else DIGEST_KEY!r} is missing, which embedtune "
+                                 f"{manifest.get('embedtune_version', '(no version stamp)')} always writes; the manifest was edited "
+                                 f"or damaged. {REBUILD_HINT}")
+        logger.info("%s: built without file digests (by embedtune %s), so its files are loaded unchecked; rebuild it to add them",
+                    path, manifest.get("embedtune_version"))
         return manifest
     if INDEX_FILE not in digests or IDS_FILE not in digests:
         raise ValueError(f"{manifest_path}: field 'sha256' lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
@@ -314,17 +419,79 @@ def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
 
     path = Path(path)
     manifest = verify_index(path)
-    reader = faiss.read_index_binary if manifest["kind"] == "binary" else faiss.read_index
-    index = reader(str(path / INDEX_FILE))
+    manifest_path = path / MANIFEST
+    kind, dim, ntotal = _manifest_shape(manifest, manifest_path)
+    reader = faiss.read_index_binary if kind == "binary" else faiss.read_index
+    try:
+        index = reader(str(path / INDEX_FILE))
+    except RuntimeError as error:
+        raise IntegrityError(f"{path / INDEX_FILE}: FAISS cannot read it ({_faiss_message(error)}). {REBUILD_HINT}") from None
+    _check_index_agrees(index, kind, dim, ntotal, path / INDEX_FILE, manifest_path)
     if manifest.get("search_params"):
         set_search_params(index, manifest["search_params"])
     ids = (path / IDS_FILE).read_text(encoding="utf-8").split("\n")[:-1]
     if len(ids) != index.ntotal:
-        raise ValueError(f"{path}: {len(ids)} ids for {index.ntotal} vectors.")
+        raise IntegrityError(f"{path / IDS_FILE}: {len(ids)} ids for the {index.ntotal} vectors of {path / INDEX_FILE}. {REBUILD_HINT}")
     titles = None
     if (path / TITLES_FILE).is_file():
         titles = json.loads((path / TITLES_FILE).read_text(encoding="utf-8"))
+        if not isinstance(titles, list) or len(titles) != len(ids):
+            raise IntegrityError(f"{path / TITLES_FILE}: expected a list of {len(ids)} titles, one per id of {path / IDS_FILE}. {REBUILD_HINT}")
     vectors = None
     if (path / VECTORS_FILE).is_file():
-        vectors = np.load(path / VECTORS_FILE, mmap_mode="r" if mmap_vectors else None)
+        vectors = np.load(path / VECTORS_FILE, mmap_mode="r" if mmap_vectors else None, allow_pickle=False)
+        if vectors.shape != (ntotal, dim) or vectors.dtype != np.float32:
+            raise IntegrityError(f"{path / VECTORS_FILE}: holds {vectors.dtype} {vectors.shape} but {manifest_path} says "
+                                 f"({ntotal}, {dim}) float32. {REBUILD_HINT}")
     return Index(path, manifest, index, ids, titles, vectors)
+
+
+def _manifest_shape(manifest: dict[str, Any], manifest_path: Path) -> tuple[str, int, int]:
+    """The manifest's ``kind``, ``dim`` and ``ntotal``, checked to be a string and two integers."""
+    kind, dim, ntotal = manifest.get("kind"), manifest.get("dim"), manifest.get("ntotal")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"{manifest_path}: field 'kind' must be an index kind such as 'flat'; got {kind!r}. {REBUILD_HINT}")
+    for name, value in (("dim", dim), ("ntotal", ntotal)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "dim" else 0):
+            raise ValueError(f"{manifest_path}: field {name!r} must be a {'positive' if name == 'dim' else 'non-negative'} integer; "
+                             f"got {value!r}. {REBUILD_HINT}")
+    return kind, int(dim), int(ntotal)  # type: ignore[arg-type]
+
+
+def _faiss_message(error: BaseException) -> str:
+    """The first line of a FAISS RuntimeError, without the C++ file and line noise."""
+    text = str(error).strip().splitlines()
+    message = next((line for line in text if "Error" in line or "error" in line), text[0] if text else type(error).__name__)
+    return message.split("Error in ")[-1].strip()
+
+
+def _check_index_agrees(index: Any, kind: str, dim: int, ntotal: int, index_path: Path, manifest_path: Path) -> None:
+    """The FAISS index is the one its manifest describes: its type, dimension, count and metric.
+
+    Digests only say that the files are the ones written; a file swapped in from another index,
+    with the digests recomputed, still has to agree with the manifest (a smaller ``d`` would make
+    a flat search read past the index's buffer).
+    """
+    import faiss
+
+    def refuse(what: str) -> None:
+        raise IntegrityError(f"{index_path}: {what}, which disagrees with {manifest_path}. {REBUILD_HINT}")
+
+    if kind == "binary":
+        if not isinstance(index, faiss.IndexBinary):
+            refuse(f"a {type(index).__name__}, not the binary index field 'kind' says")
+        if index.d != ((dim + 7) // 8) * 8:
+            refuse(f"holds {index.d}-bit codes but field 'dim' is {dim}")
+    else:
+        if isinstance(index, faiss.IndexBinary):
+            refuse(f"a binary index, but field 'kind' is {kind!r}")
+        if index.d != dim:
+            refuse(f"holds {index.d}-d vectors but field 'dim' is {dim}")
+        if kind == "flat" and not isinstance(index, faiss.IndexFlat):
+            refuse(f"a {type(index).__name__}, not the flat index field 'kind' says")
+        if kind == "sq8" and not isinstance(index, faiss.IndexScalarQuantizer):
+            refuse(f"a {type(index).__name__}, not the sq8 index field 'kind' says")
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            refuse("ranks by another metric than the inner product field 'metric' says")
+    if index.ntotal != ntotal:
+        refuse(f"holds {index.ntotal} vectors but field 'ntotal' is {ntotal}")
