@@ -79,7 +79,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     print_table(plan["frontier"], COLUMNS)
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
-          f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({plan['retention']:.3f} of the reference); FAISS factory {plan['faiss_factory']!r}")
+          f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
+          f"of the reference); FAISS factory {plan['faiss_factory']!r}")
     if "test" in plan:
         print(f"test ({plan['test']['n_queries']} held-out queries, scored once): nDCG@10 {plan['test']['ndcg@10']:.4f}, "
               f"Recall@10 {plan['test']['recall@10']:.4f}")

@@ -21,6 +21,7 @@ faiss:FACTORY       ``FACTORY``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,14 @@ def build_planned_index(
     chunk_size: int = 65536,
     id_column: str = "id",
     vector_column: str = "embedding",
+    before_write: Callable[[], Any] | None = None,
 ) -> Path:
-    """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet)."""
+    """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet).
+
+    Every file of the plan is checked against the digests ``plan.json`` recorded, and against the
+    others, first (:func:`embedtune.workflows.plan.load_plan`): an edited index kind or int8 range
+    would build another index than the one planned and scored. ``before_write``: as in :func:`build_index`.
+    """
     plan = Path(plan)
     info, _, precision, calibration = load_plan(plan)
     if info.get("index_kind") is None:
@@ -64,4 +71,4 @@ def build_planned_index(
         recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
                        model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.name == "binary-rescore",
-                       id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded)
+                       id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write)

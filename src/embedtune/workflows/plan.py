@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,18 @@ from embedtune.compress import Compressor, get_compressor_class, load_compressor
 from embedtune.compress.precision import Calibration, Precision, QuantizedIndex, load_precision
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.search import run_from_topk
-from embedtune.io import atomic_write, atomic_write_json
+from embedtune.errors import EmbedtuneError
+from embedtune.io import (
+    IntegrityError,
+    atomic_write,
+    atomic_write_json,
+    older_than_installed,
+    read_json_verified,
+    sha256_file,
+    sha256_json,
+    verify_sha256,
+    write_json_with_digest,
+)
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.train_compressor import fit_compressor
 
@@ -59,6 +71,8 @@ __all__ = [
     "sweep_dims",
     "method_settings",
     "fit_or_load",
+    "fit_key",
+    "experiment_fingerprint",
     "precision_rows",
     "pareto_frontier",
     "best_within",
@@ -81,6 +95,7 @@ PLAN_FILE = "plan.json"
 # rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
 PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32}
 _FIT_REPORT = "report.json"
+_FIT_KEY = "key.json"
 
 
 @dataclass(frozen=True)
@@ -161,31 +176,113 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
 
 
 # -- fitting ---------------------------------------------------------------------------------
+def experiment_fingerprint(experiment: Experiment) -> dict[str, Any]:
+    """sha256 of everything in ``experiment`` that shapes a fit: the vectors, their ids, the labels, the split, the similarity."""
+    def array_sha(x: np.ndarray) -> str:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        digest = hashlib.sha256(f"{x.shape}".encode())
+        for start in range(0, len(x), 65536):
+            digest.update(x[start : start + 65536].tobytes())
+        return digest.hexdigest()
+
+    split = experiment.split
+    return {
+        "doc_embeddings": array_sha(experiment.embeddings.doc_embeddings),
+        "query_embeddings": array_sha(experiment.embeddings.query_embeddings),
+        "doc_ids": sha256_json(list(experiment.embeddings.doc_ids)),
+        "query_ids": sha256_json(list(experiment.embeddings.query_ids)),
+        "qrels": sha256_json(experiment.dataset.qrels),
+        "split": sha256_json({"train": list(split.train), "val": list(split.val), "test": list(split.test)} if split is not None else None),
+        "similarity": experiment.similarity,
+    }
+
+
+def fit_key(experiment: Experiment, candidate: Candidate, seed: int, final: bool, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything a cached fit of ``candidate`` depends on: the data's fingerprints, the split part, the method, its settings, the seed."""
+    settings = {**method_settings(candidate.method, candidate.dim, experiment.embeddings.dim), **dict(candidate.settings)}
+    return {
+        "data": dict(data if data is not None else experiment_fingerprint(experiment)),
+        "part": "train+val" if final else "train",
+        "method": candidate.method,
+        "dim": candidate.dim,
+        "variant": candidate.variant,
+        "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)),
+        "seed": seed,
+        "embedtune_version": __version__,
+    }
+
+
+def _differing(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    fields = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            fields += _differing(a, b, f"{prefix}{key}.")
+        elif a != b:
+            fields.append(f"{prefix}{key}")
+    return fields
+
+
 def fit_or_load(
     experiment: Experiment,
     candidate: Candidate,
     seed: int,
     final: bool,
     work: str | Path | None = None,
+    data: Mapping[str, Any] | None = None,
 ) -> tuple[Compressor, float]:
     """The fitted compressor of ``candidate`` (and its fit seconds), fitted through :func:`fit_compressor`.
 
     ``final``: train+val (scored on test later); otherwise train only (scored on val). With
-    ``work``, the fit lives at ``WORK/<train part>/<candidate>/s<seed>/`` and is reloaded from
-    there when it finished before (its ``report.json`` is written last).
+    ``work``, the fit lives at ``WORK/<train part>/<candidate>/s<seed>/`` with ``key.json``, what
+    it was fitted on (:func:`fit_key`: the fingerprints of the vectors, ids, labels and split, the
+    settings and the seed), and is reloaded from there only when that key is this run's and the
+    compressor is intact; otherwise it is refitted, with a note naming the fields that differ.
+    ``data``: :func:`experiment_fingerprint` of ``experiment``, when the caller has it already.
     """
     folder = None
+    key = None
     if work is not None:
         folder = Path(work) / ("train+val" if final else "train") / candidate.name / f"s{seed}"
-        if (folder / _FIT_REPORT).is_file():
-            report = json.loads((folder / _FIT_REPORT).read_text(encoding="utf-8"))
-            return load_compressor(folder / candidate.method), float(report["results"][candidate.method]["summary"]["fit_s"])
+        key = fit_key(experiment, candidate, seed, final, data)
+        cached = _cached_fit(folder, candidate, key)
+        if cached is not None:
+            return cached
     input_dim = experiment.embeddings.dim
     settings = {**method_settings(candidate.method, candidate.dim, input_dim), **dict(candidate.settings)}
     result = fit_compressor(experiment, candidate.method, candidate.dim, seeds=[seed], final=final, settings=settings or None,
                             out=folder, labels={"candidate": candidate.name})
     run = result.runs[candidate.method][0]
+    if folder is not None and run.compressor is not None:
+        write_json_with_digest(folder / _FIT_KEY, {**key, "state_sha256": run.compressor.state_sha256()})  # type: ignore[dict-item]
     return run.compressor, run.fit_seconds  # type: ignore[return-value]
+
+
+def _cached_fit(folder: Path, candidate: Candidate, key: dict[str, Any]) -> tuple[Compressor, float] | None:
+    """The fit in ``folder`` when it was made from ``key`` and loads intact; else None (and the folder is cleared for a refit)."""
+    if not (folder / _FIT_REPORT).is_file():
+        return None
+    reason = None
+    try:
+        recorded, _ = read_json_verified(folder / _FIT_KEY, "", require_digest=True) if (folder / _FIT_KEY).is_file() else (None, False)
+        if recorded is None:
+            reason = f"it has no {_FIT_KEY} (written by an older embedtune), so what it was fitted on is unknown"
+        else:
+            differing = _differing({k: v for k, v in recorded.items() if k != "state_sha256"}, key)
+            if differing:
+                reason = f"it was fitted on other inputs or settings (differing: {', '.join(differing)})"
+            else:
+                compressor = load_compressor(folder / candidate.method)
+                if compressor.state_sha256() != recorded.get("state_sha256"):
+                    reason = "its compressor is not the one recorded in key.json"
+                else:
+                    report = json.loads((folder / _FIT_REPORT).read_text(encoding="utf-8"))
+                    return compressor, float(report["results"][candidate.method]["summary"]["fit_s"])
+    except (OSError, ValueError, KeyError, TypeError) as error:  # damaged files: refit
+        reason = f"its files are damaged ({error})"
+    logger.warning("%s: refitting %s: %s", folder, candidate.name, reason)
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
 
 
 # -- scoring at every precision --------------------------------------------------------------
@@ -282,31 +379,54 @@ def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray) -> Path:
 
 
 def load_faiss_cache(folder: str | Path) -> dict[str, tuple[QuantizedIndex, float]]:
-    """The ``faiss:`` indexes saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU)."""
+    """The ``faiss:`` indexes saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU).
+
+    Each ``.faiss`` file is checked against the sha256 its ``.json`` recorded, and the index against
+    the precision and dimension recorded there, before it is used: a damaged or swapped file is
+    dropped with a warning (and rebuilt by the sweep), never scored.
+    """
     import faiss
 
     cache: dict[str, tuple[QuantizedIndex, float]] = {}
     folder = Path(folder)
     for meta_path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        info = json.loads(meta_path.read_text(encoding="utf-8"))
-        backend = faiss.read_index(str(meta_path.with_suffix(".faiss")))
-        cache[info["precision"]] = (QuantizedIndex(Precision(info["precision"]), info["dim"], backend, backend.ntotal), info["build_s"])
+        index_path = meta_path.with_suffix(".faiss")
+        try:
+            info, _ = read_json_verified(meta_path, "", require_digest=True)
+            precision = Precision(info["precision"])
+            if not precision.is_faiss or meta_path.stem != _cache_stem(precision.name):
+                raise ValueError(f"field 'precision' {info['precision']!r} is not the index this file name holds")
+            verify_sha256(index_path, info["sha256"], "")
+            backend = faiss.read_index(str(index_path))
+            if backend.d != int(info["dim"]) or backend.ntotal != int(info["ntotal"]):
+                raise ValueError(f"the index holds {backend.ntotal} x {backend.d}-d vectors, not the {info['ntotal']} x {info['dim']} recorded")
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
+            logger.warning("%s: not used, it will be rebuilt (%s)", index_path, str(error).strip().splitlines()[0] if str(error).strip() else error)
+            meta_path.unlink(missing_ok=True)
+            index_path.unlink(missing_ok=True)
+            continue
+        cache[info["precision"]] = (QuantizedIndex(precision, info["dim"], backend, backend.ntotal), info["build_s"])
     return cache
 
 
+def _cache_stem(name: str) -> str:
+    return name.replace(":", "_").replace(",", "+")
+
+
 def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]]) -> None:
-    """Write every ``faiss:`` index of ``cache`` not saved yet (``.faiss`` + a ``.json`` written last)."""
+    """Write every ``faiss:`` index of ``cache`` not saved yet (``.faiss`` + a ``.json`` with its sha256, written last)."""
     import faiss
 
     folder = Path(folder)
     for name, (index, build_s) in cache.items():
         if not index.precision.is_faiss:
             continue
-        stem = folder / name.replace(":", "_").replace(",", "+")
+        stem = folder / _cache_stem(name)
         if not stem.with_suffix(".json").is_file():
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write(stem.with_suffix(".faiss"), lambda tmp, index=index: faiss.write_index(index.backend, str(tmp)))
-            atomic_write_json(stem.with_suffix(".json"), {"precision": name, "dim": index.dim, "build_s": build_s})
+            write_json_with_digest(stem.with_suffix(".json"), {"precision": name, "dim": index.dim, "ntotal": int(index.backend.ntotal),
+                                                               "build_s": build_s, "sha256": sha256_file(stem.with_suffix(".faiss"))})
 
 
 # -- reading the rows ------------------------------------------------------------------------
@@ -471,6 +591,7 @@ def run_plan(
     if too_wide:
         raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
     rows: list[dict[str, Any]] = []
+    data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
     cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
     frozen_indexes = load_faiss_cache(cache_dir)  # FAISS peers trained by an earlier plan or frontier run on this corpus
     frozen_rows = precision_rows(experiment, "val", None, list(dict.fromkeys(["float32", *precisions])), rounds=rounds,
@@ -492,7 +613,7 @@ def run_plan(
                 continue
             for variant in ["default", *(v for v in variants if variant_applies(method, v))]:
                 candidate = candidate_for(method, dim, variant)
-                compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work)
+                compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work, data=data)
                 family = method if variant == "default" else f"{method}+{variant}"
                 for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
                                           labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
@@ -508,7 +629,7 @@ def run_plan(
     candidate = None
     if chosen.get("candidate"):
         candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
-        compressor, _ = fit_or_load(experiment, candidate, seed, final=True, work=work)
+        compressor, _ = fit_or_load(experiment, candidate, seed, final=True, work=work, data=data)
     else:
         frozen = get_compressor_class("frozen")
         compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(experiment, "train"))
@@ -522,13 +643,13 @@ def run_plan(
         "target_retention": target_retention,
         "chosen": _public(chosen),
         "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
-        "retention": chosen["ndcg@10"] / reference,
+        "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
         "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
         "sweep": [_public(r) for r in rows],
     })
     if final:
         plan["test"] = score_plan(experiment, out, "test")
-        atomic_write_json(out / PLAN_FILE, plan)
+        write_json_with_digest(out / PLAN_FILE, plan)
     return plan
 
 
@@ -537,23 +658,41 @@ def _public(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any]) -> dict[str, Any]:
-    """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last)."""
+    """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last).
+
+    ``plan.json`` carries the sha256 of every other file of the plan (``files_sha256``), the digest of
+    the compressor's fitted state, and the digest of its own content; :func:`load_plan` checks them all.
+    """
     out = Path(out)
-    compressor.save(out / "compressor")
+    compressor.save(out / COMPRESSOR_DIR)
     docs = compressor.transform(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
     index = QuantizedIndex.build(docs, precision) if not precision.is_faiss else None
     if index is not None:
         index.save_precision(out)
     else:
-        atomic_write_json(out / "precision.json", {**precision.to_dict(), "dim": int(docs.shape[1]), "factory": precision.factory})
-    for stale in ("calibration.safetensors", "calibration.json"):
+        atomic_write_json(out / PRECISION_FILE, {**precision.to_dict(), "dim": int(docs.shape[1]), "factory": precision.factory})
+    for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
         if precision.name != "int8":
             (out / stale).unlink(missing_ok=True)
     plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
             "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
-            "index_kind": _index_kind(precision)}
-    atomic_write_json(out / PLAN_FILE, plan)
+            "index_kind": _index_kind(precision), "compressor_state_sha256": compressor.state_sha256(),
+            "files_sha256": {name: sha256_file(out / name) for name in _plan_files(out)}}
+    write_json_with_digest(out / PLAN_FILE, plan)
     return plan
+
+
+COMPRESSOR_DIR = "compressor"
+PRECISION_FILE = "precision.json"
+CALIBRATION_FILE = "calibration.safetensors"
+CALIBRATION_JSON = "calibration.json"
+_PLAN_FIX = "The plan folder was damaged or edited after `embedtune compress plan` wrote it; write it again with `embedtune compress plan`."
+
+
+def _plan_files(out: Path) -> list[str]:
+    """The files of a plan folder that ``plan.json`` records digests of (relative POSIX paths)."""
+    names = [PRECISION_FILE, CALIBRATION_FILE, CALIBRATION_JSON, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
+    return [name for name in names if (out / name).is_file()]
 
 
 def _index_kind(precision: Precision) -> str:
@@ -564,16 +703,72 @@ def _index_kind(precision: Precision) -> str:
 
 
 def load_plan(directory: str | Path) -> tuple[dict[str, Any], Compressor, Precision, Calibration | None]:
-    """Read a plan folder: ``(plan, compressor, precision, calibration)``."""
+    """Read a plan folder: ``(plan, compressor, precision, calibration)``, every file checked first.
+
+    ``plan.json``'s own digest, the sha256 of every file it lists, the compressor's fitted state, and
+    the agreement of the files with each other (precision, dimension, index kind, FAISS factory,
+    bytes, calibration ranges) are checked; any failure is an error naming the file and the field.
+    """
     directory = Path(directory)
-    if not (directory / PLAN_FILE).is_file():
+    path = directory / PLAN_FILE
+    if not path.is_file():
         raise FileNotFoundError(f"{directory}: no {PLAN_FILE}; write a plan with `embedtune compress plan --out {directory}`.")
-    plan = json.loads((directory / PLAN_FILE).read_text(encoding="utf-8"))
+    plan, verified = read_json_verified(path, _PLAN_FIX)
+    if not verified or not isinstance(plan.get("files_sha256"), dict):
+        if verified or not older_than_installed(plan.get("embedtune_version")):
+            missing = "files_sha256" if verified else "content_sha256"
+            raise IntegrityError(f"{path}: field {missing!r} is missing, which embedtune {plan.get('embedtune_version', '(no version stamp)')} "
+                                 f"always writes. {_PLAN_FIX}")
+        raise IntegrityError(f"{path}: written by embedtune {plan.get('embedtune_version')} without file digests, so its files cannot "
+                             "be checked; write the plan again with `embedtune compress plan`.")
+    recorded = plan["files_sha256"]
+    expected_files = set(_plan_files(directory)) | {PRECISION_FILE, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"}
+    unlisted = sorted(expected_files - set(recorded))
+    if unlisted:
+        raise IntegrityError(f"{directory / unlisted[0]}: not listed in {path} field 'files_sha256', so it is not this plan's. {_PLAN_FIX}")
+    for name, digest in sorted(recorded.items()):
+        if name not in expected_files or not isinstance(digest, str):
+            raise IntegrityError(f"{path}: field 'files_sha256' lists {name!r}, which is not a file of a plan folder. {_PLAN_FIX}")
+        verify_sha256(directory / name, digest, _PLAN_FIX)
     precision, calibration = load_precision(directory)
-    compressor = load_compressor(directory / "compressor")
-    if compressor.output_dim != plan["dim"]:
-        raise ValueError(f"{directory}: the compressor outputs {compressor.output_dim} dims but plan.json says {plan['dim']}.")
+    compressor = load_compressor(directory / COMPRESSOR_DIR)
+    _check_plan_agrees(directory, plan, compressor, precision, calibration)
     return plan, compressor, precision, calibration
+
+
+def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compressor, precision: Precision,
+                       calibration: Calibration | None) -> None:
+    """The plan's files describe one deployment: the same precision, dimension, index kind, factory, bytes and compressor."""
+    path = directory / PLAN_FILE
+
+    def refuse(field: str, said: Any, actual: Any, source: str) -> None:
+        raise IntegrityError(f"{path}: field {field!r} is {said!r} but {source} says {actual!r}. {_PLAN_FIX}")
+
+    values = json.loads((directory / PRECISION_FILE).read_text(encoding="utf-8"))
+    dim = compressor.output_dim
+    planned = plan.get("precision") if isinstance(plan.get("precision"), dict) else {}
+    if planned.get("name") != precision.name:
+        refuse("precision.name", planned.get("name"), precision.name, str(directory / PRECISION_FILE))
+    if plan.get("dim") != dim:
+        refuse("dim", plan.get("dim"), dim, f"{directory / COMPRESSOR_DIR} (its output dimension)")
+    if values.get("dim") != dim:
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'dim' is {values.get('dim')!r} but the compressor outputs {dim}. {_PLAN_FIX}")
+    for field, actual, source in (("index_kind", _index_kind(precision), "its precision"), ("faiss_factory", precision.factory, "its precision"),
+                                  ("ram_bytes", precision.ram_bytes(dim), "its precision and dimension"),
+                                  ("disk_bytes", precision.disk_bytes(dim), "its precision and dimension"),
+                                  ("compressor_state_sha256", compressor.state_sha256(), f"{directory / COMPRESSOR_DIR}")):
+        if plan.get(field) != actual:
+            refuse(field, plan.get(field), actual, source)
+    if (precision.name == "int8") != (calibration is not None):
+        raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if precision.name == 'int8' else 'has no use for'} "
+                             f"{CALIBRATION_FILE}. {_PLAN_FIX}")
+    if calibration is not None:
+        if calibration.dim != dim:
+            raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges for {dim} dimensions. {_PLAN_FIX}")
+        readable = json.loads((directory / CALIBRATION_JSON).read_text(encoding="utf-8")) if (directory / CALIBRATION_JSON).is_file() else None
+        if readable is not None and (not np.array_equal(np.asarray(readable.get("vmin"), np.float32), calibration.vmin)
+                                     or not np.array_equal(np.asarray(readable.get("vmax"), np.float32), calibration.vmax)):
+            raise IntegrityError(f"{directory / CALIBRATION_FILE}: its ranges differ from {directory / CALIBRATION_JSON}'s. {_PLAN_FIX}")
 
 
 def score_plan(experiment: Experiment, directory: str | Path, part: str = "test") -> dict[str, Any]:
