@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import write_beir
 from embedtune.cli import main
 from embedtune.compress import DIVECompressor, DIVEConfig, load_compressor, make_compressor
 from embedtune.compress.base import TrainingData
@@ -231,18 +232,42 @@ def test_index_build_export_and_search_into_their_own_input_are_refused(tmp_path
 
 
 def test_a_file_added_after_a_failed_run_survives_the_next_overwrite(tmp_path, capsys):
-    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
-    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
-    (tmp_path / "short.txt").write_text("d0\n")
-    out = tmp_path / "index"
-    command = ["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--out", str(out)]
-    assert main([*command, "--ids", str(tmp_path / "short.txt")]) == 2  # fails after --out was prepared
+    corpus = [{"_id": f"d{i}", "text": f"doc {i}"} for i in range(12)]
+    queries = [{"_id": f"q{i}", "text": f"query {i}"} for i in range(6)]
+    data = write_beir(tmp_path / "beir", corpus, queries, [(f"q{i}", f"d{i}", 1) for i in range(6)])
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "docs.npy", rng.normal(size=(12, 8)).astype(np.float32))
+    np.save(tmp_path / "queries.npy", rng.normal(size=(6, 8)).astype(np.float32))
+    (tmp_path / "queries.txt").write_text("".join(f"q{i}\n" for i in range(6)))
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(1, 12)) + "other\n")  # no vector for the judged d0
+    out = tmp_path / "run"
+    command = ["evaluate", "--data", str(data), "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "docs.txt"),
+               "--query-embeddings", str(tmp_path / "queries.npy"), "--query-ids", str(tmp_path / "queries.txt"), "--out", str(out)]
+    assert main(command) == 2  # fails after --out was prepared
     marker = read_marker(out)
     assert marker["failed"] and not marker["complete"] and marker["files"] == []
     (out / "notes.md").write_text("the user's, added after the failure")
-    assert main([*command, "--ids", str(tmp_path / "ids.txt"), "--overwrite"]) == 0
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(12)))
+    assert main([*command, "--overwrite"]) == 0
     assert (out / "notes.md").read_text() == "the user's, added after the failure"
-    assert "notes.md" not in read_marker(out)["files"] and (out / "index.faiss").is_file()
+    assert "notes.md" not in read_marker(out)["files"] and (out / "results.json").is_file()
+    assert main([*command, "--overwrite"]) == 0
+    assert (out / "notes.md").read_text() == "the user's, added after the failure"
+
+
+def test_a_failed_index_build_leaves_out_untouched(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
+    out = tmp_path / "index"
+    command = ["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--ids", str(tmp_path / "ids.txt"), "--out", str(out)]
+    assert main(command) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for kind, message in (("IVF64,Flat", "FAISS could not train the --kind 'IVF64,Flat' index on 10 vectors"),
+                          ("PQ3", "--kind 'PQ3': FAISS cannot make this index for 4-d vectors")):
+        assert main([*command, "--overwrite", "--kind", kind]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "unexpected" not in err and "Fix:" in err
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # --overwrite removed nothing
 
 
 def test_a_users_file_inside_an_owned_subfolder_survives_overwrite(tmp_path):
