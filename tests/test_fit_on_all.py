@@ -71,6 +71,16 @@ def test_val_split_file(own, one_torch_thread):
     assert result.compressor.config.epoch_selection == "val"
 
 
+def test_a_val_split_whose_positives_lack_vectors_is_refused(own, capsys):
+    """Issue 28: accepted, and selection scored against positives it could never retrieve."""
+    (own / "val.tsv").write_text("q0\td0\nq1\td1\nq1\td999\n")
+    assert main(["compress", "fit", "--method", "dive", "--dim", "8", "--pairs", str(own / "pairs.tsv"), "--val-split", str(own / "val.tsv"),
+                 *[f for key, path in vectors(own).items() for f in (f"--{key.replace('_', '-')}", str(path))],
+                 "--epochs", "1", "--out", str(own / "fit")]) == 2
+    err = capsys.readouterr().err
+    assert f"{own / 'docs.txt'}: no vector for document 'd999', which {own / 'val.tsv'} uses (1 documents missing)" in err
+
+
 def test_corpus_alone_takes_the_unsupervised_path(own):
     result = fit_on_all("pca", 8, **vectors(own, queries=False))
     assert result.path == "unsupervised" and result.info["documents"] == 120 and "unsupervised path" in result.notes[0]

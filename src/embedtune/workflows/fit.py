@@ -234,6 +234,9 @@ def fit_on_all(
         if val_split is not None:
             val_ids, val_qrels, val_source = _val_ids(val_split, data, labels)
             require_ids(experiment.embeddings.query_ids, val_ids, query_ids or query_embeddings or f"{data} queries", val_source, "query")
+            # A positive without a vector can never be retrieved: selection would score against it.
+            positives = [doc for qid in val_ids for doc, rel in val_qrels[qid].items() if rel > 0]
+            require_ids(experiment.embeddings.doc_ids, positives, doc_ids or doc_embeddings or f"{data} corpus", val_source, "document")
             experiment.dataset.qrels.update({qid: val_qrels[qid] for qid in val_ids})
             info["val"] = {"source": val_source, "queries": len(val_ids)}
         elif val_fraction is not None:
