@@ -13,14 +13,16 @@ The DIVE protocol benchmark keeps the papers' recipes: its configs never build t
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from embedtune.bench.dive_protocol import plan_phase_one
-from embedtune.bench.protocol_config import load_protocol_config
+from embedtune.bench.protocol_config import DatasetSpec, load_protocol_config
 from embedtune.compress import TrainingData, available_methods, get_compressor_class
 from embedtune.compress.pca import PCACompressor, PCAConfig
 from embedtune.compress.presets import SAFETY_NET_MINING, SAFETY_NET_SETTINGS
@@ -47,8 +49,11 @@ def test_every_supervised_method_defaults_to_the_safety_net():
 
 
 def test_the_protocol_benchmark_keeps_the_papers_recipes():
+    """The recipes, not the data: on a machine without the real datasets (``../shared``) the bundled scifact stands in."""
     for path in sorted(glob.glob("benchmarks/*.toml")):
         protocol = load_protocol_config(path)
+        if any(not Path(spec.path).exists() for spec in protocol.datasets):
+            protocol = dataclasses.replace(protocol, datasets=[DatasetSpec("scifact", "scifact")])
         for spec in plan_phase_one(protocol):
             if spec.method in ("mrl-adaptor", "search-adaptor", "smec"):
                 config = build_config(spec.method, spec.dim, spec.seed, spec.overrides_dict)
