@@ -327,3 +327,29 @@ def test_evaluate_names_ids_that_differ_only_by_trailing_spaces(tmp_path, capsys
     assert _evaluate(tmp_path, data, paths["docs"]) == 2
     err = _error(capsys)
     assert "no vector for document 'd4'" in err and "'d4' and 'd4 ' differ only by surrounding whitespace" in err
+
+
+def test_a_full_disk_during_compress_apply_names_the_output_and_the_fix(tmp_path):
+    """Issue 28: a full disk showed numpy's "N requested and M written". A file-size limit stands in for the disk."""
+    import subprocess
+    import sys
+    import textwrap
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 16)).astype(np.float32)
+    make_compressor("pca", dim=8).fit(TrainingData([f"x{i}" for i in range(200)], X, [f"x{i}" for i in range(200)], X, {})).save(tmp_path / "A")
+    np.save(tmp_path / "big.npy", rng.normal(size=(40000, 16)).astype(np.float32))
+    script = textwrap.dedent(f"""
+        import resource, signal, sys
+        from embedtune.cli import main
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+        sys.exit(main(["compress", "apply", "--adapter", {str(tmp_path / "A")!r}, "--input", {str(tmp_path / "big.npy")!r},
+                       "--out", {str(tmp_path / "out.npy")!r}]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr
+    assert f"embedtune: error: {tmp_path / 'out.npy'}: could not write the compressed vectors: the disk is full" in done.stderr
+    assert "Fix:" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out.npy").exists() and not list(tmp_path.glob(".out.npy.*"))

@@ -38,6 +38,7 @@ import os
 import time
 from pathlib import Path
 import collections
+import errno
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -348,6 +349,17 @@ def iter_embedding_blocks(
 
 
 # -- writers ---------------------------------------------------------------------------------
+def _write_error(path: Path, error: OSError) -> OSError:
+    """An error naming ``path`` for a failed write (numpy reports a full disk as "N requested and M written")."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)) and error.filename is not None:
+        return error
+    detail = error.strerror or str(error)
+    reason = "the disk is full or the file would exceed a size limit" if (
+        error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "requested and" in str(error)) else "the write failed"
+    return OSError(error.errno or errno.EIO, f"could not write the compressed vectors: {reason} ({detail}); nothing was written "
+                   "there. Fix: free space (or raise the limit) and run again, or choose an --out on another disk", str(path))
+
+
 def _write_npy(tmp: Path, blocks, n: int, k: int, ids_out: list[str] | None) -> None:
     # The write of block i runs in a thread while block i + 1 is transformed (file writes release the
     # GIL); ``blocks`` must not reuse a block's memory before the next-but-one block is asked for.
@@ -466,13 +478,16 @@ def apply_compressor_streaming(
             yield from ready()
         yield from ready()
 
-    if output_path.suffix == ".parquet":
-        atomic_write(output_path, lambda tmp: _write_parquet(tmp, compressed(), k, id_column, vector_column))
-    else:
-        ids_out: list[str] | None = [] if input_path.suffix == ".parquet" else None
-        atomic_write(output_path, lambda tmp: _write_npy(tmp, compressed(), n, k, ids_out))
-        if ids_out is not None:
-            atomic_write(ids_path_for(output_path), lambda tmp: tmp.write_text("".join(i + "\n" for i in ids_out), encoding="utf-8"))
+    try:
+        if output_path.suffix == ".parquet":
+            atomic_write(output_path, lambda tmp: _write_parquet(tmp, compressed(), k, id_column, vector_column))
+        else:
+            ids_out: list[str] | None = [] if input_path.suffix == ".parquet" else None
+            atomic_write(output_path, lambda tmp: _write_npy(tmp, compressed(), n, k, ids_out))
+            if ids_out is not None:
+                atomic_write(ids_path_for(output_path), lambda tmp: tmp.write_text("".join(i + "\n" for i in ids_out), encoding="utf-8"))
+    except OSError as error:
+        raise _write_error(output_path, error) from None
     seconds = time.perf_counter() - start_time
     logger.debug("apply_compressor_streaming: %d x %d -> %d-d in %.2fs (%.0f vectors/s)", n, d, k, seconds, n / max(seconds, 1e-9))
     return output_path
