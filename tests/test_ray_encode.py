@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from embedtune.encoders import SentenceEncoder
+from embedtune.io import IntegrityError
 from embedtune.encoders.ray_encode import ShardEncoder, encode_sharded, encode_sharded_ray, pending_shards, read_shards
 
 TEXTS = [f"document number {i} about topic {i % 5}" for i in range(37)]
@@ -27,6 +28,26 @@ def test_local_sharded_encode_resumes_by_shard(tiny_bert_dir, tmp_path):
     assert pending_shards(out, 37, 10) == [2]
     encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
     assert (out / "shard-00001.npy").stat().st_mtime_ns == untouched
+    np.testing.assert_array_equal(read_shards(out)[1], vectors)
+
+
+def test_a_truncated_or_damaged_shard_is_not_complete(tiny_bert_dir, tmp_path, caplog):
+    """Issue 28: a truncated shard counted as complete, and reading it gave an error naming no file."""
+    out = tmp_path / "shards"
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
+    _, vectors = read_shards(out)
+    npy = out / "shard-00001.npy"
+    data = npy.read_bytes()
+    npy.write_bytes(data[: len(data) - 200])  # truncated
+    with pytest.raises(IntegrityError, match=r"shard-00001\.npy: sha256 differs .*Run `embedtune embed-corpus` again"):
+        read_shards(out)
+    assert pending_shards(out, 37, 10) == [1]
+    assert any("shard-00001.npy" in r.getMessage() for r in caplog.records)
+    flipped = bytearray(data)
+    flipped[-5] ^= 0xFF  # one byte of a vector
+    npy.write_bytes(bytes(flipped))
+    assert pending_shards(out, 37, 10) == [1]
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)  # the rerun encodes it again
     np.testing.assert_array_equal(read_shards(out)[1], vectors)
 
 

@@ -1,9 +1,12 @@
 """Encode a corpus into sharded ``.npy`` files, in one process or on a Ray Data actor pool, resumable by shard.
 
 The corpus is cut into shards of ``shard_size`` texts, in order. Shard ``i`` is written as
-``shard-0000i.npy`` (float32 ``(rows, d)``) and ``shard-0000i.ids.txt``, each atomically, the ids
-last, so a shard whose ids file exists is complete; a rerun skips it and encodes only the rest.
-``manifest.json`` (written when every shard is there) lists the shards, the model and the rows.
+``shard-0000i.npy`` (float32 ``(rows, d)``), ``shard-0000i.ids.txt`` and, last,
+``shard-0000i.json`` (its rows, dimension and the sha256 of both files), each atomically. A shard
+is complete when its record is there and both files match it (their digests, and as many vector
+rows as ids as the corpus has for that shard); a rerun skips complete shards and encodes the rest,
+a damaged or truncated one included. ``manifest.json`` (written when every shard is there) lists the
+shards, the model and the rows; :func:`read_shards` checks every shard against its record again.
 
 Single process::
 
@@ -35,7 +38,17 @@ from typing import Any
 import numpy as np
 
 from embedtune.encoders.sentence_transformer import SentenceEncoder
-from embedtune.io import atomic_save_npy, atomic_write, atomic_write_json, sha256_json
+from embedtune.errors import EmbedtuneError
+from embedtune.io import (
+    IntegrityError,
+    atomic_save_npy,
+    atomic_write,
+    atomic_write_json,
+    read_json_verified,
+    sha256_file,
+    sha256_json,
+    write_json_with_digest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +59,44 @@ SHARD_MANIFEST = "manifest.json"
 
 def _shard_paths(out: Path, index: int) -> tuple[Path, Path]:
     return out / f"shard-{index:05d}.npy", out / f"shard-{index:05d}.ids.txt"
+
+
+def _record_path(out: Path, index: int) -> Path:
+    return out / f"shard-{index:05d}.json"
+
+
+SHARD_FIX = "Run `embedtune embed-corpus` again with the same --out: a damaged or incomplete shard is encoded again."
+
+
+def shard_problem(out: str | Path, index: int, rows: int | None = None) -> str | None:
+    """Why shard ``index`` of ``out`` is not complete and intact (None when it is).
+
+    ``rows``: how many texts the corpus has for this shard (None: take the record's word for it).
+    """
+    out = Path(out)
+    npy, id_file = _shard_paths(out, index)
+    record_path = _record_path(out, index)
+    if not record_path.is_file():
+        return f"{record_path.name} is missing" + (" (the shard predates shard records)" if id_file.is_file() else "")
+    try:
+        record, _ = read_json_verified(record_path, SHARD_FIX, require_digest=True)
+    except IntegrityError as error:
+        return str(error)
+    for path, key in ((npy, "npy_sha256"), (id_file, "ids_sha256")):
+        if not path.is_file():
+            return f"{path} is missing"
+        if sha256_file(path) != record.get(key):
+            return f"{path}: sha256 differs from the one {record_path.name} recorded (damaged or truncated)"
+    try:
+        vectors = np.load(npy, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        return f"{npy}: not a readable .npy array ({error})"
+    n_ids = len(id_file.read_text(encoding="utf-8").split("\n")) - 1
+    expected = record.get("rows") if rows is None else rows
+    if vectors.ndim != 2 or vectors.shape[0] != n_ids or n_ids != expected or vectors.shape[1] != record.get("dim"):
+        return (f"{npy}: {vectors.shape} vectors and {n_ids} ids, but the shard should hold {expected} rows of "
+                f"{record.get('dim')} dims")
+    return None
 
 
 def _check(ids: Sequence[str], texts: Sequence[str], shard_size: int) -> None:
@@ -59,10 +110,20 @@ def _check(ids: Sequence[str], texts: Sequence[str], shard_size: int) -> None:
 
 
 def pending_shards(out: str | Path, n: int, shard_size: int) -> list[int]:
-    """Indices of the shards of an ``n``-text corpus that are not complete in ``out`` yet."""
+    """Indices of the shards of an ``n``-text corpus that are not complete and intact in ``out`` yet.
+
+    A shard that is there but damaged, truncated or of the wrong size is pending too (with a warning naming it).
+    """
     out = Path(out)
     n_shards = (n + shard_size - 1) // shard_size
-    return [i for i in range(n_shards) if not _shard_paths(out, i)[1].is_file()]
+    pending = []
+    for i in range(n_shards):
+        problem = shard_problem(out, i, min(shard_size, n - i * shard_size))
+        if problem is not None:
+            if _shard_paths(out, i)[0].exists() or _shard_paths(out, i)[1].exists():
+                logger.warning("%s: shard %d is encoded again: %s", out, i, problem)
+            pending.append(i)
+    return pending
 
 
 RUN_RECORD = "run.json"
@@ -108,8 +169,12 @@ class ShardEncoder:
     def encode_shard(self, index: int, ids: Sequence[str], texts: Sequence[str]) -> int:
         vectors = np.ascontiguousarray(self.encoder.encode(list(texts), kind=self.kind), dtype=np.float32)  # type: ignore[arg-type]
         npy, id_file = _shard_paths(self.out, index)
+        _record_path(self.out, index).unlink(missing_ok=True)  # an older shard's record no longer holds
         atomic_save_npy(npy, vectors)
-        atomic_write(id_file, lambda tmp: tmp.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8"))  # last: marks it complete
+        atomic_write(id_file, lambda tmp: tmp.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8"))
+        write_json_with_digest(_record_path(self.out, index), {  # last: marks it complete
+            "rows": int(len(vectors)), "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
+            "npy_sha256": sha256_file(npy), "ids_sha256": sha256_file(id_file)})
         return len(vectors)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -122,7 +187,8 @@ def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, s
     n_shards = (n + shard_size - 1) // shard_size
     missing = pending_shards(out, n, shard_size)
     if missing:
-        raise RuntimeError(f"{out}: shards {missing[:5]} are missing after encoding; run again to resume.")
+        raise EmbedtuneError(f"{_shard_paths(out, missing[0])[0]}: shards {missing[:5]} are missing or incomplete after encoding "
+                             f"({shard_problem(out, missing[0])}). {SHARD_FIX}")
     dims = {np.load(_shard_paths(out, i)[0], mmap_mode="r").shape[1] for i in range(n_shards)} if n_shards else set()
     manifest = {"format": "embedtune-shards", "model": model, "kind": kind, "rows": n, "shard_size": shard_size,
                 "shards": [_shard_paths(out, i)[0].name for i in range(n_shards)], "dim": dims.pop() if len(dims) == 1 else None,
@@ -194,8 +260,11 @@ def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
     manifest = json.loads(path.read_text(encoding="utf-8"))
     ids: list[str] = []
     blocks = []
-    for name in manifest["shards"]:
+    for index, name in enumerate(manifest["shards"]):
         npy = out / name
+        problem = shard_problem(out, index)
+        if problem is not None or npy != _shard_paths(out, index)[0]:
+            raise IntegrityError(f"{npy}: {problem or 'not the shard manifest.json lists at this place'}. {SHARD_FIX}")
         ids += npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
         blocks.append(np.load(npy))
     vectors = np.concatenate(blocks) if blocks else np.zeros((0, manifest.get("dim") or 0), np.float32)
