@@ -80,3 +80,15 @@ def test_duplicate_ids_and_missing_vectors_name_the_file_and_id(tmp_path, rng):
         require_ids(["q1"], ["q1", "q9"], "ids.txt", "qrels.tsv", "query")
     prints = vector_fingerprints(tmp_path / "v.npy", tmp_path / "ids.txt", None)
     assert set(prints) == {"v.npy", "ids.txt"} and all(len(value) == 64 for value in prints.values())
+
+
+@pytest.mark.parametrize("name, text", [
+    ("pairs.tsv", "query_id\tdoc_id\nq1\td1\n"),
+    ("pairs.jsonl", '{"query_id": "q1", "doc_id": "d1"}\n'),
+    ("qrels.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\n"),
+])
+def test_a_byte_order_mark_in_a_pairs_or_qrels_file_is_accepted(tmp_path, name, text):
+    """Issue 28: refused with a wrong fix (an integer grade, one JSON object per line)."""
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert read_labels(path) == {"q1": {"d1": 1}}

@@ -99,6 +99,17 @@ def _read_tsv(path: Path, text: str) -> dict[str, dict[str, int]]:
     return labels
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text, a leading byte-order mark dropped (editors on Windows write one); a bad byte names its line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataFormatError(str(path), f"not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})",
+                              "save the file as UTF-8", line) from None
+
+
 def read_pairs(path: str | Path) -> dict[str, dict[str, int]]:
     """Read a pairs file (JSONL or TSV, see the module docstring) as ``{query_id: {doc_id: relevance}}``.
 
@@ -108,10 +119,7 @@ def read_pairs(path: str | Path) -> dict[str, dict[str, int]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: pairs file not found; give a JSONL file of {{\"query_id\", \"doc_id\"}} objects or a TSV of query_id<TAB>doc_id.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise DataFormatError(str(path), f"not UTF-8 text (byte {error.start})", "save the file as UTF-8") from None
+    text = _read_text(path)
     labels = _read_jsonl(path, text) if path.suffix.lower() in (".jsonl", ".json") else _read_tsv(path, text)
     if not any(rel > 0 for docs in labels.values() for rel in docs.values()):
         raise DataFormatError(str(path), "no relevant (query, document) pair", "give at least one pair with relevance >= 1")
@@ -122,12 +130,12 @@ def read_labels(path: str | Path) -> dict[str, dict[str, int]]:
     """Read relevance labels from a BEIR qrels TSV (its header says so) or a pairs file."""
     path = Path(path)
     if path.is_file() and path.suffix.lower() not in (".jsonl", ".json"):
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:  # a byte-order mark is not part of the header
             first = handle.readline()
         if tuple(cell.strip() for cell in first.split("\t")) == QRELS_HEADER:
             labels: dict[str, dict[str, int]] = {}
             first_seen: dict[tuple[str, str], tuple[int, int]] = {}
-            for line_number, raw in enumerate(path.read_text(encoding="utf-8").splitlines()[1:], 2):
+            for line_number, raw in enumerate(_read_text(path).splitlines()[1:], 2):
                 if not raw.strip():
                     continue
                 cells = [cell.strip() for cell in raw.split("\t")]
