@@ -353,3 +353,20 @@ def test_a_full_disk_during_compress_apply_names_the_output_and_the_fix(tmp_path
     assert f"embedtune: error: {tmp_path / 'out.npy'}: could not write the compressed vectors: the disk is full" in done.stderr
     assert "Fix:" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out.npy").exists() and not list(tmp_path.glob(".out.npy.*"))
+
+
+@pytest.mark.parametrize("vectors, message", [
+    ([[1.0, 2.0, 3.0], [1.0], [1.0, 2.0, 3.0, 4.0, 5.0]], "vectors have different lengths: row 0 has 3 values, row 1 has 1"),
+    ([[1.0, 2.0], None, [3.0, 4.0]], "1 null vectors (first: row 1, 0-based)"),
+    ([[1.0, 2.0], [None, 4.0], [3.0, 4.0]], "1 null values inside vectors (first: row 1, 0-based)"),
+])
+def test_parquet_vectors_for_compress_fit_refuse_ragged_rows_and_nulls(tmp_path, capsys, vectors, message):
+    """Issue 28: ragged rows that happened to total n·d were reshaped into shifted vectors; nulls were dropped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": ["d0", "d1", "d2"], "embedding": pa.array(vectors, pa.list_(pa.float32()))}), tmp_path / "docs.parquet")
+    assert main(["compress", "fit", "--method", "pca", "--dim", "1", "--doc-embeddings", str(tmp_path / "docs.parquet"),
+                 "--out", str(tmp_path / "fit")]) == 2
+    err = _error(capsys)
+    assert f"{tmp_path / 'docs.parquet'}: field 'embedding': {message}" in err and "Fix:" in err

@@ -22,7 +22,7 @@ from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_embeddings", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "PRECOMPUTED_MODEL"]
+__all__ = ["load_embeddings", "parquet_vectors", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "PRECOMPUTED_MODEL"]
 
 #: What a report records as the model when the vectors were given, not encoded.
 PRECOMPUTED_MODEL = "precomputed"
@@ -158,15 +158,54 @@ def load_embeddings(
         for column in (id_column, vector_column):
             if column not in table.column_names:
                 raise DataFormatError(str(path), f"no column {column!r} (columns: {table.column_names})", "add it or pass the right column name", field=column)
-        id_list = [str(v) for v in table.column(id_column).to_pylist()]
-        column = table.column(vector_column).combine_chunks()
-        width = len(column[0]) if len(column) else 0
-        vectors = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(column), width)
+        id_values = table.column(id_column)
+        if id_values.null_count:
+            row = next(i for i, value in enumerate(id_values.to_pylist()) if value is None)
+            raise DataFormatError(str(path), f"{id_values.null_count} rows have a null id (first: row {row}, 0-based)",
+                                  "give every row an id", field=id_column)
+        id_list = [str(v) for v in id_values.to_pylist()]
+        vectors = parquet_vectors(table.column(vector_column), path, vector_column)
         if unique:
             check_unique_ids(id_list, path)
         check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
         return id_list, np.ascontiguousarray(vectors)
     raise DataFormatError(str(path), f"unsupported extension {path.suffix!r}", "use .npy (with an ids file) or .parquet")
+
+
+def parquet_vectors(column, path: str | Path, vector_column: str = "embedding") -> np.ndarray:
+    """The ``(n, d)`` float32 matrix of a parquet list column, refusing null vectors, null values and ragged rows.
+
+    Without the checks, flattening drops the nulls and a reshape can succeed on vectors of different
+    lengths, silently shifting every later row's values.
+    """
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    fix = "give every row a vector of the same length, with no null values"
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type)):
+        raise DataFormatError(str(path), f"column {vector_column!r} must be a list of floats; got {column.type}", fix, field=vector_column)
+    n = len(column)
+    if column.null_count:
+        row = next(i for i in range(n) if not column[i].is_valid)
+        raise DataFormatError(str(path), f"{column.null_count} null vectors (first: row {row}, 0-based)", fix, field=vector_column)
+    if n == 0:
+        return np.zeros((0, 0), np.float32)
+    if pa.types.is_fixed_size_list(column.type):
+        lengths = np.full(n, column.type.list_size)
+    else:
+        offsets = column.offsets.to_numpy()
+        lengths = np.diff(offsets)
+    if (lengths != lengths[0]).any():
+        row = int(np.flatnonzero(lengths != lengths[0])[0])
+        raise DataFormatError(str(path), f"vectors have different lengths: row 0 has {lengths[0]} values, row {row} has {lengths[row]}",
+                              fix, field=vector_column)
+    values = column.flatten()
+    if values.null_count:
+        position = next(i for i in range(len(values)) if not values[i].is_valid)
+        raise DataFormatError(str(path), f"{values.null_count} null values inside vectors (first: row {position // int(lengths[0])}, "
+                              f"0-based)", fix, field=vector_column)
+    return np.ascontiguousarray(np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, int(lengths[0])))
 
 
 def check_precomputed_pair(doc_path: str | Path, doc_ids: list[str], doc_vectors: np.ndarray, query_path: str | Path,
