@@ -12,8 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
+from embedtune.data.beir import load_beir
+from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.io import atomic_write_bytes
 from embedtune.workflows.significance import align_by_query, paired_test
+
+SCIFACT = Path(__file__).resolve().parents[2] / "shared/data/beir/scifact"
 
 ORDER = ["frozen", "infonce-lora", "st-hardness", "direct-dot-full", "pace", "no-focal", "no-dot", "s2-from-final"]
 # Each model is tested against these; "name@" stands for the one full run of that preset's selected setting.
@@ -165,6 +169,38 @@ def significance(runs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def subsets(runs: dict[str, dict], data: Path = SCIFACT) -> str:
+    """SciFact test nDCG@10 on all, seen and unseen queries (issue 27), with paired tests against frozen and direct-dot-full.
+
+    Seen and unseen are relative to every judged query of ``qrels/train.tsv``: the study fitted on
+    80 % of them and selected on the other 20 %, so all of them are labels it used.
+    """
+    seen = training_positives(load_beir(data, "train").qrels)
+    test_qrels = load_beir(data, "test").qrels
+    first = next(iter(runs.values()))["test"]["scifact"]["per_query_ndcg@10"]
+    groups = query_subsets({q: test_qrels[q] for q in first}, seen)
+    groups["all"] = sorted(first)
+    anchors = [name for name in ("frozen", "direct-dot-full") if name in runs]
+    header = "| configuration | all | seen | unseen | " + " | ".join(f"Δ unseen vs {a} (p)" for a in anchors) + " |"
+    lines = [f"all {len(groups['all'])}, seen {len(groups['seen'])}, unseen {len(groups['unseen'])}, mixed {len(groups['mixed'])} "
+             "test queries (seen: every positive was a positive of a train-qrels query; unseen: none was). nDCG@10; recall "
+             "per query was not recorded by the study.", "", header, "|---|---|---|---|" + "---|" * len(anchors)]
+    for name, run in runs.items():
+        scores = run["test"]["scifact"]["per_query_ndcg@10"]
+        means = [sum(scores[q] for q in groups[s]) / len(groups[s]) for s in ("all", "seen", "unseen")]
+        tests = []
+        for anchor in anchors:
+            if anchor == name:
+                tests.append("")
+                continue
+            other = runs[anchor]["test"]["scifact"]["per_query_ndcg@10"]
+            a, b = align_by_query({q: scores[q] for q in groups["unseen"]}, {q: other[q] for q in groups["unseen"]})
+            test = paired_test(a, b)
+            tests.append(f"{test.mean_difference:+.4f} ({test.p_value:.2g})")
+        lines.append(f"| {name} | " + " | ".join(f"{m:.4f}" for m in means) + " | " + " | ".join(tests) + " |")
+    return "\n".join(lines)
+
+
 def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib  # heavy optional dependency
 
@@ -216,6 +252,7 @@ def main() -> None:
         "Δθ: relative L2 change of the transformer weights, ‖θ_after − θ_before‖ / ‖θ_before‖, per stage. "
         "¹ Stage I is `pace`'s own (the same config and seed), reused from its checkpoint at the transition.",
         "## Validation curves", "![curves](curves.png)",
+        "## SciFact test by subset (issue 27)", subsets(runs),
         "## Geometry diagnostics (SciFact train pairs)", diagnostics(runs),
         "## Paired tests (per-query nDCG@10; permutation p, bootstrap 95 % CI)", significance(runs),
         "## PACE settings chosen on validation", pace_selection(runs),

@@ -1,8 +1,25 @@
-"""The query-disjoint hold-out of training queries that epoch selection scores on (DIVE and the
-residual-adapter baselines, :mod:`embedtune.compress.selection`)."""
+"""The hold-out of training queries that epoch selection scores on (DIVE and the
+residual-adapter baselines, :mod:`embedtune.compress.selection`).
+
+Two rules (``selection_holdout``):
+
+- ``"disjoint-positives"`` (the default): queries are grouped by shared positives (two queries
+  that share a relevant document are in one group, transitively) and whole groups are held out,
+  so no held-out query has a positive that a fitting query has. The held-out score then rewards
+  what carries over to documents the fit never saw as positives, and a map that only learns
+  where the popular documents lie cannot raise it (issue 27).
+- ``"random-queries"``: the first ``ceil(fraction · n)`` queries by hash, whatever their
+  positives (the earlier rule; the ``static-corpus`` preset keeps it). When most positives are
+  shared, this rewards memorising them.
+
+Both rank by ``sha256(f"{seed}:{query_id}")`` (:func:`embedtune.data.splits.rank_by_hash`), so
+the split depends on ids and seed only. Both parts keep the whole corpus; the fit part keeps the
+triplets of the other queries.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -10,17 +27,48 @@ import numpy as np
 from embedtune.compress.base import TrainingData
 from embedtune.data.splits import rank_by_hash
 
-__all__ = ["holdout_split"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["SELECTION_HOLDOUTS", "holdout_split", "positive_groups"]
+
+SELECTION_HOLDOUTS = ("disjoint-positives", "random-queries")
 
 
-def holdout_split(train: TrainingData, fraction: float, seed: int, method: str = "DIVE") -> tuple[TrainingData, TrainingData]:
-    """Split ``train`` by query into (fit part, held-out part) for epoch selection.
+def positive_groups(query_ids: list[str], qrels: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The queries grouped by shared positives (connected components), each group in ``query_ids`` order."""
+    parent = {qid: qid for qid in query_ids}
 
-    Queries that have triplets are ranked by ``sha256(f"{seed}:{query_id}")``
-    (:func:`embedtune.data.splits.rank_by_hash`) and the first ``ceil(fraction · n)`` are held
-    out, so the split depends on ids and seed only. Both parts keep the whole corpus; the fit
-    part keeps the triplets of the other queries. ``method`` names the compressor in errors.
+    def find(node: str) -> str:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    owner: dict[str, str] = {}
+    for qid in query_ids:
+        for doc, rel in qrels.get(qid, {}).items():
+            if rel <= 0:
+                continue
+            if doc in owner:
+                parent[find(qid)] = find(owner[doc])
+            else:
+                owner[doc] = qid
+    groups: dict[str, list[str]] = {}
+    for qid in query_ids:
+        groups.setdefault(find(qid), []).append(qid)
+    return list(groups.values())
+
+
+def holdout_split(train: TrainingData, fraction: float, seed: int, method: str = "DIVE",
+                  rule: str = "disjoint-positives") -> tuple[TrainingData, TrainingData]:
+    """Split ``train`` by query into (fit part, held-out part) for epoch selection; see the module docstring.
+
+    With ``rule="disjoint-positives"``, groups are taken in the hash order of their first-ranked
+    query until ``ceil(fraction · n)`` queries are held out. When every query falls in one group
+    (nothing can be held out disjointly), it says so and falls back to ``"random-queries"``.
     """
+    if rule not in SELECTION_HOLDOUTS:
+        raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {rule!r}.")
     triplets = train.require_triplets(method)
     rows = np.unique(triplets[:, 0])
     ids = [train.query_ids[row] for row in rows]
@@ -31,7 +79,21 @@ def holdout_split(train: TrainingData, fraction: float, seed: int, method: str =
         )
     ranked = rank_by_hash(ids, seed)
     n_holdout = min(len(ids) - 1, max(1, math.ceil(fraction * len(ids))))
-    held = set(ranked[:n_holdout])
+    held: set[str] = set()
+    if rule == "disjoint-positives":
+        position = {qid: i for i, qid in enumerate(ranked)}
+        groups = sorted(positive_groups(ids, train.qrels), key=lambda group: min(position[q] for q in group))
+        for group in groups:
+            if len(held) >= n_holdout:
+                break
+            if len(held) + len(group) < len(ids):  # the fit part keeps at least one query
+                held.update(group)
+        if not held:
+            logger.warning("%s: every training query shares a positive with another (one group), so no query can be held out "
+                           "with disjoint positives; selecting on %d hash-ranked queries instead (rule 'random-queries'), "
+                           "which rewards memorising the shared positives.", method, n_holdout)
+    if not held:
+        held = set(ranked[:n_holdout])
     held_rows = np.array([row for row, query_id in zip(rows, ids) if query_id in held], dtype=np.int64)
     fit_triplets = triplets[~np.isin(triplets[:, 0], held_rows)]
     fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels, fit_triplets)

@@ -40,7 +40,7 @@ from torch import nn
 
 from embedtune.compress.base import TrainingData
 from embedtune.compress.dive.network import corpus_pca_rotation
-from embedtune.compress.holdout import holdout_split
+from embedtune.compress.holdout import SELECTION_HOLDOUTS, holdout_split
 from embedtune.compress.training import TrainedCompressorConfig
 from embedtune.evaluate.retrieval import evaluate_embeddings
 
@@ -81,6 +81,11 @@ class SelectableTrainingConfig(TrainedCompressorConfig):
     selection_fraction: float = field(
         default=0.2, metadata={"help": "With epoch_selection='best': fraction of training queries held out to select on."}
     )
+    selection_holdout: str = field(
+        default="disjoint-positives",
+        metadata={"help": "With epoch_selection='best': 'disjoint-positives' (hold out whole groups of queries that share "
+                  "positives, so selection rewards what carries over to new documents) or 'random-queries' (hash-ranked)."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,6 +95,8 @@ class SelectableTrainingConfig(TrainedCompressorConfig):
             raise ValueError(f"epoch_selection must be one of {list(EPOCH_SELECTIONS)}; got {self.epoch_selection!r}.")
         if isinstance(self.selection_fraction, bool) or not isinstance(self.selection_fraction, (int, float)) or not 0 < self.selection_fraction < 1:
             raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
+        if self.selection_holdout not in SELECTION_HOLDOUTS:
+            raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {self.selection_holdout!r}.")
 
 
 class InputRotation:
@@ -230,7 +237,7 @@ def fit_with_selection(
             raise ValueError(f"{method}: epoch_selection='val' selects on the val queries given to fit(train, val); none were given.")
         holdout, fit_part = val, train
     else:
-        fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed, method)
+        fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed, method, rule=config.selection_holdout)
     logger.debug("%s: selecting the epoch (0 = the untrained start) on %d held-out queries", method, len(holdout.query_ids))
     control = EpochControl(score=lambda: holdout_ndcg(compressor, holdout))
     train_once(fit_part, control)

@@ -43,12 +43,22 @@ ROBUST = Preset(
     "robust",
     DIVEConfig.PRESETS["robust"],
     MiningOptions(false_negative_margin=0.05, false_negative_reference="query-min", max_triplets_per_query=32),
-    help="'best' plus best-epoch selection and false-negative-filtered, capped triplets (the default)",
+    help="'best' plus the stronger PCA start and the epoch, both selected on training queries whose positives the fit "
+         "never sees, false-negative-filtered and capped triplets (the default)",
+)
+#: Today's robust recipe before issue 27, by name: it learns this corpus's popular documents.
+STATIC_CORPUS = Preset(
+    "static-corpus",
+    DIVEConfig.PRESETS["static-corpus"],
+    ROBUST.mining,
+    help="for a corpus that will not change: selected on queries that share the fit's positives, so it learns which "
+         "documents are popular; documents added later rank below them (benchmarks/RESULTS.md, 'Seen and unseen')",
 )
 PRESETS = {
     "paper": Preset("paper", DIVEConfig.PRESETS["paper"], help="the DIVE paper's settings (Table 2, §4.1)"),
     "best": Preset("best", DIVEConfig.PRESETS["best"], help="PCA-rotated init and margin 0.4, selected on validation queries"),
     "robust": ROBUST,
+    "static-corpus": STATIC_CORPUS,
     "unsupervised": Preset("unsupervised", DIVEConfig.PRESETS["unsupervised"],
                            help="no labels: neighbour-rank distillation on the corpus, selected on held-out documents"),
 }
@@ -82,6 +92,9 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         self.adapter_: DIVEAdapter | None = None
         self.heads_: int | None = None
         self.selected_epoch_: int | None = None
+        #: 'uncentred' or 'centred': the PCA start the adapter began from (None before a fit, or without init='pca').
+        self.pca_start_: str | None = None
+        self.pca_start_scores_: dict[str, float] = {}
         self.history_: list[dict[str, Any]] = []
         self._log_path: Path | None = None
 
@@ -96,6 +109,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             log_path: when given, each epoch's diagnostics row is appended to this JSONL file.
         """
         self.input_dim_, self.adapter_, self.heads_, self.history_, self.selected_epoch_ = None, None, None, [], None
+        self.pca_start_, self.pca_start_scores_ = None, {}
         self._log_path = Path(log_path) if log_path is not None else None
         try:
             return super().fit(train, val)
@@ -125,6 +139,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start."""
         details: dict[str, Any] = {"heads": int(self.heads_)} if self.heads_ is not None else {}
         start = next((row["start"] for row in self.history_ if row.get("epoch") == 0 and "start" in row), None)
+        if start is None and self.pca_start_scores_:  # the supervised mode chose between the two PCA starts
+            start = self.pca_start_
         if start is not None:
             details["start"] = f"{start} PCA"
         return details

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from embedtune.compress.base import TrainingData
 from embedtune.compress.dive.config import DIVEConfig
-from embedtune.compress.dive.network import DIVEAdapter
+from embedtune.compress.dive.network import DIVEAdapter, corpus_mean
 from embedtune.compress.holdout import holdout_split
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
 from embedtune.compress.quantization_aware import quantization_aware_triplet_loss
@@ -47,6 +47,8 @@ class SupervisedTraining:
     adapter_: DIVEAdapter | None
     selected_epoch_: int | None
     history_: list[dict[str, Any]]
+    pca_start_: str | None
+    pca_start_scores_: dict[str, float]
     _validate: Callable[[TrainingData], float]
     _append_log: Callable[[dict[str, Any]], None]
 
@@ -72,12 +74,20 @@ class SupervisedTraining:
             return
         # Select the epoch count on held-out training queries (epoch 0 included), then refit on
         # every training query for that many epochs, so the selection costs no training data.
-        fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed)
-        logger.debug("DIVE: selecting the epoch on %d held-out training queries", len(holdout.query_ids))
+        fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed, rule=config.selection_holdout)
+        logger.debug("DIVE: selecting the epoch on %d held-out training queries (%s)", len(holdout.query_ids), config.selection_holdout)
         best_epoch = self._train(fit_part, val, heads, hidden_dim, rotation, device, config.epochs, holdout=holdout, phase="select")
         self.selected_epoch_ = best_epoch
-        logger.info("DIVE: best epoch %d of %d; refitting on all %d training queries", best_epoch, config.epochs, len(train.query_ids))
-        self._train(train, val, heads, hidden_dim, rotation, device, best_epoch, holdout=None, phase="refit")
+        if config.refit == "none":
+            logger.info("DIVE: kept epoch %d of %d, trained on the %d fitting queries only (refit='none')", best_epoch,
+                        config.epochs, len(fit_part.query_ids) - len(holdout.query_ids))
+            return
+        epochs = best_epoch
+        if config.refit == "steps":  # as many updates as the selected model had: fewer passes over the larger set
+            epochs = math.floor(best_epoch * len(fit_part.triplets) / len(train.triplets) + 0.5)
+        logger.info("DIVE: best epoch %d of %d; refitting on all %d training queries for %d epochs", best_epoch, config.epochs,
+                    len(train.query_ids), epochs)
+        self._train(train, val, heads, hidden_dim, rotation, device, epochs, holdout=None, phase="refit")
 
     def _train(
         self,
@@ -106,6 +116,7 @@ class SupervisedTraining:
         adapter.to(device)
         adapter.set_rotation(rotation)
         self.adapter_ = adapter
+        start_row = self._set_pca_start(adapter, train, rotation, holdout, phase)
         logger.debug(
             "DIVE (%s): %d triplets, %d-d -> %d-d, H=%d, r=%d, init=%s, %d parameters, device %s",
             phase, len(triplets), train.dim, config.dim, heads, hidden_dim, config.init, adapter.mlp.num_parameters(), device,
@@ -120,7 +131,7 @@ class SupervisedTraining:
 
         best_epoch, best_score, best_state = epochs, -math.inf, None
         if holdout is not None:
-            best_epoch, best_score = 0, self._validate(holdout)
+            best_epoch, best_score = 0, start_row.get("holdout_ndcg@10", self._validate(holdout))
             best_state = copy.deepcopy(adapter.state_dict())
             logger.debug("DIVE epoch 0 (initialisation): holdout nDCG@10 %.4f", best_score)
         optimizer = torch.optim.AdamW(adapter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -155,6 +166,47 @@ class SupervisedTraining:
             adapter.load_state_dict(best_state)
         adapter.eval()
         return best_epoch
+
+    def _set_pca_start(self, adapter: DIVEAdapter, train: TrainingData, rotation: np.ndarray | None,
+                       holdout: TrainingData | None, phase: str) -> dict[str, Any]:
+        """Put the adapter at the uncentred or the centred PCA projection, as ``pca_start`` says.
+
+        The centred start is the uncentred one with the output bias ``−μR`` (μ the mean unit row of
+        the corpus), which is exactly the ``pca`` baseline's projection, so an adapter kept at epoch
+        0 is the stronger of the two PCA variants on the selection queries. With ``'stronger'``,
+        both are scored on ``holdout`` and the choice is kept for a later refit; returns the
+        epoch-0 history row (empty without a rotation).
+        """
+        config = self.config
+        if rotation is None:
+            return {}
+        mean = corpus_mean(train.doc_embeddings, config.normalize_input)
+        centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(adapter.mlp.down.bias.device)
+        row: dict[str, Any] = {"epoch": 0, "phase": phase}
+        choice = config.pca_start
+        if choice == "stronger":
+            if holdout is not None:
+                scores = {"uncentred": self._validate(holdout)}
+                with torch.no_grad():
+                    adapter.mlp.down.bias.copy_(centring)
+                scores["centred"] = self._validate(holdout)
+                choice = max(scores, key=lambda name: (scores[name], name == "uncentred"))  # ties: uncentred
+                row.update({f"holdout_ndcg@10_{name}_start": value for name, value in scores.items()})
+                row["holdout_ndcg@10"] = scores[choice]
+                logger.info("DIVE: %s PCA start (selection nDCG@10: uncentred %.4f, centred %.4f)", choice,
+                            scores["uncentred"], scores["centred"])
+            else:
+                choice = getattr(self, "pca_start_", None) or "uncentred"
+        with torch.no_grad():
+            if choice == "centred":
+                adapter.mlp.down.bias.copy_(centring)
+            else:
+                adapter.mlp.down.bias.zero_()
+        self.pca_start_ = choice
+        row["start"] = choice
+        if len(row) > 3:  # the scores of a choice made here (per-epoch history and log rows stay training rows)
+            self.pca_start_scores_ = {k: v for k, v in row.items() if k.endswith("_start")}
+        return row
 
     def _train_epoch(
         self,
