@@ -10,6 +10,10 @@ at larger counts:
   a saved adapter (PCA, DIVE: ``model.safetensors`` or ``config.json``), an embedding-cache entry
   (``embeddings.npy``, ``ids.json``, ``meta.json``), a benchmark run record and a FAISS index
   (flat, SQ8, binary: every file of the folder), ``--trials`` seeds of each;
+* corrupt, truncate, edit (a JSON field changed, its digests recomputed) and swap (the file of
+  another run on other data, its digest entries recomputed) a FAISS index folder, a ``compress
+  plan`` folder (judged by the hits of ``index build --plan``), a plan's cached FAISS files and an
+  ``embed-corpus`` shard folder (issue 28);
 * SIGKILL a tiny ``embedtune benchmark dive`` grid at random points ``--kills`` times, resuming it
   each time, and compare the final records with an uninterrupted run's.
 
@@ -52,7 +56,11 @@ def main() -> None:
         for damage in faults.DAMAGE:
             trials += faults.run_trials(artefact, damage, seeds, work / "scratch")
     spec = faults.build_indexes(work)
-    trials += faults.run_index_trials(spec, [(k, d, s) for k in faults.INDEX_KINDS for d in faults.DAMAGE for s in seeds], work)
+    trials += faults.run_index_trials(spec, [(k, d, s) for k in faults.INDEX_KINDS for d in faults.ALL_DAMAGE for s in seeds], work)
+    # Issue 28: plan folders, a plan's cached FAISS files and embed-corpus shards, edited and swapped files too.
+    for artefact in (faults.PlanArtefact(work), faults.FaissCacheArtefact(work), faults.ShardArtefact(work)):
+        for damage in faults.ALL_DAMAGE:
+            trials += faults.run_trials(artefact, damage, seeds, work / "scratch")
     kill_report = None
     if args.kills:
         model = faults.make_tiny_model(work / "model")

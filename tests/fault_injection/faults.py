@@ -13,9 +13,18 @@ Every trial ends in one of four outcomes:
 * ``wrong``: a different result and no error (the target is 0);
 * ``unclear failure``: another exception, or a crash (the target is 0).
 
-The damage is either ``corrupt`` (1-4 random bytes overwritten at a random offset) or
-``truncate`` (the file cut at a random length). FAISS index trials run in a worker process,
-because FAISS may crash the process on damaged bytes; a crash is recorded, never hidden.
+The damage is ``corrupt`` (1-4 random bytes overwritten at a random offset), ``truncate`` (the
+file cut at a random length), ``edit`` (one field of a JSON file changed to another plausible
+value, with every digest that covers the file recomputed: its own content digest, and its entry in
+the file that lists it) or ``swap`` (the file replaced by the same file of another run on other
+data, its digest entries recomputed the same way). An edit or a swap passes every digest check of
+the file itself; it must be caught by the files' agreement with each other (a digest is integrity,
+not authentication). FAISS index trials run in a worker process, because FAISS may crash the
+process on damaged bytes; a crash is recorded, never hidden.
+
+Artefacts: saved adapters, embedding-cache entries, benchmark run records, FAISS index folders,
+``compress plan`` folders (plan.json, precision.json, the int8 calibration, the compressor), a
+plan's cached FAISS files, and ``embed-corpus`` shard folders.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ import numpy as np
 
 OUTCOMES = ("clear error", "identical", "wrong", "unclear failure")
 DAMAGE = ("corrupt", "truncate")
+EDITS = ("edit", "swap")
+ALL_DAMAGE = DAMAGE + EDITS
 INDEX_KINDS = ("flat", "sq8", "binary")
 
 
@@ -80,7 +91,69 @@ def classify_error(error: BaseException, names: list[str]) -> str:
 
 
 def _rng(artefact: str, damage: str, seed: int) -> np.random.Generator:
-    return np.random.default_rng([sum(map(ord, artefact)), DAMAGE.index(damage), seed])
+    return np.random.default_rng([sum(map(ord, artefact)), ALL_DAMAGE.index(damage), seed])
+
+
+_PLAUSIBLE = {"index_kind": ["flat", "sq8", "binary", "SQfp16"], "name": ["float32", "int8", "binary", "binary-asym"],
+              "precision": ["faiss:PQ4x4fs", "faiss:PQ2x4fs", "int8"], "method": ["pca", "truncate", "dive"],
+              "input_normalization": [None, "unit"], "faiss_factory": ["SQ8", "PQ4x4fs", "Flat"], "kind": ["flat", "sq8", "binary"]}
+
+
+def _leaves(value: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in _leaves(item, (*path, key))]
+    if isinstance(value, list) and value and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return [leaf for i, item in enumerate(value) for leaf in _leaves(item, (*path, i))]
+    return [path]
+
+
+def _changed(key: Any, value: Any, rng: np.random.Generator) -> Any:
+    if isinstance(key, str) and key in _PLAUSIBLE:
+        options = [v for v in _PLAUSIBLE[key] if v != value]
+        return options[int(rng.integers(0, len(options)))]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + int(rng.choice([-1, 1, 2]))
+    if isinstance(value, float):
+        return value * float(rng.choice([0.5, 1.5])) + 0.01
+    if isinstance(value, list) and value:
+        changed = list(value)
+        i = int(rng.integers(0, len(changed)))
+        changed[i] = _changed(None, changed[i], rng)
+        return changed
+    if isinstance(value, str):
+        return value[:-1] + ("x" if not value.endswith("x") else "y") if value else "x"
+    return 1 if value is None else None
+
+
+def edit_json(path: Path, rng: np.random.Generator) -> str:
+    """Change one field of a JSON file to another plausible value and recompute its own content digest (if it has one)."""
+    from embedtune.io import DIGEST_KEY, atomic_write_json, write_json_with_digest
+
+    obj = json.loads(path.read_text(encoding="utf-8"))
+    signed = isinstance(obj, dict) and DIGEST_KEY in obj
+    body = {k: v for k, v in obj.items() if k != DIGEST_KEY} if isinstance(obj, dict) else obj
+    leaves = [leaf for leaf in _leaves(body) if leaf]
+    leaf = leaves[int(rng.integers(0, len(leaves)))]
+    holder = body
+    for part in leaf[:-1]:
+        holder = holder[part]
+    before = holder[leaf[-1]]
+    holder[leaf[-1]] = _changed(leaf[-1], before, rng)
+    (write_json_with_digest if signed else atomic_write_json)(path, body)
+    shown = ".".join(str(part) for part in leaf)
+    return f"{shown}: {str(before)[:40]} -> {str(holder[leaf[-1]])[:40]}{' (digest recomputed)' if signed else ''}"
+
+
+def _resign(path: Path, changes: dict[str, Any]) -> None:
+    """Rewrite a digest-carrying JSON file with ``changes`` (nested dicts merged one level), its content digest recomputed."""
+    from embedtune.io import read_json_verified, write_json_with_digest
+
+    obj, _ = read_json_verified(path, "")
+    for key, value in changes.items():
+        obj[key] = {**obj[key], **value} if isinstance(value, dict) and isinstance(obj.get(key), dict) else value
+    write_json_with_digest(path, obj)
 
 
 def _fresh_copy(source: Path, scratch: Path) -> Path:
@@ -223,8 +296,13 @@ def build_indexes(root: Path) -> dict[str, Any]:
     np.save(root / "xq.npy", xq)
     ids = [f"doc-{i}" for i in range(len(xb))]
     titles = {doc_id: f"title {i}" for i, doc_id in enumerate(ids)}
+    other = np.random.default_rng(1).normal(size=(60, 16)).astype(np.float32)
+    other /= np.linalg.norm(other, axis=1, keepdims=True)
+    np.save(root / "other.npy", other)
     spec: dict[str, Any] = {"xq": str(root / "xq.npy"), "indexes": {}}
     for kind in INDEX_KINDS:
+        # The same build on other vectors: the files a "swap" trial takes.
+        build_index(root / "other.npy", root / f"other-{kind}", ids=ids, kind=kind, titles=titles)
         folder = build_index(root / "xb.npy", root / f"index-{kind}", ids=ids, kind=kind, titles=titles)
         index = load_index(folder)
         D, I = index.search(xq, 5, rescore_with="float" if kind == "binary" else None)
@@ -240,15 +318,23 @@ def _index_trial(spec: dict[str, Any], kind: str, damage: str, seed: int, scratc
     reference = spec["indexes"][kind]
     rng = _rng(name, damage, seed)
     files = reference["files"]
-    file = files[int(rng.integers(0, len(files)))]
+    file = "manifest.json" if damage == "edit" else files[int(rng.integers(0, len(files)))]
     folder = _fresh_copy(Path(reference["folder"]), scratch)
-    detail = damage_file(folder / file, damage, rng)
+    if damage in DAMAGE:
+        detail = damage_file(folder / file, damage, rng)
+    elif damage == "edit":  # the manifest is the folder's root: its own digest recomputed, the files untouched
+        detail = edit_json(folder / file, rng)
+    else:  # the manifest lists every file's digest and is the folder's root: a swapped file is taken as is
+        shutil.copyfile(Path(reference["folder"]).parent / f"other-{kind}" / file, folder / file)
+        detail = "the other run's file"
     try:
         index = load_index(folder)
         D, I = index.search(np.load(spec["xq"]), 5, rescore_with="float" if kind == "binary" else None)
         hits = index.hits(D, I)
     except Exception as error:  # noqa: BLE001
-        return Trial(name, damage, seed, file, classify_error(error, [file]), f"{detail}: {type(error).__name__}: {error}")
+        # The folder's files are checked against each other: the error may name the file the damaged one disagrees with.
+        return Trial(name, damage, seed, file, classify_error(error, files if damage in EDITS else [file]),
+                     f"{detail}: {type(error).__name__}: {error}")
     return Trial(name, damage, seed, file, "identical" if hits == reference["hits"] else "wrong", detail)
 
 
@@ -467,6 +553,215 @@ def kill_benchmark(workdir: Path, model_dir: Path, n_kills: int, seed: int = 0, 
         trials += [Trial("benchmark dive", "kill", episodes, f"kill {i + 1} of {killed_here}", "wrong" if wrong else "identical",
                          f"{len(got)} records" + (f", differing: {wrong[:3]}" if wrong else "")) for i in range(killed_here)]
     return KillReport(kills, episodes, len(reference), reference_seconds, mismatches, trials, finished_at_kill)
+
+
+# -- compress plan folders ---------------------------------------------------------------------
+def _toy_vectors(root: Path, seed: int) -> dict[str, Any]:
+    """60 documents and 40 queries (24-d, raw rows of very different norms), a BEIR folder judging them, and the files."""
+    rng = np.random.default_rng(seed)
+    docs = rng.standard_normal((60, 24)).astype(np.float32) + 0.5
+    targets = np.random.default_rng(0).permutation(60)[:40]
+    queries = docs[targets] + 0.6 * rng.standard_normal((40, 24)).astype(np.float32)
+    docs *= rng.uniform(0.2, 5.0, size=(60, 1)).astype(np.float32)
+    root = Path(root)
+    data = root / "beir"
+    (data / "qrels").mkdir(parents=True, exist_ok=True)
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "text": ""}) + "\n" for i in range(60)))
+    (data / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": ""}) + "\n" for i in range(40)))
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{t}\t1\n" for i, t in enumerate(targets)))
+    for kind, vectors, n in (("doc", docs, 60), ("query", queries, 40)):
+        np.save(root / f"{kind}.npy", vectors.astype(np.float32))
+        (root / f"{kind}.txt").write_text("".join(f"{kind[0]}{i}\n" for i in range(n)))
+    return {"data": data, "docs": root / "doc.npy", "doc_ids": root / "doc.txt", "queries": root / "query.npy",
+            "query_ids": root / "query.txt"}
+
+
+class PlanArtefact:
+    """A ``compress plan`` folder (PCA 24->8, int8): judged by the hits of the index ``index build --plan`` builds from it."""
+
+    files = ("plan.json", "precision.json", "calibration.safetensors", "calibration.json", "compressor/config.json",
+             "compressor/model.safetensors")
+    json_files = ("plan.json", "precision.json", "calibration.json", "compressor/config.json")
+    name = "plan folder"
+
+    def __init__(self, root: Path) -> None:
+        from embedtune.workflows.experiment import load_experiment
+        from embedtune.workflows.plan import run_plan
+
+        root = Path(root) / "plans"
+        self.inputs = {}
+        for label, seed in (("plan", 0), ("other", 1)):  # "other": the same setting on other vectors, for swaps
+            toy = _toy_vectors(root / f"{label}-data", seed)
+            experiment = load_experiment(toy["data"], doc_embeddings=toy["docs"], doc_ids=toy["doc_ids"],
+                                         query_embeddings=toy["queries"], query_ids=toy["query_ids"])
+            run_plan(experiment, root / label, budget_bytes=8, methods=["pca"], dims=[8], precisions=["int8"], peers=[], rounds=1)
+            self.inputs[label] = toy
+        self.folder, self.other = root / "plan", root / "other"
+        self.reference = self.hits(self.folder, root / "reference-index")
+
+    def hits(self, plan: Path, index_dir: Path) -> list:
+        """What ``index build --plan`` then ``search`` give: the top 5 of every query."""
+        from embedtune.index import load_index
+        from embedtune.index.precision import build_planned_index
+        from embedtune.index.query import query_vectors
+
+        shutil.rmtree(index_dir, ignore_errors=True)
+        toy = self.inputs["plan"]
+        index = load_index(build_planned_index(toy["docs"], index_dir, plan, ids=toy["doc_ids"]))
+        D, I = index.search(query_vectors(index, np.load(toy["queries"])), 5)
+        return index.hits(D, I)
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        from embedtune.io import sha256_file
+
+        rng = _rng(self.name, damage, seed)
+        folder = _fresh_copy(self.folder, Path(scratch) / "plan")
+        choices = self.json_files if damage == "edit" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(folder / name, damage, rng)
+        else:
+            if damage == "edit":
+                detail = edit_json(folder / name, rng)
+            else:
+                shutil.copyfile(self.other / name, folder / name)
+                detail = "the other run's file"
+            if name == "compressor/model.safetensors":  # the compressor's own record of its weights, recomputed
+                _resign(folder / "compressor" / "config.json", {"weights_sha256": sha256_file(folder / name)})
+            if name != "plan.json":  # and plan.json's list of file digests
+                touched = {n: sha256_file(folder / n) for n in (name, "compressor/config.json") if (folder / n).is_file()}
+                _resign(folder / "plan.json", {"files_sha256": touched})
+        try:
+            hits = self.hits(folder, Path(scratch) / "index")
+        except Exception as error:  # noqa: BLE001
+            # A plan's files are checked against each other: the error may name the file that disagrees with the damaged one.
+            return Trial(self.name, damage, seed, name, classify_error(error, [Path(f).name for f in self.files] + ["compressor"]),
+                         f"{detail}: {type(error).__name__}: {error}")
+        return Trial(self.name, damage, seed, name, "identical" if hits == self.reference else "wrong", detail)
+
+
+# -- a plan's cached FAISS files ------------------------------------------------------------------
+class FaissCacheArtefact:
+    """A sweep's cached FAISS peers (``WORK/frozen-faiss/<corpus digest>/faiss_PQ*.faiss`` + ``.json``)."""
+
+    name = "cached FAISS file"
+    precisions = ("faiss:PQ2x4fs", "faiss:PQ4x4fs")
+
+    def __init__(self, root: Path) -> None:
+        from embedtune.compress.precision import Precision, QuantizedIndex
+        from embedtune.workflows.plan import PROBE_ROWS, save_faiss_cache
+
+        root = Path(root) / "faiss-cache"
+        rng = np.random.default_rng(0)
+        self.docs = rng.normal(size=(80, 24)).astype(np.float32)
+        self.docs /= np.linalg.norm(self.docs, axis=1, keepdims=True)
+        self.queries = rng.normal(size=(10, 24)).astype(np.float32)
+        self.probe = self.docs[:PROBE_ROWS]
+        other_docs = np.random.default_rng(1).normal(size=(80, 24)).astype(np.float32)
+        self.folder, self.other = root / "cache", root / "other"
+        self.reference = {}
+        for folder, docs in ((self.folder, self.docs), (self.other, other_docs)):
+            cache = {name: (QuantizedIndex.build(docs, Precision(name)), 0.5) for name in self.precisions}
+            save_faiss_cache(folder, cache, probe=docs[:PROBE_ROWS])
+            if folder == self.folder:
+                self.reference = {name: [a.tolist() for a in index.search(self.queries, 5)] for name, (index, _) in cache.items()}
+        self.files = sorted(p.name for p in self.folder.iterdir())
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        from embedtune.io import sha256_file
+        from embedtune.workflows.plan import load_faiss_cache
+
+        rng = _rng(self.name, damage, seed)
+        folder = _fresh_copy(self.folder, Path(scratch) / "cache")
+        choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(folder / name, damage, rng)
+        elif damage == "edit":
+            detail = edit_json(folder / name, rng)
+        else:
+            shutil.copyfile(self.other / name, folder / name)
+            detail = "the other run's file"
+            if name.endswith(".faiss"):
+                _resign((folder / name).with_suffix(".json"), {"sha256": sha256_file(folder / name)})
+        logging.getLogger("embedtune.workflows.plan").disabled = True  # the "rebuilt" warning, once per trial
+        try:
+            loaded = load_faiss_cache(folder, self.probe)
+        except Exception as error:  # noqa: BLE001
+            return Trial(self.name, damage, seed, name, "unclear failure", f"{detail}: {type(error).__name__}: {error}")
+        finally:
+            logging.getLogger("embedtune.workflows.plan").disabled = False
+        got = {precision: [a.tolist() for a in index.search(self.queries, 5)] for precision, (index, _) in loaded.items()}
+        if any(got[p] != self.reference[p] for p in got):
+            return Trial(self.name, damage, seed, name, "wrong", detail)
+        if set(got) != set(self.reference):
+            return Trial(self.name, damage, seed, name, "clear error", f"{detail}: detected, rebuilt")
+        return Trial(self.name, damage, seed, name, "identical", detail)
+
+
+# -- embed-corpus shard folders -----------------------------------------------------------------
+class _StubEncoder:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def encode(self, texts: list[str], kind: str = "document") -> np.ndarray:
+        return np.stack([np.random.default_rng([self.seed, int(t.split()[-1])]).normal(size=12) for t in texts]).astype(np.float32)
+
+
+def _write_shards(folder: Path, seed: int) -> None:
+    from embedtune.encoders.ray_encode import ShardEncoder, _write_manifest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    encoder = ShardEncoder.__new__(ShardEncoder)
+    encoder.encoder, encoder.out, encoder.kind = _StubEncoder(seed), folder, "document"
+    for shard in range(3):
+        rows = range(shard * 10, min(25, shard * 10 + 10))
+        encoder.encode_shard(shard, [f"d{i}" for i in rows], [f"text {i}" for i in rows])
+    _write_manifest(folder, 25, 10, "stub", "document", 0.0, "local")
+
+
+class ShardArtefact:
+    """An ``embed-corpus`` folder: 3 shards (``.npy``, ``.ids.txt``, ``.json`` record each) and ``manifest.json``."""
+
+    name = "embedding shards"
+
+    def __init__(self, root: Path) -> None:
+        from embedtune.encoders.ray_encode import read_shards
+
+        root = Path(root) / "shards"
+        self.folder, self.other = root / "shards", root / "other"
+        _write_shards(self.folder, 0)
+        _write_shards(self.other, 1)
+        self.reference = read_shards(self.folder)
+        self.files = sorted(p.name for p in self.folder.iterdir() if not p.name.startswith("."))
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        from embedtune.encoders.ray_encode import read_shards
+        from embedtune.io import sha256_file
+
+        rng = _rng(self.name, damage, seed)
+        folder = _fresh_copy(self.folder, Path(scratch) / "shards")
+        choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else [f for f in self.files if f != "manifest.json"] \
+            if damage == "swap" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(folder / name, damage, rng)
+        elif damage == "edit":
+            detail = edit_json(folder / name, rng)
+        else:
+            shutil.copyfile(self.other / name, folder / name)
+            detail = "the other run's file"
+            stem = name.split(".")[0]
+            if not name.endswith(".json"):  # the shard's own record, recomputed
+                _resign(folder / f"{stem}.json", {"npy_sha256": sha256_file(folder / f"{stem}.npy"),
+                                                  "ids_sha256": sha256_file(folder / f"{stem}.ids.txt")})
+        try:
+            ids, vectors = read_shards(folder)
+        except Exception as error:  # noqa: BLE001
+            return Trial(self.name, damage, seed, name, classify_error(error, [name, name.split(".")[0], "manifest.json"]),
+                         f"{detail}: {type(error).__name__}: {error}")
+        same = ids == self.reference[0] and np.array_equal(vectors, self.reference[1])
+        return Trial(self.name, damage, seed, name, "identical" if same else "wrong", detail)
 
 
 # -- running trials ---------------------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 Random bytes overwritten, or the file cut short, in a saved adapter (PCA and DIVE; weights and
 config), an embedding-cache entry, a benchmark run record and a FAISS index (flat, SQ8, binary):
-50 seeds of each. ``benchmarks/fault_injection.py`` runs the same trials at larger counts.
+50 seeds of each. Issue 28 adds plan folders (plan.json, precision.json, the int8 calibration,
+the compressor), a plan's cached FAISS files and embed-corpus shard folders, and two more kinds of
+damage: a JSON field edited with its digests recomputed, and a file swapped in from another run;
+those must be caught by the files' agreement with each other. ``benchmarks/fault_injection.py``
+runs the same trials at larger counts.
 """
 
 from __future__ import annotations
@@ -42,3 +46,27 @@ def test_a_damaged_faiss_index_never_reaches_faiss(damage, tmp_path):
     bad = [trial for trial in trials if trial.outcome not in ("clear error", "identical")]
     assert not bad, bad[:5]
     assert {trial.file for trial in trials} >= {"index.faiss", "ids.txt", "manifest.json"}
+
+
+@pytest.fixture(scope="module")
+def deploy_artefacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy-artefacts")
+    return {"plan folder": faults.PlanArtefact(root), "cached FAISS file": faults.FaissCacheArtefact(root),
+            "embedding shards": faults.ShardArtefact(root)}
+
+
+@pytest.mark.parametrize("damage", faults.ALL_DAMAGE)
+@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("artefact", ["plan folder", "cached FAISS file", "embedding shards"])
+def test_a_damaged_edited_or_swapped_deploy_file_gives_the_intact_result_or_a_clear_error(deploy_artefacts, artefact, seed, damage,
+                                                                                          tmp_path):
+    trial = deploy_artefacts[artefact].trial(damage, seed, tmp_path / "scratch")
+    assert trial.outcome in ("clear error", "identical"), trial
+
+
+@pytest.mark.parametrize("damage", faults.EDITS)
+def test_an_edited_or_swapped_index_file_never_gives_other_hits(damage, tmp_path):
+    spec = faults.build_indexes(tmp_path)
+    trials = faults.run_index_trials(spec, [(kind, damage, seed) for kind in faults.INDEX_KINDS for seed in range(25)], tmp_path)
+    bad = [trial for trial in trials if trial.outcome not in ("clear error", "identical")]
+    assert not bad, bad[:5]

@@ -436,7 +436,7 @@ class Compressor(abc.ABC):
         try:
             estimator._load_state_dict({key: value.numpy() for key, value in tensors.items()})
         except (KeyError, ValueError, RuntimeError) as error:
-            raise ValueError(
+            raise IntegrityError(
                 f"{directory / WEIGHTS_NAME}: weights do not match a {cls.method} compressor ({error}). "
                 "The file is corrupted or from another method; re-create it with `save(dir)`."
             ) from error

@@ -190,10 +190,13 @@ def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, s
         raise EmbedtuneError(f"{_shard_paths(out, missing[0])[0]}: shards {missing[:5]} are missing or incomplete after encoding "
                              f"({shard_problem(out, missing[0])}). {SHARD_FIX}")
     dims = {np.load(_shard_paths(out, i)[0], mmap_mode="r").shape[1] for i in range(n_shards)} if n_shards else set()
+    records = [read_json_verified(_record_path(out, i), SHARD_FIX, require_digest=True)[0] for i in range(n_shards)]
     manifest = {"format": "embedtune-shards", "model": model, "kind": kind, "rows": n, "shard_size": shard_size,
                 "shards": [_shard_paths(out, i)[0].name for i in range(n_shards)], "dim": dims.pop() if len(dims) == 1 else None,
+                # Each shard's digests again: a shard swapped in from another run, its own record rewritten, still differs here.
+                "shard_sha256": [{"npy": r["npy_sha256"], "ids": r["ids_sha256"]} for r in records],
                 "last_run": {"backend": backend, "seconds": seconds}}
-    atomic_write_json(out / SHARD_MANIFEST, manifest)
+    write_json_with_digest(out / SHARD_MANIFEST, manifest)
     return manifest
 
 
@@ -257,17 +260,25 @@ def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
     path = out / SHARD_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{out}: no {SHARD_MANIFEST}; the encoding has not finished (run it again to resume).")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest, _ = read_json_verified(path, SHARD_FIX, require_digest=True)
     ids: list[str] = []
     blocks = []
+    listed = manifest.get("shard_sha256")
+    if not isinstance(listed, list) or len(listed) != len(manifest["shards"]):
+        raise IntegrityError(f"{path}: field 'shard_sha256' is missing or does not list every shard. {SHARD_FIX}")
     for index, name in enumerate(manifest["shards"]):
         npy = out / name
         problem = shard_problem(out, index)
+        if problem is None:
+            record, _ = read_json_verified(_record_path(out, index), SHARD_FIX, require_digest=True)
+            if {"npy": record["npy_sha256"], "ids": record["ids_sha256"]} != listed[index]:
+                problem = f"its digests are not the ones {path.name} field 'shard_sha256' recorded (a shard of another run?)"
         if problem is not None or npy != _shard_paths(out, index)[0]:
             raise IntegrityError(f"{npy}: {problem or 'not the shard manifest.json lists at this place'}. {SHARD_FIX}")
         ids += npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
         blocks.append(np.load(npy))
     vectors = np.concatenate(blocks) if blocks else np.zeros((0, manifest.get("dim") or 0), np.float32)
     if len(ids) != len(vectors) or len(ids) != manifest["rows"]:
-        raise ValueError(f"{out}: {len(ids)} ids, {len(vectors)} vectors, manifest says {manifest['rows']} rows; encode again.")
+        raise IntegrityError(f"{path}: field 'rows' is {manifest['rows']!r}, but its shards hold {len(ids)} ids and {len(vectors)} vectors. "
+                             f"{SHARD_FIX}")
     return ids, vectors

@@ -389,9 +389,14 @@ def verify_index(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no {MANIFEST}; build the index with `embedtune index build`.")
     manifest, verified = read_json_verified(manifest_path, REBUILD_HINT)
     if manifest.get("format") != "embedtune-index":
-        raise ValueError(f"{manifest_path}: not an embedtune index manifest.")
-    if int(manifest.get("format_version", 0)) > FORMAT_VERSION:
-        raise ValueError(f"{manifest_path}: format_version {manifest['format_version']} is newer than this embedtune reads ({FORMAT_VERSION}).")
+        raise IntegrityError(f"{manifest_path}: field 'format' is {manifest.get('format')!r}, not 'embedtune-index': not an embedtune "
+                             f"index manifest. {REBUILD_HINT}")
+    version = manifest.get("format_version", 0)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise IntegrityError(f"{manifest_path}: field 'format_version' must be an integer; got {version!r}. {REBUILD_HINT}")
+    if version > FORMAT_VERSION:
+        raise IntegrityError(f"{manifest_path}: format_version {version} is newer than this embedtune reads ({FORMAT_VERSION}); "
+                             "upgrade embedtune (pip install -U embedtune) to read it.")
     check_version_stamp(manifest.get("embedtune_version"), str(manifest_path))
     digests = manifest.get("sha256")
     if not isinstance(digests, dict) or not verified:
@@ -450,10 +455,10 @@ def _manifest_shape(manifest: dict[str, Any], manifest_path: Path) -> tuple[str,
     """The manifest's ``kind``, ``dim`` and ``ntotal``, checked to be a string and two integers."""
     kind, dim, ntotal = manifest.get("kind"), manifest.get("dim"), manifest.get("ntotal")
     if not isinstance(kind, str) or not kind:
-        raise ValueError(f"{manifest_path}: field 'kind' must be an index kind such as 'flat'; got {kind!r}. {REBUILD_HINT}")
+        raise IntegrityError(f"{manifest_path}: field 'kind' must be an index kind such as 'flat'; got {kind!r}. {REBUILD_HINT}")
     for name, value in (("dim", dim), ("ntotal", ntotal)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "dim" else 0):
-            raise ValueError(f"{manifest_path}: field {name!r} must be a {'positive' if name == 'dim' else 'non-negative'} integer; "
+            raise IntegrityError(f"{manifest_path}: field {name!r} must be a {'positive' if name == 'dim' else 'non-negative'} integer; "
                              f"got {value!r}. {REBUILD_HINT}")
     return kind, int(dim), int(ntotal)  # type: ignore[arg-type]
 

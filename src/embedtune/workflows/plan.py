@@ -378,12 +378,22 @@ def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray) -> Path:
     return Path(work) / "frozen-faiss" / digest
 
 
-def load_faiss_cache(folder: str | Path) -> dict[str, tuple[QuantizedIndex, float]]:
+def _probe_ids(index: QuantizedIndex, probe: np.ndarray | None) -> str | None:
+    """sha256 of the top-5 rows the index returns for ``probe`` (a few corpus vectors): what it holds, not its bytes."""
+    if probe is None or len(probe) == 0:
+        return None
+    _, I = index.search(np.ascontiguousarray(probe, dtype=np.float32), 5)
+    return hashlib.sha256(np.ascontiguousarray(I, dtype=np.int64).tobytes()).hexdigest()
+
+
+def load_faiss_cache(folder: str | Path, probe: np.ndarray | None = None) -> dict[str, tuple[QuantizedIndex, float]]:
     """The ``faiss:`` indexes saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU).
 
-    Each ``.faiss`` file is checked against the sha256 its ``.json`` recorded, and the index against
-    the precision and dimension recorded there, before it is used: a damaged or swapped file is
-    dropped with a warning (and rebuilt by the sweep), never scored.
+    Each ``.faiss`` file is checked against the sha256 its ``.json`` recorded, the index against the
+    precision, dimension and count recorded there, and, with ``probe`` (the first corpus vectors,
+    as at save time), its answers to them against the recorded ones (a file swapped in from another
+    run, its digest recomputed, holds other vectors). A file that fails is dropped with a warning and
+    rebuilt by the sweep, never scored.
     """
     import faiss
 
@@ -400,12 +410,17 @@ def load_faiss_cache(folder: str | Path) -> dict[str, tuple[QuantizedIndex, floa
             backend = faiss.read_index(str(index_path))
             if backend.d != int(info["dim"]) or backend.ntotal != int(info["ntotal"]):
                 raise ValueError(f"the index holds {backend.ntotal} x {backend.d}-d vectors, not the {info['ntotal']} x {info['dim']} recorded")
+            index = QuantizedIndex(precision, info["dim"], backend, backend.ntotal)
+            if probe is not None and _probe_ids(index, probe) != info.get("probe_sha256"):
+                raise ValueError("its answers to the corpus' first vectors are not the ones recorded: it holds other vectors")
+            build_s = float(info["build_s"])
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
-            logger.warning("%s: not used, it will be rebuilt (%s)", index_path, str(error).strip().splitlines()[0] if str(error).strip() else error)
+            text = str(error).strip()
+            logger.warning("%s: not used, it will be rebuilt (%s)", index_path, text.splitlines()[0] if text else type(error).__name__)
             meta_path.unlink(missing_ok=True)
             index_path.unlink(missing_ok=True)
             continue
-        cache[info["precision"]] = (QuantizedIndex(precision, info["dim"], backend, backend.ntotal), info["build_s"])
+        cache[info["precision"]] = (index, build_s)
     return cache
 
 
@@ -413,8 +428,8 @@ def _cache_stem(name: str) -> str:
     return name.replace(":", "_").replace(",", "+")
 
 
-def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]]) -> None:
-    """Write every ``faiss:`` index of ``cache`` not saved yet (``.faiss`` + a ``.json`` with its sha256, written last)."""
+def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]], probe: np.ndarray | None = None) -> None:
+    """Write every ``faiss:`` index of ``cache`` not saved yet: ``.faiss``, then a ``.json`` with its sha256 and probe answers."""
     import faiss
 
     folder = Path(folder)
@@ -425,8 +440,12 @@ def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedInde
         if not stem.with_suffix(".json").is_file():
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write(stem.with_suffix(".faiss"), lambda tmp, index=index: faiss.write_index(index.backend, str(tmp)))
-            write_json_with_digest(stem.with_suffix(".json"), {"precision": name, "dim": index.dim, "ntotal": int(index.backend.ntotal),
-                                                               "build_s": build_s, "sha256": sha256_file(stem.with_suffix(".faiss"))})
+            write_json_with_digest(stem.with_suffix(".json"), {
+                "precision": name, "dim": index.dim, "ntotal": int(index.backend.ntotal), "build_s": build_s,
+                "sha256": sha256_file(stem.with_suffix(".faiss")), "probe_sha256": _probe_ids(index, probe)})
+
+
+PROBE_ROWS = 16
 
 
 # -- reading the rows ------------------------------------------------------------------------
@@ -593,7 +612,8 @@ def run_plan(
     rows: list[dict[str, Any]] = []
     data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
     cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
-    frozen_indexes = load_faiss_cache(cache_dir)  # FAISS peers trained by an earlier plan or frontier run on this corpus
+    probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
+    frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
     frozen_rows = precision_rows(experiment, "val", None, list(dict.fromkeys(["float32", *precisions])), rounds=rounds,
                                  labels={"method": "frozen", "family": "frozen (quantised)"})
     budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
@@ -601,7 +621,7 @@ def run_plan(
                                                                len(experiment.embeddings.doc_ids))]
     peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
                                labels={"method": "frozen", "family": "FAISS PQ/OPQ"})
-    save_faiss_cache(cache_dir, frozen_indexes)
+    save_faiss_cache(cache_dir, frozen_indexes, probe)
     for row in frozen_rows + peer_rows:
         row["setting"] = f"frozen-{input_dim}/{row['precision']}"
         row["candidate"] = None
