@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.evaluate.subsets import SUBSETS, query_subsets, subset_means, training_positives
+from embedtune.data.beir import load_beir
+from embedtune.evaluate.subsets import SUBSETS, query_subsets, subset_means, subset_table_rows, training_positives
 from embedtune.workflows.results import format_table
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -109,3 +110,23 @@ def new_documents_lines(block: Mapping[str, Any]) -> list[str]:
               f"seed {block['seed']}) withheld from fitting and selection; {block['n_queries']} test queries whose positives "
               "are all withheld, searching the whole corpus:")
     return [header, format_table(rows, ["method", "nDCG@10", "Recall@10", f"Δ {main} (p)"])]
+
+
+def finetune_subsets(per_query: Mapping[str, Mapping[str, float]], data: Any, train_split: str, eval_split: str,
+                     label: str = "fine-tuned") -> dict[str, Any] | None:
+    """The subset block of a fine-tuned model scored on ``eval_split``: seen relative to ``train_split``'s judgments.
+
+    None when the data has no ``train_split`` qrels to be seen in (nothing was trained on its labels).
+    """
+    try:
+        train_qrels = load_beir(data, train_split).qrels
+    except (FileNotFoundError, ValueError):
+        return None
+    eval_qrels = load_beir(data, eval_split).qrels
+    return subset_block({label: per_query}, {q: eval_qrels[q] for q in per_query if q in eval_qrels}, train_qrels, label, train_split)
+
+
+def subset_table_rows_line(block: Mapping[str, Any], method: str | None = None) -> str:
+    """One line for a single model: ``nDCG@10 by subset: all 0.7068 (300) · seen 0.7286 (193) · unseen 0.6699 (104)``."""
+    from_method = block["methods"][method or block["main"]]
+    return (f"nDCG@10 by subset ({block['definition']}): {subset_table_rows(from_method)}")
