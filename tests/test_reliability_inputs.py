@@ -217,6 +217,18 @@ def test_evaluate_uses_the_models_own_similarity(tmp_path, dot_model, capsys):
     assert "ranking by cosine as asked" in captured.err and "ranks by 'dot' (similarity_fn_name)" in captured.err
 
 
+def test_compress_fit_uses_the_models_own_similarity(tmp_path, dot_model, capsys):
+    """Issue 28: `compress fit` normalised a dot model's vectors (it read only the flag), so the fit saw other rows."""
+    data = _dataset(tmp_path, n_docs=40, n_queries=20)
+    out = tmp_path / "fit"
+    assert main(["compress", "fit", "--method", "pca", "--dim", "4", "--data", str(data), "--model", str(dot_model), "--unsupervised",
+                 "--no-cache", "--out", str(out)]) == 0
+    assert make_compressor("pca").load(out).input_normalization_ is None  # fitted on the raw dot-product vectors
+    assert main(["compress", "fit", "--method", "pca", "--dim", "4", "--data", str(data), "--model", str(dot_model), "--unsupervised",
+                 "--no-cache", "--similarity", "cosine", "--out", str(tmp_path / "cos")]) == 0
+    assert make_compressor("pca").load(tmp_path / "cos").input_normalization_ == "unit"
+
+
 def test_resolve_similarity_rules(dot_model, tiny_bert_dir):
     assert resolve_similarity(None, dot_model).name == "dot"
     assert resolve_similarity(None, dot_model, precomputed=True).name == "cosine"

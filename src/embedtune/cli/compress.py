@@ -25,6 +25,7 @@ from embedtune.compress.presets import SAFETY_NET_MINING
 from embedtune.compress.st_export import export_sentence_transformer
 from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape, ids_path_for
 from embedtune.encoders import resolve_model_path
+from embedtune.encoders.similarity import resolve_similarity
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.plots import plot_compression_runs
@@ -391,8 +392,11 @@ def run_fit(args: argparse.Namespace) -> int:
     preset.mining.replace(**mining)
     prepare_output_dir(args.out, args.overwrite, command="compress fit", inputs=[
         args.data, args.labels, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
+    # The flag, else the model's own (a PACE Stage II model ranks by dot), else cosine: what evaluate and train use.
+    choice = resolve_similarity(args.similarity, args.model, precomputed=args.doc_embeddings is not None)
+    args.similarity, args.similarity_source = choice.name, choice.source
     encoder_options = {"batch_size": args.batch_size, "max_seq_length": args.max_seq_length, "query_prompt": args.query_prompt,
-                       "document_prompt": args.doc_prompt, "normalize": args.similarity != "dot"}
+                       "document_prompt": args.doc_prompt, "normalize": choice.name != "dot"}
     result = fit_on_all(
         args.method, args.dim, data=args.data, model=args.model, split=args.split, labels=args.labels,
         doc_embeddings=args.doc_embeddings, doc_ids=args.doc_ids, query_embeddings=args.query_embeddings, query_ids=args.query_ids,
