@@ -51,6 +51,14 @@ def test_a_truncated_or_damaged_shard_is_not_complete(tiny_bert_dir, tmp_path, c
     np.testing.assert_array_equal(read_shards(out)[1], vectors)
 
 
+def test_a_rerun_with_other_texts_under_the_same_ids_is_refused(tiny_bert_dir, tmp_path):
+    """Issue 28: a resume was keyed by the ids only; edited texts would have mixed two encodings."""
+    out = tmp_path / "shards"
+    encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
+    with pytest.raises(ValueError, match="other texts.*Fix: write to a new --out folder"):
+        encode_sharded(IDS, [t + " edited" for t in TEXTS], str(tiny_bert_dir), out, shard_size=10)
+
+
 def test_shard_encoder_batch_and_bad_input(tiny_bert_dir, tmp_path):
     fn = ShardEncoder(str(tiny_bert_dir), tmp_path)
     result = fn({"shard": np.array([3]), "ids": np.array([["a", "b"]], dtype=object), "texts": np.array([["document 1", "title 2"]], dtype=object)})

@@ -129,20 +129,25 @@ def pending_shards(out: str | Path, n: int, shard_size: int) -> list[int]:
 RUN_RECORD = "run.json"
 
 
-def _claim(out: Path, ids: Sequence[str], model: str, kind: str, shard_size: int, encoder_options: dict[str, Any]) -> None:
+def _claim(out: Path, ids: Sequence[str], texts: Sequence[str], model: str, kind: str, shard_size: int,
+           encoder_options: dict[str, Any]) -> None:
     """Record what this folder's shards are made of; refuse to resume a folder made with other settings.
 
-    Resuming with another model, shard size or corpus would mix two encodings in one matrix.
+    Resuming with another model, shard size or corpus (its ids, or the texts under the same ids)
+    would mix two encodings in one matrix.
     """
     record = {"model": model, "kind": kind, "shard_size": shard_size, "rows": len(ids), "ids_sha256": sha256_json([str(i) for i in ids]),
+              "texts_sha256": sha256_json([str(t) for t in texts]),
               "encoder_options": {k: v for k, v in sorted(encoder_options.items()) if k in ("max_seq_length", "normalize", "prompt")}}
     path = out / RUN_RECORD
     if path.is_file():
         previous = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in record if previous.get(k) != record[k])
+        # A folder from before texts were recorded has no texts_sha256: what it does record must agree.
+        changed = sorted(k for k in record if (k in previous or k != "texts_sha256") and previous.get(k) != record[k])
         if changed:
-            raise ValueError(f"{out}: its shards were made with other settings ({', '.join(f'{k}: {previous.get(k)!r} -> {record[k]!r}' for k in changed if k != 'ids_sha256')}"
-                             f"{'; another corpus' if 'ids_sha256' in changed else ''}). Fix: write to a new --out folder, or delete {out}.")
+            raise ValueError(f"{out}: its shards were made with other settings ({', '.join(f'{k}: {previous.get(k)!r} -> {record[k]!r}' for k in changed if k not in ('ids_sha256', 'texts_sha256'))}"
+                             f"{'; another corpus' if 'ids_sha256' in changed else ''}{'; other texts' if 'texts_sha256' in changed else ''}). "
+                             f"Fix: write to a new --out folder, or delete {out}.")
         return
     atomic_write_json(path, record)
 
@@ -211,7 +216,7 @@ def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: st
     _check(ids, texts, shard_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _claim(out, ids, model, kind, shard_size, encoder_options)
+    _claim(out, ids, texts, model, kind, shard_size, encoder_options)
     todo = pending_shards(out, len(texts), shard_size)
     start = time.perf_counter()
     if todo:
@@ -236,7 +241,7 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
     _check(ids, texts, shard_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _claim(out, ids, model, kind, shard_size, encoder_options)
+    _claim(out, ids, texts, model, kind, shard_size, encoder_options)
     todo = pending_shards(out, len(texts), shard_size)
     start = time.perf_counter()
     if todo:
