@@ -54,6 +54,15 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
         assert 0 < c["p_value"] <= 1 and c["ci_low"] <= c["difference"] <= c["ci_high"] and c["n_queries"] == 10
         assert c["difference"] == pytest.approx(c["mean_a"] - c["mean_b"])
 
+    # Seen and unseen (issue 27): relative to the train qrels; the paired tests repeat on each subset.
+    counts = result["subsets"]["counts"]
+    assert counts["seen"] + counts["unseen"] + counts["mixed"] == 10
+    for row in rows:
+        for subset in ("seen", "unseen"):
+            assert (row[f"ndcg@10_{subset}"] is None) == (counts[subset] == 0)
+    for subset in ("seen", "unseen"):
+        assert all(c["n_queries"] == counts[subset] for c in result["subsets"][subset])
+
     # A second run reuses the fine-tuning instead of training again.
     monkeypatch.setattr("embedtune.workflows.pipeline.train_pace", lambda *a, **k: pytest.fail("fine-tuning should have been reused"))
     again = run_pipeline(_pace(tiny_bert_dir, toy_train_test), config, tmp_path / "run")

@@ -71,7 +71,12 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     prepare_output_dir(args.out, args.overwrite, command="pipeline", inputs=[args.data, args.model], resume=True,
                        legacy_names=["finetune", "pipeline_result.json"])
     result = run_pipeline(pace_config, config, args.out)
-    table = format_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "recall@10", "n_queries"])
+    table = format_table(result["rows"], ["model", "similarity", "method", "variant", "dim", "seed", "ndcg@10", "ndcg@10_seen",
+                                          "ndcg@10_unseen", "recall@10", "n_queries"])
+    counts = result.get("subsets", {}).get("counts", {})
+    if counts:
+        table += (f"\nnDCG@10_seen / _unseen: the {counts.get('seen', 0)} test queries whose positives were all train-qrels "
+                  f"positives / the {counts.get('unseen', 0)} with none among them ({counts.get('mixed', 0)} mixed count in nDCG@10 only).")
     if result["comparisons"]:
         table += ("\npaired tests on per-query nDCG@10 (means over seeds; permutation p, bootstrap 95 % CI):\n"
                   + format_table(result["comparisons"], ["a", "b", "mean_a", "mean_b", "difference", "ci_low", "ci_high", "p_value", "n_queries"]))

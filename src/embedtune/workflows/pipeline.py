@@ -28,16 +28,19 @@ from typing import Any
 
 from embedtune.compress import get_compressor_class
 from embedtune.compress.presets import MiningOptions
+from embedtune.data.beir import load_beir
+from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.finetune.recipe import train_pace
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.fit_and_score import fit_and_evaluate
 from embedtune.workflows.significance import align_by_query, paired_test
+from embedtune.workflows.subset_report import SUBSET_DEFINITION
 from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "RESULT_NAME"]
+__all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "subset_comparisons", "RESULT_NAME"]
 
 RESULT_NAME = "pipeline_result.json"
 # PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
@@ -104,6 +107,19 @@ def _per_query_ndcg(metrics: Any) -> dict[str, float]:
 
 def _label(row: dict[str, Any]) -> str:
     return row["method"] + (f" ({row['variant']})" if row["variant"] else "")
+
+
+def subset_comparisons(rows: list[dict[str, Any]], groups: dict[str, list[str]], n_resamples: int = 10_000) -> dict[str, Any]:
+    """:func:`paired_comparisons` restricted to the ``seen`` and to the ``unseen`` test queries (issue 27), with counts."""
+    out: dict[str, Any] = {"definition": SUBSET_DEFINITION, "counts": {name: len(ids) for name, ids in groups.items()}}
+    for subset in ("seen", "unseen"):
+        keep = set(groups[subset])
+        if not keep:
+            out[subset] = []
+            continue
+        restricted = [{**row, "per_query_ndcg@10": {q: v for q, v in row["per_query_ndcg@10"].items() if q in keep}} for row in rows]
+        out[subset] = paired_comparisons(restricted, n_resamples)
+    return out
 
 
 def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) -> list[dict[str, Any]]:
@@ -211,5 +227,14 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
         "comparisons": paired_comparisons(rows),
         "seconds": seconds,
     }
+    # Seen and unseen relative to the train qrels, which both the fine-tuning and the compressors fitted on.
+    seen = training_positives(load_beir(pace_config.data, pace_config.train_split).qrels)
+    test_qrels = load_beir(pace_config.data, config.test_split).qrels
+    groups = query_subsets({q: test_qrels[q] for q in rows[0]["per_query_ndcg@10"] if q in test_qrels}, seen)
+    for row in rows:
+        for subset in ("seen", "unseen"):
+            ids = [q for q in groups[subset] if q in row["per_query_ndcg@10"]]
+            row[f"ndcg@10_{subset}"] = statistics.fmean(row["per_query_ndcg@10"][q] for q in ids) if ids else None
+    summary["subsets"] = subset_comparisons(rows, groups)
     atomic_write_json(out_dir / RESULT_NAME, summary)
     return summary
