@@ -141,3 +141,21 @@ def test_disjoint_holdout_shares_no_positive_with_the_fit_part():
     shared = {q: {"d1": 1} for q in ids}
     fit, held = holdout_split(TrainingData(ids, data.query_embeddings, docs, data.doc_embeddings, shared, triplets), 0.5, 0)
     assert len(held.query_ids) == 3
+
+
+def test_compress_plan_chooses_on_validation_queries_whose_positives_training_never_saw(caplog):
+    from embedtune.workflows.plan import MIN_UNSEEN_VALIDATION, selection_view
+
+    experiment = popular_experiment(n_train_unique=200)  # 40 unique validation queries: enough to choose on
+    view, record = selection_view(experiment)
+    seen = training_positives(experiment.qrels_for(experiment.split.train))
+    assert view.split.val and all(not set(experiment.dataset.qrels[q]) & seen for q in view.split.val)
+    assert record["n_unseen_val"] == len(view.split.val) < record["n_val"] == len(experiment.split.val)
+    assert view.split.train == experiment.split.train and view.split.test == experiment.split.test
+    # Too few unseen validation queries: every validation query is kept, and the plan says so.
+    import dataclasses
+    few = dataclasses.replace(experiment, split=dataclasses.replace(
+        experiment.split, val=[q for q in experiment.split.val if set(experiment.dataset.qrels[q]) & seen][:30] + view.split.val[:3]))
+    kept, said = selection_view(few)
+    assert kept.split.val == few.split.val and str(MIN_UNSEEN_VALIDATION) in said["rule"]
+    assert "rewards memorising" in caplog.text

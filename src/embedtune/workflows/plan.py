@@ -44,6 +44,7 @@ from embedtune import __version__
 from embedtune.compress import Compressor, get_compressor_class, load_compressor
 from embedtune.compress.precision import Calibration, Precision, QuantizedIndex, load_precision
 from embedtune.evaluate.metrics import evaluate_run
+from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.evaluate.search import run_from_topk
 from embedtune.errors import EmbedtuneError
 from embedtune.io import (
@@ -611,6 +612,7 @@ def run_plan(
         raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
     rows: list[dict[str, Any]] = []
     data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
+    fitted, (experiment, validation) = experiment, selection_view(experiment)  # score on `experiment`, fit on `fitted`
     cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
     probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
     frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
@@ -633,7 +635,7 @@ def run_plan(
                 continue
             for variant in ["default", *(v for v in variants if variant_applies(method, v))]:
                 candidate = candidate_for(method, dim, variant)
-                compressor, fit_s = fit_or_load(experiment, candidate, seed, final=False, work=work, data=data)
+                compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
                 family = method if variant == "default" else f"{method}+{variant}"
                 for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
                                           labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
@@ -649,10 +651,10 @@ def run_plan(
     candidate = None
     if chosen.get("candidate"):
         candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
-        compressor, _ = fit_or_load(experiment, candidate, seed, final=True, work=work, data=data)
+        compressor, _ = fit_or_load(fitted, candidate, seed, final=True, work=work, data=data)
     else:
         frozen = get_compressor_class("frozen")
-        compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(experiment, "train"))
+        compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(fitted, "train"))
     plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, {
         "embedtune_version": __version__,
         **(labels or {}),
@@ -663,14 +665,44 @@ def run_plan(
         "target_retention": target_retention,
         "chosen": _public(chosen),
         "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
+        "validation": validation,
         "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
         "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
         "sweep": [_public(r) for r in rows],
     })
     if final:
-        plan["test"] = score_plan(experiment, out, "test")
+        plan["test"] = score_plan(fitted, out, "test")
         write_json_with_digest(out / PLAN_FILE, plan)
     return plan
+
+
+#: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
+MIN_UNSEEN_VALIDATION = 20
+
+
+def selection_view(experiment: Experiment) -> tuple[Experiment, dict[str, Any]]:
+    """The experiment whose ``val`` part holds only the validation queries with no positive among the train part's.
+
+    Choosing on validation queries whose relevant documents are training positives rewards a
+    compressor that learned where this corpus's popular documents lie (issue 27); choosing on
+    the others rewards what carries over to documents the fit never saw. With fewer than
+    :data:`MIN_UNSEEN_VALIDATION` such queries the plan keeps every validation query and says so
+    (the stated fallback). Returns the view and what ``plan.json`` records about it.
+    """
+    if experiment.split is None:
+        return experiment, {"rule": "no split"}
+    val = experiment.split.val
+    seen = training_positives(experiment.qrels_for(experiment.split.train))
+    unseen = query_subsets(experiment.qrels_for(val), seen)["unseen"]
+    record: dict[str, Any] = {"n_val": len(val), "n_unseen_val": len(unseen)}
+    if len(unseen) < MIN_UNSEEN_VALIDATION:
+        logger.warning("compress plan: only %d of the %d validation queries have no positive among the training queries' "
+                       "(fewer than %d); choosing on all of them, which rewards memorising the training positives.",
+                       len(unseen), len(val), MIN_UNSEEN_VALIDATION)
+        return experiment, {**record, "rule": f"all validation queries (fewer than {MIN_UNSEEN_VALIDATION} unseen)"}
+    keep = set(unseen)
+    split = dataclasses.replace(experiment.split, val=[q for q in val if q in keep])
+    return dataclasses.replace(experiment, split=split), {**record, "rule": "validation queries with no positive among the train part's"}
 
 
 def _public(row: Mapping[str, Any]) -> dict[str, Any]:
