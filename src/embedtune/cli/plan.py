@@ -75,6 +75,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print_json(plan)
         return 0
     reference = plan["reference"]
+    validation = plan.get("validation", {})
+    if validation.get("n_unseen_val") is not None:
+        print(f"validation: {validation['rule']} ({plan['chosen']['n_queries']} of {validation['n_val']}), so the choice rewards "
+              "what carries over to documents the fit never saw")
     print(f"Pareto frontier on {plan['chosen']['n_queries']} validation queries (reference {reference['setting']}: nDCG@10 {reference['ndcg@10']:.4f}):")
     print_table(plan["frontier"], COLUMNS)
     chosen = plan["chosen"]
@@ -84,6 +88,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if "test" in plan:
         print(f"test ({plan['test']['n_queries']} held-out queries, scored once): nDCG@10 {plan['test']['ndcg@10']:.4f}, "
               f"Recall@10 {plan['test']['recall@10']:.4f}")
+        subsets = plan["test"].get("subsets", {})
+        if subsets:
+            print("  " + " · ".join(f"{name} {'n/a' if row['ndcg@10'] is None else format(row['ndcg@10'], '.4f')} ({row['n_queries']})"
+                                   for name, row in subsets.items())
+                  + " (seen: every positive was a train+val positive; unseen: none was)")
     print(f"saved to {args.out} (plan.json, compressor/, precision.json, frontier.png); build it with "
           f"`embedtune index build --plan {args.out} --embeddings ... --out INDEX`")
     return 0

@@ -44,7 +44,7 @@ from embedtune import __version__
 from embedtune.compress import Compressor, get_compressor_class, load_compressor
 from embedtune.compress.precision import Calibration, Precision, QuantizedIndex, load_precision
 from embedtune.evaluate.metrics import evaluate_run
-from embedtune.evaluate.subsets import query_subsets, training_positives
+from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
 from embedtune.errors import EmbedtuneError
 from embedtune.io import (
@@ -834,8 +834,12 @@ def score_plan(experiment: Experiment, directory: str | Path, part: str = "test"
     index = QuantizedIndex.build(xb, precision, calibration=calibration)
     D, I = index.search(xq, 101)
     metrics = evaluate_run(qrels, run_from_topk(ids, D, I, experiment.embeddings.doc_ids, 100, True), ("ndcg@10", "recall@10"))
+    # Seen and unseen (issue 27), relative to the train+val labels the plan fitted and chose on.
+    groups = query_subsets(qrels, training_positives(experiment.qrels_for(experiment.part_ids("train+val"))))
+    subsets = subset_means(metrics.per_query, groups)
     return {"queries": part, "ndcg@10": metrics["ndcg@10"], "recall@10": metrics["recall@10"], "n_queries": metrics.n_queries,
-            "setting": plan["chosen"]["setting"]}
+            "setting": plan["chosen"]["setting"],
+            "subsets": {name: subsets[name] for name in ("seen", "unseen")}}
 
 
 __all__.append("score_plan")
