@@ -59,7 +59,8 @@ def test_supervised_fit_on_all_own_vectors_writes_one_compressor(own, one_torch_
 
 def test_val_fraction_holds_queries_out_for_selection_only(own, one_torch_thread):
     result = fit_on_all("search-adaptor", 8, labels=own / "pairs.tsv", val_fraction=0.3, settings={"epochs": 2}, **vectors(own))
-    assert result.info["val"] == {"fraction": 0.3, "queries": 9} and result.info["labels"]["train_queries"] == 21
+    assert result.info["val"] == {"fraction": 0.3, "queries": 9, "rule": "whole groups of queries that share positives"}
+    assert result.info["labels"]["train_queries"] == 21
     assert result.compressor.config.epoch_selection == "val" and result.compressor.selected_epoch_ is not None
 
 

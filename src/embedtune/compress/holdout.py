@@ -29,7 +29,7 @@ from embedtune.data.splits import rank_by_hash
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SELECTION_HOLDOUTS", "holdout_split", "positive_groups"]
+__all__ = ["SELECTION_HOLDOUTS", "holdout_ids", "holdout_split", "positive_groups"]
 
 SELECTION_HOLDOUTS = ("disjoint-positives", "random-queries")
 
@@ -59,6 +59,33 @@ def positive_groups(query_ids: list[str], qrels: dict[str, dict[str, int]]) -> l
     return list(groups.values())
 
 
+def holdout_ids(ids: list[str], qrels: dict[str, dict[str, int]], n_holdout: int, seed: int, rule: str = "disjoint-positives",
+                what: str = "selection") -> list[str]:
+    """About ``n_holdout`` of ``ids`` to hold out, in hash order; with ``"disjoint-positives"``, whole positive groups.
+
+    Groups are taken in the hash order of their first-ranked query until ``n_holdout`` queries are
+    held out, skipping a group that would leave nothing to fit. When every query falls in one group
+    it says so (naming ``what``) and falls back to the first ``n_holdout`` queries by hash.
+    """
+    if rule not in SELECTION_HOLDOUTS:
+        raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {rule!r}.")
+    ranked = rank_by_hash(ids, seed)
+    if rule == "disjoint-positives":
+        position = {qid: i for i, qid in enumerate(ranked)}
+        held: list[str] = []
+        for group in sorted(positive_groups(list(ids), qrels), key=lambda group: min(position[q] for q in group)):
+            if len(held) >= n_holdout:
+                break
+            if len(held) + len(group) < len(ids):  # the fit part keeps at least one query
+                held += group
+        if held:
+            return sorted(held, key=position.__getitem__)
+        logger.warning("%s: every query shares a positive with another (one group), so none can be held out with disjoint "
+                       "positives; holding out %d hash-ranked queries instead (rule 'random-queries'), which rewards "
+                       "memorising the shared positives.", what, n_holdout)
+    return ranked[:n_holdout]
+
+
 def holdout_split(train: TrainingData, fraction: float, seed: int, method: str = "DIVE",
                   rule: str = "disjoint-positives") -> tuple[TrainingData, TrainingData]:
     """Split ``train`` by query into (fit part, held-out part) for epoch selection; see the module docstring.
@@ -67,8 +94,6 @@ def holdout_split(train: TrainingData, fraction: float, seed: int, method: str =
     query until ``ceil(fraction · n)`` queries are held out. When every query falls in one group
     (nothing can be held out disjointly), it says so and falls back to ``"random-queries"``.
     """
-    if rule not in SELECTION_HOLDOUTS:
-        raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {rule!r}.")
     triplets = train.require_triplets(method)
     rows = np.unique(triplets[:, 0])
     ids = [train.query_ids[row] for row in rows]
@@ -77,23 +102,8 @@ def holdout_split(train: TrainingData, fraction: float, seed: int, method: str =
             f"{method} epoch_selection='best' holds out a fraction of the training queries, but only {len(ids)} "
             "query has triplets; add training queries or use epoch_selection='last'."
         )
-    ranked = rank_by_hash(ids, seed)
     n_holdout = min(len(ids) - 1, max(1, math.ceil(fraction * len(ids))))
-    held: set[str] = set()
-    if rule == "disjoint-positives":
-        position = {qid: i for i, qid in enumerate(ranked)}
-        groups = sorted(positive_groups(ids, train.qrels), key=lambda group: min(position[q] for q in group))
-        for group in groups:
-            if len(held) >= n_holdout:
-                break
-            if len(held) + len(group) < len(ids):  # the fit part keeps at least one query
-                held.update(group)
-        if not held:
-            logger.warning("%s: every training query shares a positive with another (one group), so no query can be held out "
-                           "with disjoint positives; selecting on %d hash-ranked queries instead (rule 'random-queries'), "
-                           "which rewards memorising the shared positives.", method, n_holdout)
-    if not held:
-        held = set(ranked[:n_holdout])
+    held = set(holdout_ids(ids, train.qrels, n_holdout, seed, rule, method))
     held_rows = np.array([row for row, query_id in zip(rows, ids) if query_id in held], dtype=np.int64)
     fit_triplets = triplets[~np.isin(triplets[:, 0], held_rows)]
     fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels, fit_triplets)

@@ -39,6 +39,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, Preset, TrainingData, get_compressor_class, unsupervised_methods
+from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir, load_beir_corpus, qrels_splits
 from embedtune.data.pairs import read_labels
@@ -109,14 +110,21 @@ def _val_ids(val_split: str | Path, data: str | Path | None, labels: str | Path 
     return ids, qrels, source
 
 
-def _ranked_holdout(ids: Sequence[str], fraction: float, seed: int) -> list[str]:
-    """The first ``round(fraction · n)`` ids by ``sha256(f"{seed}:{id}")`` (:func:`~embedtune.data.splits.rank_by_hash`), at least 1, at most n − 1."""
+def _ranked_holdout(ids: Sequence[str], fraction: float, seed: int, qrels: dict[str, dict[str, int]] | None = None) -> list[str]:
+    """About ``round(fraction · n)`` ids (at least 1, at most n − 1) held out for selection.
+
+    With ``qrels``, whole groups of queries that share positives (:func:`~embedtune.compress.holdout.holdout_ids`),
+    so the held-out positives are never fitted and selection cannot reward memorising them (issue 27);
+    without, the first by ``sha256(f"{seed}:{id}")``.
+    """
     if not 0 < fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1); got {fraction!r}.")
     if len(ids) < 2:
         raise ValueError(f"val_fraction holds out labelled queries for epoch selection, but there are only {len(ids)}.")
-    ranked = rank_by_hash(ids, seed)
-    return ranked[: min(len(ids) - 1, max(1, round(len(ids) * fraction)))]
+    n = min(len(ids) - 1, max(1, round(len(ids) * fraction)))
+    if qrels is None:
+        return rank_by_hash(ids, seed)[:n]
+    return holdout_ids(list(ids), qrels, n, seed, what="compress fit --val-fraction")
 
 
 def _labelled_experiment(
@@ -240,8 +248,8 @@ def fit_on_all(
             experiment.dataset.qrels.update({qid: val_qrels[qid] for qid in val_ids})
             info["val"] = {"source": val_source, "queries": len(val_ids)}
         elif val_fraction is not None:
-            val_ids = _ranked_holdout(all_ids, val_fraction, seed)
-            info["val"] = {"fraction": val_fraction, "queries": len(val_ids)}
+            val_ids = _ranked_holdout(all_ids, val_fraction, seed, experiment.qrels_for(all_ids))
+            info["val"] = {"fraction": val_fraction, "queries": len(val_ids), "rule": "whole groups of queries that share positives"}
         held = set(val_ids)
         train_ids = [qid for qid in all_ids if qid not in held]
         experiment.split = QuerySplit(train=train_ids, val=list(val_ids), test=[], seed=seed, fractions=(1.0, 0.0, 0.0),
