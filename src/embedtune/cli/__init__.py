@@ -9,6 +9,7 @@ import sys
 from embedtune import __version__
 from embedtune.cli.common import positive_int, HelpFormatter, warn_deprecated
 from embedtune.errors import EmbedtuneError
+from embedtune.outputs import command_outputs
 from embedtune.runtime import cli_logging, set_threads
 
 __all__ = ["main", "build_parser"]
@@ -73,8 +74,6 @@ def _run(args: argparse.Namespace) -> int:
         set_threads(args.threads)
     if args.command == "bench":  # the deprecated name of `benchmark`
         warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
-    from embedtune.outputs import command_outputs
-
     try:
         # A command that fails records in its --out marker what it wrote up to then (and nothing else).
         with command_outputs():

@@ -26,6 +26,7 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress.presets import Preset
 from embedtune.errors import check_finite
+from embedtune.evaluate.search import unit_rows
 from embedtune.io import (
     IntegrityError,
     check_version_stamp,
@@ -302,8 +303,6 @@ class Compressor(abc.ABC):
         """
         if self.input_normalization_ != "unit":
             return X
-        from embedtune.evaluate.search import unit_rows
-
         return unit_rows(X)
 
     def state_sha256(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import load_compressor
+from embedtune.encoders import SentenceEncoder
 from embedtune.index.store import MANIFEST, Index, check_adapter, load_index
 
 __all__ = ["search_texts", "query_vectors"]
@@ -47,8 +48,6 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
                  use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
                  show_progress: bool = False) -> list[list[dict[str, Any]]]:
     """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each."""
-    from embedtune.encoders import SentenceEncoder
-
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"--top-k must be an integer >= 1 (hits per query); got {top_k!r}.")
     index = load_index(index_dir)
