@@ -26,7 +26,7 @@ $(MPNET_STAMP): $(STAMP)
 
 demo: setup
 	$(BIN)/embedtune --threads 1 compress train --method dive --model minilm --data scifact --dim 128 --heads auto --final \
-		--compare frozen,truncate,pca --out runs/demo-dive-128
+		--compare frozen,truncate,pca --out runs/demo-dive-128 --overwrite
 
 test: setup
 	$(BIN)/python -m pytest -q
