@@ -41,7 +41,8 @@ import torch  # noqa: E402
 from embedtune import __version__  # noqa: E402
 from embedtune.compress import get_compressor_class  # noqa: E402
 from embedtune.evaluate.subsets import query_subsets, training_positives  # noqa: E402
-from embedtune.io import atomic_write_json  # noqa: E402
+from embedtune.data.beir import load_beir  # noqa: E402
+from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.workflows import load_experiment  # noqa: E402
 from embedtune.workflows.fit_and_score import fit_and_evaluate  # noqa: E402
 from embedtune.workflows.new_documents import score_new_documents, withhold_new_documents  # noqa: E402
@@ -133,13 +134,37 @@ def _mean_per_query(records: list[dict[str, Any]], key: str) -> dict[str, dict[s
     return {q: {m: float(np.mean([r[key][q][m] for r in records])) for m in ("ndcg@10", "recall@10")} for q in queries}
 
 
+def _guarantee(scores: Mapping[str, Mapping[str, Mapping[str, float]]], ids: list[str], what: str) -> str:
+    """The default's guarantee on ``ids``: dive against the stronger PCA variant there, with the paired test and a verdict."""
+    variants = [name for name in ("pca", "pca-uncentred") if name in scores]
+    if not variants or not ids:
+        return ""
+    stronger = max(variants, key=lambda name: np.mean([scores[name][q]["ndcg@10"] for q in ids]))
+    test = paired_test(np.array([scores["dive"][q]["ndcg@10"] for q in ids]), np.array([scores[stronger][q]["ndcg@10"] for q in ids]))
+    verdict = "tied (p ≥ 0.05)" if test.p_value >= 0.05 else "above" if test.mean_difference > 0 else "**below**"
+    return (f"\nGuarantee on {what}: dive − the stronger PCA variant there ({stronger}) = {test.mean_difference:+.4f} "
+            f"(p {test.p_value:.2g}, 95 % CI [{test.ci_low:+.4f}, {test.ci_high:+.4f}], {len(ids)} queries): {verdict}.")
+
+
 def _fmt(test: Mapping[str, Any] | None) -> str:
     return "" if not test else f"{test['mean_difference']:+.4f} ({test['p_value']:.2g})"
 
 
 def report(args: argparse.Namespace) -> None:
-    from embedtune.data.beir import load_beir
+    """Print the tables and write them to ``RESULTS/REPORT.md``."""
+    lines: list[str] = ["# Seen and unseen (issue 27)", "",
+                        "Built by `python benchmarks/generalisation.py --report` from the cell JSONs beside this file."]
 
+    def emit(*parts: Any) -> None:
+        text = " ".join(str(p) for p in parts)
+        lines.extend(text.split("\n"))
+        print(text)
+
+    _report(args, emit)
+    atomic_write_bytes(args.results / "REPORT.md", ("\n".join(lines) + "\n").encode("utf-8"))
+
+
+def _report(args: argparse.Namespace, emit: Any) -> None:
     for block in sorted(p for p in args.results.glob("*/*/k*") if p.is_dir()):
         dataset, model = block.parents[1].name.split("-", 1)
         protocol = block.parent.name
@@ -150,22 +175,23 @@ def report(args: argparse.Namespace) -> None:
         order = [row[0] for row in METHODS if row[0] in by_label]
         if "dive" not in by_label:
             continue
-        print(f"\n#### {dataset} / {model}, {protocol}, k = {block.name[1:]}\n")
+        emit(f"\n#### {dataset} / {model}, {protocol}, k = {block.name[1:]}\n")
         if protocol == "new-documents":
             key = "per_query_new_documents"
             scores = {label: _mean_per_query(by_label[label], key) for label in order}
             info = by_label["dive"][0]["new_documents"]
-            print(f"{info['n_withheld_documents']} of {info['n_documents']} documents withheld; {info['n_queries']} test queries "
+            emit(f"{info['n_withheld_documents']} of {info['n_documents']} documents withheld; {info['n_queries']} test queries "
                   "whose positives are all withheld, searching the whole corpus.\n")
-            print("| method | seeds | nDCG@10 | Recall@10 | dive − method (p) |\n|---|---|---|---|---|")
+            emit("| method | seeds | nDCG@10 | Recall@10 | dive − method (p) |\n|---|---|---|---|---|")
             for label in order:
                 s = scores[label]
                 test = None
                 if label != "dive":
                     a, b = align_by_query({q: v["ndcg@10"] for q, v in scores["dive"].items()}, {q: v["ndcg@10"] for q, v in s.items()})
                     test = paired_test(a, b).to_dict()
-                print(f"| {label} | {len(by_label[label])} | {np.mean([v['ndcg@10'] for v in s.values()]):.4f} | "
+                emit(f"| {label} | {len(by_label[label])} | {np.mean([v['ndcg@10'] for v in s.values()]):.4f} | "
                       f"{np.mean([v['recall@10'] for v in s.values()]):.4f} | {_fmt(test)} |")
+            emit(_guarantee(scores, sorted(scores["dive"]), "new-document queries"))
             continue
         path = DATA[dataset]
         train_qrels = {**load_beir(path, "train").qrels} if dataset == "scifact" else None
@@ -174,9 +200,9 @@ def report(args: argparse.Namespace) -> None:
         scores = {label: _mean_per_query(by_label[label], "per_query") for label in order}
         groups = query_subsets({q: test_qrels[q] for q in scores["dive"]}, seen)
         groups["all"] = sorted(scores["dive"])
-        print(f"all {len(groups['all'])}, seen {len(groups['seen'])}, unseen {len(groups['unseen'])}, mixed {len(groups['mixed'])} "
+        emit(f"all {len(groups['all'])}, seen {len(groups['seen'])}, unseen {len(groups['unseen'])}, mixed {len(groups['mixed'])} "
               "queries; nDCG@10 (Recall@10), mean over seeds; Δ = dive − method, paired permutation p on the subset.\n")
-        print("| method | seeds | epochs | all | seen | unseen | Δ all (p) | Δ seen (p) | Δ unseen (p) |\n|---|---|---|---|---|---|---|---|---|")
+        emit("| method | seeds | epochs | all | seen | unseen | Δ all (p) | Δ seen (p) | Δ unseen (p) |\n|---|---|---|---|---|---|---|---|---|")
         for label in order:
             s = scores[label]
             cells, deltas = [], []
@@ -189,7 +215,8 @@ def report(args: argparse.Namespace) -> None:
                 else:
                     deltas.append("")
             epochs = "/".join(str(r["selected_epoch"]) for r in by_label[label] if r["selected_epoch"] is not None)
-            print(f"| {label} | {len(by_label[label])} | {epochs} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
+            emit(f"| {label} | {len(by_label[label])} | {epochs} | " + " | ".join(cells) + " | " + " | ".join(deltas) + " |")
+        emit(_guarantee(scores, groups["unseen"], "unseen queries"))
 
 
 def main() -> None:

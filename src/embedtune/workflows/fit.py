@@ -39,6 +39,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, Preset, TrainingData, get_compressor_class, unsupervised_methods
+from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
 from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir, load_beir_corpus, qrels_splits
@@ -311,6 +312,9 @@ def fit_on_all(
     notes.insert(0, f"{method}: {path} path ({'relevance labels given' if labelled else 'no labels'}; "
                     f"{method} supports {' and '.join(supported_paths(method))}).")
     notes += training_notes(method, [epoch] if epoch is not None else None)
+    if chosen.name == STATIC_CORPUS.name:
+        logger.warning(STATIC_CORPUS_WARNING)
+        notes.append(STATIC_CORPUS_WARNING)
     info["notes"] = notes
     out_path = None
     if out is not None:

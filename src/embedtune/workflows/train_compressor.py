@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import Preset, get_compressor_class
+from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
 from embedtune.compress.presets import SAFETY_NET_MINING, MiningOptions
 from embedtune.data.triplets import explain_no_triplets
 from embedtune.errors import NoQueriesError
@@ -36,7 +37,7 @@ from embedtune.workflows.triplets import shared_triplets
 logger = logging.getLogger(__name__)
 
 __all__ = ["CompressionResult", "fit_compressor", "compressor_dir", "resolve_preset", "selected_epochs", "training_notes",
-           "require_mined_triplets",
+           "require_mined_triplets", "with_both_pca_variants",
            "REPORT_NAME", "PCA_VARIANTS", "UNTRAINED_WON"]
 
 REPORT_NAME = "report.json"
@@ -88,6 +89,23 @@ def resolve_preset(method: str, preset: str | Preset | None) -> Preset:
     if isinstance(preset, Preset):
         return preset
     return get_compressor_class(method).get_preset(preset)
+
+
+def with_both_pca_variants(method: str, compare: Sequence[str]) -> list[str]:
+    """``compare`` with the other PCA variant added when one is there and ``method`` is supervised.
+
+    A supervised method's gain is reported against the stronger of centred and uncentred PCA
+    (DIVE's PCA-rotated start is the uncentred one), so the pair of :data:`PCA_VARIANTS` is
+    compared together. ``compress train`` calls this before :func:`fit_compressor`.
+
+    Raises:
+        ValueError: ``method`` is not a registered compressor.
+    """
+    compare = list(compare)
+    present = [name for name in PCA_VARIANTS if name in compare]
+    if present and get_compressor_class(method).supervised:
+        return [*compare, *(name for name in PCA_VARIANTS if name not in compare and name != method)]
+    return compare
 
 
 def _mining(preset: Preset, mining: MiningOptions | Mapping[str, Any] | None, supervised_main: bool = True) -> MiningOptions:
@@ -252,6 +270,9 @@ def fit_compressor(
                                experiment.qrels_for(experiment.part_ids(train_part)), method, train_part)
     new_block = _new_documents_block(view, runs, method) if view is not None else None
     notes = [line for name in runs for line in training_notes(name, summaries[name].get("selected_epochs"))]
+    if chosen.name == STATIC_CORPUS.name:
+        logger.warning(STATIC_CORPUS_WARNING)
+        notes.append(STATIC_CORPUS_WARNING)
     pca_runs = [name for name in PCA_VARIANTS if name in runs and name != method]
     gain: dict[str, Any] | None = None
     if pca_runs:

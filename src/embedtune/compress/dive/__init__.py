@@ -64,11 +64,11 @@ The epoch-selection hold-out, :func:`holdout_split`, lives in :mod:`embedtune.co
 
 from __future__ import annotations
 
-from embedtune.compress.dive.compressor import PRESETS, ROBUST, TRAINING_LOG_NAME, DIVECompressor  # noqa: F401
+from embedtune.compress.dive.compressor import PRESETS, ROBUST, STATIC_CORPUS, STATIC_CORPUS_WARNING, TRAINING_LOG_NAME, DIVECompressor  # noqa: F401
 from embedtune.compress.dive.config import EPOCH_SELECTIONS, INIT_KINDS, MODES, OUTPUT_NORMS, DIVEConfig, resolve_heads  # noqa: F401
 from embedtune.compress.dive.network import DIVEAdapter, DIVEEncoder, corpus_pca_rotation  # noqa: F401
 from embedtune.compress.holdout import holdout_split  # noqa: F401
 
 # PRESETS, the option tuples, corpus_pca_rotation and holdout_split are importable from here
 # as before the package split, and, as before, outside __all__.
-__all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME", "ROBUST"]
+__all__ = ["DIVEConfig", "DIVECompressor", "DIVEAdapter", "DIVEEncoder", "resolve_heads", "TRAINING_LOG_NAME", "ROBUST", "STATIC_CORPUS", "STATIC_CORPUS_WARNING"]

@@ -54,6 +54,13 @@ STATIC_CORPUS = Preset(
     help="for a corpus that will not change: selected on queries that share the fit's positives, so it learns which "
          "documents are popular; documents added later rank below them (benchmarks/RESULTS.md, 'Seen and unseen')",
 )
+#: What compress fit/train say when static-corpus runs: its measured trade-off and what it costs later.
+STATIC_CORPUS_WARNING = (
+    "static-corpus learns which of this corpus's documents are popular. Measured against the default on SciFact "
+    "(MiniLM, k=128, 3 seeds, benchmarks/RESULTS.md 'Seen and unseen'): seen queries {seen}, unseen queries {unseen}, "
+    "documents added after the fit {new_documents}. Documents added later rank below the ones it learned: use it only for a "
+    "corpus and queries that will not change."
+)
 PRESETS = {
     "paper": Preset("paper", DIVEConfig.PRESETS["paper"], help="the DIVE paper's settings (Table 2, §4.1)"),
     "best": Preset("best", DIVEConfig.PRESETS["best"], help="PCA-rotated init and margin 0.4, selected on validation queries"),
