@@ -3,7 +3,9 @@
 Each entry is a folder named by a sha256 key over the model fingerprint, the data-file
 fingerprint, the text recipe, the max sequence length and normalisation. It holds
 ``embeddings.npy`` (memory-mappable), ``ids.json`` and ``meta.json``; ``meta.json`` is written
-last, so an entry without it is incomplete. ``meta.json`` records the sha256 of the array file
+last, so an entry without it is incomplete. A miss whose key parts match vectors shipped in the
+package (:mod:`embedtune.encoders.bundled_vectors`, e.g. MiniLM on the bundled SciFact) is filled
+from them, after their checks, instead of encoding. ``meta.json`` records the sha256 of the array file
 and of the ids, and carries the digest of its own content, so a truncated, damaged or mismatched
 entry is detected on load (one flipped byte is enough), logged and rebuilt.
 
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from embedtune.encoders.bundled_vectors import bundled_vectors
 from embedtune.encoders.paths import cache_root
 from embedtune.io import atomic_save_npy, atomic_write_json, read_json_verified, sha256_file, sha256_json, write_json_with_digest
 
@@ -43,8 +46,11 @@ def cache_key(parts: dict[str, Any]) -> str:
 
 
 class EmbeddingCache:
-    def __init__(self, root: str | Path | None = None) -> None:
+    def __init__(self, root: str | Path | None = None, use_bundled: bool = True) -> None:
         self.root = Path(root) if root is not None else cache_root() / "embeddings"
+        # A miss first looks for vectors shipped in the package for exactly these key parts
+        # (embedtune.encoders.bundled_vectors: checked, then stored as this cache's entry).
+        self.use_bundled = use_bundled
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -154,6 +160,13 @@ class EmbeddingCache:
             if cached is not None:
                 logger.info("embedding cache entry %s was computed by another process; reusing it", key[:12])
                 return cached[1], True
+            if self.use_bundled:
+                shipped = bundled_vectors(parts, ids)
+                if shipped is not None:
+                    array, provenance = shipped
+                    self.store(key, ids, array, {"parts": parts, "bundled": provenance})
+                    loaded = self.load(key, expected_ids=ids)
+                    return (loaded[1] if loaded is not None else array), True
             return self._compute(key, parts, ids, compute, shard_size), False
 
     def _compute(self, key: str, parts: dict[str, Any], ids: list[str], compute: Callable[[int, int], np.ndarray], shard_size: int) -> np.ndarray:

@@ -18,7 +18,18 @@ logger = logging.getLogger(__name__)
 
 _PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
 
-__all__ = ["DatasetEmbeddings", "embed_dataset", "encoder_description"]
+__all__ = ["DatasetEmbeddings", "embed_dataset", "encoder_description", "cache_parts"]
+
+_SOURCE_FILES = {"document": "corpus.jsonl", "query": "queries.jsonl"}
+
+
+def cache_parts(encoder: SentenceEncoder, dataset: BeirDataset, kind: str) -> dict[str, Any]:
+    """The embedding-cache key parts of ``dataset``'s documents or queries encoded by ``encoder``."""
+    return {
+        "model_sha256": encoder.fingerprint,
+        "data_sha256": dataset.fingerprints[_SOURCE_FILES[kind]],
+        "recipe": encoder.recipe(kind),  # type: ignore[arg-type]
+    }
 
 
 @dataclass
@@ -55,10 +66,10 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
     hits: dict[str, bool] = {}
     results: dict[str, np.ndarray] = {}
     sources = {
-        "document": ("corpus.jsonl", list(dataset.corpus), lambda: [document_text(d) for d in dataset.corpus.values()]),
-        "query": ("queries.jsonl", list(dataset.queries), lambda: list(dataset.queries.values())),
+        "document": (list(dataset.corpus), lambda: [document_text(d) for d in dataset.corpus.values()]),
+        "query": (list(dataset.queries), lambda: list(dataset.queries.values())),
     }
-    for kind, (file_name, ids, texts) in sources.items():
+    for kind, (ids, texts) in sources.items():
         start = time.perf_counter()
         all_texts = texts()
         # One bar over the whole corpus, across cache shards: created on the first shard that has
@@ -76,12 +87,7 @@ def embed_dataset(encoder: SentenceEncoder, dataset: BeirDataset, cache: Embeddi
 
         try:
             if cache:
-                parts = {
-                    "model_sha256": encoder.fingerprint,
-                    "data_sha256": dataset.fingerprints[file_name],
-                    "recipe": encoder.recipe(kind),  # type: ignore[arg-type]
-                }
-                results[kind], hits[kind] = cache.get_or_compute(parts, ids, compute)
+                results[kind], hits[kind] = cache.get_or_compute(cache_parts(encoder, dataset, kind), ids, compute)  # type: ignore[arg-type]
             else:
                 results[kind], hits[kind] = compute(0, len(ids)), False
         finally:
