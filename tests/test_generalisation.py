@@ -119,6 +119,10 @@ def test_default_selection_keeps_unseen_queries_at_pca_where_static_corpus_memor
     assert _unseen(default, "dive") >= pca_unseen - 0.005, (
         f"default DIVE unseen {_unseen(default, 'dive'):.4f} fell below the stronger PCA variant's {pca_unseen:.4f}")
     assert default.subsets["counts"]["unseen"] == 120 and default.subsets["counts"]["seen"] == 60
+    # static-corpus says what it trades, by name; the default does not.
+    from embedtune.compress.dive import STATIC_CORPUS_WARNING
+    assert STATIC_CORPUS_WARNING in static.notes and STATIC_CORPUS_WARNING not in default.notes
+    assert "{" not in STATIC_CORPUS_WARNING, "the warning's measured figures are filled in"
 
 
 def test_disjoint_holdout_shares_no_positive_with_the_fit_part():
