@@ -8,8 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from embedtune.encoders.similarity import resolve_similarity
-from embedtune.workflows.experiment import Experiment, load_experiment
+from embedtune.workflows.experiment import Experiment, encoder_settings, load_experiment
 from embedtune.workflows.results import format_table
 
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
@@ -102,28 +101,34 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--query-ids", default=None, help="ids of --query-embeddings rows")
 
 
+def encoder_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The encoder flags as ``encoder_options``, with the similarity resolved by :func:`encoder_settings`.
+
+    ``args.similarity`` is set to the similarity used (the flag, else the model's own, else
+    cosine) and ``args.similarity_source`` to why.
+    """
+    choice, options = encoder_settings(getattr(args, "similarity", None), args.model,
+                                       precomputed=getattr(args, "doc_embeddings", None) is not None,
+                                       batch_size=args.batch_size, max_seq_length=args.max_seq_length,
+                                       query_prompt=args.query_prompt, document_prompt=args.doc_prompt)
+    args.similarity, args.similarity_source = choice.name, choice.source
+    return options
+
+
 def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> Experiment:
     """The :class:`Experiment` named by the data, model and split flags.
 
-    ``args.similarity`` is resolved first (the flag, else the model's own, else cosine) and set
-    to the similarity used.
+    ``args.similarity`` is resolved first (:func:`encoder_options_from_args`) and set to the
+    similarity used.
     """
-    choice = resolve_similarity(getattr(args, "similarity", None), args.model,
-                                precomputed=getattr(args, "doc_embeddings", None) is not None)
-    args.similarity, args.similarity_source = choice.name, choice.source
+    encoder_options = encoder_options_from_args(args)
     return load_experiment(
         data=args.data,
         model=args.model,
         qrels_split=args.split,
         split_seed=getattr(args, "split_seed", 2027) if with_split else None,
         fractions=tuple(getattr(args, "fractions", (0.6, 0.2, 0.2))),
-        encoder_options={
-            "batch_size": args.batch_size,
-            "max_seq_length": args.max_seq_length,
-            "query_prompt": args.query_prompt,
-            "document_prompt": args.doc_prompt,
-            "normalize": choice.name != "dot",
-        },
+        encoder_options=encoder_options,
         cache=not args.no_cache,
         doc_embeddings=args.doc_embeddings,
         doc_ids=args.doc_ids,

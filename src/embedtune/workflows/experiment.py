@@ -22,13 +22,14 @@ from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, judged_documents, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.encoders.similarity import SimilarityChoice, resolve_similarity
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.evaluate.search import unit_rows
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data", "PROTOCOLS"]
+__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data", "encoder_settings", "PROTOCOLS"]
 
 # "paper": 60/20/20 query-disjoint split of one qrels split's judged queries (DIVE §4.1).
 # "beir-train": train/val from qrels/train.tsv, test = every judged query of qrels/test.tsv.
@@ -77,6 +78,36 @@ class Experiment:
             doc_embeddings = np.ascontiguousarray(self.embeddings.doc_embeddings, dtype=np.float32)
         return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k,
                                    ignore_identical_ids, similarity=self.similarity)  # type: ignore[arg-type]
+
+
+def encoder_settings(
+    similarity: str | None,
+    model: str | Path | None,
+    precomputed: bool = False,
+    *,
+    batch_size: int = 64,
+    max_seq_length: int | None = None,
+    query_prompt: str = "",
+    document_prompt: str = "",
+) -> tuple[SimilarityChoice, dict[str, Any]]:
+    """The similarity to rank with, and the encoder options that go with it: one rule for every command.
+
+    The similarity is ``similarity`` when given, else the model's own (``similarity_fn_name`` of
+    a sentence-transformers folder: a PACE Stage II model ranks by dot), else cosine; with
+    ``precomputed`` vectors the model's setting does not apply (see
+    :func:`~embedtune.encoders.similarity.resolve_similarity`). The options (``batch_size``,
+    ``max_seq_length``, ``query_prompt``, ``document_prompt``, ``normalize``) are what
+    :func:`load_experiment` and :func:`~embedtune.workflows.fit.fit_on_all` take as
+    ``encoder_options``: ``normalize`` is False for dot, so a dot model's vectors keep their norms.
+    ``evaluate``, ``compress train``, ``compress fit`` and ``compress plan`` all resolve it here.
+
+    Raises:
+        EmbedtuneError: ``similarity`` is not supported, or the model's own is one embedtune cannot rank with.
+    """
+    choice = resolve_similarity(similarity, model, precomputed=precomputed)
+    options = {"batch_size": batch_size, "max_seq_length": max_seq_length, "query_prompt": query_prompt,
+               "document_prompt": document_prompt, "normalize": choice.name != "dot"}
+    return choice, options
 
 
 def load_experiment(

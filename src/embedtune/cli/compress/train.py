@@ -1,0 +1,210 @@
+"""``embedtune compress train``: fit on the query-disjoint split and report held-out metrics (:func:`fit_compressor`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from embedtune.cli.common import (
+    add_data_flags,
+    add_list_flag,
+    add_model_flags,
+    add_split_flags,
+    command_config,
+    command_line,
+    experiment_from_args,
+    format_table,
+    print_json,
+)
+from embedtune.cli.compress.flags import (
+    add_label_flags,
+    finite_float_or_none,
+    method_help,
+    method_settings,
+    non_negative_int,
+    positive_int,
+    positive_int_or_none,
+    preset_help,
+)
+from embedtune.compress import get_compressor_class
+from embedtune.compress.presets import SAFETY_NET_MINING
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.plots import plot_compression_runs
+from embedtune.workflows.results import compression_rows, describe_data, describe_model, write_results
+from embedtune.workflows.subset_report import new_documents_lines, subset_lines
+from embedtune.workflows.train_compressor import CompressionResult, fit_compressor, with_both_pca_variants
+
+__all__ = ["register", "run_train", "MINING_FLAGS"]
+
+logger = logging.getLogger(__name__)
+
+# The mining flags, each a MiningOptions field; unset flags keep the preset's value.
+MINING_FLAGS = ("negatives", "n_negatives", "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query")
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), e.g. 0.2; got {text!r}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``train`` to the ``compress`` subcommands."""
+    train = sub.add_parser(
+        "train",
+        help="fit a compressor on the query-disjoint split and report held-out metrics",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Fit on the train queries (train+val with --final), evaluate on val (test with --final), "
+        "and print the result next to the frozen full-d model and the other --compare methods.",
+    )
+    add_data_flags(train)
+    add_model_flags(train)
+    add_split_flags(train)
+    train.add_argument("--method", default="dive", help=method_help())
+    train.add_argument("--dim", type=int, default=128, help="output dimension k")
+    train.add_argument("--preset", default=None,
+                       help="the method's named recipe (settings and triplet mining); default: the method's own (DIVE: robust). "
+                       f"{preset_help()}. --heads/--epochs/--lr/--set and the mining flags override it")
+    train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
+    train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
+    train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
+    train.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                       help="any other config field, e.g. --set margin=0.4 --set triplet_loss=softplus")
+    train.add_argument("--final", action="store_true", help="train on train+val and evaluate on the held-out test queries")
+    add_list_flag(train, "--seeds", default=None, item_type=int, help="training seeds; mean ± std is reported (default: 2027)")
+    train.add_argument("--negatives", default=argparse.SUPPRESS, choices=["hard", "random"], help="triplet negatives; default hard")
+    train.add_argument("--n-negatives", type=positive_int, default=argparse.SUPPRESS,
+                       help="negatives per (query, relevant doc) pair; default 4")
+    # Mining flags default to the preset's (Preset.mining); 'none' turns a filter off explicitly.
+    train.add_argument("--skip-top", type=non_negative_int, default=argparse.SUPPRESS,
+                       help="hard negatives: never use the frozen model's top-N non-relevant docs (likely unjudged positives); default 0")
+    train.add_argument("--false-negative-margin", type=finite_float_or_none, default=argparse.SUPPRESS, metavar="MARGIN",
+                       help="hard negatives: drop candidates scoring above score(query, positive) - MARGIN; 'none' disables the filter. "
+                       "Default: 0.05 with the default preset, none with --preset paper/best")
+    train.add_argument("--false-negative-reference", choices=["pair", "query-min"], default=argparse.SUPPRESS,
+                       help="the positive score the margin is taken from: the pair's own, or the query's lowest (sentence-transformers); "
+                       "default: query-min with the default preset, else pair")
+    train.add_argument("--max-triplets-per-query", type=positive_int_or_none, default=argparse.SUPPRESS, metavar="N",
+                       help="cap the triplets of each query, spread over its relevant docs; 'none' disables it. "
+                       "Default: 32 with the default preset, none with --preset paper/best")
+    add_list_flag(train, "--compare", default=["frozen", "truncate", "pca", "pca-uncentred"],
+                  help="methods to run beside --method ('' for none), each with its default preset; the report gives a paired test "
+                  "of --method against each, and its gain over the stronger PCA variant (given one, the other is added)")
+    train.add_argument("--protocol", choices=["paper", "beir-train"], default="paper",
+                       help="paper: a query-disjoint --fractions split of the judged queries of --split; beir-train: fit on "
+                       "qrels/train.tsv (selecting on part of it) and score every judged query of --split (implies --final)")
+    add_label_flags(train)
+    train.add_argument("--new-documents", type=_fraction, default=None, metavar="FRACTION",
+                       help="the new-documents protocol: withhold this hashed fraction of the corpus (e.g. 0.2) from fitting "
+                       "and selection, then also score the test queries whose positives are all withheld, over the whole corpus")
+    train.add_argument("--out", default=None,
+                       help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
+                       "the triplets, results.json (the one results layout), results.md, training.png curves; "
+                       "report.json is kept for one release")
+    train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    train.set_defaults(handler=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    settings = method_settings(args)
+    for method in [args.method, *args.compare]:
+        get_compressor_class(method)  # fail fast on a typo, before any encoding
+    preset = get_compressor_class(args.method).get_preset(args.preset)
+    # Validated here, before any encoding; unset flags keep the preset's mining (the safety net's
+    # when --method is unsupervised and supervised methods are compared).
+    mining = {name: getattr(args, name) for name in MINING_FLAGS if hasattr(args, name)}
+    base_mining = preset.mining if get_compressor_class(args.method).supervised else SAFETY_NET_MINING
+    base_mining.replace(**mining)
+    args.compare = with_both_pca_variants(args.method, args.compare)
+    if args.protocol == "beir-train":
+        args.final = True  # beir-train scores every judged test query
+    seeds = args.seeds or [2027]
+    if args.out:
+        prepare_output_dir(args.out, args.overwrite, command="compress train", inputs=[
+            args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
+    experiment = experiment_from_args(args)
+    result = fit_compressor(experiment, args.method, args.dim, preset, seeds, args.final, settings, mining,
+                            args.compare, args.out, labels={"model": args.model}, new_documents=args.new_documents)
+    model_name = experiment.provenance.get("model", args.model)
+    table = _summary_table(result, model_name, args.split_seed)
+    if args.out:
+        _write_results(args, result, experiment, table)
+        finish_output_dir(args.out, "compress train")
+    if args.json:
+        print_json(result.report)
+    else:
+        print(table)
+        if result.out:
+            print(f"saved to {result.out}")
+    return 0
+
+
+def _summary_table(result: CompressionResult, model: str, split_seed: int) -> str:
+    report = result.report
+    preset = f", preset '{result.preset.name}'" if result.preset.name != "defaults" else ""
+    seeds = result.summaries[next(iter(result.summaries))]["seeds"]
+    protocol = " (beir-train: fitted on qrels/train.tsv)" if report.get("protocol") == "beir-train" else ""
+    lines = [f"{report['dataset']} / {model}: {report['queries']} queries{protocol}, split seed {split_seed}, seeds {seeds}{preset}"]
+    rows = []
+    for summary in result.summaries.values():
+        row = dict(summary)
+        # A method that ran once (one seed, or a seed-free method) has no spread: its mean alone, not "± 0.0000".
+        for metric, column in (("ndcg@10", "nDCG@10"), ("recall@10", "Recall@10")):
+            spread = f" ± {row[f'{metric}_std']:.4f}" if len(row["seeds"]) > 1 else ""
+            row[column] = f"{row[metric]:.4f}{spread}"
+        row["runs"] = len(row["seeds"])
+        row["fit_s"] = f"{row['fit_s']:.1f}"
+        row["B/vector"] = 4 * int(row["dim"])  # float32; `compress plan` sweeps the smaller precisions
+        epochs = row.get("selected_epochs")
+        row["epoch"] = "/".join(str(e) for e in epochs) if epochs else None
+        comparison = result.comparisons.get(row["method"])
+        if comparison is not None:
+            row[f"Δ {next(iter(result.summaries))} (p)"] = (
+                f"{comparison['mean_difference']:+.4f} ({comparison['p_value']:.2g})")
+        rows.append(row)
+    main = next(iter(result.summaries))
+    columns = ["method", "dim", "B/vector", "heads", "nDCG@10", "Recall@10", "n_queries", "epoch", f"Δ {main} (p)", "fit_s"]
+    if any(row["runs"] > 1 for row in rows):
+        columns.insert(5, "runs")
+    columns = [c for c in columns if c not in ("heads", "epoch") or any(row.get(c) not in (None, "") for row in rows)]
+    lines.append(format_table(rows, columns))
+    lines += _training_lines(result)
+    if result.subsets is not None:
+        lines += [""] + subset_lines(result.subsets)
+    if result.new_documents is not None:
+        lines += [""] + new_documents_lines(result.new_documents)
+    return "\n".join(lines)
+
+
+def _training_lines(result: CompressionResult) -> list[str]:
+    """What the table does not say: what epoch selection kept, the gain over the stronger PCA, what Δ is."""
+    main = next(iter(result.summaries))
+    lines = []
+    if result.comparisons:
+        n = next(iter(result.comparisons.values()))["n_queries"]
+        lines.append(f"Δ: {main} minus the row's method, nDCG@10 per query (means over seeds), paired permutation p over {n} queries.")
+    if any(row.get("selected_epochs") for row in result.summaries.values()):
+        lines.append("epoch: the epoch best-epoch selection kept, per seed (0 = the untrained start).")
+    return lines + list(result.notes)
+
+
+def _write_results(args: argparse.Namespace, result: CompressionResult, experiment: Experiment, table: str) -> None:
+    label = f"{experiment.dataset.name} / {args.model}"
+    for path in plot_compression_runs(result, label):
+        logger.info("training curves: %s", path)
+    rows = compression_rows(result)
+    main = next(row for row in rows if row["method"] == args.method)
+    config = {**command_config(args), "preset": result.preset.name,
+              "compressor": result.runs[args.method][0].compressor.config.to_dict() if result.runs[args.method][0].compressor else None,
+              "triplets": result.report.get("triplets")}
+    data = describe_data(experiment.dataset, queries=result.report["queries"], split_seed=result.report.get("split_seed"))
+    path = write_results(args.out, task="compress train", command=command_line(args), config=config, data=data,
+                         model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model),
+                                              **({"vectors": experiment.provenance["vectors"]} if "vectors" in experiment.provenance else {})),
+                         metrics=main["metrics"],
+                         per_query=main["per_query"], rows=rows, table=table,
+                         extra={key: result.report[key] for key in ("subsets", "new_documents") if key in result.report})
+    logger.info("results: %s", path)
