@@ -9,9 +9,10 @@ run resumes where it stopped):
   PCA; scored are the test queries whose positives are all withheld, over the whole corpus.
   SciFact uses the beir-train split; ArguAna (test qrels only) the paper's 60/20/20 split.
 
-Methods: frozen, both PCA variants, the default DIVE (``robust``), DIVE ``static-corpus`` (the
-earlier default, selected on a random half of the training queries), and the supervised
-baselines with their default presets. Trained methods run ``--seeds``.
+Methods: frozen, both PCA variants, the default DIVE (``robust``), the default with the paper's
+geometry weight (``dive@geometry-10``, the default before γ = 100 was chosen on selection
+queries), DIVE ``static-corpus`` (the earlier default, selected on a random half of the training
+queries), and the supervised baselines with their default presets. Trained methods run ``--seeds``.
 
 Usage::
 
@@ -53,11 +54,12 @@ from embedtune.workflows.triplets import shared_triplets  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = {"scifact": ROOT.parent / "shared/data/beir/scifact", "arguana": ROOT.parent / "shared/data/beir/arguana"}
 MODEL_DIM = {"minilm": 384, "mpnet": 768}
-#: (label, method, preset); the preset None is the method's default.
+#: (label, method, preset, settings over the preset's); the preset None is the method's default.
 METHODS = (
-    ("frozen", "frozen", None), ("pca", "pca", None), ("pca-uncentred", "pca-uncentred", None),
-    ("dive", "dive", None), ("dive@static-corpus", "dive", "static-corpus"),
-    ("mrl-adaptor", "mrl-adaptor", None), ("search-adaptor", "search-adaptor", None), ("smec", "smec", None),
+    ("frozen", "frozen", None, {}), ("pca", "pca", None, {}), ("pca-uncentred", "pca-uncentred", None, {}),
+    ("dive", "dive", None, {}), ("dive@geometry-10", "dive", None, {"geometry_weight": 10.0}),
+    ("dive@static-corpus", "dive", "static-corpus", {}),
+    ("mrl-adaptor", "mrl-adaptor", None, {}), ("search-adaptor", "search-adaptor", None, {}), ("smec", "smec", None, {}),
 )
 SEEDS = (2027, 2028, 2029)
 SPLIT_SEED = 2027
@@ -96,7 +98,7 @@ def run_block(args: argparse.Namespace, dataset: str, model: str, protocol: str)
     view = withhold_new_documents(experiment, 0.2) if protocol == "new-documents" else None
     fit_experiment = view.fit if view is not None else experiment
     triplets: dict[Any, np.ndarray] = {}
-    for dim, (label, method, preset_name), seed in todo:
+    for dim, (label, method, preset_name, extra_settings), seed in todo:
         preset = resolve_preset(method, preset_name)
         cls = get_compressor_class(method)
         mined = None
@@ -105,14 +107,14 @@ def run_block(args: argparse.Namespace, dataset: str, model: str, protocol: str)
             if key not in triplets:
                 triplets[key] = shared_triplets(fit_experiment, "train+val", preset.mining, SPLIT_SEED)
             mined = triplets[key]
-        overrides = dict(preset.settings)
+        overrides = {**preset.settings, **extra_settings}
         if "progress" in cls.config_class.__dataclass_fields__:
             overrides["progress"] = False
         start = time.perf_counter()
         result = fit_and_evaluate(fit_experiment, method, dim, seed, final=True, triplets=mined, overrides=overrides)
         record: dict[str, Any] = {
             "dataset": dataset, "model": model, "protocol": protocol, "split": split_protocol, "dim": dim, "label": label,
-            "method": method, "preset": preset.name, "seed": seed, "fit_seconds": result.fit_seconds,
+            "method": method, "preset": preset.name, "settings": extra_settings, "seed": seed, "fit_seconds": result.fit_seconds,
             "selected_epoch": getattr(result.compressor, "selected_epoch_", None), "details": result.details,
             "per_query": {q: {m: v[m] for m in ("ndcg@10", "recall@10")} for q, v in result.metrics.per_query.items()},
         }
