@@ -31,6 +31,10 @@ __all__ = [
     "cli_logging",
     "DEPENDENCY_LOGGERS",
     "DEPENDENCY_WARNINGS",
+    "verbose_enabled",
+    "native_chatter_filtered",
+    "FAISS_CHATTER",
+    "RAY_CHATTER",
 ]
 
 # Dependencies whose INFO lines are their internals, not ours: WARNING and above only, even with -v.
@@ -41,9 +45,19 @@ DEPENDENCY_LOGGERS = ("faiss.loader", "faiss", "sentence_transformers", "httpx",
 DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
     (r".*`is_gradient_checkpointing` is deprecated.*", FutureWarning, r"transformers\.",
      "transformers 5 deprecating an attribute that PEFT reads when LoRA is attached (every PACE stage); nothing a user can change"),
+    (r".*", DeprecationWarning, r"ray\.",
+     "Ray Data deprecating its own DataContext fields, warned when it builds its default context (embed-corpus --ray-actors)"),
 )
 
 _progress = True
+_verbose = False
+
+# Lines native code prints straight to the stderr file descriptor that say nothing a user acts on:
+# hidden at the default level and with -q, shown with -v. FAISS's k-means warns on every PQ/OPQ
+# sub-quantiser it trains on fewer than 39 points per centroid (a 5k-document corpus: always).
+FAISS_CHATTER = (r"^WARNING clustering \d+ points to \d+ centroids",)
+# Ray's core (C++) logs this for every Ray Data actor pool: Ray Data keeps the map function in the object store.
+RAY_CHATTER = (r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store",)
 
 
 def set_threads(threads: int) -> None:
@@ -55,6 +69,86 @@ def set_threads(threads: int) -> None:
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
+
+
+def verbose_enabled() -> bool:
+    """Whether ``embedtune -v`` (:func:`cli_logging` with ``verbose``) is in effect."""
+    return _verbose
+
+
+@contextmanager
+def native_chatter_filtered(patterns: tuple[str, ...] = FAISS_CHATTER) -> Iterator[None]:
+    """Drop the lines matching ``patterns`` that native code (FAISS, Ray's core) writes to fd 2 inside the block.
+
+    fd 2 goes through a pipe for the duration; a thread passes every other line (and bar redraw,
+    which ends in ``\\r``) on to the real stderr as it comes, so bars stay live. The number hidden
+    is logged at DEBUG. With ``-v`` nothing is filtered.
+    """
+    import re
+    import threading
+
+    if _verbose:
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (an embedding host): nothing to filter
+        yield
+        return
+    compiled = [re.compile(p) for p in patterns]
+    read_end, write_end = os.pipe()
+    hidden = [0]
+
+    def emit(data: bytes) -> None:
+        out = []
+        for piece in re.split(rb"(?<=[\r\n])", data):
+            if piece and any(c.search(piece.decode("utf-8", "replace")) for c in compiled):
+                hidden[0] += 1
+            elif piece:
+                out.append(piece)
+        if out:
+            os.write(saved, b"".join(out))
+
+    def forward() -> None:
+        import select
+
+        pending = b""
+        while True:
+            ready, _, _ = select.select([read_end], [], [], 0.05)
+            if not ready:  # quiet for 50 ms: a bar's redraw ends without a line break; pass it on now
+                if pending:
+                    emit(pending)
+                    pending = b""
+                continue
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                emit(pending)
+                os.close(read_end)
+                return
+            pending += chunk
+            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+            if cut:
+                emit(pending[:cut])
+                pending = pending[cut:]
+
+    thread = threading.Thread(target=forward, name="embedtune-native-stderr", daemon=True)
+    thread.start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)  # closes the pipe's last write end: the thread reads to the end and stops
+        thread.join(timeout=10)
+        if not thread.is_alive():  # else something still holds a copy of the pipe; leave the thread its stderr
+            os.close(saved)
+        if hidden[0]:
+            logging.getLogger(__name__).debug("hid %d lines of native-library chatter (-v shows them)", hidden[0])
 
 
 def set_progress(enabled: bool) -> None:
@@ -133,6 +227,8 @@ def cli_logging(verbose: bool = False, quiet: bool = False) -> Iterator[None]:
     handler.setFormatter(_Formatter(verbose))
     saved_levels = {name: logging.getLogger(name).level for name in ("", *DEPENDENCY_LOGGERS)}
     saved_progress = _progress
+    global _verbose
+    saved_verbose, _verbose = _verbose, bool(verbose)
     saved_formatwarning = warnings.formatwarning
     with ExitStack() as stack:
         stack.enter_context(warnings.catch_warnings())
@@ -161,6 +257,7 @@ def cli_logging(verbose: bool = False, quiet: bool = False) -> Iterator[None]:
                 yield
         finally:
             set_progress(saved_progress)
+            _verbose = saved_verbose
             warnings.formatwarning = saved_formatwarning  # type: ignore[assignment]
             for name, level in saved_levels.items():
                 logging.getLogger(name).setLevel(level)

@@ -46,6 +46,7 @@ import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 from embedtune.io import atomic_write_json, load_weights, save_weights
+from embedtune.runtime import native_chatter_filtered
 
 __all__ = [
     "PRECISIONS",
@@ -300,7 +301,8 @@ class QuantizedIndex:
             return cls(precision, d, index, n, calibration=calibration)
         index = faiss.index_factory(d, precision.factory, faiss.METRIC_INNER_PRODUCT)
         if not index.is_trained:
-            index.train(as_rows(train, "train") if train is not None else xb)
+            with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
+                index.train(as_rows(train, "train") if train is not None else xb)
         index.add(xb)
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,15 @@ from embedtune.io import (
     sha256_json,
     write_json_with_digest,
 )
+from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar, verbose_enabled
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "pending_shards", "read_shards", "SHARD_MANIFEST"]
 
 SHARD_MANIFEST = "manifest.json"
+_PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
+_UNIT = {"document": "doc", "query": "query"}
 
 
 def _shard_paths(out: Path, index: int) -> tuple[Path, Path]:
@@ -171,8 +174,9 @@ class ShardEncoder:
         self.encoder = SentenceEncoder(model, show_progress=False, **encoder_options)
         self.out, self.kind = Path(out), kind
 
-    def encode_shard(self, index: int, ids: Sequence[str], texts: Sequence[str]) -> int:
-        vectors = np.ascontiguousarray(self.encoder.encode(list(texts), kind=self.kind), dtype=np.float32)  # type: ignore[arg-type]
+    def encode_shard(self, index: int, ids: Sequence[str], texts: Sequence[str], progress: Callable[[int], object] | None = None) -> int:
+        """Encode and write shard ``index``; ``progress`` is called with each finished batch's size."""
+        vectors = np.ascontiguousarray(self.encoder.encode(list(texts), kind=self.kind, progress=progress), dtype=np.float32)  # type: ignore[arg-type]
         npy, id_file = _shard_paths(self.out, index)
         _record_path(self.out, index).unlink(missing_ok=True)  # an older shard's record no longer holds
         atomic_save_npy(npy, vectors)
@@ -211,8 +215,11 @@ def _items(ids: Sequence[str], texts: Sequence[str], shard_size: int, shards: li
 
 
 def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: str | Path, shard_size: int = 50_000,
-                   kind: str = "document", **encoder_options: Any) -> dict[str, Any]:
-    """Encode ``texts`` shard by shard in this process, skipping complete shards; returns the manifest."""
+                   kind: str = "document", show_progress: bool = True, **encoder_options: Any) -> dict[str, Any]:
+    """Encode ``texts`` shard by shard in this process, skipping complete shards; returns the manifest.
+
+    ``show_progress``: one bar over the corpus, moving after every batch (``embedtune -q`` hides it).
+    """
     _check(ids, texts, shard_size)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,15 +228,19 @@ def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: st
     start = time.perf_counter()
     if todo:
         encoder = ShardEncoder(model, out, kind, **encoder_options)
-        for item in _items(ids, texts, shard_size, todo):
-            encoder.encode_shard(item["shard"], item["ids"], item["texts"])
-            logger.debug("encode_sharded: shard %d done", item["shard"])
+        items = _items(ids, texts, shard_size, todo)
+        # One bar over the whole corpus; complete shards from an earlier run count as done.
+        with progress_bar(len(texts), f"encoding {len(texts)} {_PLURAL.get(kind, kind)}", unit=_UNIT.get(kind, "text"),
+                          initial=len(texts) - sum(len(item["ids"]) for item in items), enabled=show_progress) as bar:
+            for item in items:
+                encoder.encode_shard(item["shard"], item["ids"], item["texts"], progress=bar.update)
+                logger.debug("encode_sharded: shard %d done", item["shard"])
     return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, "local")
 
 
 def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out: str | Path, shard_size: int = 50_000,
                        kind: str = "document", actors: int = 2, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                       threads_per_actor: int | None = None, **encoder_options: Any) -> dict[str, Any]:
+                       threads_per_actor: int | None = None, show_progress: bool = True, **encoder_options: Any) -> dict[str, Any]:
     """The same on a Ray Data actor pool of ``actors`` encoders (one per GPU with ``num_gpus=1``).
 
     Needs ``ray.init()`` first (a local one or a cluster). Each actor reserves ``num_cpus`` and
@@ -245,16 +256,41 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
     todo = pending_shards(out, len(texts), shard_size)
     start = time.perf_counter()
     if todo:
-        dataset = ray.data.from_items(_items(ids, texts, shard_size, todo), override_num_blocks=len(todo))
-        done = dataset.map_batches(
+        # Ray Data's own bars and per-run log lines are replaced by one embedtune bar over the
+        # corpus, moved as each shard comes back (Ray's are shown with `embedtune -v`).
+        context = ray.data.DataContext.get_current()
+        quiet = not verbose_enabled()
+        saved = (context.enable_progress_bars, context.print_on_execution_start)
+        saved_levels = {name: logging.getLogger(name).level for name in ("ray", "ray.data")}
+        if quiet:
+            context.enable_progress_bars = False
+            context.print_on_execution_start = False
+            for name in saved_levels:
+                logging.getLogger(name).setLevel(logging.ERROR)
+        items = _items(ids, texts, shard_size, todo)
+        dataset = ray.data.from_items(items, override_num_blocks=len(todo))
+        mapped = dataset.map_batches(
             ShardEncoder,
             fn_constructor_kwargs={"model": model, "out": str(out.resolve()), "kind": kind, "threads": threads_per_actor, **encoder_options},
             batch_size=1,
             batch_format="numpy",
-            concurrency=actors,
+            compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=num_cpus,
             num_gpus=num_gpus,
-        ).take_all()
+        )
+        done = []
+        try:
+            # Ray's core logs one C++ line per actor pool on the driver's stderr (RAY_CHATTER): hidden unless -v.
+            with native_chatter_filtered(RAY_CHATTER), progress_bar(
+                    len(texts), f"encoding {len(texts)} {_PLURAL.get(kind, kind)} on {actors} Ray actors", unit=_UNIT.get(kind, "text"),
+                    initial=len(texts) - sum(len(item["ids"]) for item in items), enabled=show_progress) as bar:
+                for row in mapped.iter_rows():
+                    done.append(row)
+                    bar.update(int(row["rows"]))
+        finally:
+            context.enable_progress_bars, context.print_on_execution_start = saved
+            for name, level in saved_levels.items():
+                logging.getLogger(name).setLevel(level)
         logger.debug("encode_sharded_ray: %d shards, %d rows", len(done), sum(int(r["rows"]) for r in done))
     return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, f"ray ({actors} actors)")
 

@@ -69,12 +69,22 @@ class StepProgressCallback(TrainerCallback):
         return control
 
 
+def _no_widget_examples(dataset) -> None:
+    """Stands in for ``SentenceTransformerModelCardData.set_widget_examples`` in a fine-tune (no widget, no bar)."""
+
+
 class PACETrainer(SentenceTransformerTrainer):
     """``SentenceTransformerTrainer`` whose training logs also carry the loss components
     (``mean_weight``, ``mean_confidence``, ``positive_accuracy``), averaged since the last log,
     and go to ``logging`` rather than stdout (so ``--json`` output stays parseable)."""
 
     def __init__(self, *args, **kwargs) -> None:
+        model = kwargs.get("model", args[0] if args else None)
+        card = getattr(model, "model_card_data", None)
+        if card is not None and not getattr(card, "widget", None):
+            # sentence-transformers fills a Hub model card's widget from the training data when the
+            # trainer starts, under its own "Computing widget examples" bar: nothing a fine-tune needs.
+            card.set_widget_examples = _no_widget_examples
         super().__init__(*args, **kwargs)
         self.remove_callback(PrinterCallback)
         self.add_callback(LoggingCallback())

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, exact_search
+from embedtune.runtime import native_chatter_filtered
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ def build_factory_index(xb: np.ndarray, factory: str, train_size: int = 100_000,
     index = faiss.index_factory(xb.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
         rows = np.sort(np.random.default_rng(seed).choice(len(xb), min(len(xb), train_size), replace=False))
-        index.train(xb[rows])
+        with native_chatter_filtered():  # FAISS's "WARNING clustering" lines, unless -v
+            index.train(xb[rows])
     index.add(xb)
     return index, time.perf_counter() - start
 

@@ -56,6 +56,7 @@ from embedtune.io import (
     verify_sha256,
     write_json_with_digest,
 )
+from embedtune.runtime import native_chatter_filtered
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +214,8 @@ def build_index(
                         break
                 points = np.concatenate(sample) if sample else np.zeros((0, d), np.float32)
                 try:
-                    index.train(points)
+                    with native_chatter_filtered():  # FAISS's "WARNING clustering" lines, unless -v
+                        index.train(points)
                 except RuntimeError as error:
                     raise EmbedtuneError(
                         f"{embeddings}: FAISS could not train the --kind {kind!r} index on {len(points)} vectors "

@@ -16,6 +16,7 @@ from embedtune.data.beir import document_text, load_beir
 from embedtune.encoders.dataset import encoder_description
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.evaluate.geometry import GeometryReport, diagnose_embeddings
+from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,10 @@ def diagnose_model(
         rows = np.sort(np.random.default_rng(seed).choice(len(pairs), size=n_pairs, replace=False))
         pairs = [pairs[i] for i in rows]
     encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=False, show_progress=False)
-    xq = encoder.encode_queries([dataset.queries[qid] for qid, _ in pairs])
-    xp = encoder.encode_documents([document_text(dataset.corpus[did]) for _, did in pairs])
+    # One bar over both sides of every pair (the queries, then their positives).
+    with progress_bar(2 * len(pairs), f"diagnose, encoding {len(pairs)} (query, positive) pairs", unit="text") as bar:
+        xq = encoder.encode([dataset.queries[qid] for qid, _ in pairs], "query", progress=bar.update)
+        xp = encoder.encode([document_text(dataset.corpus[did]) for _, did in pairs], "document", progress=bar.update)
     path = Path(str(model))
     label = path.parent.name if path.name == "model" else path.name  # runs/<name>/model -> <name>
     report = diagnose_embeddings(xq, xp, out_dir, n_random_pairs, seed, label=label)

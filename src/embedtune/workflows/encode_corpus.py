@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from embedtune.data.beir import document_text, load_beir_corpus
 from embedtune.encoders.ray_encode import encode_sharded, encode_sharded_ray
+from embedtune.runtime import verbose_enabled
 
 __all__ = ["encode_corpus"]
 
@@ -41,7 +43,9 @@ def encode_corpus(
         raise ImportError('--ray-actors needs Ray: pip install "embedtune[ray]" (or ray[data]).') from error
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
+        # Ray's start-up lines and its workers' logs only with `embedtune -v` (a failed task still raises here).
+        quiet = not verbose_enabled()
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet, logging_level=logging.ERROR if quiet else logging.INFO)
     try:
         return encode_sharded_ray(ids, texts, model, out, shard_size=shard_size, actors=ray_actors, num_cpus=cpus_per_actor,
                                   num_gpus=gpus_per_actor, threads_per_actor=threads_per_actor, **encoder_options)

@@ -58,6 +58,7 @@ from embedtune.io import (
     verify_sha256,
     write_json_with_digest,
 )
+from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.train_compressor import fit_compressor
 
@@ -297,6 +298,7 @@ def precision_rows(
     time_reference: bool = True,
     labels: Mapping[str, Any] | None = None,
     prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> list[dict[str, Any]]:
     """Score ``compressor``'s space (None: the frozen vectors) at each precision on the queries of ``part``.
 
@@ -309,7 +311,8 @@ def precision_rows(
 
     ``prebuilt`` (precision name -> (index, build seconds)) reuses indexes built on the same vectors
     before (e.g. FAISS PQ on the frozen corpus for validation and then test queries), and
-    receives the ones built here.
+    receives the ones built here. ``progress`` is called with 1 after each index is built or reused
+    (e.g. the ``update`` of a bar over a larger job).
     """
     ids = experiment.part_ids(part)
     qrels = experiment.qrels_for(ids)
@@ -333,6 +336,8 @@ def precision_rows(
             if prebuilt is not None:
                 prebuilt[precision.name] = (index, builds[precision.name])
         indexes.append((precision.name, index, xq))
+        if progress is not None:
+            progress(1)
     timed = list(indexes)
     if time_reference:
         timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
@@ -616,39 +621,49 @@ def run_plan(
     cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
     probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
     frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
-    frozen_rows = precision_rows(experiment, "val", None, list(dict.fromkeys(["float32", *precisions])), rounds=rounds,
-                                 labels={"method": "frozen", "family": "frozen (quantised)"})
+    frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
     budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
     factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
                                                                len(experiment.embeddings.doc_ids))]
-    peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
-                               labels={"method": "frozen", "family": "FAISS PQ/OPQ"})
+    # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS PQ/OPQ peers
+    # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
+    reused = sum(f"faiss:{f}" in frozen_indexes for f in factories)
+    with progress_bar(len(frozen_precisions) + len(factories), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers", unit="index",
+                      postfix=f"{reused} cached" if reused else None) as bar:
+        frozen_rows = precision_rows(experiment, "val", None, frozen_precisions, rounds=rounds,
+                                     labels={"method": "frozen", "family": "frozen (quantised)"}, progress=bar.update)
+        peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
+                                   labels={"method": "frozen", "family": "FAISS PQ/OPQ"}, progress=bar.update)
     save_faiss_cache(cache_dir, frozen_indexes, probe)
     for row in frozen_rows + peer_rows:
         row["setting"] = f"frozen-{input_dim}/{row['precision']}"
         row["candidate"] = None
     rows += frozen_rows + peer_rows
     reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
-    for method in methods:
-        for dim in dims:
-            if method == "frozen":
-                continue
-            for variant in ["default", *(v for v in variants if variant_applies(method, v))]:
-                candidate = candidate_for(method, dim, variant)
-                compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
-                family = method if variant == "default" else f"{method}+{variant}"
-                for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
-                                          labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
-                                                  "fit_s": fit_s}):
-                    row["setting"] = _row_setting(candidate, row["precision"], dim)
-                    rows.append(row)
+    # Phase 2 of 3: fit (or reuse from WORK) every candidate on the train queries, score it at every precision.
+    sweep = [(method, dim, variant) for method in methods if method != "frozen" for dim in dims
+             for variant in ["default", *(v for v in variants if variant_applies(method, v))]]
+    with progress_bar(len(sweep), "plan 2/3, fitting and scoring the sweep", unit="fit") as bar:
+        for method, dim, variant in sweep:
+            candidate = candidate_for(method, dim, variant)
+            bar.set_postfix_str(candidate.name, refresh=False)
+            compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
+            family = method if variant == "default" else f"{method}+{variant}"
+            for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
+                                      labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
+                                              "fit_s": fit_s}):
+                row["setting"] = _row_setting(candidate, row["precision"], dim)
+                rows.append(row)
+            bar.update(1)
     chosen = dict(choose(rows, budget_bytes, target_retention, reference))
     frontier = [r["setting"] for r in pareto_frontier(rows)]
     title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
     out.mkdir(parents=True, exist_ok=True)
     plot_frontier(rows, out / "frontier.png", title, chosen=chosen)
-    # Refit the choice on train+val (what compress train --final does) and write the folder.
+    # Phase 3 of 3: refit the choice on train+val (what compress train --final does) and write the folder.
     candidate = None
+    logger.info("plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on the train and validation queries"
+                if chosen.get("candidate") else f"chose {chosen['setting']} (no fit)", out)
     if chosen.get("candidate"):
         candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
         compressor, _ = fit_or_load(fitted, candidate, seed, final=True, work=work, data=data)
