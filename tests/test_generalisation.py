@@ -163,3 +163,28 @@ def test_compress_plan_chooses_on_validation_queries_whose_positives_training_ne
     kept, said = selection_view(few)
     assert kept.split.val == few.split.val and str(MIN_UNSEEN_VALIDATION) in said["rule"]
     assert "rewards memorising" in caplog.text
+
+
+def test_compress_train_new_documents_on_own_vectors_and_pairs(tmp_path, capsys, monkeypatch):
+    """The new-documents protocol on the own-data inputs (vectors and a pairs file, the paper split), through the CLI."""
+    import json
+
+    from embedtune.cli import main
+
+    ds = make_popular_documents_dataset(n_docs=600, n_popular=6, train_per_popular=6, n_train_unique=40, n_test_seen=10, n_test_unseen=60)
+    np.save(tmp_path / "docs.npy", ds.doc_emb)
+    np.save(tmp_path / "queries.npy", ds.query_emb)
+    (tmp_path / "docs.txt").write_text("".join(f"{d}\n" for d in ds.doc_ids))
+    (tmp_path / "queries.txt").write_text("".join(f"{q}\n" for q in ds.query_ids))
+    (tmp_path / "pairs.tsv").write_text("".join(f"{q}\t{d}\n" for q, docs in ds.qrels.items() for d in docs))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--threads", "1", "compress", "train", "--method", "dive", "--dim", "8", "--epochs", "2", "--final",
+                 "--doc-embeddings", "docs.npy", "--doc-ids", "docs.txt", "--query-embeddings", "queries.npy", "--query-ids", "queries.txt",
+                 "--pairs", "pairs.tsv", "--new-documents", "0.3", "--compare", "frozen", "--out", "run", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    block = report["new_documents"]
+    assert block["fraction"] == 0.3 and block["n_withheld_documents"] == 180 and block["n_queries"] > 0
+    assert set(block["methods"]) == {"dive", "frozen"} and "frozen" in block["comparisons"]
+    assert report["subsets"]["counts"]["all"] == report["n_queries"]
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["new_documents"]["n_queries"] == block["n_queries"] and "subsets" in saved
