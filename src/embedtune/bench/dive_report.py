@@ -6,6 +6,7 @@ with every table of the protocol, the figures beside it, and ``DIR/summary.json`
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 from collections import defaultdict
@@ -20,7 +21,10 @@ from embedtune.bench.datasets import community_parent
 from embedtune.bench.grid import RunStore
 from embedtune.bench.report_parts import compare_runs, group_runs, md_table, paired_runs_test, plot_curves
 from embedtune.compress import available_methods
+from embedtune.data.beir import load_beir
+from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.io import atomic_write_bytes, atomic_write_json
+from embedtune.workflows.significance import paired_test
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +136,8 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
                 _plot_bars(root / png, f"{backbone}, k={dim}: held-out {metric}@10", bars, f"{metric}@10")
                 out.append(f"![{metric}]({png})\n")
 
+    out += subset_section(root, main_groups, n_resamples, summary)
+
     # -- 2. Ablation (validation) ----------------------------------------------------------
     out.append("## 2. Ablation (Table 3): validation queries, DIVE variants\n")
     ablation_groups = group_runs(records, "ablation")
@@ -221,6 +227,50 @@ def build_report(results_dir: str | Path, n_resamples: int = 10_000) -> Path:
     atomic_write_bytes(report, "\n".join(out).encode("utf-8"))
     atomic_write_json(root / "summary.json", _jsonable(summary))
     return report
+
+
+def _split_groups(root: Path, dataset: str, dataset_path: str, test_ids: list[str]) -> dict[str, list[str]] | None:
+    """Seen / unseen / mixed test queries of one dataset, from its saved split (train+val define "seen"), or None."""
+    manifest = root / "splits" / f"{dataset}.json"
+    if not manifest.is_file() or not Path(dataset_path).exists():
+        return None
+    split = json.loads(manifest.read_text(encoding="utf-8"))
+    qrels: dict[str, dict[str, int]] = {}
+    for part in split["qrels_split"].split("+"):
+        qrels.update(load_beir(dataset_path, part).qrels)
+    fitted = split["query_ids"]["train"] + split["query_ids"]["val"]
+    return query_subsets({q: qrels[q] for q in test_ids if q in qrels}, training_positives(qrels, fitted))
+
+
+def subset_section(root: Path, main_groups: dict[tuple, list[dict]], n_resamples: int, summary: dict[str, Any]) -> list[str]:
+    """§1b: the main comparison on seen and unseen test queries (issue 27), with DIVE − method on unseen."""
+    out = ["## 1b. Main comparison by subset (issue 27): seen and unseen test queries\n",
+           "Seen: every positive was a positive of a train or validation query; unseen: none was (mixed count in all only). "
+           "nDCG@10, per-query means over seeds; Δ unseen: DIVE − method on the unseen queries, paired permutation p.\n"]
+    cells = sorted({k[:3] for k in main_groups})
+    for backbone, dataset, dim in cells:
+        runs = {k[3]: v for k, v in main_groups.items() if k[:3] == (backbone, dataset, dim) and k[4] == ""}
+        if "dive" not in runs:
+            continue
+        first = runs["dive"][0]
+        groups = _split_groups(root, dataset, first["spec"].get("dataset_path", ""), sorted(first["per_query"]))
+        if groups is None:
+            out.append(f"_{backbone} / {dataset}: no saved split or dataset here to define seen queries._\n")
+            continue
+        means = {m: {q: statistics.fmean(r["per_query"][q]["ndcg@10"] for r in rs) for q in rs[0]["per_query"]} for m, rs in runs.items()}
+        rows = []
+        for method in [m for m in available_methods() if m in means]:
+            scores = means[method]
+            values = [np.mean([scores[q] for q in ids]) if ids else float("nan") for ids in (list(scores), groups["seen"], groups["unseen"])]
+            delta = ""
+            if method != "dive" and groups["unseen"]:
+                test = paired_test(np.array([means["dive"][q] for q in groups["unseen"]]), np.array([scores[q] for q in groups["unseen"]]), n_resamples)
+                delta = f"{test.mean_difference:+.4f} ({test.p_value:.2g})"
+            rows.append([method, *[f"{v:.4f}" for v in values], delta])
+            summary.setdefault("subsets", {}).setdefault(f"{backbone}/{dataset}/k{dim}", {})[method] = dict(zip(("all", "seen", "unseen"), values))
+        out.append(f"### {backbone} / {dataset}, k = {dim} (seen {len(groups['seen'])}, unseen {len(groups['unseen'])})\n")
+        out.append(md_table(["method", "all", "seen", "unseen", "Δ unseen (p)"], rows) + "\n")
+    return out
 
 
 def _jsonable(value: Any) -> Any:
