@@ -107,5 +107,5 @@ def test_non_finite_input_reaches_the_output_row(method, train):
     from embedtune.compress.streaming import transform_rows
     from embedtune.errors import NonFiniteError
 
-    with pytest.raises(NonFiniteError, match=r"X: input row 2 \(0-based\) holds nan at column 0"):
+    with pytest.raises(NonFiniteError, match=r"the input vectors: input row 2 \(0-based\) holds nan at column 0"):
         transform_rows(compressor, X, tile=4, workers=2)

@@ -80,7 +80,7 @@ def test_mrr_cutoff():
 
 def test_unknown_metric():
     with pytest.raises(ValueError, match="unknown metric"):
-        evaluate_run({"q": {"d": 1}}, {"q": {"d": 1.0}}, ("map@10",))
+        evaluate_run({"q": {"d": 1}}, {"q": {"d": 1.0}}, ("bleu@10",))
 
 
 def test_evaluate_embeddings_end_to_end_and_identical_id_effect():

@@ -17,6 +17,7 @@ from embedtune.cli.common import (
     format_table,
     print_json,
 )
+from embedtune.evaluate.metrics import DEFAULT_METRICS, RetrievalMetrics, mteb_retrieval_metrics
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.results import describe_data, describe_model, mteb_metrics, per_query_scores, write_mteb_result, write_results
 
@@ -43,7 +44,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="write results.json (metrics, per-query scores, fingerprints), results.md and, when every judged "
                              "query of --split was scored, mteb/<Task>.json in MTEB's result format")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of a table; metrics under MTEB's names as in results.json "
+                             "(ndcg_at_10, precision_at_1, ..., main_score); the older ndcg@10-style keys are kept for one release")
     parser.set_defaults(handler=run_evaluate)
 
 
@@ -52,7 +55,12 @@ def run_evaluate(args: argparse.Namespace) -> int:
         prepare_output_dir(args.out, args.overwrite, command="evaluate", inputs=[args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
     start = time.perf_counter()
     experiment = experiment_from_args(args, with_split=args.queries != "all")
-    metrics = experiment.evaluate(args.queries, ignore_identical_ids=not args.keep_identical_ids, top_k=args.top_k)
+    mteb_file = bool(args.out) and args.queries == "all"  # a whole qrels split: the setting an MTEB score has
+    # The MTEB file gets the metrics MTEB itself reports (nDCG, MAP, recall, precision, MRR at 1..1000); the rest the defaults.
+    scored = experiment.evaluate(args.queries, ignore_identical_ids=not args.keep_identical_ids, top_k=args.top_k,
+                                 metrics=mteb_retrieval_metrics(args.top_k) if mteb_file else None)
+    metrics = RetrievalMetrics({name: scored.aggregate[name] for name in DEFAULT_METRICS if name in scored.aggregate},
+                               {qid: {name: values[name] for name in DEFAULT_METRICS if name in values} for qid, values in scored.per_query.items()})
     emb = experiment.embeddings
     result = {
         **metrics.to_dict(),
@@ -70,7 +78,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
     }
     table = format_table([result], COLUMNS)
     if args.json:
-        print_json(result)
+        # MTEB's metric names, as results.json has them (ndcg_at_10, precision_at_1, ...), plus main_score; the
+        # older keys (ndcg@10, p@1, ...) stay beside them for one release, as aliases.
+        print_json({**result, **mteb_metrics(metrics.aggregate)})
     else:
         print(table)
     if args.out:
@@ -82,8 +92,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
                              per_query=per_query_scores(metrics.per_query), rows=[{**result, "metrics": mteb_metrics(metrics.aggregate)}],
                              table=table)
         logger.info("results: %s", path)
-        if args.queries == "all":  # a whole qrels split: the setting an MTEB score has
+        if mteb_file:
             logger.info("MTEB format: %s", write_mteb_result(args.out, experiment.dataset.name, experiment.dataset.split,
-                                                             metrics.aggregate, result["seconds"]))
+                                                             scored.aggregate, result["seconds"],
+                                                             dataset_sha256=experiment.dataset.fingerprints))
         finish_output_dir(args.out, "evaluate")
     return 0

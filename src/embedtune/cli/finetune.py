@@ -301,4 +301,5 @@ def _write_outputs(args: argparse.Namespace, config: PACEConfig, result: Any, ta
     logger.info("results: %s", path)
     if config.backbone == "text":
         aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
-        logger.info("MTEB format: %s", write_mteb_result(out, dataset.name, evaluate_split, aggregate, result.seconds.get("evaluate")))
+        logger.info("MTEB format: %s", write_mteb_result(out, dataset.name, evaluate_split, aggregate, result.seconds.get("evaluate"),
+                                                         dataset_sha256=getattr(dataset, "fingerprints", None)))

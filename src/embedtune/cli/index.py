@@ -59,12 +59,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     search.add_argument("--run-tag", default="embedtune", help="the TREC run file's last column")
     search.add_argument("--index", required=True, help="index folder written by `index build`")
-    search.add_argument("--model", default=None, help="encoder (default: the one recorded in the index manifest, else minilm)")
+    search.add_argument("--model", default=None,
+                        help="encoder of the queries (default: the one the index manifest records; an index that records none needs it)")
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
     search.add_argument("--no-adapter", action="store_true", help="search with the raw model vectors")
     search.add_argument("--query-prompt", default="", help="text prepended to the query (instruction models)")
     search.add_argument("--top-k", type=positive_int, default=10, help="hits per query (>= 1)")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
+    search.add_argument("--keep-identical-ids", action="store_true",
+                        help="with --queries: keep a hit whose document id equals the query id (dropped by default, as "
+                             "`evaluate` and BEIR drop it)")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     search.set_defaults(handler=run_search)
 
@@ -112,20 +116,23 @@ def run_search(args: argparse.Namespace) -> int:
     inputs = [args.queries, args.index, args.adapter]
     if args.out:  # refusals now; --out is prepared once the hits are there
         prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs, check_only=True)
+    # Queries from a file carry real ids: a hit with the query's own id is dropped, as `evaluate` (and BEIR) drop it.
+    # Argument queries are numbered 1, 2, ...: those numbers are no document's id.
     results = search_texts(args.index, [text for _, text in queries], args.model, args.adapter, not args.no_adapter, args.top_k,
-                           args.query_prompt, args.rescore, show_progress=len(queries) > 1)
+                           args.query_prompt, args.rescore, show_progress=len(queries) > 1,
+                           query_ids=[qid for qid, _ in queries] if args.queries else None,
+                           ignore_identical_ids=not args.keep_identical_ids)
     hits = {qid: found for (qid, _), found in zip(queries, results)}
     if args.out:
         out = prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs)
         trec = write_trec_run(out / "run.trec", hits, args.run_tag)
         jsonl = write_jsonl_run(out / "run.jsonl", queries, hits)
         finish_output_dir(out, "search")
-        logger.info("%d queries x top %d: %s, %s", len(queries), args.top_k, trec, jsonl)
     if args.json:
         print_json({"queries": [{"query_id": qid, "query": text, "hits": hits[qid]} for qid, text in queries]})
         return 0
-    if args.out:
-        print(f"{len(queries)} queries, top {args.top_k} hits each: {out / 'run.trec'} (TREC run), {out / 'run.jsonl'}")
+    if args.out:  # the one summary line (it was printed twice, once as a log line)
+        print(f"{len(queries)} queries, top {args.top_k} hits each: {trec} (TREC run), {jsonl}")
         return 0
     for qid, query in queries:
         print(f"query {qid}: {query}")

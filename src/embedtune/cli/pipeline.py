@@ -10,7 +10,7 @@ from embedtune.compress import DIVECompressor
 from embedtune.data.beir import load_beir
 from embedtune.encoders import resolve_model_path
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
-from embedtune.finetune.config import DEFAULT_PRESETS, parse_stage2_init, preset_config
+from embedtune.finetune.config import DEFAULT_PRESETS, ONE_STAGE_DEFAULT_EPOCHS, parse_stage2_init, preset_config
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.results import describe_data, pipeline_summary, write_results
 
@@ -31,13 +31,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
-    parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, results.json, results.md; pipeline_result.json kept for one release)")
+    parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, compressors/<model>/<method>/s<seed>/ with every "
+                        "fitted compressor, results.json, results.md; pipeline_result.json kept for one release)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (re-running into the same --out resumes instead)")
-    parser.add_argument("--preset", default=DEFAULT_PRESETS["text"], help="fine-tuning preset (default as `embedtune finetune pace`; see its --help)")
+    parser.add_argument("--preset", default=DEFAULT_PRESETS["text"],
+                        help=f"fine-tuning preset (default: {DEFAULT_PRESETS['text']}, as `embedtune finetune pace`; see its --help)")
     parser.add_argument("--train-split", default="train", help="qrels split PACE and the compressors train on")
     parser.add_argument("--test-split", default="test", help="qrels split of the held-out evaluation")
-    parser.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (default: one epoch)")
-    parser.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (default: one epoch)")
+    parser.add_argument("--stage1-steps", type=int, default=None,
+                        help="Stage I schedule length in optimizer steps (default: the preset's, one pass over the training tuples; "
+                             "a one-stage preset's whole schedule: " + ", ".join(f"{name} {epochs:g} epochs" for name, epochs in
+                                                                                 ONE_STAGE_DEFAULT_EPOCHS.items()) + ")")
+    parser.add_argument("--stage2-steps", type=int, default=None,
+                        help="Stage II schedule length in optimizer steps (default: the preset's, one pass over the training tuples)")
     parser.add_argument("--stage2-init", type=parse_stage2_init, default=0.25, help="Stage II init checkpoint: fraction of Stage I, a step, or 'final'")
     parser.add_argument("--stop-stage1-at-init", action="store_true", help="end Stage I at the Stage II init checkpoint")
     parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
@@ -96,4 +102,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
     else:
         print(table)
         print(f"fine-tuned model: {result['model_dir']} (ranks by {result['similarity']}); results: {path}")
+        saved = [row["compressor"] for row in result["rows"] if row.get("compressor") and row["model"] == "finetuned"]
+        if saved:
+            print(f"fitted compressors (apply them to the fine-tuned model's vectors): {', '.join(saved)}")
     return 0

@@ -62,13 +62,17 @@ INPUT_NORMALIZATIONS = (None, "unit")
 _UNIT_TOLERANCE = 1e-4
 
 
-def as_float32_rows(X: Any, name: str = "X", dim: int | None = None) -> np.ndarray:
-    """Return ``X`` as a C-contiguous float32 matrix, checking its shape."""
+def as_float32_rows(X: Any, name: str = "the input vectors", dim: int | None = None,
+                    expected: str = "the compressor was fitted on {dim}-d vectors: give it vectors of the model it was fitted on") -> np.ndarray:
+    """Return ``X`` as a C-contiguous float32 matrix, checking its shape.
+
+    ``name`` says what the rows are in messages (never a variable name); ``expected`` what ``dim`` is.
+    """
     array = np.ascontiguousarray(np.asarray(X, dtype=np.float32))
     if array.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (n, d); got shape {array.shape}.")
     if dim is not None and array.shape[1] != dim:
-        raise ValueError(f"{name} has {array.shape[1]} columns but the compressor was fitted on {dim}-d input.")
+        raise ValueError(f"{name} are {array.shape[1]}-d ({array.shape[1]} columns) but {expected.format(dim=dim)}.")
     check_finite(array, name, "input", fix="drop or repair the rows holding NaN or infinity before compressing them")
     return array
 
@@ -110,8 +114,9 @@ class TrainingData:
     triplets: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        self.query_embeddings = as_float32_rows(self.query_embeddings, "query_embeddings")
-        self.doc_embeddings = as_float32_rows(self.doc_embeddings, "doc_embeddings", self.query_embeddings.shape[1])
+        self.query_embeddings = as_float32_rows(self.query_embeddings, "the query vectors")
+        self.doc_embeddings = as_float32_rows(self.doc_embeddings, "the document vectors", self.query_embeddings.shape[1],
+                                              expected="the query vectors are {dim}-d: give both from the same model")
         if len(self.query_ids) != len(self.query_embeddings):
             raise ValueError(f"{len(self.query_ids)} query ids for {len(self.query_embeddings)} query embeddings.")
         if len(self.doc_ids) != len(self.doc_embeddings):
@@ -132,7 +137,7 @@ class TrainingData:
 
         ``doc_ids`` defaults to the row numbers as strings.
         """
-        docs = as_float32_rows(doc_embeddings, "doc_embeddings")
+        docs = as_float32_rows(doc_embeddings, "the document vectors")
         ids = [str(i) for i in range(len(docs))] if doc_ids is None else list(doc_ids)
         return cls([], np.zeros((0, docs.shape[1]), dtype=np.float32), ids, docs, {}, None)
 
@@ -292,7 +297,7 @@ class Compressor(abc.ABC):
 
     def transform(self, X: Any) -> np.ndarray:
         self._check_fitted()
-        X = as_float32_rows(X, "X", self.input_dim_)
+        X = as_float32_rows(X, "the input vectors", self.input_dim_)
         return self.transform_validated(self.normalize_input(X))
 
     def normalize_input(self, X: np.ndarray) -> np.ndarray:

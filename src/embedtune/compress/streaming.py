@@ -102,7 +102,7 @@ def transform_rows(
         raise ValueError(f"out must be a C-contiguous float32 array of shape {(n, compressor.output_dim)}; got {out.shape} {out.dtype}.")
     compressor._check_fitted()
     if X.ndim != 2 or (len(X) and X.shape[1] != compressor.input_dim_):
-        as_float32_rows(X[:1] if X.ndim == 2 else X, "X", compressor.input_dim_)  # raises the shape error
+        as_float32_rows(X[:1] if X.ndim == 2 else X, "the input vectors", compressor.input_dim_)  # raises the shape error
     output_shows_input = compressor.non_finite_input_reaches_output
 
     def transform_tile(rows: np.ndarray, full: bool, start: int) -> None:
@@ -119,14 +119,14 @@ def transform_rows(
             rows = np.concatenate([rows, np.repeat(rows[-1:], tile - len(rows), axis=0)])
         try:
             if validated or not output_shows_input:
-                rows = rows if validated else as_float32_rows(rows, "X", compressor.input_dim_)
+                rows = rows if validated else as_float32_rows(rows, "the input vectors", compressor.input_dim_)
                 transform_tile(rows, full, start)
             else:
                 # Only the output is scanned; a non-finite output row is traced back to the input here.
                 try:
                     transform_tile(np.ascontiguousarray(rows, dtype=np.float32), full, start)
                 except NonFiniteError:
-                    as_float32_rows(rows, "X", compressor.input_dim_)  # raises the input's error if the input is bad
+                    as_float32_rows(rows, "the input vectors", compressor.input_dim_)  # raises the input's error if the input is bad
                     raise
         except NonFiniteError as error:
             raise error.shifted(start) from None  # rows of X, not of the tile

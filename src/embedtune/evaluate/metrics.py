@@ -9,15 +9,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["RetrievalMetrics", "evaluate_run", "DEFAULT_METRICS"]
+__all__ = ["RetrievalMetrics", "evaluate_run", "DEFAULT_METRICS", "mteb_retrieval_metrics"]
 
 # Our name -> pytrec_eval measure. MRR@10 is pytrec_eval's "recip_rank" over a run cut at 10.
 DEFAULT_METRICS = ("ndcg@10", "recall@10", "recall@100", "p@1", "mrr@10")
 _TREC_MEASURES = {
     "ndcg": ("ndcg_cut", "ndcg_cut_{k}"),
+    "map": ("map_cut", "map_cut_{k}"),
     "recall": ("recall", "recall_{k}"),
     "p": ("P", "P_{k}"),
 }
+# The cutoffs MTEB reports for a retrieval task (nDCG, MAP, recall, precision and MRR at each).
+MTEB_CUTOFFS = (1, 3, 5, 10, 20, 100, 1000)
+
+
+def mteb_retrieval_metrics(top_k: int = 1000) -> tuple[str, ...]:
+    """The metrics MTEB writes for a retrieval task, at the cutoffs a top-``top_k`` run can score, plus the defaults."""
+    names = [f"{base}@{k}" for base in ("ndcg", "map", "recall", "p", "mrr") for k in MTEB_CUTOFFS if k <= top_k]
+    return tuple(dict.fromkeys([*DEFAULT_METRICS, *names]))
 
 
 @dataclass
@@ -45,8 +54,8 @@ class RetrievalMetrics:
 
 def _parse(name: str) -> tuple[str, int]:
     base, _, cutoff = name.lower().partition("@")
-    if not cutoff.isdigit() or base not in {"ndcg", "recall", "p", "mrr"}:
-        raise ValueError(f"unknown metric {name!r}; use ndcg@k, recall@k, p@k or mrr@k.")
+    if not cutoff.isdigit() or base not in {"ndcg", "map", "recall", "p", "mrr"}:
+        raise ValueError(f"unknown metric {name!r}; use ndcg@k, map@k, recall@k, p@k or mrr@k.")
     return base, int(cutoff)
 
 

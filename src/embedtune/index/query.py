@@ -1,6 +1,7 @@
 """Search an index folder with query texts: what ``embedtune search`` runs.
 
-The queries are encoded with the model the index records (or ``model``), mapped through the
+The queries are encoded with ``model``, else the model the index records (an index that records
+none needs ``model``: there is no silent default), mapped through the
 adapter the index was built with (or ``adapter``), and searched. The adapter is checked against
 the digests the manifest recorded at build time first: an adapter refitted or edited after
 ``index build`` would map the queries into another space than the documents, and every hit
@@ -41,20 +42,43 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
     compressor = load_compressor(adapter)
     if recorded:
         check_adapter(index.manifest, index.path / MANIFEST, adapter, compressor)
+    if vectors.ndim == 2 and vectors.shape[1] != compressor.input_dim_:
+        raise ValueError(f"the query vectors are {vectors.shape[1]}-d but the adapter {adapter} was fitted on {compressor.input_dim_}-d "
+                         "vectors: encode the queries with the model the index's vectors came from (--model).")
     return compressor.transform(vectors)
 
 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
                  use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
-                 show_progress: bool = False) -> list[list[dict[str, Any]]]:
-    """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each."""
+                 show_progress: bool = False, query_ids: list[str] | None = None,
+                 ignore_identical_ids: bool = True) -> list[list[dict[str, Any]]]:
+    """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each.
+
+    With ``query_ids`` (real ids, e.g. from a BEIR queries file) and ``ignore_identical_ids``, a
+    document whose id equals its query's id is dropped and the next one takes its place, as
+    ``evaluate`` (and BEIR) score: on ArguAna every query is also a document.
+    """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"--top-k must be an integer >= 1 (hits per query); got {top_k!r}.")
     index = load_index(index_dir)
-    model = model or index.manifest.get("model") or "minilm"
+    model = model or index.manifest.get("model")
+    if not model:
+        # No silent default: queries encoded by another model than the documents' give wrong hits, with no error.
+        raise ValueError(f"{index.path / MANIFEST} records no model, so the queries' encoder is unknown: pass --model, the model "
+                         "the index's vectors came from (e.g. --model minilm), or record it with `index build --model`.")
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
     encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress)
     vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
-    D, I = index.search(vectors, top_k, rescore_with=rescore)
-    return index.hits(D, I)
+    drop = ignore_identical_ids and query_ids is not None
+    if drop and len(query_ids) != len(queries):  # type: ignore[arg-type]
+        raise ValueError(f"{len(query_ids)} query ids for {len(queries)} queries.")  # type: ignore[arg-type]
+    D, I = index.search(vectors, top_k + 1 if drop else top_k, rescore_with=rescore)  # one spare for a dropped hit
+    hits = index.hits(D, I)
+    if not drop:
+        return hits
+    kept = []
+    for qid, found in zip(query_ids, hits):  # type: ignore[arg-type]
+        rows = [hit for hit in found if hit["id"] != str(qid)][:top_k]
+        kept.append([{**hit, "rank": rank} for rank, hit in enumerate(rows, 1)])
+    return kept

@@ -66,10 +66,12 @@ class Experiment:
         doc_embeddings: np.ndarray | None = None,
         ignore_identical_ids: bool = True,
         top_k: int = 100,
+        metrics: tuple[str, ...] | None = None,
     ) -> RetrievalMetrics:
         """Score (possibly transformed) embeddings on the queries of ``part``.
 
-        ``query_embeddings`` must then be row-aligned with ``part_ids(part)``.
+        ``query_embeddings`` must then be row-aligned with ``part_ids(part)``. ``metrics``: the
+        names to compute (default :data:`~embedtune.evaluate.metrics.DEFAULT_METRICS`).
         """
         ids = self.part_ids(part)
         if query_embeddings is None:
@@ -77,7 +79,8 @@ class Experiment:
         if doc_embeddings is None:
             doc_embeddings = np.ascontiguousarray(self.embeddings.doc_embeddings, dtype=np.float32)
         return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k,
-                                   ignore_identical_ids, similarity=self.similarity)  # type: ignore[arg-type]
+                                   ignore_identical_ids, similarity=self.similarity,  # type: ignore[arg-type]
+                                   **({"metrics": metrics} if metrics else {}))
 
 
 def encoder_settings(

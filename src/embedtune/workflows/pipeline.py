@@ -40,9 +40,11 @@ from embedtune.workflows.triplets import shared_triplets
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "subset_comparisons", "RESULT_NAME"]
+__all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "subset_comparisons", "compressor_dir", "RESULT_NAME",
+           "COMPRESSORS_DIR"]
 
 RESULT_NAME = "pipeline_result.json"
+COMPRESSORS_DIR = "compressors"
 # PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
 _RECIPE_NEUTRAL = {"output_dir", "save_steps", "logging_steps", "deepspeed", "precision", "preset"}
 
@@ -146,6 +148,15 @@ def paired_comparisons(rows: list[dict[str, Any]], n_resamples: int = 10_000) ->
     return comparisons
 
 
+def compressor_dir(out_dir: str | Path, label: str, method: str, variant: str = "", seed: int | None = None) -> Path:
+    """Where ``run_pipeline`` saves a fitted compressor: ``OUT/compressors/<model>/<method>[-<variant>][/s<seed>]``.
+
+    ``label`` is ``finetuned`` (pair it with ``OUT/finetune/model``) or ``base`` (the base model).
+    """
+    folder = Path(out_dir) / COMPRESSORS_DIR / label / (method + (f"-{variant}" if variant else ""))
+    return folder / f"s{seed}" if seed is not None else folder
+
+
 def _evaluate_model(
     model: str, similarity: str, label: str, pace_config: Any, config: PipelineConfig, out_dir: Path
 ) -> list[dict[str, Any]]:
@@ -169,9 +180,13 @@ def _evaluate_model(
         if method == "dive":
             overrides = {**preset.settings, **overrides}
         for seed in config.seeds if cls.seed_dependent else config.seeds[:1]:  # a seed-free method runs once
-            run = fit_and_evaluate(experiment, method, config.dim, seed, final=True, triplets=triplets, overrides=overrides)
+            # Saved, so that the combination scored here can be deployed: the fine-tuned model + this compressor.
+            folder = compressor_dir(out_dir, label, method, variant, seed if cls.seed_dependent else None)
+            run = fit_and_evaluate(experiment, method, config.dim, seed, final=True, triplets=triplets, overrides=overrides,
+                                   out_dir=folder)
             rows.append({"model": label, "similarity": similarity, "method": method, "variant": variant,
                          "dim": run.details.get("out_dim", config.dim), **({"seed": seed} if cls.seed_dependent else {}),
+                         "compressor": str(folder),
                          "ndcg@10": run.metrics["ndcg@10"], "recall@10": run.metrics["recall@10"], "n_queries": run.metrics.n_queries,
                          "fit_seconds": run.fit_seconds, "metrics": dict(run.metrics.aggregate),
                          "per_query_ndcg@10": _per_query_ndcg(run.metrics)})
@@ -185,11 +200,13 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
         pace_config: a :class:`embedtune.finetune.PACEConfig`; its ``output_dir`` is replaced by
             ``<out_dir>/finetune``.
         config: the compressors and the evaluation.
-        out_dir: the run folder (``finetune/``, ``triplets/``, ``pipeline_result.json``).
+        out_dir: the run folder (``finetune/``, ``triplets/``, ``compressors/`` with every fitted
+            compressor (see :func:`compressor_dir`), ``pipeline_result.json``).
 
     Returns:
         ``{"model_dir", "similarity", "rows", "comparisons", "seconds", ...}``; each row is one
-        (model, method, seed) with held-out nDCG@10, Recall@10 and the per-query nDCG@10;
+        (model, method, seed) with held-out nDCG@10, Recall@10, the per-query nDCG@10 and the
+        folder of its saved compressor (``compressor``);
         ``comparisons`` are the paired tests of :func:`paired_comparisons`.
     """
     out_dir = Path(out_dir)

@@ -70,6 +70,9 @@ __all__ = [
 RESULTS_NAME = "results.json"
 TABLE_NAME = "results.md"
 MTEB_DIR = "mteb"
+# The MTEB release whose result format (TaskResult: scores[split] = [{..., "main_score", "hf_subset", "languages"}])
+# write_mteb_result follows; a string, since MTEB releases before 1.12.x parse the field with packaging.Version.
+MTEB_FORMAT_VERSION = "2.26.24"
 SCHEMA = "embedtune-results/1"
 REQUIRED_KEYS = ("schema", "embedtune_version", "command", "task", "config", "data", "model", "metrics", "per_query", "rows", "table")
 
@@ -226,11 +229,20 @@ def write_mteb_result(
     metrics: Mapping[str, Any],
     evaluation_time: float | None = None,
     languages: Sequence[str] | None = None,
+    dataset_sha256: Mapping[str, str] | None = None,
 ) -> Path:
     """``out/mteb/<TaskName>.json`` in MTEB's result format, for one scored qrels split.
 
-    ``metrics``: embedtune's names (``ndcg@10``...) or MTEB's. ``languages`` defaults to
+    ``metrics``: embedtune's names (``ndcg@10``...) or MTEB's; pass
+    :func:`~embedtune.evaluate.metrics.mteb_retrieval_metrics` for the set MTEB itself reports
+    (nDCG, MAP, recall, precision and MRR at 1 to 1000). ``languages`` defaults to
     ``["eng-Latn"]`` for the English BEIR datasets MTEB knows, else ``[]``.
+
+    ``mteb_version`` is :data:`MTEB_FORMAT_VERSION`, the MTEB release whose ``TaskResult`` reads
+    this file as written (tests/test_small_fixes_issue29.py loads it with that release when it
+    is installed); MTEB itself did not run, ``embedtune_version`` says what did. A local BEIR copy
+    has no Hugging Face revision: ``dataset_revision`` says so, and ``dataset_sha256`` (and
+    results.json) hold its files' sha256.
     """
     task_name = mteb_task_name(dataset_name)
     if languages is None:
@@ -238,8 +250,9 @@ def write_mteb_result(
     scores = mteb_metrics(metrics) if any("@" in name for name in metrics) else json_safe(dict(metrics))
     document = {
         "task_name": task_name,
-        "dataset_revision": None,  # a local BEIR copy has no Hugging Face revision; results.json keeps its sha256
-        "mteb_version": None,
+        "dataset_revision": "dataset revision not available (a local BEIR copy; see dataset_sha256)",  # MTEB requires a string
+        "dataset_sha256": dict(sorted((dataset_sha256 or {}).items())),
+        "mteb_version": MTEB_FORMAT_VERSION,
         "embedtune_version": __version__,
         "evaluation_time": evaluation_time,
         "kg_co2_emissions": None,
