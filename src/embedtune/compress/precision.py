@@ -17,9 +17,31 @@ binary-asym       ``ceil(k / 8)``         ``ceil(k / 8)``     Hamming top ``cand
                                                               query · ±1 sign vector
 binary-rescore    ``ceil(k / 8)``         ``ceil(k/8) + 4k``  Hamming top ``candidates``, rescored against the
                                                               float32 vectors memory-mapped from disk
+int4              ``ceil(k / 2)``         ``ceil(k / 2)``     FAISS ``SQ4``: 4 bits per dimension, per-dimension
+                                                              ranges trained on the corpus, float query
+rabitq1           ``ceil(k/8) + 8``       same                FAISS ``RaBitQ`` (Gao & Long 2024): sign bits of
+                                                              the vector minus the corpus centroid, plus two
+                                                              float32 factors per vector; 4-bit query
+rabitq1-rescore   ``ceil(k/8) + 8``       ``+ 4k``            RaBitQ top ``candidates``, rescored against the
+                                                              float32 vectors memory-mapped from disk
+rabitq4           ``ceil(k/8) + 8 +``     same                FAISS ``RaBitQ4`` (extended RaBitQ): the sign bit
+                  ``ceil(3k/8) + 12``                         plus 3 more bits per dimension, and three more
+                                                              float32 factors per vector
+turboquant1       ``ceil(k / 8)``         same                FAISS ``SQtqmse1`` (TurboQuant, Zandieh et al.
+                                                              2025): Lloyd-Max codes for unit vectors, 1 bit
+                                                              per dimension, no training, float query
+turboquant4       ``ceil(k / 2)``         same                FAISS ``SQtqmse4``: the same at 4 bits
 faiss:FACTORY     the code size (+ 8 for  same                any FAISS ``index_factory`` string, e.g.
-                  IVF list ids)                               ``faiss:OPQ16,PQ16`` or ``faiss:PQ32x4fs``
+                  IVF list ids)                               ``faiss:OPQ16,PQ16``, ``faiss:PQ32x4fs`` or
+                                                              ``faiss:RR,SQtqmse4`` (randomly rotated first)
 ================  ======================  ==================  ===============================================
+
+The RaBitQ and TurboQuant precisions are FAISS's own index types (``RaBitQ``, ``RaBitQ4``,
+``SQtqmse1``, ``SQtqmse4``), with their defaults: FAISS applies no random rotation before either
+(prefix ``RR,`` through ``faiss:`` for one). Their bytes are the code FAISS stores per vector,
+factors included (:func:`factory_code_bytes`, checked against ``sa_code_size`` and the serialized
+index in the tests). They need faiss-cpu >= 1.11.0 (RaBitQ), 1.13.1 (multi-bit RaBitQ) and 1.14.2
+(TurboQuant); an older FAISS is an error naming the release (:func:`check_faiss_supports`).
 
 Fixed costs that do not grow with the corpus (int8 ranges: ``8k`` bytes; PQ codebooks; the
 compressor's weights) are reported separately by :meth:`QuantizedIndex.fixed_bytes`.
@@ -44,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 from embedtune.io import atomic_write_json, load_weights, save_weights
 from embedtune.runtime import native_chatter_filtered
@@ -54,16 +77,41 @@ __all__ = [
     "Calibration",
     "QuantizedIndex",
     "factory_code_bytes",
+    "FAISS_PRECISIONS",
+    "FLOAT_RESCORED",
+    "check_faiss_supports",
+    "faiss_release_needed",
+    "faiss_version_error",
     "binary_codes",
     "sign_vectors",
     "CALIBRATION_FILE",
 ]
 
-PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore")
+#: The built-in precisions that are FAISS index types: name -> its ``index_factory`` string.
+FAISS_PRECISIONS = {
+    "int4": "SQ4",
+    "rabitq1": "RaBitQ",
+    "rabitq1-rescore": "RaBitQ",
+    "rabitq4": "RaBitQ4",
+    "turboquant1": "SQtqmse1",
+    "turboquant4": "SQtqmse4",
+}
+PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore", *FAISS_PRECISIONS)
 """The built-in precisions; ``faiss:<index_factory string>`` names any FAISS index as well."""
+#: Precisions that rescore their candidates against the float32 vectors kept on disk.
+FLOAT_RESCORED = ("binary-rescore", "rabitq1-rescore")
 CALIBRATION_FILE = "calibration.safetensors"
 _FACTORY_PREFIX = "faiss:"
 _PQ = re.compile(r"^(?:PQ|RQ|LSQ)(\d+)(?:x(\d+))?(fs|np)?$")
+# RaBitQ (1 bit, or 2-9 bits: the sign bit plus extra bits), plain or fast-scan (fs).
+_RABITQ = re.compile(r"^RaBitQ(fs)?(\d*)(?:_\d+)?$")
+# TurboQuant scalar quantisers: MSE codes (SQtqmse<b>) or with the 1-bit QJL residual (SQtq<b>).
+_TURBOQUANT = re.compile(r"^SQtq(mse)?(\d+)$")
+# Pre-transforms that store nothing per vector and keep the dimension: random / Hadamard rotations.
+_ROTATION = re.compile(r"^(?:RR|HR)(\d*)$")
+# Per-vector float factors FAISS stores beside the codes (bytes): RaBitQ's sign-bit factors
+# (two float32), its extra-bit factors (three float32), and TurboQuant's QJL factors (two float32).
+RABITQ_SIGN_FACTORS, RABITQ_EXTRA_FACTORS, TURBOQUANT_QJL_FACTORS = 8, 12, 8
 # Bytes per dimension of FAISS scalar quantisers.
 _SQ_BYTES = {"SQ8": 1.0, "SQ4": 0.5, "SQ6": 0.75, "SQfp16": 2.0, "SQbf16": 2.0, "Flat": 4.0}
 
@@ -71,11 +119,18 @@ _SQ_BYTES = {"SQ8": 1.0, "SQ4": 0.5, "SQ6": 0.75, "SQfp16": 2.0, "SQbf16": 2.0, 
 def factory_code_bytes(factory: str, dim: int) -> int:
     """Bytes per vector an ``index_factory`` string keeps in RAM (FAISS's code size, + 8 ids for IVF).
 
-    Understands ``[OPQ.../PCA... ,][IVFn,](PQm[xb][fs] | SQ8 | SQ4 | SQfp16 | Flat)``; the
-    pre-transforms store nothing per vector, an inverted file stores an 8-byte id per vector.
+    Understands ``[OPQ.../PCA.../RR/HR ,][IVFn,](PQm[xb][fs] | SQ8 | SQ4 | SQfp16 | Flat | RaBitQ[fs][b]
+    | SQtqmse<b> | SQtq<b>)``; the pre-transforms store nothing per vector, an inverted file stores
+    an 8-byte id per vector. RaBitQ at ``b`` bits stores ``ceil(d/8)`` sign bits and two float32
+    factors, plus, for ``b > 1``, ``ceil(d(b-1)/8)`` extra bits and three more float32 factors;
+    TurboQuant ``SQtqmse<b>`` stores ``ceil(db/8)`` bytes, ``SQtq<b>`` ``b`` bit planes of
+    ``ceil(d/8)`` bytes and two float32 factors. (Fast-scan codes are packed in blocks of 32 vectors,
+    so the last block pads up to 31 vectors' worth.)
 
     >>> factory_code_bytes("OPQ16,PQ16", 384), factory_code_bytes("IVF64,PQ32x4fs", 384)
     (16, 24)
+    >>> factory_code_bytes("RaBitQ", 384), factory_code_bytes("RaBitQ4", 384), factory_code_bytes("SQtqmse1", 384)
+    (56, 212, 48)
     """
     parts = [p.strip() for p in factory.split(",") if p.strip()]
     if not parts:
@@ -85,17 +140,85 @@ def factory_code_bytes(factory: str, dim: int) -> int:
     out_dim = dim
     for part in parts[:-1]:
         match = re.match(r"^(?:OPQ\d+|PCAR?|PCAW?R?)_?(\d+)$", part)
+        rotation = _ROTATION.match(part)
         if match:
             out_dim = int(match.group(1))
+        elif rotation and rotation.group(1):
+            out_dim = int(rotation.group(1))
     match = _PQ.match(last)
+    rabitq, turboquant = _RABITQ.match(last), _TURBOQUANT.match(last)
     if match:
         m, bits = int(match.group(1)), int(match.group(2) or 8)
         code = (m * bits + 7) // 8
+    elif rabitq:
+        bits = int(rabitq.group(2) or 1)
+        if not 1 <= bits <= 9:
+            raise ValueError(f"FAISS factory {factory!r}: RaBitQ codes have 1 to 9 bits per dimension; got {bits}.")
+        code = (out_dim + 7) // 8 + RABITQ_SIGN_FACTORS
+        if bits > 1:
+            code += (out_dim * (bits - 1) + 7) // 8 + RABITQ_EXTRA_FACTORS
+    elif turboquant:
+        bits = int(turboquant.group(2))
+        allowed = (1, 2, 3, 4, 8) if turboquant.group(1) else (2, 3, 4, 5)
+        if bits not in allowed:
+            raise ValueError(f"FAISS factory {factory!r}: TurboQuant {'SQtqmse' if turboquant.group(1) else 'SQtq'} "
+                             f"takes {', '.join(map(str, allowed))} bits; got {bits}.")
+        if turboquant.group(1):
+            code = (out_dim * bits + 7) // 8
+        else:
+            code = bits * ((out_dim + 7) // 8) + TURBOQUANT_QJL_FACTORS
     elif last in _SQ_BYTES:
         code = int(np.ceil(out_dim * _SQ_BYTES[last]))
     else:
-        raise ValueError(f"cannot tell the code size of FAISS factory {factory!r}; use PQ, SQ or Flat codes.")
+        raise ValueError(f"cannot tell the code size of FAISS factory {factory!r}; use PQ, SQ, RaBitQ, SQtqmse or Flat codes.")
     return code + (8 if ivf else 0)
+
+
+#: FAISS features some factory strings need: (what, regex on a factory component, probe of the
+#: faiss module, the first faiss-cpu release that has it). Most specific first.
+_FAISS_FEATURES: tuple[tuple[str, re.Pattern[str], Any, str], ...] = (
+    ("multi-bit RaBitQ fast-scan codes", re.compile(r"^RaBitQfs[2-9]"), lambda f: hasattr(f, "IndexRaBitQFastScan"), "1.13.2"),
+    ("RaBitQ fast-scan codes", re.compile(r"^RaBitQfs"), lambda f: hasattr(f, "IndexRaBitQFastScan"), "1.13.0"),
+    ("multi-bit RaBitQ codes", re.compile(r"^RaBitQ[2-9]"),
+     lambda f: hasattr(f, "RaBitQuantizer") and hasattr(f.RaBitQuantizer, "nb_bits"), "1.13.1"),
+    ("RaBitQ codes", re.compile(r"^RaBitQ"), lambda f: hasattr(f, "IndexRaBitQ"), "1.11.0"),
+    ("TurboQuant scalar quantisers", re.compile(r"^SQtq"), lambda f: hasattr(f.ScalarQuantizer, "QT_1bit_tqmse"), "1.14.2"),
+)
+
+
+def faiss_release_needed(factory: str) -> tuple[str, str] | None:
+    """``(feature, first faiss-cpu release)`` of the newest FAISS index type ``factory`` uses, or None for older ones."""
+    for part in (p.strip() for p in factory.split(",")):
+        for what, pattern, _, release in _FAISS_FEATURES:
+            if pattern.match(part):
+                return what, release
+    return None
+
+
+def check_faiss_supports(factory: str, precision: str | None = None, faiss_module: Any = None) -> None:
+    """Raise :class:`~embedtune.errors.EmbedtuneError` naming the faiss-cpu release needed when the installed FAISS lacks an index type of ``factory``.
+
+    >>> check_faiss_supports("SQtqmse4")  # faiss-cpu >= 1.14.2: nothing to say   # doctest: +SKIP
+    """
+    if faiss_module is None:
+        import faiss as faiss_module
+    for part in (p.strip() for p in factory.split(",")):
+        for what, pattern, probe, release in _FAISS_FEATURES:
+            if pattern.match(part):
+                if not probe(faiss_module):
+                    raise faiss_version_error(factory, precision, faiss_module)
+                break
+
+
+def faiss_version_error(factory: str, precision: str | None = None, faiss_module: Any = None) -> EmbedtuneError:
+    """The error for a FAISS index type the installed faiss cannot make: the feature, the release that has it, the fix."""
+    if faiss_module is None:
+        import faiss as faiss_module
+    what, release = faiss_release_needed(factory) or ("this index type", "a newer release")
+    name = f"precision {precision!r} (FAISS factory {factory!r})" if precision else f"FAISS factory {factory!r}"
+    return EmbedtuneError(f"{name} needs {what}, which FAISS has from faiss-cpu {release}; the installed faiss is "
+                          f"{getattr(faiss_module, '__version__', 'unknown')}. Fix: pip install -U 'faiss-cpu>={release}', "
+                          "or choose another precision.")
 
 
 @dataclass(frozen=True)
@@ -104,7 +227,7 @@ class Precision:
 
     Args:
         name: one of :data:`PRECISIONS`, or ``"faiss:<index_factory string>"``.
-        candidates: binary with rescoring: how many Hamming candidates are rescored.
+        candidates: binary and RaBitQ with rescoring: how many candidates are rescored.
         nprobe: ``faiss:IVF...``: inverted lists visited per query (default: a quarter of them).
     """
 
@@ -122,7 +245,18 @@ class Precision:
 
     @property
     def is_faiss(self) -> bool:
+        """A ``faiss:<index_factory string>`` precision (the built-in FAISS ones are not: see :attr:`uses_factory`)."""
         return self.name.startswith(_FACTORY_PREFIX)
+
+    @property
+    def uses_factory(self) -> bool:
+        """Stored as a FAISS ``index_factory`` index: ``faiss:`` strings and :data:`FAISS_PRECISIONS`."""
+        return self.is_faiss or self.name in FAISS_PRECISIONS
+
+    @property
+    def rescores_float(self) -> bool:
+        """Rescores its candidates against float32 vectors kept on disk (:data:`FLOAT_RESCORED`)."""
+        return self.name in FLOAT_RESCORED
 
     @property
     def is_binary(self) -> bool:
@@ -133,19 +267,21 @@ class Precision:
         """The FAISS ``index_factory`` string that stores vectors at this precision (binary: ``BFlat``)."""
         if self.is_faiss:
             return self.name[len(_FACTORY_PREFIX):]
+        if self.name in FAISS_PRECISIONS:
+            return FAISS_PRECISIONS[self.name]
         return {"float32": "Flat", "float16": "SQfp16", "int8": "SQ8"}.get(self.name, "BFlat")
 
     def ram_bytes(self, dim: int) -> int:
-        """Bytes per vector held in memory to search (binary-rescore: the bits only)."""
-        if self.is_faiss:
+        """Bytes per vector held in memory to search (binary-rescore, rabitq1-rescore: the codes only)."""
+        if self.uses_factory:
             return factory_code_bytes(self.factory, dim)
         if self.is_binary:
             return (dim + 7) // 8
         return {"float32": 4, "float16": 2, "int8": 1}[self.name] * dim
 
     def disk_bytes(self, dim: int) -> int:
-        """Bytes per vector on disk (binary-rescore also keeps the float32 vectors there)."""
-        return self.ram_bytes(dim) + (4 * dim if self.name == "binary-rescore" else 0)
+        """Bytes per vector on disk (binary-rescore and rabitq1-rescore also keep the float32 vectors there)."""
+        return self.ram_bytes(dim) + (4 * dim if self.rescores_float else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -242,6 +378,22 @@ def sign_vectors(codes: np.ndarray, dim: int) -> np.ndarray:
     return np.unpackbits(codes, axis=1)[:, :dim].astype(np.float32) * 2 - 1
 
 
+def new_factory_index(d: int, factory: str, precision: str | None = None) -> Any:
+    """``faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)``, or an error naming the faiss-cpu release an index type needs."""
+    import faiss
+
+    check_faiss_supports(factory, precision, faiss)
+    try:
+        return faiss.index_factory(int(d), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError:
+        if faiss_release_needed(factory) is not None:  # e.g. a RaBitQ bit count or form this release lacks
+            raise faiss_version_error(factory, precision, faiss) from None
+        raise
+
+
+__all__.append("new_factory_index")
+
+
 class QuantizedIndex:
     """Vectors stored at one :class:`Precision`, searched exhaustively (or by the FAISS index given).
 
@@ -268,9 +420,10 @@ class QuantizedIndex:
             xb: ``(n, d)`` float vectors (the compressed corpus).
             precision: a :class:`Precision` or its name.
             calibration: int8 ranges to use (default: fitted on ``xb``).
-            float_vectors: binary-rescore: the float32 vectors to rescore against (default: ``xb``;
-                pass a memory map of the file on disk to keep them out of RAM).
-            train: ``faiss:`` indexes that need training are trained on these rows (default: ``xb``).
+            float_vectors: binary-rescore, rabitq1-rescore: the float32 vectors to rescore against
+                (default: ``xb``; pass a memory map of the file on disk to keep them out of RAM).
+            train: FAISS factory indexes that need training (``faiss:``, int4's ranges, RaBitQ's
+                centroid) are trained on these rows (default: ``xb``).
         """
         import faiss
 
@@ -299,7 +452,7 @@ class QuantizedIndex:
             index.is_trained = True
             index.add(xb)
             return cls(precision, d, index, n, calibration=calibration)
-        index = faiss.index_factory(d, precision.factory, faiss.METRIC_INNER_PRODUCT)
+        index = new_factory_index(d, precision.factory, precision.name if not precision.is_faiss else None)
         if not index.is_trained:
             with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
                 index.train(as_rows(train, "train") if train is not None else xb)
@@ -307,7 +460,8 @@ class QuantizedIndex:
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None:
             ivf.nprobe = precision.nprobe or max(1, ivf.nlist // 4)
-        return cls(precision, d, index, n)
+        rescore_with = (float_vectors if float_vectors is not None else xb) if precision.rescores_float else None
+        return cls(precision, d, index, n, float_vectors=rescore_with)
 
     def ram_bytes(self) -> int:
         """Bytes per vector held in RAM to search (see :meth:`Precision.ram_bytes`)."""
@@ -320,7 +474,7 @@ class QuantizedIndex:
         """Bytes that do not grow with the corpus: int8 ranges, or a FAISS index's tables (codebooks, rotations)."""
         if self.calibration is not None:
             return 8 * self.dim
-        if self.precision.is_faiss:
+        if self.precision.uses_factory:
             import faiss
 
             serialized = faiss.serialize_index(self.backend).size
@@ -337,8 +491,13 @@ class QuantizedIndex:
         if name == "float32":
             return exact_search(xq, self.float_vectors, k)
         if not self.precision.is_binary:
-            D, I = self.backend.search(xq, k)
-            return break_ties(D, I.astype(np.int64))
+            fetch = min(self.ntotal, max(k, self.precision.candidates)) if self.precision.rescores_float else k
+            D, I = self.backend.search(xq, fetch)
+            D, I = break_ties(D, I.astype(np.int64))
+            if not self.precision.rescores_float:
+                return D, I
+            D, I = break_ties(rescore(xq, self.float_vectors, I), I)  # rabitq1-rescore: float32 from disk
+            return D[:, :k], I[:, :k]
         qcodes = np.ascontiguousarray(binary_codes(xq))
         fetch = k if name == "binary" else min(self.ntotal, max(k, self.precision.candidates))
         distances, I = self.backend.search(qcodes, fetch)
