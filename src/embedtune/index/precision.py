@@ -15,6 +15,10 @@ int8                ``sq8`` with the plan's ``calibration.safetensors`` ranges
 binary              ``binary`` (Hamming)
 binary-asym         ``binary``; search rescores candidates as float · ±1
 binary-rescore      ``binary`` + ``vectors.npy``; search rescores in float32
+int4                ``SQ4`` (ranges trained on the corpus's first ``train_size`` rows)
+rabitq1, rabitq4    ``RaBitQ``, ``RaBitQ4``
+rabitq1-rescore     ``RaBitQ`` + ``vectors.npy``; search rescores in float32
+turboquant1, 4      ``SQtqmse1``, ``SQtqmse4``
 faiss:FACTORY       ``FACTORY``
 ==================  =========================================================
 """
@@ -30,7 +34,7 @@ from embedtune.workflows.plan import load_plan
 
 __all__ = ["build_planned_index", "RESCORE_OF"]
 
-RESCORE_OF = {"binary-asym": "asym", "binary-rescore": "float"}
+RESCORE_OF = {"binary-asym": "asym", "binary-rescore": "float", "rabitq1-rescore": "float"}
 
 
 def build_planned_index(
@@ -70,5 +74,5 @@ def build_planned_index(
         ranges = (calibration.vmin, calibration.vmax)
         recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
-                       model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.name == "binary-rescore",
+                       model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.rescores_float,
                        id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write)

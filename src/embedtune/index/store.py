@@ -5,7 +5,7 @@ Layout of an index folder::
     index.faiss     FAISS index (IndexFlatIP, IndexScalarQuantizer, IndexBinaryFlat or a factory index)
     ids.txt         one document id per line, row-aligned with the index
     titles.json     optional, a JSON list of titles row-aligned with ids.txt
-    vectors.npy     optional (binary with float rescoring): the float32 vectors the bits came from
+    vectors.npy     optional (float rescoring: binary, a rabitq1-rescore plan): the float32 vectors the codes came from
     manifest.json   kind, dims, counts, the adapter (path + sha256 of its files), the model, the
                     sha256 of every file above, and the digest of its own content
 
@@ -37,10 +37,11 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
+from embedtune.compress.precision import check_faiss_supports, faiss_release_needed, faiss_version_error
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
 from embedtune.errors import EmbedtuneError
-from embedtune.evaluate.search import as_rows, exact_search
+from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 from embedtune.index import quantize
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.io import (
@@ -320,9 +321,12 @@ def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | Non
         return faiss.IndexBinaryFlat(((int(d) + 7) // 8) * 8)
     if not isinstance(kind, str) or not kind.strip():
         raise EmbedtuneError(f"--kind {kind!r}: give flat, sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'.")
+    check_faiss_supports(kind, faiss_module=faiss)  # RaBitQ / TurboQuant on an older FAISS: name the release that has them
     try:
         return faiss.index_factory(int(d), kind, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as error:
+        if faiss_release_needed(kind) is not None and "index_factory" in str(error):
+            raise faiss_version_error(kind, faiss_module=faiss) from None
         raise EmbedtuneError(
             f"--kind {kind!r}: FAISS cannot make this index for {d}-d vectors ({_faiss_message(error)}). Fix: use flat, sq8, "
             f"binary, or a valid FAISS index_factory string such as 'IVF1024,Flat' or 'PQ{max(1, d // 8)}' (its numbers must "
@@ -349,7 +353,8 @@ class Index:
         """``(D, I)`` for float queries ``xq`` of shape ``(nq, dim)``; ties by ascending row.
 
         ``flat`` runs :func:`embedtune.evaluate.search.exact_search` on the index's own vectors
-        (no copy). ``binary`` takes ``rescore_with`` ``"float"`` (needs ``vectors.npy``) or ``"asym"``.
+        (no copy). ``binary`` takes ``rescore_with`` ``"float"`` (needs ``vectors.npy``) or ``"asym"``; other
+        kinds ``"float"`` (a plan's ``rabitq1-rescore``: its default), rescoring the top ``candidates``.
         """
         import faiss
 
@@ -365,6 +370,18 @@ class Index:
             if rescore_with is None and planned.get("rescore"):  # built from a plan: search as planned
                 rescore_with, candidates = planned["rescore"], int(planned.get("candidates", candidates))
             return quantize.binary_search(self.faiss_index, xq, k, rescore_with, self.vectors, candidates)  # type: ignore[arg-type]
+        planned = self.manifest.get("plan") or {}
+        if rescore_with is None and planned.get("rescore") == "float":  # e.g. a plan's rabitq1-rescore
+            rescore_with, candidates = "float", int(planned.get("candidates", candidates))
+        if rescore_with is not None:
+            if rescore_with != "float":
+                raise ValueError(f"{self.path}: a {kind!r} index rescores only in float32 (rescore 'float'); got {rescore_with!r}.")
+            if self.vectors is None:
+                raise ValueError(f"{self.path}: rescoring needs {VECTORS_FILE}, which this {kind!r} index was built without; search "
+                                 "without --rescore, or rebuild it keeping the vectors (a rabitq1-rescore plan's `index build --plan`).")
+            _, I = quantize.sq8_search(self.faiss_index, xq, max(k, candidates))
+            D, I = break_ties(rescore(xq, self.vectors, I), I)
+            return D[:, :k], I[:, :k]
         return quantize.sq8_search(self.faiss_index, xq, k)
 
     def hits(self, D: np.ndarray, I: np.ndarray) -> list[list[dict[str, Any]]]:
