@@ -27,7 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="sweep compressor x dimension x precision on validation queries, pick the cheapest setting meeting a target "
              "(or the best within a byte budget), fit it and write a deployable folder",
         description="Scores every compressor (--methods) at every dimension (--dims, default d, d/2, d/3, d/6, d/12) and "
-                    "precision (--precisions), plus FAISS PQ/OPQ on the uncompressed vectors, on the validation queries only; "
+                    "precision (--precisions), plus FAISS PQ/OPQ, RaBitQ, TurboQuant and SQ4 on the uncompressed vectors (--peers), on "
+                    "the validation queries only; "
                     "prints the Pareto frontier of nDCG@10 against bytes per vector in RAM, writes frontier.png, and refits the "
                     "choice on train+val into OUT (compressor/, precision.json, int8 calibration, plan.json with the FAISS "
                     "factory string). `embedtune index build --plan OUT` builds exactly that index. --final scores the choice "
@@ -45,7 +46,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_list_flag(plan, "--methods", default=["truncate", "pca", "dive"], help="compressors to sweep")
     add_list_flag(plan, "--dims", default=[], item_type=int, help="dimensions (default: d, d/2, d/3, d/6, d/12)")
     add_list_flag(plan, "--precisions", default=list(DEFAULT_PRECISIONS), help=f"precisions of each compressed space: {', '.join(PRECISIONS)}")
-    add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs ('' for none)")
+    add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs (at the precisions' byte "
+                  "sizes), rabitq (rabitq1, rabitq1-rescore, rabitq4), turboquant (turboquant1, turboquant4), int4 ('' for none)")
     add_list_flag(plan, "--variants", default=[], help="named variants swept beside each method's default, where the method "
                   "has the option: qat-binary (DIVE trained for binary codes, straight-through sign), qat-int8")
     plan.add_argument("--seed", type=int, default=2027, help="training seed")

@@ -67,6 +67,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_PRECISIONS",
     "DEFAULT_PEERS",
+    "QUANTISER_PEERS",
     "Candidate",
     "VARIANTS",
     "candidate_for",
@@ -91,7 +92,13 @@ __all__ = [
 ]
 
 DEFAULT_PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore")
-DEFAULT_PEERS = ("pq", "opq", "pq-fs")
+DEFAULT_PEERS = ("pq", "opq", "pq-fs", "rabitq", "turboquant", "int4")
+#: Peer kinds that are built-in precisions of the frozen vectors (FAISS RaBitQ, TurboQuant, SQ4), not factory strings.
+QUANTISER_PEERS: dict[str, tuple[str, ...]] = {
+    "rabitq": ("rabitq1", "rabitq1-rescore", "rabitq4"),
+    "turboquant": ("turboquant1", "turboquant4"),
+    "int4": ("int4",),
+}
 PLAN_FILE = "plan.json"
 # The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
 # rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
@@ -163,6 +170,8 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
     factories = []
     for budget in budgets:
         for kind in kinds:
+            if kind in QUANTISER_PEERS:  # precisions of their own bytes, not factory strings sized to a budget
+                continue
             if kind in ("pq", "opq") and n_train is not None and n_train < 256:
                 continue
             if kind in ("pq", "opq") and input_dim % budget == 0:
@@ -173,7 +182,7 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
                 nlist = max(1, min(1024, (n_train or 39 * 64) // 39))
                 factories.append(f"IVF{nlist},PQ{2 * (budget - 8)}x4fs")
             elif kind not in ("pq", "opq", "pq-fs", "ivf-pq-fs"):
-                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs.")
+                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs, {', '.join(QUANTISER_PEERS)}.")
     return factories
 
 
@@ -591,7 +600,8 @@ def run_plan(
         dims: dimensions (default :func:`sweep_dims`: d, d/2, d/3, d/6, d/12).
         precisions: precisions of every compressed space.
         peers: FAISS PQ/OPQ families on the uncompressed vectors (see :func:`peer_factories`), at
-            the byte sizes the precisions reach.
+            the byte sizes the precisions reach, and the quantiser peers :data:`QUANTISER_PEERS`
+            (RaBitQ, TurboQuant, SQ4 on the uncompressed vectors, at their own bytes).
         seed: training seed.
         final: also score the chosen setting once on the held-out test queries.
         work: where the sweep's fits are kept (reused by a later run); default ``OUT/sweep``.
@@ -625,15 +635,20 @@ def run_plan(
     budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
     factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
                                                                len(experiment.embeddings.doc_ids))]
+    quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
     # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS PQ/OPQ peers
     # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
     reused = sum(f"faiss:{f}" in frozen_indexes for f in factories)
-    with progress_bar(len(frozen_precisions) + len(factories), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers", unit="index",
+    with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers",
+                      unit="index",
                       postfix=f"{reused} cached" if reused else None) as bar:
         frozen_rows = precision_rows(experiment, "val", None, frozen_precisions, rounds=rounds,
                                      labels={"method": "frozen", "family": "frozen (quantised)"}, progress=bar.update)
         peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
                                    labels={"method": "frozen", "family": "FAISS PQ/OPQ"}, progress=bar.update)
+        if quantiser_peers:  # FAISS RaBitQ / TurboQuant / SQ4 of the frozen vectors (issue 30)
+            peer_rows += precision_rows(experiment, "val", None, quantiser_peers, rounds=rounds,
+                                        labels={"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, progress=bar.update)
     save_faiss_cache(cache_dir, frozen_indexes, probe)
     for row in frozen_rows + peer_rows:
         row["setting"] = f"frozen-{input_dim}/{row['precision']}"
