@@ -60,7 +60,7 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     # sentence-transformers / transformers' Trainer: several seconds to import.
     ("embedtune.cli.finetune", "embedtune.finetune.recipe"): "sentence-transformers and transformers (PACE training)",
     ("embedtune.finetune.backbones.text", "embedtune.finetune.trainer"): "transformers' Trainer, only when a stage trains",
-    ("embedtune.finetune.config", "embedtune.finetune.losses.cached_focal_embedding"): "sentence-transformers (GradCache), only to word an error",
+    ("embedtune.finetune.schema", "embedtune.finetune.losses.cached_focal_embedding"): "sentence-transformers (GradCache), only to word an error",
     ("embedtune.compress.st_export", "embedtune.compress.st_module"): "sentence-transformers, only when exporting",
     ("embedtune.encoders.vision_language", "embedtune.encoders.st_vl"): "sentence-transformers, only when saving in its layout "
                                                                         "(st_vl also builds on this module)",

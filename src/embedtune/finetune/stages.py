@@ -109,16 +109,14 @@ class StagesOutcome:
 
 def resolve_temperature(backbone: Backbone, model: Any, data: Sequence, stage: StageConfig, config: PACEConfig,
                         name: str) -> tuple[float, float | None]:
-    """The stage's ``τ`` and, for ``"auto"``, the measured median(‖q‖·‖c‖): ``τ = base_temperature × median``.
+    """The stage's ``τ`` and, for a measured ``"auto"``, the median(‖q‖·‖c‖) (:meth:`StageConfig.resolve_temperature`).
 
     Measured on the model as the stage starts (Stage II: Stage I's weights at the init step), so the
     first dot-product logits sit at the scale of Stage I's cosine logits for a typical pair.
     """
-    if stage.temperature != "auto":
-        return float(stage.temperature), None
-    median = backbone.norm_product_median(model, data, config)
-    temperature = stage.base_temperature * median
-    logger.debug("%s: temperature auto = %.4g × median(‖q‖·‖c‖) %.4g = %.4g", name, stage.base_temperature, median, temperature)
+    temperature, median = stage.resolve_temperature(lambda: backbone.norm_product_median(model, data, config))
+    if median is not None:
+        logger.debug("%s: temperature auto = %.4g × median(‖q‖·‖c‖) %.4g = %.4g", name, stage.base_temperature, median, temperature)
     return temperature, median
 
 

@@ -68,16 +68,23 @@ def _precision(config: PACEConfig) -> dict[str, bool]:
     return {"bf16": True} if supported else {}
 
 
-@torch.no_grad()
 def auto_temperature(model, train_dataset, base_temperature: float = 0.1, n_samples: int = 32, batch_size: int = 32, seed: int = 0) -> tuple[float, float]:
     """``τ = base_temperature × median(‖q‖·‖c‖)`` over a sample of training queries and candidates.
 
     The dot-product logit ``q·c/τ = cos(q, c) · ‖q‖‖c‖ / τ`` then starts at the scale of the
     cosine logit ``cos/τ_1`` for a typical pair. Every (query, candidate) pair of the sample counts.
+    The rule is :meth:`StageConfig.resolve_temperature`'s, for a dot stage with ``temperature="auto"``.
 
     Returns:
         ``(τ, median)``.
     """
+    stage = StageConfig(similarity="dot", temperature="auto", base_temperature=base_temperature)
+    return stage.resolve_temperature(lambda: measure_norm_product_median(model, train_dataset, n_samples, batch_size, seed))
+
+
+@torch.no_grad()
+def measure_norm_product_median(model, train_dataset, n_samples: int = 32, batch_size: int = 32, seed: int = 0) -> float:
+    """median(‖q‖·‖c‖) over ``n_samples`` training rows: every (query, candidate) pair of the sample counts."""
     n_rows = len(train_dataset)
     rows = np.sort(np.random.default_rng(seed).choice(n_rows, size=min(n_samples, n_rows), replace=False)).tolist()
     sample = train_dataset.select(rows)
@@ -94,8 +101,7 @@ def auto_temperature(model, train_dataset, base_temperature: float = 0.1, n_samp
     )
     model.train(was_training)
     products = torch.outer(queries.float().norm(dim=1), candidates.float().norm(dim=1))  # (n_q, n_c)
-    median = float(products.median())
-    return base_temperature * median, median
+    return float(products.median())
 
 
 def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float):
@@ -162,11 +168,10 @@ def run_stage(
     processes = world_size()
     steps = steps or stage_steps(stage, len(train_dataset), config.batch_size, processes)
     if temperature is None:
-        temperature = stage.temperature
-        if temperature == "auto":
-            temperature, norm_product_median = auto_temperature(
-                model, train_dataset, stage.base_temperature, config.auto_temperature_samples, config.batch_size, config.seed
-            )
+        temperature, measured = stage.resolve_temperature(
+            lambda: measure_norm_product_median(model, train_dataset, config.auto_temperature_samples, config.batch_size, config.seed)
+        )
+        norm_product_median = measured if measured is not None else norm_product_median
     loss = build_loss(model, stage, config, float(temperature))
     args = SentenceTransformerTrainingArguments(
         output_dir=str(output_dir),
@@ -320,7 +325,7 @@ class TextBackbone:
         return _prepare_parameters(model, config.stage1, config)
 
     def norm_product_median(self, model, data, config: PACEConfig) -> float:
-        return auto_temperature(model, data, 1.0, config.auto_temperature_samples, config.batch_size, config.seed)[1]
+        return measure_norm_product_median(model, data, config.auto_temperature_samples, config.batch_size, config.seed)
 
     def run_stage(self, name, model, data, stage, config, output_dir, *, steps, temperature, save_at, stop_after, callbacks,
                   norm_product_median=None) -> StageResult:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from sentence_transformers.base.losses.gradcache import CachedLossMixin
@@ -12,6 +12,9 @@ from torch import Tensor, nn
 from embedtune.finetune.losses.focal_embedding import (
     PACE_CITATION,
     FocalEmbeddingLoss,
+    Normalization,
+    Similarity,
+    Weighting,
     FocalLossOutput,
     _normalised_weights,
     focal_weights,
@@ -38,12 +41,12 @@ class CachedFocalEmbeddingLoss(CachedLossMixin, nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        similarity: Literal["cosine", "dot"] = "cosine",
+        similarity: Similarity = "cosine",
         temperature: float = 0.1,
         weight_temperature: float = 0.1,
         gamma: float = 2.0,
-        weighting: Literal["focal", "random", "qp", "qn", "none"] = "focal",
-        normalize: Literal["global", "local"] = "global",
+        weighting: Weighting = "focal",
+        normalize: Normalization = "global",
         gather_across_devices: bool = True,
         seed: int = 0,
         mini_batch_size: int = 32,

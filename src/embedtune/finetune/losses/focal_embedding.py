@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -25,11 +25,18 @@ __all__ = [
     "SIMILARITIES",
     "WEIGHTINGS",
     "NORMALIZATIONS",
+    "Similarity",
+    "Weighting",
+    "Normalization",
 ]
 
-SIMILARITIES = ("cosine", "dot")
-WEIGHTINGS = ("focal", "random", "qp", "qn", "none")
-NORMALIZATIONS = ("global", "local")
+# Each choice is declared once, as a type; the tuples that validate values are read from it.
+Similarity = Literal["cosine", "dot"]
+Weighting = Literal["focal", "random", "qp", "qn", "none"]  # focal (PACE), random / qp / qn (Figure 6b), none (InfoNCE)
+Normalization = Literal["global", "local"]
+SIMILARITIES: tuple[str, ...] = get_args(Similarity)
+WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
+NORMALIZATIONS: tuple[str, ...] = get_args(Normalization)
 
 PACE_CITATION = """
 @misc{li2026pace,
@@ -49,7 +56,7 @@ def _check_choice(name: str, value: str, options: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(options)}; got {value!r}.")
 
 
-def similarity_matrix(queries: Tensor, candidates: Tensor, similarity: Literal["cosine", "dot"]) -> Tensor:
+def similarity_matrix(queries: Tensor, candidates: Tensor, similarity: Similarity) -> Tensor:
     """``s(q_i, c_j)`` for every pair: cosine (Eq. 1) or the unnormalised dot product (Eq. 2).
 
     Args:
@@ -70,7 +77,7 @@ def per_query_contrastive_loss(
     queries: Tensor,
     candidates: Tensor,
     positive_indices: Tensor,
-    similarity: Literal["cosine", "dot"] = "cosine",
+    similarity: Similarity = "cosine",
     temperature: float = 0.1,
 ) -> tuple[Tensor, Tensor]:
     """``ℓ_i = -log π_i`` with ``π_i = softmax_c(s(q_i, c) / τ)[c_i^+]`` (Eq. 3), one value per query.
@@ -88,7 +95,7 @@ def focal_weights(
     queries: Tensor,
     candidates: Tensor,
     positive_indices: Tensor,
-    weighting: Literal["focal", "random", "qp", "qn", "none"] = "focal",
+    weighting: Weighting = "focal",
     gamma: float = 2.0,
     weight_temperature: float = 0.1,
     generator: torch.Generator | None = None,
@@ -159,7 +166,7 @@ class FocalLossOutput:
         }
 
 
-def _normalised_weights(weights: Tensor, groups: int, normalize: Literal["global", "local"]) -> Tensor:
+def _normalised_weights(weights: Tensor, groups: int, normalize: Normalization) -> Tensor:
     """``a_i / Σ a`` over the whole batch (``global``), or within each of ``groups`` equal blocks
     (``local``: one block per process) divided by the number of blocks, so both sum to 1."""
     _check_choice("normalize", normalize, NORMALIZATIONS)
@@ -173,12 +180,12 @@ def focal_embedding_loss(
     queries: Tensor,
     candidates: Tensor,
     positive_indices: Tensor | None = None,
-    similarity: Literal["cosine", "dot"] = "cosine",
+    similarity: Similarity = "cosine",
     temperature: float = 0.1,
     weight_temperature: float = 0.1,
     gamma: float = 2.0,
-    weighting: Literal["focal", "random", "qp", "qn", "none"] = "focal",
-    normalize: Literal["global", "local"] = "global",
+    weighting: Weighting = "focal",
+    normalize: Normalization = "global",
     groups: int = 1,
     generator: torch.Generator | None = None,
 ) -> FocalLossOutput:
@@ -249,12 +256,12 @@ class FocalEmbeddingLoss(nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        similarity: Literal["cosine", "dot"] = "cosine",
+        similarity: Similarity = "cosine",
         temperature: float = 0.1,
         weight_temperature: float = 0.1,
         gamma: float = 2.0,
-        weighting: Literal["focal", "random", "qp", "qn", "none"] = "focal",
-        normalize: Literal["global", "local"] = "global",
+        weighting: Weighting = "focal",
+        normalize: Normalization = "global",
         gather_across_devices: bool = True,
         seed: int = 0,
     ) -> None:
