@@ -99,3 +99,79 @@ def test_diagnose_cli_on_tiny_model(tiny_bert_dir, toy_beir, tmp_path, capsys):
     assert printed["n_pairs"] == 20 and (printed["coupling_r"] is None or -1 <= printed["coupling_r"] <= 1)
     assert -1 <= printed["random_pair_cosine"] <= 1
     assert (tmp_path / "diag" / "pca_norm_percentile.png").is_file() and (tmp_path / "diag" / "report.json").is_file()
+
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny random BERT whose outputs vary with the text (its tokenizer knows the toy words), saved twice:
+    as is (Transformer, Pooling) and as a cosine model (…, Normalize), as ``finetune pace`` saves one."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny-varied")
+    words = sorted({w for i in range(40) for w in f"document number {i} about topic title what".split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    tokenizer = BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)})
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                        max_position_embeddings=64)
+    bert = BertModel(config)
+    with torch.no_grad():
+        bert.embeddings.word_embeddings.weight.normal_(0, 1.0)  # texts differ in direction and in norm
+    bert.save_pretrained(root / "hf")
+    tokenizer.save_pretrained(root / "hf")
+    transformer = Transformer(str(root / "hf"), max_seq_length=32)
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), "mean")]
+    SentenceTransformer(modules=modules, device="cpu").save(str(root / "raw"))
+    SentenceTransformer(modules=[*modules, Normalize()], device="cpu").save(str(root / "cosine"))
+    return root / "raw", root / "cosine"
+
+
+def _diagnose_json(model_dir, data_dir, capsys, *extra: str) -> dict:
+    from embedtune.cli import diagnose
+
+    parser = argparse.ArgumentParser()
+    diagnose.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["diagnose", "--model", str(model_dir), "--data", str(data_dir), "--split", "test",
+                              "--n-pairs", "0", "--random-pairs", "100", "--json", *extra])
+    assert args.handler(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_diagnose_strips_a_trailing_normalize(tiny_models, toy_beir, capsys):
+    """A cosine model saved with Normalize is diagnosed on its raw outputs (issue 31): the numbers of the
+    same model without Normalize, and said so in the JSON; --keep-normalize diagnoses it as saved."""
+    from sentence_transformers import SentenceTransformer
+
+    raw_dir, cosine_dir = tiny_models
+    without = _diagnose_json(raw_dir, toy_beir, capsys)
+    stripped = _diagnose_json(cosine_dir, toy_beir, capsys)
+    as_saved = _diagnose_json(cosine_dir, toy_beir, capsys, "--keep-normalize")
+
+    assert without["normalize_stripped"] is False and stripped["normalize_stripped"] is True
+    assert "Normalize module stripped" in stripped["outputs"] and stripped["meta"]["normalize_stripped"] is True
+    assert stripped["coupling_r"] is not None and -1 <= stripped["coupling_r"] <= 1  # defined: the norms vary
+    for key in ("coupling_r", "query_norm_mean", "query_norm_std", "candidate_norm_mean", "positive_cosine", "random_pair_cosine"):
+        assert stripped[key] == pytest.approx(without[key], abs=1e-5), key
+    assert stripped["query_norm_std"] > 1e-3
+    assert as_saved["normalize_stripped"] is False and as_saved["coupling_r"] is None  # unit norms: undefined
+    assert as_saved["query_norm_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert len(SentenceTransformer(str(cosine_dir), device="cpu")) == 3  # the files keep their Normalize
+
+
+def test_diagnose_table_and_results_say_what_was_diagnosed(tiny_models, toy_beir, tmp_path, capsys):
+    from embedtune.cli import diagnose
+
+    parser = argparse.ArgumentParser()
+    diagnose.register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "diag"
+    args = parser.parse_args(["diagnose", "--model", str(tiny_models[1]), "--data", str(toy_beir), "--split", "test",
+                              "--n-pairs", "0", "--random-pairs", "100", "--out", str(out)])
+    assert args.handler(args) == 0
+    assert "diagnosed: raw outputs: the model's trailing Normalize module stripped" in capsys.readouterr().out
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["model"]["normalize_stripped"] is True and "Normalize module stripped" in saved["rows"][0]["outputs"]
+    assert json.loads((out / "report.json").read_text())["normalize_stripped"] is True

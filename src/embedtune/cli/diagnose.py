@@ -23,7 +23,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="embedding-geometry diagnostics (PACE Figure 4 / Figure 2a)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=(
-            "Embed matched (query, positive) pairs with the model's raw (unnormalised) outputs and report the Pearson r "
+            "Embed matched (query, positive) pairs with the model's raw outputs (unnormalised, a trailing Normalize module "
+            "stripped, as the paper defines the diagnostics) and report the Pearson r "
             "between standardised log(‖q‖·‖p⁺‖) and cos(q, p⁺), the mean cosine of random query–candidate pairs, and "
             "(with --out) a PNG of the PCA of L2-normalised embeddings coloured by norm percentile."
         ),
@@ -35,6 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--max-seq-length", type=int, default=None, help="cap on tokens per text")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
+    parser.add_argument("--keep-normalize", action="store_true",
+                        help="diagnose the model as saved: keep a trailing Normalize module (then every norm is 1 and r is undefined)")
     parser.add_argument("--out", default=None, help="folder for the PNGs, results.json and results.md (report.json kept for one release)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -54,8 +57,9 @@ def run_diagnose(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         out_dir=args.out,
         n_random_pairs=args.random_pairs,
+        strip_normalize=not args.keep_normalize,
     )
-    result = report.to_dict()
+    result = {**report.to_dict(), "normalize_stripped": report.meta["normalize_stripped"], "outputs": report.meta["outputs"]}
     table = format_table([{**result, "model": args.model}], COLUMNS)
     if args.out:
         atomic_write_json(Path(args.out) / "report.json", result)  # the older name, kept for one release
@@ -63,14 +67,17 @@ def run_diagnose(args: argparse.Namespace) -> int:
                                                               "candidate_norm_std": result["candidate_norm_std"]}
         path = write_results(args.out, task="diagnose", command=command_line(args), config=command_config(args),
                              data={**report.meta["dataset"], "queries": f"{result['n_pairs']} (query, positive) pairs"},
-                             model=report.meta["encoder"], metrics={**metrics, "main_score": result["coupling_r"]},
-                             rows=[{"model": args.model, "metrics": metrics, "figures": report.figures}], table=table)
+                             model={**report.meta["encoder"], "normalize_stripped": result["normalize_stripped"], "outputs": result["outputs"]},
+                             metrics={**metrics, "main_score": result["coupling_r"]},
+                             rows=[{"model": args.model, "outputs": result["outputs"], "metrics": metrics, "figures": report.figures}],
+                             table=f"{table}\ndiagnosed: {result['outputs']}")
         logger.info("results: %s", path)
         finish_output_dir(args.out, "diagnose")
     if args.json:
         print_json(result)
     else:
         print(table)
+        print(f"diagnosed: {result['outputs']}")
         for name, path in report.figures.items():
             print(f"{name}: {path}")
     return 0
