@@ -24,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "set_threads",
+    "default_threads",
     "set_progress",
     "progress_enabled",
     "progress_bar",
@@ -61,7 +62,13 @@ RAY_CHATTER = (r"core_worker\.cc:\d+: Actor with class name: .* has constructor 
 
 
 def set_threads(threads: int) -> None:
-    """Use ``threads`` CPU threads in torch and FAISS (small adapters train fastest on 1 when cores are busy)."""
+    """Use ``threads`` CPU threads in torch (intra-op), FAISS (OpenMP) and BLAS (numpy), together.
+
+    One budget for all three: each of them alone defaults to every core, and when other processes
+    hold some of those cores their spinning threads wait on each other (a DIVE fit on a busy
+    2-core machine: 1:28 on one thread, 10:53 on the defaults). Tokenizers stay single-threaded
+    (``TOKENIZERS_PARALLELISM=false``, set by the CLI).
+    """
     if threads < 1:
         raise ValueError(f"threads must be >= 1; got {threads}.")
     import faiss
@@ -69,6 +76,57 @@ def set_threads(threads: int) -> None:
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads, user_api="blas")
+    except ImportError:  # pragma: no cover - a dependency; without it BLAS keeps its own default
+        pass
+
+
+def _cgroup_cpus() -> float | None:
+    """CPUs a cgroup-v2 quota allows this process (``cpu.max``: quota and period), or None without one."""
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max", encoding="ascii").read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return max(1.0, int(quota) / int(period))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def default_threads() -> int:
+    """The threads a command uses without ``--threads``: the cores that are free now, at least 1.
+
+    The cores this process may run on (its CPU affinity, capped by a cgroup quota) minus the
+    1-minute load average, rounded, so that a busy machine gets 1 and an idle one all its cores
+    (measured side by side in benchmarks/RESULTS.md, "A newcomer's first hour"). The
+    ``EMBEDTUNE_THREADS`` environment variable overrides it.
+    """
+    override = os.environ.get("EMBEDTUNE_THREADS", "").strip()
+    if override:
+        try:
+            value = int(override)
+        except ValueError:
+            raise ValueError(f"EMBEDTUNE_THREADS must be an integer >= 1; got {override!r}.") from None
+        if value < 1:
+            raise ValueError(f"EMBEDTUNE_THREADS must be an integer >= 1; got {value}.")
+        return value
+    try:
+        cores = float(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        cores = float(os.cpu_count() or 1)
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cores = min(cores, quota)
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        busy = 0.0
+    return max(1, min(int(cores), int(cores - busy + 0.5)))
 
 
 def verbose_enabled() -> bool:

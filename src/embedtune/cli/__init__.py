@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -10,9 +11,11 @@ from embedtune import __version__
 from embedtune.cli.common import positive_int, HelpFormatter, warn_deprecated
 from embedtune.errors import EmbedtuneError
 from embedtune.outputs import command_outputs
-from embedtune.runtime import cli_logging, set_threads
+from embedtune.runtime import cli_logging, default_threads, set_threads
 
 __all__ = ["main", "build_parser"]
+
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also log internals (DEBUG), with logger names and times, and warnings with their source")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help="CPU threads for torch and FAISS (default: their own; 1 is often fastest for small adapters on a busy machine)")
+                        help="CPU threads for torch, FAISS and BLAS together (default: the free cores, i.e. the cores this process may "
+                             "use minus the load average, at least 1; EMBEDTUNE_THREADS sets it too)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     data_commands.register(commands)
     evaluate.register(commands)
@@ -70,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.threads is not None:
-        set_threads(args.threads)
+    # One thread budget for torch, FAISS and BLAS: their own defaults (each all cores) oversubscribe a busy machine.
+    args.threads_used = args.threads if args.threads is not None else default_threads()
+    set_threads(args.threads_used)
+    logger.debug("threads: %d (%s)", args.threads_used, "--threads" if args.threads is not None else "default: the free cores")
     if args.command == "bench":  # the deprecated name of `benchmark`
         warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
     try:

@@ -39,7 +39,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     ray.add_argument("--ray-address", default=None, help="an existing cluster ('auto' on one of its nodes); default: a local Ray")
     ray.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves")
     ray.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs each actor reserves (1: one encoder per GPU)")
-    ray.add_argument("--threads-per-actor", type=int, default=None, help="torch threads in each actor")
+    ray.add_argument("--threads-per-actor", type=int, default=None,
+                     help="torch threads in each actor (default: the CPUs it reserves, --cpus-per-actor, at least 1)")
     corpus.set_defaults(handler=run_embed_corpus)
 
     split = commands.add_parser("split", help="write the query-disjoint train/val/test manifest", formatter_class=fmt,

@@ -245,8 +245,12 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
 
     Needs ``ray.init()`` first (a local one or a cluster). Each actor reserves ``num_cpus`` and
     ``num_gpus``; keep some CPU free for Ray's own tasks on a small machine (e.g. 2 actors of
-    0.5 CPU on 2 cores).
+    0.5 CPU on 2 cores). ``threads_per_actor`` (torch threads in each actor) defaults to the CPUs
+    it reserves, at least 1, so that the actors together use the cores they reserved, not each of
+    them every core of the node.
     """
+    if threads_per_actor is None:
+        threads_per_actor = max(1, int(num_cpus))
     import ray  # the optional `ray` extra, only for this backend
 
     _check(ids, texts, shard_size)

@@ -39,6 +39,8 @@ __all__ = [
     "TextBackbone",
     "auto_temperature",
     "build_loss",
+    "memory_bounded_mini_batch",
+    "activation_bytes_per_text",
     "evaluate_model",
     "is_main_process",
     "latest_resumable_checkpoint",
@@ -104,9 +106,52 @@ def measure_norm_product_median(model, train_dataset, n_samples: int = 32, batch
     return float(products.median())
 
 
-def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float):
-    """The stage's Focal Embedding Loss (GradCache version when ``config.mini_batch_size`` is set), or
-    sentence-transformers' own MNRL with hardness weighting when ``stage.loss == "mnrl"`` (a baseline)."""
+# Activations a CPU training step may hold at once without a configured mini_batch_size (see memory_bounded_mini_batch).
+CPU_ACTIVATION_BUDGET_BYTES = 2 * 1024**3
+
+
+def activation_bytes_per_text(model) -> int:
+    """Bytes of activations one text of ``model``'s max sequence length keeps for backward (an estimate).
+
+    Per layer and token: three attention maps of ``heads × length`` floats (scores, probabilities,
+    dropout), two feed-forward tensors of ``intermediate`` floats and about twelve of ``hidden``.
+    MiniLM-L6 at 256 tokens: 104 MB by this estimate, 115 MB measured (benchmarks/RESULTS.md,
+    "A newcomer's first hour").
+    """
+    try:
+        config = model[0].auto_model.config
+        length = int(model.max_seq_length or 512)
+        layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+        hidden, intermediate = int(config.hidden_size), int(getattr(config, "intermediate_size", 4 * config.hidden_size))
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return 0
+    return 4 * layers * length * (3 * heads * length + 2 * intermediate + 12 * hidden)
+
+
+def memory_bounded_mini_batch(model, config: PACEConfig, texts_per_example: int, on_gpu: bool | None = None) -> int | None:
+    """The GradCache mini-batch a stage trains with: ``config.mini_batch_size``, else, on a CPU, one
+    that keeps a step's activations under :data:`CPU_ACTIVATION_BUDGET_BYTES`.
+
+    Without it a step holds every text of the batch (``batch_size × texts_per_example``: 32 × 7
+    for PACE's 5 negatives) with its graph: 19.9 GB peak for MiniLM. GradCache embeds in
+    mini-batches and gives the same gradients (up to rounding, tests/test_gradcache_focal.py), for
+    about one more forward pass per step. None: no GradCache (a GPU, or a batch that fits).
+    """
+    if config.mini_batch_size is not None or config.deepspeed:
+        return config.mini_batch_size
+    if on_gpu is None:
+        on_gpu = torch.cuda.is_available()
+    per_text = activation_bytes_per_text(model)
+    if on_gpu or per_text <= 0 or config.batch_size * texts_per_example * per_text <= CPU_ACTIVATION_BUDGET_BYTES:
+        return None
+    return max(1, min(config.batch_size, CPU_ACTIVATION_BUDGET_BYTES // per_text))
+
+
+def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float, mini_batch_size: int | None = None):
+    """The stage's Focal Embedding Loss (GradCache version when ``mini_batch_size``, default
+    ``config.mini_batch_size``, is set), or sentence-transformers' own MNRL with hardness weighting
+    when ``stage.loss == "mnrl"`` (a baseline)."""
+    mini_batch_size = config.mini_batch_size if mini_batch_size is None else mini_batch_size
     if stage.loss == "mnrl":
         from sentence_transformers.sentence_transformer.losses import (
             CachedMultipleNegativesRankingLoss,
@@ -115,8 +160,8 @@ def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float
 
         mnrl = dict(scale=1.0 / temperature, hardness_mode=stage.hardness_mode, hardness_strength=stage.hardness_strength,
                     gather_across_devices=True)
-        if config.mini_batch_size is not None:
-            return CachedMultipleNegativesRankingLoss(model, mini_batch_size=config.mini_batch_size, **mnrl)
+        if mini_batch_size is not None:
+            return CachedMultipleNegativesRankingLoss(model, mini_batch_size=mini_batch_size, **mnrl)
         return MultipleNegativesRankingLoss(model, **mnrl)
     common = dict(
         similarity=stage.similarity,
@@ -128,8 +173,8 @@ def build_loss(model, stage: StageConfig, config: PACEConfig, temperature: float
         gather_across_devices=True,
         seed=config.seed,
     )
-    if config.mini_batch_size is not None:
-        return CachedFocalEmbeddingLoss(model, mini_batch_size=config.mini_batch_size, **common)
+    if mini_batch_size is not None:
+        return CachedFocalEmbeddingLoss(model, mini_batch_size=mini_batch_size, **common)
     return FocalEmbeddingLoss(model, **common)
 
 
@@ -172,7 +217,15 @@ def run_stage(
             lambda: measure_norm_product_median(model, train_dataset, config.auto_temperature_samples, config.batch_size, config.seed)
         )
         norm_product_median = measured if measured is not None else norm_product_median
-    loss = build_loss(model, stage, config, float(temperature))
+    texts_per_example = len(getattr(train_dataset, "column_names", None) or []) or 2 + int(config.n_negatives or 0)
+    mini_batch = memory_bounded_mini_batch(model, config, texts_per_example)
+    if mini_batch is not None and config.mini_batch_size is None:
+        per_text = activation_bytes_per_text(model)
+        logger.info("%s: no GPU, so GradCache in mini-batches of %d texts bounds a step's activations to about %.1f GB "
+                    "(the whole batch of %d texts would hold about %.1f GB); same gradients. --mini-batch-size sets it.",
+                    name, mini_batch, mini_batch * per_text / 1e9, config.batch_size * texts_per_example,
+                    config.batch_size * texts_per_example * per_text / 1e9)
+    loss = build_loss(model, stage, config, float(temperature), mini_batch)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(output_dir),
         max_steps=steps,

@@ -1,0 +1,147 @@
+"""Issue 29, items 2 and 3: thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
+
+- ``default_threads``: the free cores (affinity, cgroup quota, minus the load average), at least 1;
+  ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
+- ``memory_bounded_mini_batch``: on a CPU without a configured ``mini_batch_size``, PACE trains with
+  GradCache in mini-batches that keep a step's activations under 2 GiB (MiniLM: 20 texts, where the
+  whole batch of 224 held 19.9 GB); a GPU, a configured size or a batch that fits keep the old path.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from embedtune import runtime
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    def set_machine(cores: int, load: float, quota: float | None = None) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        monkeypatch.setattr(runtime, "_cgroup_cpus", lambda: quota)
+        monkeypatch.delenv("EMBEDTUNE_THREADS", raising=False)
+    return set_machine
+
+
+@pytest.mark.parametrize("cores, load, quota, expected", [
+    (2, 0.0, None, 2),    # an idle laptop: both cores
+    (2, 1.0, None, 1),    # one busy process: the free core
+    (2, 5.5, None, 1),    # the shared benchmark machine: never below 1
+    (16, 3.2, None, 13),
+    (16, 0.0, 4.0, 4),    # a container with a 4-CPU quota on a 16-core host
+])
+def test_default_threads_are_the_free_cores(machine, cores, load, quota, expected):
+    machine(cores, load, quota)
+    assert runtime.default_threads() == expected
+
+
+def test_embedtune_threads_overrides_and_is_checked(machine, monkeypatch):
+    machine(2, 0.0)
+    monkeypatch.setenv("EMBEDTUNE_THREADS", "3")
+    assert runtime.default_threads() == 3
+    monkeypatch.setenv("EMBEDTUNE_THREADS", "0")
+    with pytest.raises(ValueError, match="EMBEDTUNE_THREADS"):
+        runtime.default_threads()
+
+
+def test_one_budget_for_torch_faiss_and_blas(machine, monkeypatch, toy40, tiny_bert_dir, capsys):
+    import faiss
+    import torch
+    from threadpoolctl import threadpool_info
+
+    from embedtune.cli import main
+
+    saved = torch.get_num_threads()
+    try:
+        machine(2, 1.3)  # busy: the default is 1
+        assert main(["split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
+        assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
+        assert main(["--threads", "2", "split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
+        assert torch.get_num_threads() == 2 and faiss.omp_get_max_threads() == 2
+    finally:
+        runtime.set_threads(saved)
+
+
+@pytest.mark.parametrize("cpus, expected", [(0.5, 1), (1.0, 1), (2.0, 2)])
+def test_ray_actors_default_to_the_threads_they_reserve(monkeypatch, tmp_path, cpus, expected):
+    import sys
+
+    from embedtune.encoders import ray_encode
+
+    seen = {}
+
+    class Mapped:
+        def iter_rows(self):
+            return iter(())
+
+    class Dataset:
+        def map_batches(self, fn, **kwargs):
+            seen.update(kwargs["fn_constructor_kwargs"])
+            return Mapped()
+
+    context = SimpleNamespace(enable_progress_bars=True, print_on_execution_start=True)
+    fake = SimpleNamespace(data=SimpleNamespace(DataContext=SimpleNamespace(get_current=lambda: context),
+                                                from_items=lambda items, **k: Dataset(),
+                                                ActorPoolStrategy=lambda size: ("pool", size)))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(Exception):  # nothing was encoded, so the manifest step refuses: the defaults are what is checked
+        ray_encode.encode_sharded_ray(["d0"], ["text"], "minilm", tmp_path / "v", shard_size=1, actors=2, num_cpus=cpus)
+    assert seen["threads"] == expected
+
+
+def _model(layers=6, heads=12, hidden=384, intermediate=1536, length=256):
+    config = SimpleNamespace(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden, intermediate_size=intermediate)
+    module = SimpleNamespace(auto_model=SimpleNamespace(config=config))
+    model = [module]
+
+    class Model(list):
+        max_seq_length = length
+
+    return Model(model)
+
+
+def _config(**overrides):
+    values = dict(mini_batch_size=None, deepspeed=None, batch_size=32)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def test_cpu_fine_tune_bounds_a_steps_activations():
+    from embedtune.finetune.backbones.text import CPU_ACTIVATION_BUDGET_BYTES, activation_bytes_per_text, memory_bounded_mini_batch
+
+    minilm = _model()
+    per_text = activation_bytes_per_text(minilm)
+    assert 90e6 < per_text < 125e6  # 115 MB measured per 256-token text (benchmarks/RESULTS.md)
+    mini = memory_bounded_mini_batch(minilm, _config(), texts_per_example=7, on_gpu=False)
+    assert mini == 20 and mini * per_text <= CPU_ACTIVATION_BUDGET_BYTES
+    # A GPU, a configured size, DeepSpeed or a batch that fits: as before.
+    assert memory_bounded_mini_batch(minilm, _config(), 7, on_gpu=True) is None
+    assert memory_bounded_mini_batch(minilm, _config(mini_batch_size=8), 7, on_gpu=False) == 8
+    assert memory_bounded_mini_batch(minilm, _config(deepspeed="ds.json"), 7, on_gpu=False) is None
+    assert memory_bounded_mini_batch(_model(length=32), _config(batch_size=4), 7, on_gpu=False) is None
+    # mpnet-sized (12 layers, 768-d, 384 tokens): a few texts at a time, never 0.
+    assert 1 <= memory_bounded_mini_batch(_model(12, 12, 768, 3072, 384), _config(), 7, on_gpu=False) <= 4
+
+
+def test_a_cpu_fine_tune_over_the_budget_trains_with_gradcache(toy40, tiny_bert_dir, tmp_path, monkeypatch, caplog):
+    import logging
+
+    from embedtune.finetune import preset_config, train_pace
+    from embedtune.finetune.backbones import text
+
+    monkeypatch.setattr(text, "CPU_ACTIVATION_BUDGET_BYTES", 1)  # any batch is over it: mini-batches of 1 text
+    built = []
+    original = text.build_loss
+    monkeypatch.setattr(text, "build_loss", lambda *a, **k: built.append(a[4] if len(a) > 4 else k.get("mini_batch_size")) or original(*a, **k))
+    config = preset_config("pace", stage1_steps=1, stage2_steps=1, stage2_init=1, model=str(tiny_bert_dir), data=str(toy40),
+                           train_split="test", batch_size=4, n_negatives=2, hard_pool=5, save_steps=1, lora_rank=4,
+                           output_dir=str(tmp_path / "pace"), auto_temperature_samples=4)
+    with caplog.at_level(logging.INFO, logger="embedtune.finetune.backbones.text"):
+        result = train_pace(config)
+    assert built == [1, 1] and "GradCache in mini-batches of 1 texts" in caplog.text
+    assert os.path.isdir(result.model_dir)
