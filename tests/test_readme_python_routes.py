@@ -1,0 +1,65 @@
+"""Issue 29, item 5: the README's Python routes beside the CLI how-tos run, in README order.
+
+Every ```python block of README.md that starts with "# The same in Python" is run as written in
+one fresh folder, with only the model alias swapped for the tiny test BERT and the input files
+(``docs.npy``, ``pairs.jsonl``, ``my-corpus.jsonl``...) made from it first, so the blocks stay true.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+MARKER = "# The same in Python"
+DOCS = [f"document number {i} about topic {i % 5}" for i in range(40)]
+QUERIES = [f"what about topic {i % 5} number {i}" for i in range(20)]
+
+
+def python_routes() -> list[str]:
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    return [block for block in blocks if block.startswith(MARKER)]
+
+
+def test_the_readme_has_python_routes_for_the_cli_how_tos():
+    text = "\n".join(python_routes())
+    for call in ("fit_on_all(", "apply_compressor_streaming(", "export_sentence_transformer(", "build_index(", "search_texts(",
+                 "encode_corpus("):
+        assert call in text, f"no Python route calls {call}"
+
+
+@pytest.fixture
+def folder(tmp_path, tiny_bert_dir, monkeypatch):
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    np.save(tmp_path / "docs.npy", model.encode(DOCS).astype(np.float32))
+    np.save(tmp_path / "queries.npy", model.encode(QUERIES).astype(np.float32))
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(len(DOCS))))
+    (tmp_path / "queries.txt").write_text("".join(f"q{i}\n" for i in range(len(QUERIES))))
+    pairs = [{"query_id": f"q{i}", "doc_id": f"d{i}"} for i in range(len(QUERIES))] + [
+        {"query_id": f"q{i}", "doc_id": f"d{i + 20}"} for i in range(len(QUERIES))]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    (tmp_path / "my-corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                                      for i, t in enumerate(DOCS)))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_readme_python_routes_run_in_order(folder, tiny_bert_dir, capsys, one_torch_thread):
+    blocks = python_routes()
+    assert len(blocks) >= 3
+    namespace: dict = {}
+    for block in blocks:
+        code = block.replace('"minilm"', repr(str(tiny_bert_dir)))
+        code = code.replace('fit_on_all("dive", 128,', 'fit_on_all("dive", 16, settings={"epochs": 2}, mining={"false_negative_margin": None},')
+        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
+    printed = capsys.readouterr().out
+    assert "supervised" in printed and re.search(r"^1 [-0-9.e]+ d\d+$", printed, re.M)
+    assert np.load(folder / "docs-128.npy").shape == (40, 16)
+    assert (folder / "model-dive" / "modules.json").is_file() and (folder / "my-index" / "manifest.json").is_file()
+    assert namespace["vectors"].shape == (40, 32) and namespace["ids"] == [f"d{i}" for i in range(40)]
