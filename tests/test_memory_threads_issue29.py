@@ -3,7 +3,7 @@
 - ``default_threads``: the free cores (affinity, cgroup quota, minus the load average), at least 1;
   ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
 - ``memory_bounded_mini_batch``: on a CPU without a configured ``mini_batch_size``, PACE trains with
-  GradCache in mini-batches that keep a step's activations under 2 GiB (MiniLM: 20 texts, where the
+  GradCache in mini-batches that keep a step's activations under 1 GiB (MiniLM: 10 texts, where the
   whole batch of 224 held 19.9 GB); a GPU, a configured size or a batch that fits keep the old path.
 """
 
@@ -118,7 +118,7 @@ def test_cpu_fine_tune_bounds_a_steps_activations():
     per_text = activation_bytes_per_text(minilm)
     assert 90e6 < per_text < 125e6  # 115 MB measured per 256-token text (benchmarks/RESULTS.md)
     mini = memory_bounded_mini_batch(minilm, _config(), texts_per_example=7, on_gpu=False)
-    assert mini == 20 and mini * per_text <= CPU_ACTIVATION_BUDGET_BYTES
+    assert mini == 10 and mini * per_text <= CPU_ACTIVATION_BUDGET_BYTES
     # A GPU, a configured size, DeepSpeed or a batch that fits: as before.
     assert memory_bounded_mini_batch(minilm, _config(), 7, on_gpu=True) is None
     assert memory_bounded_mini_batch(minilm, _config(mini_batch_size=8), 7, on_gpu=False) == 8
@@ -145,3 +145,21 @@ def test_a_cpu_fine_tune_over_the_budget_trains_with_gradcache(toy40, tiny_bert_
         result = train_pace(config)
     assert built == [1, 1] and "GradCache in mini-batches of 1 texts" in caplog.text
     assert os.path.isdir(result.model_dir)
+
+
+def test_a_long_stage_says_up_front_how_long_it_will_take(monkeypatch, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from embedtune.finetune import trainer
+
+    clock = iter([0.0, 150.0])
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: next(clock))
+    callback = trainer.StepProgressCallback("PACE stage1", enabled=False)
+    state = SimpleNamespace(is_world_process_zero=True, max_steps=29, global_step=0)
+    callback.on_train_begin(None, state, None)
+    state.global_step = 1
+    with caplog.at_level(logging.INFO, logger="embedtune.finetune.trainer"):
+        callback.on_step_end(None, state, None)
+    assert "the first step took 2:30 min; the 29 steps will take about 1:12 h" in caplog.text
+    assert trainer._duration(95) == "1:35 min"

@@ -69,7 +69,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     group.add_argument("--save-steps", type=int, default=None, help="save a Stage I checkpoint every N steps; the init step is always saved (preset: 500)")
     group.add_argument("--mini-batch-size", type=int, default=None,
                        help="GradCache mini-batch size (exact gradients, constant memory). Default: on a CPU, the size that keeps a "
-                            "step's activations under 2 GiB when the whole batch would not (MiniLM: 20 texts; a step then peaks "
+                            "step's activations under 1 GiB when the whole batch would not (MiniLM: 10 texts; a run then peaks "
                             "near 3 GB instead of 20 GB); on a GPU, none")
     group.add_argument("--normalize", default=None, choices=["global", "local"], help="unit-mean focal weights over the global batch or per process (preset: global)")
     group.add_argument("--deepspeed", default=None, help="DeepSpeed JSON config (GPU), e.g. configs/deepspeed_zero2.json")

@@ -8,6 +8,7 @@ learning rate in its postfix); the per-step log lines, with every loss component
 from __future__ import annotations
 
 import logging
+import time
 
 from sentence_transformers import SentenceTransformerTrainer
 from transformers import PrinterCallback, TrainerCallback
@@ -18,6 +19,14 @@ from embedtune.runtime import progress_bar
 logger = logging.getLogger(__name__)
 
 __all__ = ["PACETrainer", "StageCheckpointCallback", "LoggingCallback", "StepProgressCallback"]
+
+
+def _duration(seconds: float) -> str:
+    """``95`` -> ``"1:35 min"``, ``4000`` -> ``"1:07 h"``."""
+    minutes = int(round(seconds / 60))
+    if seconds < 3600:
+        return f"{int(seconds // 60)}:{int(seconds % 60):02d} min"
+    return f"{minutes // 60}:{minutes % 60:02d} h"
 
 
 class LoggingCallback(TrainerCallback):
@@ -47,11 +56,20 @@ class StepProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             self.bar = progress_bar(state.max_steps, self.desc, unit="step", initial=state.global_step, enabled=self.enabled)
+            self._started, self._first_step = time.perf_counter(), state.global_step
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None and state.global_step > self.bar.n:
             self.bar.update(state.global_step - self.bar.n)
+        if state.is_world_process_zero and state.global_step == getattr(self, "_first_step", -2) + 1:
+            # Said once, after the first step: how long the whole stage will take at this pace (minutes per step on a CPU).
+            seconds = time.perf_counter() - self._started
+            left = max(0, state.max_steps - state.global_step)
+            if left and seconds * left > 120:
+                logger.info("%s: the first step took %s; the %d steps will take about %s at this pace (fewer: --stage1-steps/"
+                            "--stage2-steps or --steps)", self.desc, _duration(seconds), state.max_steps,
+                            _duration(seconds * state.max_steps))
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):

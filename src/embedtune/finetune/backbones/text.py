@@ -107,7 +107,7 @@ def measure_norm_product_median(model, train_dataset, n_samples: int = 32, batch
 
 
 # Activations a CPU training step may hold at once without a configured mini_batch_size (see memory_bounded_mini_batch).
-CPU_ACTIVATION_BUDGET_BYTES = 2 * 1024**3
+CPU_ACTIVATION_BUDGET_BYTES = 1024**3
 
 
 def activation_bytes_per_text(model) -> int:
@@ -134,8 +134,9 @@ def memory_bounded_mini_batch(model, config: PACEConfig, texts_per_example: int,
 
     Without it a step holds every text of the batch (``batch_size × texts_per_example``: 32 × 7
     for PACE's 5 negatives) with its graph: 19.9 GB peak for MiniLM. GradCache embeds in
-    mini-batches and gives the same gradients (up to rounding, tests/test_gradcache_focal.py), for
-    about one more forward pass per step. None: no GradCache (a GPU, or a batch that fits).
+    mini-batches and gives the whole batch's gradients (up to rounding,
+    tests/test_gradcache_focal.py; dropout masks are drawn per mini-batch, so a run is not
+    bit-identical to one without it), for about one more forward pass per step. None: no GradCache (a GPU, or a batch that fits).
     """
     if config.mini_batch_size is not None or config.deepspeed:
         return config.mini_batch_size
@@ -222,7 +223,8 @@ def run_stage(
     if mini_batch is not None and config.mini_batch_size is None:
         per_text = activation_bytes_per_text(model)
         logger.info("%s: no GPU, so GradCache in mini-batches of %d texts bounds a step's activations to about %.1f GB "
-                    "(the whole batch of %d texts would hold about %.1f GB); same gradients. --mini-batch-size sets it.",
+                    "(the whole batch of %d texts would hold about %.1f GB); the gradients are the whole batch's. "
+                    "--mini-batch-size sets it.",
                     name, mini_batch, mini_batch * per_text / 1e9, config.batch_size * texts_per_example,
                     config.batch_size * texts_per_example * per_text / 1e9)
     loss = build_loss(model, stage, config, float(temperature), mini_batch)
