@@ -32,6 +32,14 @@ Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50), ``PACE_TEST_
 a second-seed run may use ``scifact`` to spend its budget on the in-domain seed variance),
 ``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``.
 
+Another readout (issue 31): ``--model FOLDER`` (or ``PACE_MODEL=FOLDER``) trains every configuration from
+that model instead of MiniLM, on the same data: the split, the mined tuples and the validation pool
+stay those the frozen mean-pooling MiniLM chose (``$PACE_RUNS/data``, shared by every readout). Its
+runs and results go to a folder of their own, named ``PACE_MODEL_LABEL`` or the model folder's name::
+
+    python benchmarks/pace_convergence.py --model runs/minilm-lasttoken frozen infonce-lora pace
+    # -> benchmarks/results/pace-convergence/minilm-lasttoken/<config>.json, runs under $PACE_RUNS/minilm-lasttoken/
+
 Results: ``benchmarks/results/pace-convergence/<config>.json`` (metrics with per-query nDCG@10,
 the validation curve, weight change per stage, geometry diagnostics, timings). Checkpoints and
 models live under ``$PACE_RUNS`` (default ``runs/pace-convergence``).
@@ -69,14 +77,39 @@ from embedtune.finetune.trainer import StageCheckpointCallback
 from embedtune.finetune.validation import ValidationCallback, ValidationSet, build_validation_set
 from embedtune.io import atomic_write_bytes, atomic_write_json
 
+
+
+def take_model_flag(argv: list[str]) -> None:
+    """Move ``--model X`` / ``--model=X`` out of ``argv`` into ``PACE_MODEL`` (read by the settings below)."""
+    for i, arg in enumerate(list(argv)):
+        if arg == "--model":
+            if i + 1 >= len(argv):
+                raise SystemExit("--model needs a value: a sentence-transformers folder or alias")
+            os.environ["PACE_MODEL"] = argv[i + 1]
+            del argv[i : i + 2]
+            return
+        if arg.startswith("--model="):
+            os.environ["PACE_MODEL"] = arg.split("=", 1)[1]
+            del argv[i]
+            return
+
+
+if __name__ == "__main__":
+    take_model_flag(sys.argv)
+
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path(os.environ.get("PACE_RUNS", REPO / "runs" / "pace-convergence"))
-RESULTS = REPO / "benchmarks" / "results" / "pace-convergence"
+# The model every configuration trains from (the readout), and the one that chose the study's data.
+MODEL = os.environ.get("PACE_MODEL", "minilm")
+MINING_MODEL = "minilm"
+READOUT = os.environ.get("PACE_MODEL_LABEL") or ("" if MODEL == "minilm" else Path(MODEL).name)
+RUNS = Path(os.environ.get("PACE_RUNS", REPO / "runs" / "pace-convergence"))
+DATA = RUNS / "data"  # split, tuples and validation pool: the same for every readout
+ROOT = RUNS / READOUT if READOUT else RUNS
+RESULTS = REPO / "benchmarks" / "results" / "pace-convergence" / READOUT if READOUT else REPO / "benchmarks" / "results" / "pace-convergence"
 SHARED = REPO.parent / "shared" / "data" / "beir"
 SCIFACT = str(SHARED / "scifact") if (SHARED / "scifact").is_dir() else "scifact"
 ARGUANA = SHARED / "arguana"
 
-MODEL = "minilm"
 SEED = 2027
 MAX_SEQ = 256
 BATCH = 16
@@ -111,7 +144,7 @@ def two_stage_steps(updates: int, init: float = STAGE2_INIT) -> tuple[int, int]:
 
 def prepare() -> tuple[TrainingTuples, ValidationSet]:
     """Split, mine and pick the validation pool once; every configuration reads the same files."""
-    tuples_path, val_path = ROOT / "data" / "train_tuples.json", ROOT / "data" / "validation.json"
+    tuples_path, val_path = DATA / "train_tuples.json", DATA / "validation.json"
     train = load_beir(SCIFACT, "train")
     if tuples_path.is_file() and val_path.is_file():
         rows = json.loads(tuples_path.read_text())
@@ -125,7 +158,7 @@ def prepare() -> tuple[TrainingTuples, ValidationSet]:
         return tuples, validation
     test = load_beir(SCIFACT, "test")
     split = train_qrels_split(train, test, val_fraction=VAL_FRACTION, seed=SEED)
-    encoder = SentenceEncoder(MODEL, max_seq_length=MAX_SEQ, normalize=True, show_progress=False)
+    encoder = SentenceEncoder(MINING_MODEL, max_seq_length=MAX_SEQ, normalize=True, show_progress=False)
     tuples = mine_training_tuples(train, encoder, query_ids=split.train, n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED,
                                   false_negative_margin=FN_MARGIN, false_negative_reference=FN_REFERENCE)
     frozen = embed_dataset(encoder, train)
@@ -241,7 +274,8 @@ def run(name: str) -> None:
         return
     tuples, validation = prepare()
     out = ROOT / name
-    record: dict = {"name": name, "model": MODEL, "max_seq_length": MAX_SEQ, "batch": BATCH, "n_negatives": N_NEGATIVES,
+    record: dict = {"name": name, "model": MODEL, "readout": READOUT or "mean (the model's own)", "data_mined_by": MINING_MODEL,
+                    "max_seq_length": MAX_SEQ, "batch": BATCH, "n_negatives": N_NEGATIVES,
                     "updates": UPDATES, "eval_steps": EVAL_STEPS, "seed": SEED, "n_tuples": len(tuples),
                     "validation": {"n_queries": len(validation.query_ids), "n_docs": len(validation.doc_ids)}}
     start = time.perf_counter()
