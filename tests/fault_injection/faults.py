@@ -704,8 +704,11 @@ class _StubEncoder:
     def __init__(self, seed: int) -> None:
         self.seed = seed
 
-    def encode(self, texts: list[str], kind: str = "document") -> np.ndarray:
-        return np.stack([np.random.default_rng([self.seed, int(t.split()[-1])]).normal(size=12) for t in texts]).astype(np.float32)
+    def encode(self, texts: list[str], kind: str = "document", progress=None) -> np.ndarray:
+        vectors = np.stack([np.random.default_rng([self.seed, int(t.split()[-1])]).normal(size=12) for t in texts]).astype(np.float32)
+        if progress is not None:  # the shard encoder reports each finished batch, as SentenceEncoder does
+            progress(len(texts))
+        return vectors
 
 
 def _write_shards(folder: Path, seed: int) -> None:
