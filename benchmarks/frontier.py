@@ -314,9 +314,9 @@ def report(args: argparse.Namespace) -> None:
     if run_info["protocol"] == "beir-train" and getattr(args, "choose_on", "unseen-val") == "unseen-val":
         # Choose on the validation queries whose positives no train-part query has (issue 27): the others
         # reward a compressor that learned where the popular documents lie.
-        split = train_qrels_split(load_beir(args.data, "train"), load_beir(args.data, "test"), 0.2, 2027)
-        seen_train = training_positives(load_beir(args.data, "train").qrels, split.train)
-        choose_on = query_subsets({q: load_beir(args.data, "train").qrels[q] for q in split.val}, seen_train)["unseen"]
+        train_data = load_beir(args.data, "train")
+        split = train_qrels_split(train_data, load_beir(args.data, "test"), 0.2, 2027)
+        choose_on = query_subsets({q: train_data.qrels[q] for q in split.val}, training_positives(train_data.qrels, split.train))["unseen"]
     budgets = budget_table(rescored(val, choose_on), test)
     budgets_disk = budget_table(rescored(val, choose_on), test, "disk_bytes")
     qat = qat_table(test)

@@ -48,6 +48,7 @@ from embedtune.workflows import load_experiment  # noqa: E402
 from embedtune.workflows.fit_and_score import fit_and_evaluate  # noqa: E402
 from embedtune.workflows.new_documents import score_new_documents, withhold_new_documents  # noqa: E402
 from embedtune.workflows.significance import align_by_query, paired_test  # noqa: E402
+from embedtune.workflows.subset_report import per_query_means  # noqa: E402
 from embedtune.workflows.train_compressor import resolve_preset  # noqa: E402
 from embedtune.workflows.triplets import shared_triplets  # noqa: E402
 
@@ -132,8 +133,7 @@ def run_block(args: argparse.Namespace, dataset: str, model: str, protocol: str)
 
 
 def _mean_per_query(records: list[dict[str, Any]], key: str) -> dict[str, dict[str, float]]:
-    queries = sorted(records[0][key])
-    return {q: {m: float(np.mean([r[key][q][m] for r in records])) for m in ("ndcg@10", "recall@10")} for q in queries}
+    return per_query_means([record[key] for record in records])
 
 
 def _guarantee(scores: Mapping[str, Mapping[str, Mapping[str, float]]], ids: list[str], what: str) -> str:

@@ -29,6 +29,7 @@ from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summarize
+from embedtune.evaluate.subsets import subset_means
 from embedtune.workflows.new_documents import NewDocuments, score_new_documents, withhold_new_documents
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import per_query_means, subset_block
@@ -323,9 +324,7 @@ def _new_documents_block(view: NewDocuments, runs: Mapping[str, Sequence[MethodR
     for name, method_runs in runs.items():
         scored = [score_new_documents(view, run.compressor).per_query for run in method_runs if run.compressor is not None]
         per_query[name] = per_query_means(scored)
-    methods = {name: {"ndcg@10": float(np.mean([q["ndcg@10"] for q in scores.values()])),
-                      "recall@10": float(np.mean([q["recall@10"] for q in scores.values()])),
-                      "n_queries": len(scores)} for name, scores in per_query.items()}
+    methods = {name: subset_means(scores, {})["all"] for name, scores in per_query.items()}
     comparisons = {}
     for name, scores in per_query.items():
         if name != main:

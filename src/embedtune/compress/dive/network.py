@@ -15,7 +15,7 @@ from embedtune.compress.pca import principal_axes
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.evaluate.search import exact_search
 
-# unit_float32, corpus_mean and nearest_neighbors serve the training algorithms of this package.
+# unit_float32, corpus_mean, centred_start_bias and nearest_neighbors serve the training algorithms of this package.
 __all__ = ["DIVEAdapter", "DIVEEncoder", "corpus_pca_rotation"]
 
 
@@ -117,6 +117,14 @@ def corpus_mean(X: np.ndarray, normalize: bool, block: int = 16384) -> np.ndarra
             rows = rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
         total += rows.sum(axis=0)
     return total / max(len(X), 1)
+
+
+def centred_start_bias(doc_embeddings: np.ndarray, rotation: np.ndarray, normalize: bool) -> np.ndarray:
+    """The adapter output bias ``−μR`` that turns the uncentred PCA start into the centred one (the ``pca`` baseline).
+
+    ``μ`` is the mean (unit, with ``normalize``) row of the whole corpus, as the baseline's; float32, shape (d,).
+    """
+    return (-(corpus_mean(doc_embeddings, normalize) @ rotation.astype(np.float64))).astype(np.float32)
 
 
 def nearest_neighbors(unit_rows: np.ndarray, k: int, queries: np.ndarray | None = None) -> np.ndarray:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from embedtune.compress.base import TrainingData
 from embedtune.compress.dive.config import DIVEConfig
-from embedtune.compress.dive.network import DIVEAdapter, corpus_mean
+from embedtune.compress.dive.network import DIVEAdapter, centred_start_bias
 from embedtune.compress.holdout import holdout_split
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
 from embedtune.compress.quantization_aware import quantization_aware_triplet_loss
@@ -180,8 +180,7 @@ class SupervisedTraining:
         config = self.config
         if rotation is None:
             return {}
-        mean = corpus_mean(train.doc_embeddings, config.normalize_input)
-        centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(adapter.mlp.down.bias.device)
+        centring = torch.from_numpy(centred_start_bias(train.doc_embeddings, rotation, config.normalize_input)).to(adapter.mlp.down.bias.device)
         row: dict[str, Any] = {"epoch": 0, "phase": phase}
         choice = config.pca_start
         if choice == "stronger":

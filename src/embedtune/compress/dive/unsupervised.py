@@ -19,7 +19,7 @@ import torch
 
 from embedtune.compress.base import TrainingData
 from embedtune.compress.dive.config import DIVEConfig
-from embedtune.compress.dive.network import DIVEAdapter, corpus_mean, nearest_neighbors, unit_float32
+from embedtune.compress.dive.network import DIVEAdapter, centred_start_bias, nearest_neighbors, unit_float32
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
 from embedtune.evaluate.search import exact_search
 from embedtune.runtime import progress_bar
@@ -110,8 +110,7 @@ class UnsupervisedTraining:
             if rotation is not None:
                 # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR),
                 # which is the pca baseline.
-                mean = corpus_mean(train.doc_embeddings, config.normalize_input)  # the whole corpus's, as the pca baseline's
-                centring = torch.from_numpy((-(mean @ rotation.astype(np.float64))).astype(np.float32)).to(device)
+                centring = torch.from_numpy(centred_start_bias(train.doc_embeddings, rotation, config.normalize_input)).to(device)
                 with torch.no_grad():
                     adapter.mlp.down.bias.copy_(centring)
                 starts["centred"] = measure()
