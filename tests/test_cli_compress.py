@@ -17,7 +17,7 @@ def test_compress_train_apply_export(toy40, tiny_bert_dir, tmp_path, capsys):
     assert report["results"]["dive"]["summary"]["seeds"] == [2027, 2028]
     assert report["results"]["frozen"]["summary"]["dim"] == 32
     assert len(report["results"]["dive"]["history_seed0"]) == 2
-    assert (out / "triplets-train.json").is_file() and (out / "report.json").is_file()
+    assert (out / "triplets-train.json").is_file() and json.loads((out / "results.json").read_text())["details"] == report
     # Several seeds: one folder per seed; seed-free methods ran once, so they have no seed folder.
     adapter = out / "dive" / "seed-2027"
     assert (adapter / "training_log.jsonl").read_text().count("\n") == 2

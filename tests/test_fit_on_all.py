@@ -121,8 +121,8 @@ def test_compress_train_own_vectors_records_precomputed(own, tmp_path, capsys, o
             "--pairs", str(own / "pairs.tsv"), "--final", "--compare", "frozen", "--out", str(tmp_path / "run")]
     assert main(args) == 0
     assert "/ precomputed:" in capsys.readouterr().out
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
     results = json.loads((tmp_path / "run" / "results.json").read_text())
+    report = results["details"]
     assert report["model"] == "precomputed" and results["model"]["name"] == "precomputed"
     assert set(results["model"]["vectors"]) == {"docs.npy", "docs.txt", "queries.npy", "queries.txt"}
 
@@ -156,7 +156,7 @@ def test_compress_train_beir_train_scores_all_test_queries_with_paired_tests(bei
             "--set", "batch_size=8", "--compare", "frozen", "pca", "--out", str(tmp_path / "run")]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    report = json.loads((tmp_path / "run" / "results.json").read_text())["details"]
     assert report["n_queries"] == 16 and report["queries"] == "all judged test" and report["protocol"] == "beir-train"
     assert set(report["comparisons"]) == {"frozen", "pca", "pca-uncentred"}  # the other PCA variant is added
     assert report["comparisons"]["pca"]["n_queries"] == 16 and 0 < report["comparisons"]["pca"]["p_value"] <= 1

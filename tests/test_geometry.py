@@ -98,7 +98,7 @@ def test_diagnose_cli_on_tiny_model(tiny_bert_dir, toy_beir, tmp_path, capsys):
     # A random 1-layer BERT can give (near-)constant norms, where r is undefined (None).
     assert printed["n_pairs"] == 20 and (printed["coupling_r"] is None or -1 <= printed["coupling_r"] <= 1)
     assert -1 <= printed["random_pair_cosine"] <= 1
-    assert (tmp_path / "diag" / "pca_norm_percentile.png").is_file() and (tmp_path / "diag" / "report.json").is_file()
+    assert (tmp_path / "diag" / "pca_norm_percentile.png").is_file() and (tmp_path / "diag" / "results.json").is_file()
 
 
 
@@ -174,4 +174,4 @@ def test_diagnose_table_and_results_say_what_was_diagnosed(tiny_models, toy_beir
     assert "diagnosed: raw outputs: the model's trailing Normalize module stripped" in capsys.readouterr().out
     saved = json.loads((out / "results.json").read_text())
     assert saved["model"]["normalize_stripped"] is True and "Normalize module stripped" in saved["rows"][0]["outputs"]
-    assert json.loads((out / "report.json").read_text())["normalize_stripped"] is True
+    assert saved["details"]["normalize_stripped"] is True and not (out / "report.json").exists()

@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "io": 0,
     "errors": 0,
     "outputs": 0,
+    "result_files": 0,
     "runtime": 0,
     "evaluate": 0,
     "data": 1,

@@ -154,7 +154,7 @@ def test_compress_train_into_an_existing_run_is_refused_and_overwrite_clears_it(
     assert main([*base, "--method", "truncate", "--overwrite", "--json"]) == 0
     assert not (out / "pca").exists(), "another run's adapter was left beside the new report"
     assert (out / "truncate" / "config.json").is_file()
-    assert set(json.loads((out / "report.json").read_text())["results"]) == {"truncate"}
+    assert set(json.loads((out / "results.json").read_text())["details"]["results"]) == {"truncate"}
 
 
 def test_split_and_embed_do_not_overwrite_silently(toy40, tiny_bert_dir, tmp_path, capsys):

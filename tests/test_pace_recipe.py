@@ -97,7 +97,8 @@ def test_stage_two_starts_from_the_chosen_checkpoint(full_run):
 
     model = SentenceTransformer(result.model_dir, device="cpu")
     assert model.similarity_fn_name == "dot"
-    saved = json.loads((Path(config.output_dir) / "result.json").read_text())
+    saved = json.loads((Path(config.output_dir) / "results.json").read_text())["details"]  # the training record
+    assert not (Path(config.output_dir) / "result.json").exists()  # the older name is no longer written
     assert saved["stages"][1]["init_checkpoint"] == stage2.init_checkpoint
     assert PACEConfig.load(config.output_dir).stage2_init == 0.5
 

@@ -43,7 +43,9 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
     assert {r["dim"] for r in rows if r["method"] == "full"} == {32} and {r["dim"] for r in rows if r["method"] != "full"} == {8}
     # Every row is scored on the 10 judged test queries only; PACE and the compressors saw q0..q19.
     assert {r["n_queries"] for r in rows} == {10}
-    assert json.loads((tmp_path / "run" / RESULT_NAME).read_text())["rows"] == rows
+    saved = json.loads((tmp_path / "run" / RESULT_NAME).read_text())
+    assert RESULT_NAME == "results.json" and saved["task"] == "pipeline" and saved["details"]["rows"] == rows
+    assert not (tmp_path / "run" / "pipeline_result.json").exists()
     # Per-query scores make the paired tests possible: each method vs DIVE, and fine-tuned vs base.
     assert all(len(r["per_query_ndcg@10"]) == 10 for r in rows)
     pairs = {(c["a"], c["b"]) for c in result["comparisons"]}

@@ -124,7 +124,7 @@ def test_compress_train_screen_results_and_plot(toy40, tiny_bert_dir, tmp_path, 
     assert rows["frozen"]["dim"] == 32 and "seeds" not in rows["frozen"] and rows["dive"]["seeds"] == [2027]
     assert "std" not in rows["dive"] and "±" not in out  # one run: no spread
     assert results["metrics"] == rows["dive"]["metrics"] and results["per_query"] == rows["dive"]["per_query"]
-    assert (out_dir / "report.json").is_file()  # the older name, kept for one release
+    assert not (out_dir / "report.json").exists() and set(results["details"]["results"]) == set(rows)  # one file: results.json
     assert (out_dir / "dive" / "training.png").stat().st_size > 10_000 and not (out_dir / "pca" / "training.png").exists()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from embedtune.compress import ROBUST, MiningOptions, Preset, get_compressor_class, load_compressor
@@ -22,7 +24,9 @@ def test_seed_free_methods_run_once_and_land_without_a_seed_folder(experiment, t
     assert (tmp_path / "run" / "pca" / "config.json").is_file()
     assert (tmp_path / "run" / "autoencoder" / "seed-2" / "config.json").is_file()
     assert result.report["preset"] == "defaults" and "triplets" not in result.report
-    assert (tmp_path / "run" / "report.json").is_file()
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["task"] == "compress train" and saved["command"] is None and saved["details"]["preset"] == "defaults"
+    assert not (tmp_path / "run" / "report.json").exists()
 
 
 def test_presets_are_objects_or_names_and_carry_their_mining(experiment, tmp_path):

@@ -56,7 +56,7 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
     assert [(stage["name"], stage["steps"], stage["steps_run"]) for stage in summary["stages"]] == [("stage1", 3, 3), ("stage2", 2, 2)]
     assert set(summary["metrics"]["per_dataset"]) == {"OK-VQA"}
 
-    result = json.loads((out / "result.json").read_text())
+    result = json.loads((out / "results.json").read_text())["details"]  # the training record
     assert [len(stage["log_history"]) for stage in result["stages"]] == [3, 2]
     assert all(entry["loss"] is not None for stage in result["stages"] for entry in stage["log_history"])  # finite, not NaN
     assert result["stages"][1]["init_checkpoint"].endswith("adapter-step-2")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from embedtune.cli.common import add_data_flags, command_config, command_line, format_table, print_json
-from embedtune.io import atomic_write_json
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.diagnose import diagnose_model
 from embedtune.workflows.results import write_results
@@ -38,7 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--keep-normalize", action="store_true",
                         help="diagnose the model as saved: keep a trailing Normalize module (then every norm is 1 and r is undefined)")
-    parser.add_argument("--out", default=None, help="folder for the PNGs, results.json and results.md (report.json kept for one release)")
+    parser.add_argument("--out", default=None, help="folder for the PNGs, results.json (the full diagnosis in its 'details'; it replaces report.json) "
+                        "and results.md")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.set_defaults(handler=run_diagnose)
@@ -62,7 +61,6 @@ def run_diagnose(args: argparse.Namespace) -> int:
     result = {**report.to_dict(), "normalize_stripped": report.meta["normalize_stripped"], "outputs": report.meta["outputs"]}
     table = format_table([{**result, "model": args.model}], COLUMNS)
     if args.out:
-        atomic_write_json(Path(args.out) / "report.json", result)  # the older name, kept for one release
         metrics = {key: result[key] for key in COLUMNS[1:]} | {"query_norm_std": result["query_norm_std"],
                                                               "candidate_norm_std": result["candidate_norm_std"]}
         path = write_results(args.out, task="diagnose", command=command_line(args), config=command_config(args),
@@ -70,7 +68,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
                              model={**report.meta["encoder"], "normalize_stripped": result["normalize_stripped"], "outputs": result["outputs"]},
                              metrics={**metrics, "main_score": result["coupling_r"]},
                              rows=[{"model": args.model, "outputs": result["outputs"], "metrics": metrics, "figures": report.figures}],
-                             table=f"{table}\ndiagnosed: {result['outputs']}")
+                             table=f"{table}\ndiagnosed: {result['outputs']}", details=result)
         logger.info("results: %s", path)
         finish_output_dir(args.out, "diagnose")
     if args.json:

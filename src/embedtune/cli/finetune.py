@@ -116,9 +116,10 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--config", default=None, metavar="JSON", help="start from a saved pace_config.json (or its folder) instead of --preset")
     parser.add_argument("--model", default=None, help=f"{model_help} " + ("(preset: minilm)" if backbone == "text" else "(required unless --config)"))
     parser.add_argument("--data", default=None, help=f"{data_help}{required}" + (" (preset: scifact)" if backbone == "text" else ""))
-    parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, result.json, training.png; with an "
-                                                                   "evaluation also results.json, results.md "
-                                                                   "(required unless --config)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="output folder: stage checkpoints, model/, pace_config.json, results.json "
+                                                                   "(the training record in its 'details'; it replaces result.json), "
+                                                                   "results.md, training.png; with an evaluation of a whole qrels split "
+                                                                   "also mteb/<Task>.json (required unless --config)")
     parser.add_argument("--output", dest="out", action=DeprecatedAlias, replacement="--out", help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true",
                         help=OVERWRITE_HELP + " (re-running the same command into its own --out resumes instead)")
@@ -300,7 +301,7 @@ def _write_outputs(args: argparse.Namespace, config: PACEConfig, result: Any, ta
         per_query = {}
     path = write_results(out, task=f"finetune {args.method}", command=command_line(args),
                          config={**command_config(args), "pace_config": config.to_dict()}, data=data, model=model,
-                         metrics=metrics, per_query=per_query, rows=rows, table=table, extra=extra)
+                         metrics=metrics, per_query=per_query, rows=rows, table=table, details=result.to_dict(), extra=extra)
     logger.info("results: %s", path)
     if config.backbone == "text":
         aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}

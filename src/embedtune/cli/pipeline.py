@@ -32,7 +32,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     add_data_flags(parser, split=False, help="BEIR folder (with qrels/train.tsv), .zip, or bundled name 'scifact'")
     parser.add_argument("--out", required=True, help="run folder (finetune/, triplets/, compressors/<model>/<method>/s<seed>/ with every "
-                        "fitted compressor, results.json, results.md; pipeline_result.json kept for one release)")
+                        "fitted compressor, results.json with the full summary in its 'details' (it replaces pipeline_result.json), results.md)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP + " (re-running into the same --out resumes instead)")
     parser.add_argument("--preset", default=DEFAULT_PRESETS["text"],
                         help=f"fine-tuning preset (default: {DEFAULT_PRESETS['text']}, as `embedtune finetune pace`; see its --help)")
@@ -94,7 +94,7 @@ def run_pipeline_command(args: argparse.Namespace) -> int:
                          train_split=args.train_split)
     path = write_results(args.out, task="pipeline", command=command_line(args), config={**command_config(args), **result["pipeline_config"]},
                          data=data, model=model, metrics=metrics, per_query=per_query, rows=rows, table=table,
-                         extra={"comparisons": result["comparisons"]})
+                         details=result, extra={"comparisons": result["comparisons"]})
     logger.info("results: %s", path)
     finish_output_dir(args.out, "pipeline")
     if args.json:

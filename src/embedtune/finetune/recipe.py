@@ -4,7 +4,8 @@ dot+full from an intermediate Stage I checkpoint.
 ``train_pace(config)`` runs the whole recipe (or a baseline/ablation preset) on the backbone family
 ``config.backbone`` names and returns a :class:`PACEResult`; the final model is saved to
 ``<output_dir>/model`` (text: a plain s-t folder; vl: Hugging Face files + the s-t layout), next to
-``pace_config.json`` and ``result.json``. What differs by family is behind
+``pace_config.json`` and ``results.json`` (the training record in its ``details``; ``result.json``
+in earlier releases). What differs by family is behind
 :class:`embedtune.finetune.stages.Backbone` (:mod:`embedtune.finetune.backbones`).
 """
 
@@ -32,7 +33,7 @@ from embedtune.finetune.backbones.text import (  # noqa: F401 - public names of 
 )
 from embedtune.finetune.config import PACEConfig
 from embedtune.finetune.stages import StageResult, run_stages
-from embedtune.io import atomic_write_json
+from embedtune.result_files import mteb_metric_name, mteb_metrics, write_results
 
 __all__ = [
     "PACEResult",
@@ -147,8 +148,23 @@ def train_pace(
         timings["evaluate"] = time.perf_counter() - start
     timings["total"] = time.perf_counter() - started
     if is_main_process():
-        atomic_write_json(output_dir / "result.json", _json_safe(result.to_dict()))
+        _write_training_results(output_dir, config, result)
     return result
+
+
+def _write_training_results(output_dir: Path, config: PACEConfig, result: PACEResult) -> Path:
+    """``output_dir/results.json`` (``task: "finetune pace"`` or ``"finetune pace-vl"``) with the training
+    record as ``details``; a text evaluation's metrics are its headline. ``embedtune finetune`` rewrites
+    the file with its argv and printed table when it evaluated."""
+    scored = dict(result.metrics or {}) if config.backbone == "text" else {}
+    per_query = scored.pop("per_query", {})
+    metrics = mteb_metrics(scored) if scored else {}
+    model = {"name": "finetuned", "path": result.model_dir, "similarity": result.similarity, "base": str(config.model)}
+    data = {"train": str(config.data), "train_split": config.train_split}
+    return write_results(output_dir, task="finetune pace" if config.backbone == "text" else "finetune pace-vl", command=None,
+                         config=result.config, data=data, model=model, metrics=metrics,
+                         per_query={qid: {mteb_metric_name(name): value for name, value in values.items()} for qid, values in per_query.items()},
+                         details=_json_safe(result.to_dict()))
 
 
 def _json_safe(value: Any) -> Any:

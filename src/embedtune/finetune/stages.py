@@ -2,7 +2,7 @@
 
 :func:`run_stages` owns the order of the stages (Stage I, the Stage II init checkpoint, Stage II, the
 ``τ`` of each) and :func:`embedtune.finetune.recipe.train_pace` the run around them (data, model, final
-model, evaluation, ``result.json``); a :class:`Backbone` owns everything that
+model, evaluation, ``results.json``); a :class:`Backbone` owns everything that
 differs by family: how training data is read, how the model is loaded, which parameters a stage
 trains (LoRA targets, the frozen vision tower), the training loop of one stage, how Stage II starts
 from the init step, how the final model is saved and evaluated.

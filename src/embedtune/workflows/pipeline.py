@@ -11,14 +11,15 @@ both so that no test query is ever trained on:
    ``qrels/<test_split>.tsv``, next to the uncompressed model and, optionally, the base model
    under the same compressors.
 
-The run is resumable: a finished fine-tuning (``<out>/finetune/result.json``) is reused when its
-recipe matches, embeddings come from the embedding cache, and the result is written atomically.
+The run is resumable: a finished fine-tuning (``<out>/finetune/results.json``, or the
+``result.json`` of an earlier release) is reused when its recipe matches, embeddings come from
+the embedding cache, and the result is written atomically to ``<out>/results.json`` (the summary
+in its ``details``; ``pipeline_result.json`` in earlier releases).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import statistics
 import time
@@ -31,9 +32,10 @@ from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir
 from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.finetune.recipe import train_pace
-from embedtune.io import atomic_write_json
+from embedtune.result_files import RESULTS_NAME, find_results, results_details, write_results
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.fit_and_score import fit_and_evaluate
+from embedtune.workflows.results import describe_data, pipeline_summary
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import SUBSET_DEFINITION
 from embedtune.workflows.triplets import shared_triplets
@@ -43,7 +45,9 @@ logger = logging.getLogger(__name__)
 __all__ = ["PipelineConfig", "run_pipeline", "paired_comparisons", "subset_comparisons", "compressor_dir", "RESULT_NAME",
            "COMPRESSORS_DIR"]
 
-RESULT_NAME = "pipeline_result.json"
+RESULT_NAME = RESULTS_NAME
+# What earlier releases wrote the summary into (still read by embedtune.result_files, never written).
+LEGACY_RESULT_NAME = "pipeline_result.json"
 COMPRESSORS_DIR = "compressors"
 # PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
 _RECIPE_NEUTRAL = {"output_dir", "save_steps", "logging_steps", "deepspeed", "precision", "preset"}
@@ -85,11 +89,16 @@ class PipelineConfig:
 
 
 def _finished_finetune(directory: Path, pace_config: Any) -> dict[str, Any] | None:
-    """The saved PACE result in ``directory`` if its recipe matches ``pace_config``; else None."""
-    result_path = directory / "result.json"
-    if not result_path.is_file():
+    """The saved PACE result in ``directory`` if its recipe matches ``pace_config``; else None.
+
+    The training record is ``results.json``'s ``details`` (an earlier release's ``result.json`` is
+    read too, with a deprecation note)."""
+    result_path = find_results(directory)
+    if result_path is None:
         return None
-    saved = json.loads(result_path.read_text(encoding="utf-8"))
+    saved = results_details(directory)
+    if not isinstance(saved, dict):
+        return None
     wanted = {k: v for k, v in pace_config.to_dict().items() if k not in _RECIPE_NEUTRAL}
     found = {k: v for k, v in saved.get("config", {}).items() if k not in _RECIPE_NEUTRAL}
     if wanted != found:
@@ -201,7 +210,7 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
             ``<out_dir>/finetune``.
         config: the compressors and the evaluation.
         out_dir: the run folder (``finetune/``, ``triplets/``, ``compressors/`` with every fitted
-            compressor (see :func:`compressor_dir`), ``pipeline_result.json``).
+            compressor (see :func:`compressor_dir`), ``results.json`` with the summary in its ``details``).
 
     Returns:
         ``{"model_dir", "similarity", "rows", "comparisons", "seconds", ...}``; each row is one
@@ -253,5 +262,17 @@ def run_pipeline(pace_config: Any, config: PipelineConfig, out_dir: str | Path) 
             ids = [q for q in groups[subset] if q in row["per_query_ndcg@10"]]
             row[f"ndcg@10_{subset}"] = statistics.fmean(row["per_query_ndcg@10"][q] for q in ids) if ids else None
     summary["subsets"] = subset_comparisons(rows, groups)
-    atomic_write_json(out_dir / RESULT_NAME, summary)
+    _write_summary(out_dir, summary, pace_config, config)
     return summary
+
+
+def _write_summary(out_dir: Path, summary: dict[str, Any], pace_config: Any, config: PipelineConfig) -> Path:
+    """``out_dir/results.json`` (``task: "pipeline"``, the summary as ``details``); ``embedtune pipeline``
+    rewrites it with its argv and printed table."""
+    metrics, per_query, rows = pipeline_summary(summary, (config.methods or ["dive"])[0])
+    model = {"name": "finetuned", "path": summary["model_dir"], "similarity": summary["similarity"], "base": str(pace_config.model)}
+    data = describe_data(load_beir(pace_config.data, config.test_split), queries=f"every judged query of qrels/{config.test_split}.tsv",
+                         train_split=pace_config.train_split)
+    return write_results(out_dir, task="pipeline", command=None, config=summary["pipeline_config"], data=data, model=model,
+                         metrics=metrics, per_query=per_query, rows=rows, details=summary,
+                         extra={"comparisons": summary["comparisons"]})

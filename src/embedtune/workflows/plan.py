@@ -58,6 +58,7 @@ from embedtune.io import (
     verify_sha256,
     write_json_with_digest,
 )
+from embedtune.result_files import find_results, results_details
 from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.train_compressor import fit_compressor
@@ -103,7 +104,6 @@ PLAN_FILE = "plan.json"
 # The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
 # rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
 PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32}
-_FIT_REPORT = "report.json"
 _FIT_KEY = "key.json"
 
 
@@ -271,7 +271,7 @@ def fit_or_load(
 
 def _cached_fit(folder: Path, candidate: Candidate, key: dict[str, Any]) -> tuple[Compressor, float] | None:
     """The fit in ``folder`` when it was made from ``key`` and loads intact; else None (and the folder is cleared for a refit)."""
-    if not (folder / _FIT_REPORT).is_file():
+    if find_results(folder) is None:  # results.json, or an older sweep's report.json
         return None
     reason = None
     try:
@@ -287,7 +287,7 @@ def _cached_fit(folder: Path, candidate: Candidate, key: dict[str, Any]) -> tupl
                 if compressor.state_sha256() != recorded.get("state_sha256"):
                     reason = "its compressor is not the one recorded in key.json"
                 else:
-                    report = json.loads((folder / _FIT_REPORT).read_text(encoding="utf-8"))
+                    report = results_details(folder) or {}
                     return compressor, float(report["results"][candidate.method]["summary"]["fit_s"])
     except (OSError, ValueError, KeyError, TypeError) as error:  # damaged files: refit
         reason = f"its files are damaged ({error})"

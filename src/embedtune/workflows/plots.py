@@ -2,7 +2,7 @@
 
 - :func:`plot_dive_training`: DIVE's ``training_log.jsonl`` -> ``training.png``: the active ratio
   ρ(t), each weighted loss term, and validation nDCG@10 by epoch, the selected epoch marked.
-- :func:`plot_pace_training`: a PACE run's ``result.json`` (the trainer's log history) and,
+- :func:`plot_pace_training`: a PACE run's training record (``results.json``'s ``details``: the trainer's log history) and,
   when a validation callback ran, its ``validation.jsonl`` -> ``training.png``: loss, learning
   rate and validation nDCG@10 by optimizer update, the Stage II start marked.
 
@@ -125,7 +125,7 @@ def plot_pace_training(result: str | Path | Mapping[str, Any], out: str | Path,
     """Draw a PACE run's loss and learning rate (and validation nDCG@10) by optimizer update into ``out``.
 
     Args:
-        result: the run's ``result.json`` (or its dict, :meth:`PACEResult.to_dict`): each stage's
+        result: the run's training record (``results.json``'s ``details``, :meth:`PACEResult.to_dict`): each stage's
             ``log_history`` and ``stage2_init_step``.
         validation_log: ``validation.jsonl`` rows of a :class:`embedtune.finetune.validation.ValidationCallback`
             (``stage``, ``update``, ``ndcg@10``); the panel is left out without one.

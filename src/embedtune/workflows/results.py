@@ -15,19 +15,22 @@ Each such command writes ``OUT/results.json``:
       "metrics": {"ndcg_at_10": ..., "recall_at_10": ..., "main_score": ...},   # the headline result
       "per_query": {query_id: {"ndcg_at_10": ..., ...}},               # of the headline result
       "rows": [{..., "metrics": {...}}],                               # every scored row of the table
-      "table": "<the table the command printed>"
+      "table": "<the table the command printed>",
+      "details": {...}                                                 # the command's full record, where it has one
     }
 
 next to ``OUT/results.md``, the same table as printed. Metric names are MTEB's (``ndcg_at_10``,
 ``precision_at_1``, ``main_score``: nDCG@10 for retrieval), so the numbers read the same as an
 MTEB result. :func:`write_mteb_result` writes ``OUT/mteb/<TaskName>.json`` in MTEB's own result
 format when a run scored a whole qrels split, the only case an MTEB score compares with.
+
+The file's name, writer and readers (which also take the older ``report.json``,
+``pipeline_result.json`` and ``result.json`` of earlier runs) live in
+:mod:`embedtune.result_files`, re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,10 +41,25 @@ import numpy as np
 from embedtune import __version__
 from embedtune.data.beir import BeirDataset
 from embedtune.encoders.dataset import DatasetEmbeddings
-from embedtune.io import atomic_write_bytes, atomic_write_json
+from embedtune.io import atomic_write_json
+from embedtune.result_files import (
+    LEGACY_RESULT_NAMES,
+    REQUIRED_KEYS,
+    RESULTS_NAME,
+    SCHEMA,
+    TABLE_NAME,
+    find_results,
+    json_safe,
+    mteb_metric_name,
+    mteb_metrics,
+    read_results,
+    results_details,
+    write_results,
+)
 from embedtune.workflows.fit_and_score import MethodRun
 
 if TYPE_CHECKING:  # train_compressor prints through this module's tables
+    from embedtune.workflows.experiment import Experiment
     from embedtune.workflows.train_compressor import CompressionResult
 
 __all__ = [
@@ -60,6 +78,10 @@ __all__ = [
     "write_results",
     "write_mteb_result",
     "read_results",
+    "results_details",
+    "find_results",
+    "LEGACY_RESULT_NAMES",
+    "write_compression_results",
     "runs_summary",
     "compression_rows",
     "pipeline_summary",
@@ -67,17 +89,11 @@ __all__ = [
     "mmeb_summary",
 ]
 
-RESULTS_NAME = "results.json"
-TABLE_NAME = "results.md"
 MTEB_DIR = "mteb"
 # The MTEB release whose result format (TaskResult: scores[split] = [{..., "main_score", "hf_subset", "languages"}])
 # write_mteb_result follows; a string, since MTEB releases before 1.12.x parse the field with packaging.Version.
 MTEB_FORMAT_VERSION = "2.26.24"
-SCHEMA = "embedtune-results/1"
-REQUIRED_KEYS = ("schema", "embedtune_version", "command", "task", "config", "data", "model", "metrics", "per_query", "rows", "table")
 
-# embedtune's metric prefix -> MTEB's; "ndcg@10" -> "ndcg_at_10", "p@1" -> "precision_at_1".
-_MTEB_PREFIX = {"ndcg": "ndcg", "recall": "recall", "p": "precision", "precision": "precision", "mrr": "mrr", "map": "map"}
 # BEIR folder names -> MTEB task names, so that OUT/mteb/<TaskName>.json sits beside MTEB's own results.
 _MTEB_TASKS = {
     "scifact": "SciFact", "arguana": "ArguAna", "nfcorpus": "NFCorpus", "fiqa": "FiQA2018", "scidocs": "SCIDOCS",
@@ -104,41 +120,6 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> s
     return "\n".join(line.rstrip() for line in lines)
 
 
-def mteb_metric_name(name: str) -> str:
-    """``ndcg@10`` -> ``ndcg_at_10``, ``p@1`` -> ``precision_at_1``; a name without ``@k`` is kept."""
-    base, sep, cutoff = name.partition("@")
-    if not sep:
-        return name
-    prefix = base.rsplit("_", 1)
-    head, metric = (prefix[0] + "_", prefix[1]) if len(prefix) == 2 else ("", base)
-    return f"{head}{_MTEB_PREFIX.get(metric.lower(), metric.lower())}_at_{cutoff}"
-
-
-def json_safe(value: Any) -> Any:
-    """Plain JSON: numpy scalars to numbers, NaN/inf to None, tuples to lists, paths to strings."""
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [json_safe(v) for v in value]
-    if isinstance(value, (np.integer, np.floating, np.bool_)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, np.ndarray):
-        return json_safe(value.tolist())
-    return str(value)
-
-
-def mteb_metrics(aggregate: Mapping[str, Any], main: str | None = "ndcg@10") -> dict[str, Any]:
-    """Metrics under MTEB's names, plus ``main_score`` (the value of ``main``, when present)."""
-    metrics = {mteb_metric_name(name): json_safe(value) for name, value in aggregate.items()}
-    if main is not None and main in aggregate:
-        metrics["main_score"] = json_safe(aggregate[main])
-    return metrics
-
-
 def per_query_scores(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
     """``{query_id: {metric: value}}`` under MTEB's metric names, query ids sorted."""
     return {str(qid): {mteb_metric_name(name): json_safe(value) for name, value in values.items()} for qid, values in sorted(per_query.items())}
@@ -163,63 +144,6 @@ def describe_model(embeddings: DatasetEmbeddings | None = None, name: str | None
 def mteb_task_name(dataset_name: str) -> str:
     """MTEB's task name of a BEIR dataset (``scifact`` -> ``SciFact``); other names are kept."""
     return _MTEB_TASKS.get(dataset_name.lower(), dataset_name)
-
-
-def _table_markdown(task: str, command: Sequence[str], table: str) -> str:
-    shown = " ".join(command) if command else f"embedtune {task}"
-    return f"# {task}\n\n`{shown}`\n\n```text\n{table.rstrip()}\n```\n"
-
-
-def write_results(
-    out: str | Path,
-    *,
-    task: str,
-    command: Sequence[str] | None,
-    config: Mapping[str, Any],
-    data: Mapping[str, Any],
-    model: Mapping[str, Any],
-    metrics: Mapping[str, Any],
-    per_query: Mapping[str, Mapping[str, Any]] | None = None,
-    rows: Sequence[Mapping[str, Any]] = (),
-    table: str = "",
-    extra: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write ``out/results.json`` (the layout in this module's docstring) and ``out/results.md``; return the JSON path.
-
-    Args:
-        out: the command's output folder (created).
-        task: the command, e.g. ``"evaluate"`` or ``"compress train"``.
-        command: its argv (``["embedtune", ...]``), or None when called from Python.
-        config: the resolved settings.
-        data: :func:`describe_data` (or a mapping of them, one per dataset).
-        model: :func:`describe_model`.
-        metrics: the headline result under MTEB's names with ``main_score`` (:func:`mteb_metrics`).
-        per_query: the headline result's per-query values (:func:`per_query_scores`).
-        rows: one mapping per scored row of the printed table, each with its own ``metrics``.
-        table: the table exactly as the command printed it.
-        extra: more top-level keys (they may not replace the layout's own).
-    """
-    out = Path(out)
-    document: dict[str, Any] = {
-        "schema": SCHEMA,
-        "embedtune_version": __version__,
-        "command": list(command) if command else None,
-        "task": task,
-        "config": json_safe(config),
-        "data": json_safe(data),
-        "model": json_safe(model),
-        "metrics": json_safe(metrics),
-        "per_query": json_safe(per_query or {}),
-        "rows": json_safe(list(rows)),
-        "table": table,
-    }
-    for key, value in (extra or {}).items():
-        if key in document:
-            raise ValueError(f"write_results: extra key {key!r} would replace the layout's own.")
-        document[key] = json_safe(value)
-    path = atomic_write_json(out / RESULTS_NAME, document)
-    atomic_write_bytes(out / TABLE_NAME, _table_markdown(task, document["command"] or [], table).encode("utf-8"))
-    return path
 
 
 def write_mteb_result(
@@ -262,18 +186,6 @@ def write_mteb_result(
     return atomic_write_json(Path(out) / MTEB_DIR / f"{safe_name}.json", json_safe(document))
 
 
-def read_results(path: str | Path) -> dict[str, Any]:
-    """Load a ``results.json`` (or the folder holding one) and check it has every key of the layout."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / RESULTS_NAME
-    document = json.loads(path.read_text(encoding="utf-8"))
-    missing = [key for key in REQUIRED_KEYS if key not in document]
-    if missing:
-        raise ValueError(f"{path}: not an embedtune results file (missing {missing}); it is written by commands with --out.")
-    return document
-
-
 def runs_summary(runs: Sequence[MethodRun]) -> dict[str, Any]:
     """Mean metrics over ``runs`` (one per seed) under MTEB's names, their per-query means, and the
     sample std of each metric only when more than one run exists (one run has no spread)."""
@@ -306,6 +218,38 @@ def compression_rows(result: CompressionResult) -> list[dict[str, Any]]:
         row["fit_seconds"] = float(np.mean([run.fit_seconds for run in runs]))
         rows.append({**row, **runs_summary(runs)})
     return rows
+
+
+def write_compression_results(
+    out: str | Path,
+    result: CompressionResult,
+    experiment: Experiment,
+    method: str,
+    *,
+    command: Sequence[str] | None = None,
+    config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+    table: str = "",
+) -> Path:
+    """``out/results.json`` of a :func:`~embedtune.workflows.fit_compressor` run (``task: "compress train"``).
+
+    The headline is ``method``'s row; ``details`` is the full report (``result.report``, the
+    ``report.json`` of earlier releases). :func:`fit_compressor` writes it with ``command=None``;
+    ``compress train`` rewrites it with its argv, flags and printed table.
+    """
+    rows = compression_rows(result)
+    main = next(row for row in rows if row["method"] == method)
+    compressor = result.runs[method][0].compressor
+    resolved = {**(config or {}), "method": method, "preset": result.preset.name,
+                "compressor": compressor.config.to_dict() if compressor is not None else None,
+                "triplets": result.report.get("triplets")}
+    data = describe_data(experiment.dataset, queries=result.report["queries"], split_seed=result.report.get("split_seed"))
+    provenance = experiment.provenance or {}
+    model = describe_model(experiment.embeddings, name=provenance.get("model", model_name or result.report.get("model")),
+                           **({"vectors": provenance["vectors"]} if "vectors" in provenance else {}))
+    return write_results(out, task="compress train", command=command, config=resolved, data=data, model=model,
+                         metrics=main["metrics"], per_query=main["per_query"], rows=rows, table=table, details=result.report,
+                         extra={key: result.report[key] for key in ("subsets", "new_documents") if key in result.report})
 
 
 def pipeline_summary(result: Mapping[str, Any], method: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:

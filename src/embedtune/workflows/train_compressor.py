@@ -7,8 +7,8 @@
 >>> result.summaries["dive"]["ndcg@10"]                                       # doctest: +SKIP
 
 Fitted compressors land at ``OUT/<method>/`` when one seed ran, and at ``OUT/<method>/seed-N/``
-only when several did; ``OUT/report.json`` holds the report and ``OUT/triplets-<part>.json``
-the shared triplets.
+only when several did; ``OUT/results.json`` holds the report (its ``details``; ``report.json``
+in earlier releases) and ``OUT/triplets-<part>.json`` the shared triplets.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
 from embedtune.compress.presets import SAFETY_NET_MINING, MiningOptions
 from embedtune.data.triplets import explain_no_triplets
 from embedtune.errors import NoQueriesError
-from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summarize
 from embedtune.evaluate.subsets import subset_means
+from embedtune.workflows.results import write_compression_results
 from embedtune.workflows.new_documents import NewDocuments, score_new_documents, withhold_new_documents
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import per_query_means, subset_block
@@ -41,6 +41,7 @@ __all__ = ["CompressionResult", "fit_compressor", "compressor_dir", "resolve_pre
            "require_mined_triplets", "with_both_pca_variants",
            "REPORT_NAME", "PCA_VARIANTS", "UNTRAINED_WON"]
 
+# The file earlier releases wrote the report into; now results.json's "details" (embedtune.result_files).
 REPORT_NAME = "report.json"
 #: The PCA baselines DIVE's gain is reported against (the stronger of them): centred and uncentred.
 PCA_VARIANTS = ("pca", "pca-uncentred")
@@ -53,7 +54,7 @@ class CompressionResult:
     """What :func:`fit_compressor` ran.
 
     Attributes:
-        report: the JSON-safe report (also ``OUT/report.json``).
+        report: the JSON-safe report (also ``OUT/results.json``'s ``details``).
         runs: per method, one :class:`MethodRun` per seed, each holding its fitted compressor.
         summaries: per method, mean and sample std over seeds (see :func:`summarize`), with
             ``selected_epochs`` (one per seed) for methods that select their epoch.
@@ -204,7 +205,7 @@ def fit_compressor(
         mining: the triplet mining: a :class:`MiningOptions`, or a mapping of changes to the
             preset's (e.g. ``{"false_negative_margin": None}``).
         compare: more methods to fit and score beside ``method`` on the same triplets.
-        out: folder for the fitted compressors, the triplets and ``report.json``.
+        out: folder for the fitted compressors, the triplets and ``results.json`` (the report in its ``details``).
         mining_seed: the mining seed (default: the experiment's split seed, else 2027).
         labels: more JSON-safe fields for the report, e.g. ``{"model": "minilm"}``.
         new_documents: withhold this hashed fraction of the corpus from fitting and selection
@@ -313,9 +314,10 @@ def fit_compressor(
             **triplet_mining.non_default(),
             "n_triplets": int(len(triplets)),  # type: ignore[arg-type]
         }
-    if out:
-        atomic_write_json(out / REPORT_NAME, report)
-    return CompressionResult(report, runs, summaries, chosen, out, triplets, comparisons, notes, subsets, new_block)
+    compression = CompressionResult(report, runs, summaries, chosen, out, triplets, comparisons, notes, subsets, new_block)
+    if out:  # the report is results.json's "details" (report.json in earlier releases)
+        write_compression_results(out, compression, experiment, method)
+    return compression
 
 
 def _new_documents_block(view: NewDocuments, runs: Mapping[str, Sequence[MethodRun]], main: str) -> dict[str, Any]:

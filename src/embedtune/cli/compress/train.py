@@ -31,7 +31,7 @@ from embedtune.compress.presets import SAFETY_NET_MINING
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.plots import plot_compression_runs
-from embedtune.workflows.results import compression_rows, describe_data, describe_model, write_results
+from embedtune.workflows.results import write_compression_results
 from embedtune.workflows.subset_report import new_documents_lines, subset_lines
 from embedtune.workflows.train_compressor import CompressionResult, fit_compressor, with_both_pca_variants
 
@@ -101,8 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "and selection, then also score the test queries whose positives are all withheld, over the whole corpus")
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
-                       "the triplets, results.json (the one results layout), results.md, training.png curves; "
-                       "report.json is kept for one release")
+                       "the triplets, results.json (the one results layout, the full report in its 'details'; it replaces report.json), "
+                       "results.md, training.png curves")
     train.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     train.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     train.set_defaults(handler=run_train)
@@ -195,16 +195,6 @@ def _write_results(args: argparse.Namespace, result: CompressionResult, experime
     label = f"{experiment.dataset.name} / {args.model}"
     for path in plot_compression_runs(result, label):
         logger.info("training curves: %s", path)
-    rows = compression_rows(result)
-    main = next(row for row in rows if row["method"] == args.method)
-    config = {**command_config(args), "preset": result.preset.name,
-              "compressor": result.runs[args.method][0].compressor.config.to_dict() if result.runs[args.method][0].compressor else None,
-              "triplets": result.report.get("triplets")}
-    data = describe_data(experiment.dataset, queries=result.report["queries"], split_seed=result.report.get("split_seed"))
-    path = write_results(args.out, task="compress train", command=command_line(args), config=config, data=data,
-                         model=describe_model(experiment.embeddings, name=experiment.provenance.get("model", args.model),
-                                              **({"vectors": experiment.provenance["vectors"]} if "vectors" in experiment.provenance else {})),
-                         metrics=main["metrics"],
-                         per_query=main["per_query"], rows=rows, table=table,
-                         extra={key: result.report[key] for key in ("subsets", "new_documents") if key in result.report})
+    path = write_compression_results(args.out, result, experiment, args.method, command=command_line(args),
+                                     config=command_config(args), model_name=args.model, table=table)
     logger.info("results: %s", path)
