@@ -291,7 +291,7 @@ def _write_outputs(args: argparse.Namespace, config: PACEConfig, result: Any, ta
     if config.backbone == "text":
         dataset = load_beir(config.data, evaluate_split)
         data = describe_data(dataset, queries="all", train_split=config.train_split)
-        aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
+        aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries", "mteb")}
         metrics = mteb_metrics({**aggregate, "n_queries": result.metrics.get("n_queries")})
         per_query = per_query_scores(result.metrics.get("per_query", {}))
         rows = [{"model": "finetuned", "split": evaluate_split, "metrics": metrics}]
@@ -304,6 +304,7 @@ def _write_outputs(args: argparse.Namespace, config: PACEConfig, result: Any, ta
                          metrics=metrics, per_query=per_query, rows=rows, table=table, details=result.to_dict(), extra=extra)
     logger.info("results: %s", path)
     if config.backbone == "text":
-        aggregate = {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
+        # Every metric MTEB writes for a retrieval task (the evaluation scored them all), else the defaults of an older run.
+        aggregate = result.metrics.get("mteb") or {key: value for key, value in result.metrics.items() if key not in ("per_query", "n_queries")}
         logger.info("MTEB format: %s", write_mteb_result(out, dataset.name, evaluate_split, aggregate, result.seconds.get("evaluate"),
                                                          dataset_sha256=getattr(dataset, "fingerprints", None)))

@@ -158,6 +158,7 @@ def _write_training_results(output_dir: Path, config: PACEConfig, result: PACERe
     the file with its argv and printed table when it evaluated."""
     scored = dict(result.metrics or {}) if config.backbone == "text" else {}
     per_query = scored.pop("per_query", {})
+    scored.pop("mteb", None)  # every MTEB metric: kept in details, the headline keeps the defaults
     metrics = mteb_metrics(scored) if scored else {}
     model = {"name": "finetuned", "path": result.model_dir, "similarity": result.similarity, "base": str(config.model)}
     data = {"train": str(config.data), "train_split": config.train_split}

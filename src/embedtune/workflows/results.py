@@ -31,6 +31,7 @@ The file's name, writer and readers (which also take the older ``report.json``,
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,6 +78,7 @@ __all__ = [
     "json_safe",
     "write_results",
     "write_mteb_result",
+    "installed_mteb_version",
     "read_results",
     "results_details",
     "find_results",
@@ -146,6 +148,16 @@ def mteb_task_name(dataset_name: str) -> str:
     return _MTEB_TASKS.get(dataset_name.lower(), dataset_name)
 
 
+def installed_mteb_version() -> tuple[str, str]:
+    """``(version, source)``: the installed mteb's version, else :data:`MTEB_FORMAT_VERSION` and a note saying
+    that mteb is not installed. Read from the package metadata, so mteb (heavy) is never imported."""
+    try:
+        return importlib.metadata.version("mteb"), "the installed mteb"
+    except importlib.metadata.PackageNotFoundError:
+        return MTEB_FORMAT_VERSION, ("mteb is not installed: the MTEB release whose result format this file follows "
+                                     "(written by embedtune in MTEB's layout)")
+
+
 def write_mteb_result(
     out: str | Path,
     dataset_name: str,
@@ -162,9 +174,12 @@ def write_mteb_result(
     (nDCG, MAP, recall, precision and MRR at 1 to 1000). ``languages`` defaults to
     ``["eng-Latn"]`` for the English BEIR datasets MTEB knows, else ``[]``.
 
-    ``mteb_version`` is :data:`MTEB_FORMAT_VERSION`, the MTEB release whose ``TaskResult`` reads
-    this file as written (tests/test_small_fixes_issue29.py loads it with that release when it
-    is installed); MTEB itself did not run, ``embedtune_version`` says what did. A local BEIR copy
+    MTEB itself did not run: ``written_by`` says so, and ``embedtune_version`` what did.
+    ``mteb_version`` is the installed mteb's version when mteb is installed, else
+    :data:`MTEB_FORMAT_VERSION`, the MTEB release whose ``TaskResult`` reads this file as written
+    (a string either way, as MTEB's loader requires); ``mteb_version_source`` says which of the
+    two it is (tests/test_small_fixes_issue29.py loads the file with ``TaskResult`` where mteb
+    is installed). A local BEIR copy
     has no Hugging Face revision: ``dataset_revision`` says so, and ``dataset_sha256`` (and
     results.json) hold its files' sha256.
     """
@@ -172,11 +187,14 @@ def write_mteb_result(
     if languages is None:
         languages = ["eng-Latn"] if dataset_name.lower() in _ENGLISH else []
     scores = mteb_metrics(metrics) if any("@" in name for name in metrics) else json_safe(dict(metrics))
+    mteb_version, mteb_source = installed_mteb_version()
     document = {
         "task_name": task_name,
         "dataset_revision": "dataset revision not available (a local BEIR copy; see dataset_sha256)",  # MTEB requires a string
         "dataset_sha256": dict(sorted((dataset_sha256 or {}).items())),
-        "mteb_version": MTEB_FORMAT_VERSION,
+        "mteb_version": mteb_version,
+        "mteb_version_source": mteb_source,
+        "written_by": f"embedtune {__version__}, in MTEB's result layout (MTEB itself did not run)",
         "embedtune_version": __version__,
         "evaluation_time": evaluation_time,
         "kg_co2_emissions": None,

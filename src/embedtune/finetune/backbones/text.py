@@ -20,6 +20,7 @@ import torch
 from embedtune.data.beir import load_beir
 from embedtune.encoders.dataset import embed_dataset
 from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.evaluate.metrics import DEFAULT_METRICS, mteb_retrieval_metrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.finetune.stages import StageResult
 from embedtune.finetune.config import PACEConfig, StageConfig, stage_steps
@@ -336,11 +337,13 @@ def evaluate_model(
     batch_size: int = 64,
     cache: bool = True,
     top_k: int = 100,
+    metrics: tuple[str, ...] = DEFAULT_METRICS,
 ):
     """Retrieval metrics of ``model`` on ``data``'s ``split`` qrels, ranking by ``similarity``.
 
     ``"dot"`` ranks by the unnormalised dot product (the PACE Stage II setting); ``"cosine"``
     L2-normalises first. This is what ``embedtune evaluate --similarity dot`` should call.
+    ``metrics``: the names to compute (e.g. :func:`~embedtune.evaluate.metrics.mteb_retrieval_metrics`).
     Returns a :class:`embedtune.evaluate.RetrievalMetrics`.
     """
     if similarity not in ("cosine", "dot"):
@@ -349,7 +352,12 @@ def evaluate_model(
     encoder = SentenceEncoder(str(model), max_seq_length=max_seq_length, batch_size=batch_size, normalize=similarity == "cosine")
     embeddings = embed_dataset(encoder, dataset, cache=cache)
     ids = dataset.judged_query_ids()
-    return evaluate_embeddings(ids, embeddings.queries(ids), embeddings.doc_ids, embeddings.doc_embeddings, {q: dataset.qrels[q] for q in ids}, top_k)
+    return evaluate_embeddings(ids, embeddings.queries(ids), embeddings.doc_ids, embeddings.doc_embeddings, {q: dataset.qrels[q] for q in ids}, top_k,
+                               metrics=metrics)
+
+
+# Documents retrieved per query when a fine-tuned model is evaluated (as ``embedtune evaluate --top-k``'s default).
+_EVALUATE_TOP_K = 100
 
 
 class TextBackbone:
@@ -400,5 +408,11 @@ class TextBackbone:
             model.save(str(model_dir))
 
     def evaluate(self, model, model_dir: Path, config: PACEConfig, similarity: str, target: Any) -> dict[str, Any]:
-        metrics = evaluate_model(model_dir, config.data, target, similarity=similarity, max_seq_length=config.max_seq_length)
-        return {**metrics.to_dict(), "per_query": metrics.per_query}  # per-query values: for results.json and paired tests
+        # One search, scored with every metric MTEB writes for a retrieval task (nDCG, MAP, recall, precision and
+        # MRR at 1..100 of the top 100): the headline and per-query values keep the default metrics, "mteb" has them all
+        # (for mteb/<Task>.json).
+        scored = evaluate_model(model_dir, config.data, target, similarity=similarity, max_seq_length=config.max_seq_length,
+                                top_k=_EVALUATE_TOP_K, metrics=mteb_retrieval_metrics(_EVALUATE_TOP_K))
+        return {**{name: scored.aggregate[name] for name in DEFAULT_METRICS}, "n_queries": scored.n_queries,
+                "per_query": {qid: {name: values[name] for name in DEFAULT_METRICS} for qid, values in scored.per_query.items()},
+                "mteb": dict(scored.aggregate)}
