@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.bench.efficiency import machine_info
-from embedtune.compress.precision import QuantizedIndex
+from embedtune.index.codecs import QuantizedIndex
 from embedtune.data.beir import load_beir
 from embedtune.data.splits import train_qrels_split
 from embedtune.evaluate.subsets import query_subsets, training_positives

@@ -141,7 +141,7 @@ def main() -> None:
     code, line = run("index", "build", "--plan", work / "plan8", "--embeddings", toy["docs"], "--ids", toy["doc_ids"], "--out", work / "I8")
     refused("index build --plan: an edited index kind (digest recomputed)", code, line, "field 'index_kind' is 'flat'")
     plan_json.write_text(original)
-    from embedtune.compress.precision import Calibration
+    from embedtune.index.codecs import Calibration
 
     calibration = Calibration.load(work / "plan8" / "calibration.safetensors")
     Calibration(calibration.vmin * 2, calibration.vmax * 2).save(work / "plan8" / "calibration.safetensors")

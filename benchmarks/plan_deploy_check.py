@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/plan_deploy_check.py --plan runs/plan-97 --data scifact --model minilm --protocol beir-train
 
 Writes the corpus vectors of the experiment to a temporary ``.npy``, builds the planned index from
-them (:func:`embedtune.index.precision.build_planned_index`: the plan's compressor, precision and
+them (:func:`embedtune.index.planned.build_planned_index`: the plan's compressor, precision and
 saved int8 ranges), loads it, compresses the test queries with the plan's compressor, searches
 the index (binary candidates rescored as planned) and scores nDCG@10 and Recall@10, next to what
 ``compress plan --final`` recorded in plan.json.
@@ -21,9 +21,9 @@ import numpy as np
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.search import run_from_topk
 from embedtune.index import load_index
-from embedtune.index.precision import build_planned_index
+from embedtune.index.plan_format import load_plan
+from embedtune.index.planned import build_planned_index
 from embedtune.workflows.experiment import load_experiment
-from embedtune.workflows.plan import load_plan
 
 
 def main() -> None:

@@ -17,13 +17,14 @@ from conftest import write_beir
 from embedtune.cli import main
 from embedtune.compress import load_compressor, make_compressor
 from embedtune.compress.base import TrainingData
-from embedtune.compress.precision import Calibration
+from embedtune.index.codecs import Calibration
 from embedtune.evaluate.search import unit_rows
 from embedtune.index import build_index, load_index
-from embedtune.index.precision import build_planned_index
+from embedtune.index.planned import build_planned_index
 from embedtune.io import IntegrityError, read_json_verified, sha256_file, write_json_with_digest
 from embedtune.workflows.experiment import load_experiment
-from embedtune.workflows.plan import load_plan, run_plan
+from embedtune.index.plan_format import load_plan
+from embedtune.workflows.plan import run_plan
 
 D = 24
 

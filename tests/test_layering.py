@@ -6,8 +6,9 @@ The layers, lowest first (a module may import its own layer and the layers below
     1 data        data/
     2 encoders    encoders/
     3 methods     compress/, finetune/
-    4 workflows   workflows/ (and pipeline.py, experiment.py until they move there)
-    5 surfaces    index/, bench/, cli/
+    4 index       index/ (the codecs, the plan folder's format, the deployed index: it applies a fitted compressor)
+    5 workflows   workflows/ (and pipeline.py, experiment.py until they move there)
+    6 surfaces    bench/, cli/
 
 Three rules, each failure printed as ``file:line: rule: detail``:
 
@@ -40,15 +41,17 @@ LAYERS: dict[str, int] = {
     "encoders": 2,
     "compress": 3,
     "finetune": 3,
-    "workflows": 4,
-    "pipeline": 4,
-    "experiment": 4,
-    "index": 5,
-    "bench": 5,
-    "cli": 5,
-    "__main__": 5,
+    # index/ below workflows/: the plan's scoring (workflows/plan.py) and the deployed index share its codecs
+    # and the plan folder's format; above compress/: building an index applies a fitted compressor.
+    "index": 4,
+    "workflows": 5,
+    "pipeline": 5,
+    "experiment": 5,
+    "bench": 6,
+    "cli": 6,
+    "__main__": 6,
 }
-LAYER_NAMES = {0: "foundation", 1: "data", 2: "encoders", 3: "compress/finetune", 4: "workflows", 5: "index/bench/cli"}
+LAYER_NAMES = {0: "foundation", 1: "data", 2: "encoders", 3: "compress/finetune", 4: "index", 5: "workflows", 6: "bench/cli"}
 
 # (importing module, imported module or a package above it) -> why the import waits until the function runs.
 # Only heavy optional dependencies belong here: importing them at module top would slow down

@@ -9,15 +9,15 @@ import pytest
 
 from conftest import write_beir
 from embedtune.cli import main
-from embedtune.compress.precision import Calibration, Precision, QuantizedIndex
 from embedtune.index import load_index
-from embedtune.index.precision import build_planned_index
+from embedtune.index.codecs import Calibration, Precision, QuantizedIndex
+from embedtune.index.plan_format import load_plan
+from embedtune.index.planned import build_planned_index
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.plan import (
     Candidate,
     best_within,
     choose,
-    load_plan,
     pareto_frontier,
     peer_factories,
     plot_frontier,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedtune.compress.precision import (
+from embedtune.index.codecs import (
     PRECISIONS,
     Calibration,
     Precision,

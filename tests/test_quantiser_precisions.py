@@ -15,7 +15,7 @@ import pytest
 
 from conftest import write_beir
 from embedtune.compress import get_compressor_class
-from embedtune.compress.precision import (
+from embedtune.index.codecs import (
     FAISS_PRECISIONS,
     Precision,
     QuantizedIndex,
@@ -26,10 +26,11 @@ from embedtune.compress.precision import (
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import exact_search, rescore
 from embedtune.index import load_index
-from embedtune.index.precision import build_planned_index
+from embedtune.index.planned import build_planned_index
 from embedtune.index.store import new_index
 from embedtune.workflows.experiment import load_experiment, training_data
-from embedtune.workflows.plan import QUANTISER_PEERS, load_plan, peer_factories, run_plan, write_plan
+from embedtune.index.plan_format import load_plan, write_plan
+from embedtune.workflows.plan import QUANTISER_PEERS, peer_factories, run_plan
 
 faiss = pytest.importorskip("faiss")
 

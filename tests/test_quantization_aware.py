@@ -9,7 +9,7 @@ import torch
 from embedtune.compress import TrainingData, load_compressor
 from embedtune.compress.dive import DIVECompressor, DIVEConfig
 from embedtune.compress.losses import self_limiting_triplet_loss
-from embedtune.compress.precision import Calibration
+from embedtune.index.codecs import Calibration
 from embedtune.compress.quantization_aware import (
     deployed_view,
     quantization_aware_triplet_loss,

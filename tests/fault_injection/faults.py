@@ -602,7 +602,7 @@ class PlanArtefact:
     def hits(self, plan: Path, index_dir: Path) -> list:
         """What ``index build --plan`` then ``search`` give: the top 5 of every query."""
         from embedtune.index import load_index
-        from embedtune.index.precision import build_planned_index
+        from embedtune.index.planned import build_planned_index
         from embedtune.index.query import query_vectors
 
         shutil.rmtree(index_dir, ignore_errors=True)
@@ -648,7 +648,7 @@ class FaissCacheArtefact:
     precisions = ("faiss:PQ2x4fs", "faiss:PQ4x4fs")
 
     def __init__(self, root: Path) -> None:
-        from embedtune.compress.precision import Precision, QuantizedIndex
+        from embedtune.index.codecs import Precision, QuantizedIndex
         from embedtune.workflows.plan import PROBE_ROWS, save_faiss_cache
 
         root = Path(root) / "faiss-cache"

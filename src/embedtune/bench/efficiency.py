@@ -34,7 +34,7 @@ from embedtune.compress.streaming import embedding_file_shape, iter_embedding_bl
 from embedtune.evaluate.kernels import kernel_choices, search_threads
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.search import exact_search, run_from_topk
-from embedtune.index import quantize
+from embedtune.index import codecs
 from embedtune.index.ann import evaluate_ann
 from embedtune.workflows.experiment import load_experiment
 
@@ -337,21 +337,21 @@ def quantization_table(experiment, compressor=None, part: str = "test", top_k: i
         d = xb.shape[1]
         start = time.perf_counter()
         rows.append({"vectors": name, "d": d, "quantization": "float32", "bytes_per_vector": 4 * d, **score(*exact_search(xq, xb, fetch))})
-        sq8 = quantize.sq8_index(d, xb=xb)
+        sq8 = codecs.sq8_index(d, xb=xb)
         sq8.add(xb)
-        rows.append({"vectors": name, "d": d, "quantization": "int8 (FAISS SQ8)", "bytes_per_vector": d, **score(*quantize.sq8_search(sq8, xq, fetch))})
-        ranges = quantize.int8_ranges(xb)
+        rows.append({"vectors": name, "d": d, "quantization": "int8 (FAISS SQ8)", "bytes_per_vector": d, **score(*codecs.sq8_search(sq8, xq, fetch))})
+        ranges = codecs.int8_ranges(xb)
         rows.append({"vectors": name, "d": d, "quantization": "int8 (s-t quantize_embeddings)", "bytes_per_vector": d,
-                     **score(*quantize.int8_search(quantize.int8_quantize(xq, ranges), quantize.int8_quantize(xb, ranges), fetch))})
-        binary = quantize.binary_index(quantize.binary_codes(xb))
-        nbytes = quantize.bytes_per_vector("binary", d)
+                     **score(*codecs.int8_search(codecs.int8_quantize(xq, ranges), codecs.int8_quantize(xb, ranges), fetch))})
+        binary = codecs.binary_index(codecs.binary_codes(xb))
+        nbytes = codecs.bytes_per_vector("binary", d)
         rows.append({"vectors": name, "d": d, "quantization": "binary (Hamming)", "bytes_per_vector": nbytes,
-                     **score(*quantize.binary_search(binary, xq, fetch))})
+                     **score(*codecs.binary_search(binary, xq, fetch))})
         rows.append({"vectors": name, "d": d, "quantization": f"binary + asym rescore top {candidates}", "bytes_per_vector": nbytes,
-                     **score(*quantize.binary_search(binary, xq, fetch, "asym", candidates=max(candidates, fetch)))})
+                     **score(*codecs.binary_search(binary, xq, fetch, "asym", candidates=max(candidates, fetch)))})
         rows.append({"vectors": name, "d": d, "quantization": f"binary + float32 rescore top {candidates}", "bytes_per_vector": nbytes,
                      "disk_bytes_per_vector": 4 * d,
-                     **score(*quantize.binary_search(binary, xq, fetch, "float", xb, candidates=max(candidates, fetch)))})
+                     **score(*codecs.binary_search(binary, xq, fetch, "float", xb, candidates=max(candidates, fetch)))})
         logger.info("quantization_table: %s done in %.1fs", name, time.perf_counter() - start)
     return rows
 

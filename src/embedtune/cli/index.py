@@ -12,7 +12,7 @@ from embedtune.data.beir import load_beir
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.index import build_index
-from embedtune.index.precision import build_planned_index
+from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_texts
 
 __all__ = ["register", "run_index_build", "run_search", "search_texts"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from embedtune.cli.common import HelpFormatter, add_data_flags, add_list_flag, add_model_flags, experiment_from_args, print_json, print_table
-from embedtune.compress.precision import PRECISIONS
+from embedtune.index.codecs import PRECISIONS
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.plan import DEFAULT_PEERS, DEFAULT_PRECISIONS, run_plan
 

@@ -17,6 +17,10 @@ codes. :func:`quantization_aware_triplet_loss` puts that quantiser inside the hi
 The geometry and view terms stay on the float heads, and :func:`deployed_view` lets epoch
 selection score what is deployed (binary: float queries against sign documents; int8: decoded
 codes, corpus-calibrated).
+
+This module holds only the training-time simulation of the deployed codes: the codecs that are
+deployed live in :mod:`embedtune.index.codecs`, a layer above (an index applies a fitted
+compressor), and ``tests/test_quantization_aware.py`` checks that both give the same SQ8 codes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Retrieval indexes: build/load an index folder, quantised (int8, binary) and approximate search."""
+"""Retrieval indexes: the codecs (:mod:`embedtune.index.codecs`), the plan folder's format, building/loading an index folder, approximate search."""
 
 from embedtune.index.ann import build_factory_index, evaluate_ann, recall_at_k
-from embedtune.index.quantize import (
+from embedtune.index.codecs import (
     binary_codes,
     binary_index,
     binary_search,
@@ -11,7 +11,6 @@ from embedtune.index.quantize import (
     int8_ranges,
     int8_search,
     sq8_index,
-    sq8_ranges,
     sq8_search,
 )
 from embedtune.index.store import INDEX_KINDS, Index, build_index, load_index
@@ -33,6 +32,5 @@ __all__ = [
     "load_index",
     "recall_at_k",
     "sq8_index",
-    "sq8_ranges",
     "sq8_search",
 ]

@@ -37,12 +37,21 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
-from embedtune.compress.precision import check_faiss_supports, faiss_release_needed, faiss_version_error
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
-from embedtune.index import quantize
+from embedtune.index.codecs import (
+    Calibration,
+    binary_codes,
+    binary_search,
+    bytes_per_vector,
+    check_faiss_supports,
+    faiss_release_needed,
+    faiss_version_error,
+    sq8_index,
+    sq8_search,
+)
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.io import (
     DIGEST_KEY,
@@ -159,7 +168,7 @@ def build_index(
             for float rescoring).
         sq8_ranges: ``sq8``: per-dimension ``(vmin, vmax)`` to use instead of calibrating on these
             vectors (a plan's saved int8 calibration).
-        plan: what ``compress plan`` chose (see :func:`embedtune.index.precision.build_planned_index`),
+        plan: what ``compress plan`` chose (see :func:`embedtune.index.planned.build_planned_index`),
             recorded in the manifest; its ``rescore`` and ``candidates`` become the search defaults.
         before_write: called once the index is built, right before anything is moved into ``out``
             (the command line prepares ``--out`` there, so a failed build leaves it untouched).
@@ -205,7 +214,7 @@ def build_index(
     try:
         if kind == "sq8" and sq8_ranges is None:
             # One extra pass for the per-dimension ranges, so the calibration sees every vector.
-            index = quantize.sq8_index(d, ranges=quantize.sq8_ranges(blocks()))
+            index = sq8_index(d, Calibration.fit_blocks(blocks()))
         elif kind not in INDEX_KINDS:
             if not index.is_trained:
                 sample = []
@@ -229,7 +238,7 @@ def build_index(
         vectors_out = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(n, d)) if keep_vectors else None
         for start, block in blocks(collect_ids=True):
             try:
-                index.add(quantize.binary_codes(block) if kind == "binary" else block)
+                index.add(binary_codes(block) if kind == "binary" else block)
             except RuntimeError as error:
                 raise EmbedtuneError(f"{embeddings}: FAISS could not add rows {start}.. to the --kind {kind!r} index "
                                      f"({_faiss_message(error)}). Fix: choose another --kind (e.g. flat).") from None
@@ -267,7 +276,7 @@ def build_index(
             "dim": int(d),
             "input_dim": int(d_in),
             "ntotal": int(index.ntotal),
-            "bytes_per_vector": quantize.bytes_per_vector(kind, d) if kind in INDEX_KINDS else None,
+            "bytes_per_vector": bytes_per_vector(kind, d) if kind in INDEX_KINDS else None,
             "index_bytes": (staging / INDEX_FILE).stat().st_size,
             "search_params": default_params(kind) if kind not in INDEX_KINDS else {},
             "adapter": adapter_info if adapter_info is not None else (
@@ -315,7 +324,7 @@ def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | Non
             if vmin.shape != (d,) or vmax.shape != (d,) or not (np.isfinite(vmin).all() and np.isfinite(vmax).all()) or (vmax < vmin).any():
                 raise EmbedtuneError(f"sq8 calibration: expected finite ({d},) ranges with vmin <= vmax; got {vmin.shape} and {vmax.shape}. "
                                      "Fix: write the plan again with `embedtune compress plan`.")
-            return quantize.sq8_index(int(d), ranges=(vmin, vmax))
+            return sq8_index(int(d), (vmin, vmax))
         return faiss.IndexScalarQuantizer(int(d), faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     if kind == "binary":
         return faiss.IndexBinaryFlat(((int(d) + 7) // 8) * 8)
@@ -369,7 +378,7 @@ class Index:
             planned = self.manifest.get("plan") or {}
             if rescore_with is None and planned.get("rescore"):  # built from a plan: search as planned
                 rescore_with, candidates = planned["rescore"], int(planned.get("candidates", candidates))
-            return quantize.binary_search(self.faiss_index, xq, k, rescore_with, self.vectors, candidates)  # type: ignore[arg-type]
+            return binary_search(self.faiss_index, xq, k, rescore_with, self.vectors, candidates)  # type: ignore[arg-type]
         planned = self.manifest.get("plan") or {}
         if rescore_with is None and planned.get("rescore") == "float":  # e.g. a plan's rabitq1-rescore
             rescore_with, candidates = "float", int(planned.get("candidates", candidates))
@@ -379,10 +388,10 @@ class Index:
             if self.vectors is None:
                 raise ValueError(f"{self.path}: rescoring needs {VECTORS_FILE}, which this {kind!r} index was built without; search "
                                  "without --rescore, or rebuild it keeping the vectors (a rabitq1-rescore plan's `index build --plan`).")
-            _, I = quantize.sq8_search(self.faiss_index, xq, max(k, candidates))
+            _, I = sq8_search(self.faiss_index, xq, max(k, candidates))
             D, I = break_ties(rescore(xq, self.vectors, I), I)
             return D[:, :k], I[:, :k]
-        return quantize.sq8_search(self.faiss_index, xq, k)
+        return sq8_search(self.faiss_index, xq, k)
 
     def hits(self, D: np.ndarray, I: np.ndarray) -> list[list[dict[str, Any]]]:
         """Rows of ``{"rank", "id", "score", "title"}`` per query."""

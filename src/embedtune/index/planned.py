@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.index.store import build_index
-from embedtune.workflows.plan import load_plan
+from embedtune.index.plan_format import load_plan
 
 __all__ = ["build_planned_index", "RESCORE_OF"]
 
@@ -52,7 +52,7 @@ def build_planned_index(
     """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet).
 
     Every file of the plan is checked against the digests ``plan.json`` recorded, and against the
-    others, first (:func:`embedtune.workflows.plan.load_plan`): an edited index kind or int8 range
+    others, first (:func:`embedtune.index.plan_format.load_plan`): an edited index kind or int8 range
     would build another index than the one planned and scored. ``before_write``: as in :func:`build_index`.
     """
     plan = Path(plan)

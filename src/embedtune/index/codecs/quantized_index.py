@@ -1,0 +1,155 @@
+"""Vectors stored at one :class:`~embedtune.index.codecs.precision.Precision` and searched as deployed.
+
+:class:`QuantizedIndex` is what ``compress plan`` scores every candidate with, and what
+``index build --plan`` rebuilds on disk; both encode through the codecs of this package, so the
+scored and the served codes are the same. :meth:`QuantizedIndex.save_precision` and
+:func:`load_precision` persist the precision (and the int8 ranges) next to a compressor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
+from embedtune.index.codecs.binary import binary_codes, binary_index, binary_search
+from embedtune.index.codecs.faiss_codes import new_factory_index
+from embedtune.index.codecs.int8 import Calibration, sq8_index
+from embedtune.index.codecs.precision import Precision
+from embedtune.io import atomic_write_json
+from embedtune.runtime import native_chatter_filtered
+
+__all__ = ["QuantizedIndex", "load_precision", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON"]
+
+PRECISION_FILE = "precision.json"
+CALIBRATION_FILE = "calibration.safetensors"
+CALIBRATION_JSON = "calibration.json"
+# How binary-asym and binary-rescore rescore their Hamming candidates (binary_search's rescore_with).
+_BINARY_RESCORE = {"binary": None, "binary-asym": "asym", "binary-rescore": "float"}
+
+
+class QuantizedIndex:
+    """Vectors stored at one :class:`Precision`, searched exhaustively (or by the FAISS index given).
+
+    Build with :meth:`build`; ``search`` takes float32 queries in the same space.
+
+    Attributes:
+        precision: the :class:`Precision`.
+        dim: the vectors' dimension.
+        ntotal: the number of stored vectors.
+        calibration: the int8 ranges, or None.
+    """
+
+    def __init__(self, precision: Precision, dim: int, backend: Any, ntotal: int, calibration: Calibration | None = None,
+                 float_vectors: np.ndarray | None = None, codes: np.ndarray | None = None) -> None:
+        self.precision, self.dim, self.backend, self.ntotal = precision, dim, backend, ntotal
+        self.calibration, self.float_vectors, self.codes = calibration, float_vectors, codes
+
+    @classmethod
+    def build(cls, xb: np.ndarray, precision: Precision | str, calibration: Calibration | None = None,
+              float_vectors: np.ndarray | None = None, train: np.ndarray | None = None) -> "QuantizedIndex":
+        """Encode ``xb`` at ``precision``.
+
+        Args:
+            xb: ``(n, d)`` float vectors (the compressed corpus).
+            precision: a :class:`Precision` or its name.
+            calibration: int8 ranges to use (default: fitted on ``xb``).
+            float_vectors: binary-rescore, rabitq1-rescore: the float32 vectors to rescore against
+                (default: ``xb``; pass a memory map of the file on disk to keep them out of RAM).
+            train: FAISS factory indexes that need training (``faiss:``, int4's ranges, RaBitQ's
+                centroid) are trained on these rows (default: ``xb``).
+        """
+        import faiss
+
+        precision = Precision(precision) if isinstance(precision, str) else precision
+        xb = as_rows(xb, "xb")
+        n, d = xb.shape
+        if precision.name == "float32":
+            return cls(precision, d, None, n, float_vectors=np.ascontiguousarray(xb, dtype=np.float32))
+        if precision.is_binary:
+            codes = np.ascontiguousarray(binary_codes(xb))
+            rescore_with = (float_vectors if float_vectors is not None else xb) if precision.name == "binary-rescore" else None
+            return cls(precision, d, binary_index(codes), n, float_vectors=rescore_with, codes=codes)
+        if precision.name == "float16":
+            index = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
+            index.add(xb)
+            return cls(precision, d, index, n)
+        if precision.name == "int8":
+            calibration = calibration if calibration is not None else Calibration.fit(xb)
+            index = sq8_index(d, calibration)
+            index.add(xb)
+            return cls(precision, d, index, n, calibration=calibration)
+        index = new_factory_index(d, precision.factory, precision.name if not precision.is_faiss else None)
+        if not index.is_trained:
+            with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
+                index.train(as_rows(train, "train") if train is not None else xb)
+        index.add(xb)
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.nprobe = precision.nprobe or max(1, ivf.nlist // 4)
+        rescore_with = (float_vectors if float_vectors is not None else xb) if precision.rescores_float else None
+        return cls(precision, d, index, n, float_vectors=rescore_with)
+
+    def ram_bytes(self) -> int:
+        """Bytes per vector held in RAM to search (see :meth:`Precision.ram_bytes`)."""
+        return self.precision.ram_bytes(self.dim)
+
+    def disk_bytes(self) -> int:
+        return self.precision.disk_bytes(self.dim)
+
+    def fixed_bytes(self) -> int:
+        """Bytes that do not grow with the corpus: int8 ranges, or a FAISS index's tables (codebooks, rotations)."""
+        if self.calibration is not None:
+            return 8 * self.dim
+        if self.precision.uses_factory:
+            import faiss
+
+            serialized = faiss.serialize_index(self.backend).size
+            return max(0, int(serialized) - self.ntotal * self.precision.ram_bytes(self.dim))
+        return 0
+
+    def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(D, I)`` of the top ``k`` rows for each float query, ``D`` descending, ties by row."""
+        xq = as_rows(xq, "xq")
+        if xq.shape[1] != self.dim:
+            raise ValueError(f"queries are {xq.shape[1]}-d but the index holds {self.dim}-d vectors.")
+        k = min(int(k), self.ntotal)
+        if self.precision.name == "float32":
+            return exact_search(xq, self.float_vectors, k)
+        if self.precision.is_binary:
+            return binary_search(self.backend, xq, k, _BINARY_RESCORE[self.precision.name], self.float_vectors,  # type: ignore[arg-type]
+                                 self.precision.candidates, codes=self.codes)
+        fetch = min(self.ntotal, max(k, self.precision.candidates)) if self.precision.rescores_float else k
+        D, I = self.backend.search(xq, fetch)
+        D, I = break_ties(D, I.astype(np.int64))
+        if not self.precision.rescores_float:
+            return D, I
+        D, I = break_ties(rescore(xq, self.float_vectors, I), I)  # rabitq1-rescore: float32 from disk
+        return D[:, :k], I[:, :k]
+
+    def save_precision(self, directory: str | Path) -> Path:
+        """Write ``precision.json`` (and the int8 ``calibration.safetensors`` + ``.json``) into ``directory``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory})
+        if self.calibration is not None:
+            self.calibration.save(directory / CALIBRATION_FILE)
+            self.calibration.to_json(directory / CALIBRATION_JSON)
+        return directory
+
+
+def load_precision(directory: str | Path) -> tuple[Precision, Calibration | None]:
+    """Read what :meth:`QuantizedIndex.save_precision` wrote."""
+    directory = Path(directory)
+    path = directory / PRECISION_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory}: no {PRECISION_FILE}; write it with QuantizedIndex.save_precision or `compress plan`.")
+    values = json.loads(path.read_text(encoding="utf-8"))
+    precision = Precision.from_dict({k: v for k, v in values.items() if k in ("name", "candidates", "nprobe")})
+    calibration = Calibration.load(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
+    if precision.name == "int8" and calibration is None:
+        raise FileNotFoundError(f"{directory}: precision int8 needs {CALIBRATION_FILE} (its per-dimension ranges).")
+    return precision, calibration

@@ -1,0 +1,157 @@
+"""The plan folder on disk: what ``compress plan`` writes (:func:`write_plan`) and every deployment reads (:func:`load_plan`).
+
+A plan folder::
+
+    plan.json                 the choice, its validation scores, the frontier, the FAISS factory string,
+                              the sha256 of every other file below and the digest of its own content
+    compressor/               the fitted compressor (``load_compressor``)
+    precision.json            the precision (name, rescoring candidates) and the dimension
+    calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
+    calibration.json          the same ranges, readable
+    frontier.png              quality against bytes on the validation queries (not checked: a picture)
+
+The format lives here, below the workflows that plan, so that ``index build --plan`` and the
+exporters read a plan without importing the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.compress import Compressor, load_compressor
+from embedtune.index.codecs import (
+    CALIBRATION_FILE,
+    CALIBRATION_JSON,
+    PRECISION_FILE,
+    Calibration,
+    Precision,
+    QuantizedIndex,
+    load_precision,
+)
+from embedtune.io import (
+    IntegrityError,
+    atomic_write_json,
+    older_than_installed,
+    read_json_verified,
+    sha256_file,
+    verify_sha256,
+    write_json_with_digest,
+)
+
+__all__ = ["PLAN_FILE", "COMPRESSOR_DIR", "PLAN_FIX", "write_plan", "load_plan", "plan_files", "index_kind"]
+
+PLAN_FILE = "plan.json"
+COMPRESSOR_DIR = "compressor"
+PLAN_FIX = "The plan folder was damaged or edited after `embedtune compress plan` wrote it; write it again with `embedtune compress plan`."
+
+
+def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any]) -> dict[str, Any]:
+    """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last).
+
+    ``plan.json`` carries the sha256 of every other file of the plan (``files_sha256``), the digest of
+    the compressor's fitted state, and the digest of its own content; :func:`load_plan` checks them all.
+    The int8 ranges are calibrated on ``doc_embeddings`` through the compressor.
+    """
+    out = Path(out)
+    compressor.save(out / COMPRESSOR_DIR)
+    docs = compressor.transform(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
+    index = QuantizedIndex.build(docs, precision) if not precision.is_faiss else None
+    if index is not None:
+        index.save_precision(out)
+    else:
+        atomic_write_json(out / PRECISION_FILE, {**precision.to_dict(), "dim": int(docs.shape[1]), "factory": precision.factory})
+    for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
+        if precision.name != "int8":
+            (out / stale).unlink(missing_ok=True)
+    plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
+            "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
+            "index_kind": index_kind(precision), "compressor_state_sha256": compressor.state_sha256(),
+            "files_sha256": {name: sha256_file(out / name) for name in plan_files(out)}}
+    write_json_with_digest(out / PLAN_FILE, plan)
+    return plan
+
+
+def plan_files(out: Path) -> list[str]:
+    """The files of a plan folder that ``plan.json`` records digests of (relative POSIX paths)."""
+    names = [PRECISION_FILE, CALIBRATION_FILE, CALIBRATION_JSON, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
+    return [name for name in names if (out / name).is_file()]
+
+
+def index_kind(precision: Precision) -> str:
+    """What ``embedtune index build --kind`` builds for this precision."""
+    if precision.is_binary:
+        return "binary"
+    return {"float32": "flat", "int8": "sq8", "float16": "SQfp16"}.get(precision.name, precision.factory)
+
+
+def load_plan(directory: str | Path) -> tuple[dict[str, Any], Compressor, Precision, Calibration | None]:
+    """Read a plan folder: ``(plan, compressor, precision, calibration)``, every file checked first.
+
+    ``plan.json``'s own digest, the sha256 of every file it lists, the compressor's fitted state, and
+    the agreement of the files with each other (precision, dimension, index kind, FAISS factory,
+    bytes, calibration ranges) are checked; any failure is an error naming the file and the field.
+    """
+    directory = Path(directory)
+    path = directory / PLAN_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory}: no {PLAN_FILE}; write a plan with `embedtune compress plan --out {directory}`.")
+    plan, verified = read_json_verified(path, PLAN_FIX)
+    if not verified or not isinstance(plan.get("files_sha256"), dict):
+        if verified or not older_than_installed(plan.get("embedtune_version")):
+            missing = "files_sha256" if verified else "content_sha256"
+            raise IntegrityError(f"{path}: field {missing!r} is missing, which embedtune {plan.get('embedtune_version', '(no version stamp)')} "
+                                 f"always writes. {PLAN_FIX}")
+        raise IntegrityError(f"{path}: written by embedtune {plan.get('embedtune_version')} without file digests, so its files cannot "
+                             "be checked; write the plan again with `embedtune compress plan`.")
+    recorded = plan["files_sha256"]
+    expected_files = set(plan_files(directory)) | {PRECISION_FILE, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"}
+    unlisted = sorted(expected_files - set(recorded))
+    if unlisted:
+        raise IntegrityError(f"{directory / unlisted[0]}: not listed in {path} field 'files_sha256', so it is not this plan's. {PLAN_FIX}")
+    for name, digest in sorted(recorded.items()):
+        if name not in expected_files or not isinstance(digest, str):
+            raise IntegrityError(f"{path}: field 'files_sha256' lists {name!r}, which is not a file of a plan folder. {PLAN_FIX}")
+        verify_sha256(directory / name, digest, PLAN_FIX)
+    precision, calibration = load_precision(directory)
+    compressor = load_compressor(directory / COMPRESSOR_DIR)
+    _check_plan_agrees(directory, plan, compressor, precision, calibration)
+    return plan, compressor, precision, calibration
+
+
+def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compressor, precision: Precision,
+                       calibration: Calibration | None) -> None:
+    """The plan's files describe one deployment: the same precision, dimension, index kind, factory, bytes and compressor."""
+    path = directory / PLAN_FILE
+
+    def refuse(field: str, said: Any, actual: Any, source: str) -> None:
+        raise IntegrityError(f"{path}: field {field!r} is {said!r} but {source} says {actual!r}. {PLAN_FIX}")
+
+    values = json.loads((directory / PRECISION_FILE).read_text(encoding="utf-8"))
+    dim = compressor.output_dim
+    planned = plan.get("precision") if isinstance(plan.get("precision"), dict) else {}
+    if planned.get("name") != precision.name:
+        refuse("precision.name", planned.get("name"), precision.name, str(directory / PRECISION_FILE))
+    if plan.get("dim") != dim:
+        refuse("dim", plan.get("dim"), dim, f"{directory / COMPRESSOR_DIR} (its output dimension)")
+    if values.get("dim") != dim:
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'dim' is {values.get('dim')!r} but the compressor outputs {dim}. {PLAN_FIX}")
+    for field, actual, source in (("index_kind", index_kind(precision), "its precision"), ("faiss_factory", precision.factory, "its precision"),
+                                  ("ram_bytes", precision.ram_bytes(dim), "its precision and dimension"),
+                                  ("disk_bytes", precision.disk_bytes(dim), "its precision and dimension"),
+                                  ("compressor_state_sha256", compressor.state_sha256(), f"{directory / COMPRESSOR_DIR}")):
+        if plan.get(field) != actual:
+            refuse(field, plan.get(field), actual, source)
+    if (precision.name == "int8") != (calibration is not None):
+        raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if precision.name == 'int8' else 'has no use for'} "
+                             f"{CALIBRATION_FILE}. {PLAN_FIX}")
+    if calibration is not None:
+        if calibration.dim != dim:
+            raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges for {dim} dimensions. {PLAN_FIX}")
+        readable = json.loads((directory / CALIBRATION_JSON).read_text(encoding="utf-8")) if (directory / CALIBRATION_JSON).is_file() else None
+        if readable is not None and (not np.array_equal(np.asarray(readable.get("vmin"), np.float32), calibration.vmin)
+                                     or not np.array_equal(np.asarray(readable.get("vmax"), np.float32), calibration.vmax)):
+            raise IntegrityError(f"{directory / CALIBRATION_FILE}: its ranges differ from {directory / CALIBRATION_JSON}'s. {PLAN_FIX}")
