@@ -6,7 +6,7 @@ with unit L2 norm, ``save(dir)`` and ``load(dir)``. The benchmark treats every r
 the same way.
 
 Everything the CLI, the workflows and the protocol grid need to know about a method is a class
-trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``help``,
+trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``wide_output_settings``, ``help``,
 ``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``export_layers``), so a new
 method is one new module and nothing else.
 """
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
+__all__ = ["PseudoQueries", "TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
 
 CONFIG_NAME = "config.json"
 _OUTPUT_FIX = ("the input rows are finite, so the compressor's weights hold NaN or infinity (a damaged file or a diverged fit); "
@@ -90,6 +90,35 @@ def l2_normalize(X: np.ndarray, eps: float = 1e-12, out: np.ndarray | None = Non
 
 
 @dataclass
+class PseudoQueries:
+    """Training-only pseudo-queries (one per document, from its own text) and their triplets.
+
+    They are never held out for selection and never scored: selection and every reported figure
+    read real queries only (see :mod:`embedtune.data.pseudo_queries`).
+
+    Attributes:
+        ids: the pseudo-query ids, rows of ``embeddings``.
+        embeddings: ndarray of shape (n, d), float32, encoded as queries.
+        triplets: ndarray of shape (m, 3), int64: ``(pseudo-query row, positive doc row, negative doc row)``,
+            doc rows into the :class:`TrainingData`'s ``doc_embeddings``.
+        source: how the texts were made (``title`` or ``first-sentence``).
+    """
+
+    ids: list[str]
+    embeddings: np.ndarray
+    triplets: np.ndarray
+    source: str = "title"
+
+    def __post_init__(self) -> None:
+        self.embeddings = as_float32_rows(self.embeddings, "the pseudo-query vectors")
+        self.triplets = np.asarray(self.triplets, dtype=np.int64).reshape(-1, 3)
+        if len(self.ids) != len(self.embeddings):
+            raise ValueError(f"{len(self.ids)} pseudo-query ids for {len(self.embeddings)} pseudo-query vectors.")
+        if len(self.triplets) and (self.triplets[:, 0].max() >= len(self.ids) or self.triplets.min() < 0):
+            raise ValueError("pseudo-query triplets index a pseudo-query row that does not exist.")
+
+
+@dataclass
 class TrainingData:
     """Embeddings and labels a compressor may learn from.
 
@@ -104,6 +133,8 @@ class TrainingData:
         doc_embeddings: ndarray of shape (n_docs, d), float32 (the whole corpus).
         qrels: ``{query_id: {doc_id: relevance}}`` for these queries.
         triplets: ndarray of shape (n_triplets, 3), int64, or None.
+        pseudo_queries: training-only :class:`PseudoQueries`, or None; methods that do not use
+            them ignore them, and selection never holds them out.
     """
 
     query_ids: list[str]
@@ -112,6 +143,7 @@ class TrainingData:
     doc_embeddings: np.ndarray
     qrels: dict[str, dict[str, int]]
     triplets: np.ndarray | None = None
+    pseudo_queries: PseudoQueries | None = None
 
     def __post_init__(self) -> None:
         self.query_embeddings = as_float32_rows(self.query_embeddings, "the query vectors")
@@ -130,6 +162,13 @@ class TrainingData:
             ):
                 raise ValueError("triplets index a query or document row that does not exist.")
             self.triplets = triplets
+        pseudo = self.pseudo_queries
+        if pseudo is not None:
+            if pseudo.embeddings.shape[1] != self.doc_embeddings.shape[1]:
+                raise ValueError(f"the pseudo-query vectors are {pseudo.embeddings.shape[1]}-d but the document vectors are "
+                                 f"{self.doc_embeddings.shape[1]}-d: encode both with the same model.")
+            if len(pseudo.triplets) and pseudo.triplets[:, 1:].max() >= len(self.doc_ids):
+                raise ValueError("pseudo-query triplets index a document row that does not exist.")
 
     @classmethod
     def corpus_only(cls, doc_embeddings: Any, doc_ids: list[str] | None = None) -> "TrainingData":
@@ -206,6 +245,11 @@ class Compressor(abc.ABC):
     unsupervised_preset: ClassVar[str | None] = None
     #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
     seed_dependent: ClassVar[bool] = True
+    #: Config settings a fit needs, beyond its preset, when the output is wider than half the input
+    #: (``2k > d``), e.g. DIVE's heads: ``k``-d heads need ``k * H <= d``, so at ``k > d/2`` one head
+    #: fits, and the view loss, which compares two heads, is off. Empty: nothing changes. Read by
+    #: ``compress plan``'s sweep; the registry checks that every key is a field of ``config_class``.
+    wide_output_settings: ClassVar[Mapping[str, Any]] = {}
     #: A NaN or infinity anywhere in an input row makes that output row non-finite (every output
     #: coordinate is computed from every input coordinate, e.g. a dense matmul). Block transforms
     #: then check only the (much narrower) output and look at the input only when it fails;

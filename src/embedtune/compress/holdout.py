@@ -106,7 +106,9 @@ def holdout_split(train: TrainingData, fraction: float, seed: int, method: str =
     held = set(holdout_ids(ids, train.qrels, n_holdout, seed, rule, method))
     held_rows = np.array([row for row, query_id in zip(rows, ids) if query_id in held], dtype=np.int64)
     fit_triplets = triplets[~np.isin(triplets[:, 0], held_rows)]
-    fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels, fit_triplets)
+    # Pseudo-queries only ever train: the held-out part is real queries alone.
+    fit_part = TrainingData(train.query_ids, train.query_embeddings, train.doc_ids, train.doc_embeddings, train.qrels, fit_triplets,
+                            train.pseudo_queries)
     held_ids = [train.query_ids[row] for row in held_rows]
     holdout = TrainingData(
         held_ids, train.query_embeddings[held_rows], train.doc_ids, train.doc_embeddings,

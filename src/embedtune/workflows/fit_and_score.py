@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import Compressor, get_compressor_class
+from embedtune.compress.base import PseudoQueries
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.workflows.experiment import Experiment, training_data
 
@@ -85,11 +86,13 @@ def fit_and_evaluate(
     triplets: np.ndarray | None = None,
     overrides: dict[str, Any] | None = None,
     out_dir: str | Path | None = None,
+    pseudo_queries: PseudoQueries | None = None,
 ) -> MethodRun:
     """Fit ``method`` on train (``final``: train+val) and evaluate on val (``final``: test).
 
     With ``out_dir`` the fitted compressor is saved there, with its per-epoch log (for methods
-    that write one) in ``training_log.jsonl``.
+    that write one) in ``training_log.jsonl``. ``pseudo_queries`` go to the training data of a
+    supervised method (only those whose config weighs them use them).
     """
     train_part, eval_part = ("train+val", "test") if final else ("train", "val")
     if not final:
@@ -97,6 +100,8 @@ def fit_and_evaluate(
     cls = get_compressor_class(method)
     compressor = cls(build_config(method, dim, seed, overrides))
     train = training_data(experiment, train_part, triplets if cls.supervised else None)
+    if cls.supervised and pseudo_queries is not None:
+        train.pseudo_queries = pseudo_queries
     val = None if final else training_data(experiment, "val")
     log_path = None
     if out_dir is not None:

@@ -13,6 +13,7 @@ in earlier releases) and ``OUT/triplets-<part>.json`` the shared triplets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summa
 from embedtune.evaluate.subsets import subset_means
 from embedtune.workflows.results import write_compression_results
 from embedtune.workflows.new_documents import NewDocuments, score_new_documents, withhold_new_documents
+from embedtune.workflows.pseudo_queries import build_pseudo_queries
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import per_query_means, subset_block
 from embedtune.workflows.triplets import shared_triplets
@@ -190,6 +192,7 @@ def fit_compressor(
     mining_seed: int | None = None,
     labels: Mapping[str, Any] | None = None,
     new_documents: float | None = None,
+    pseudo_queries: str | None = None,
 ) -> CompressionResult:
     """Fit ``method`` (and each ``compare`` method) on train, score it on val (``final``: train+val, test).
 
@@ -211,6 +214,9 @@ def fit_compressor(
         new_documents: withhold this hashed fraction of the corpus from fitting and selection
             (:mod:`embedtune.data.new_documents`), then also score every method on the scored
             part's queries whose positives are all withheld, searching the whole corpus.
+        pseudo_queries: ``title`` or ``first-sentence``: give ``method`` one training-only
+            pseudo-query per fitting document (:func:`~embedtune.workflows.pseudo_queries.build_pseudo_queries`,
+            mined like the real triplets); its config's ``pseudo_query_weight`` weighs them.
 
     Returns:
         A :class:`CompressionResult`.
@@ -238,6 +244,11 @@ def fit_compressor(
         path = out / f"triplets-{train_part}.json" if out else None
         triplets = shared_triplets(experiment, train_part, triplet_mining, mining_seed, path)
         require_mined_triplets(experiment, train_part, triplets, triplet_mining)
+    pseudo = None
+    if pseudo_queries is not None:
+        if "pseudo_query_weight" not in {f.name for f in dataclasses.fields(classes[method].config_class)}:
+            raise ValueError(f"pseudo-queries train DIVE only; {method!r} has no pseudo_query_weight. Drop --pseudo-queries or use --method dive.")
+        pseudo = build_pseudo_queries(experiment, pseudo_queries, triplet_mining, mining_seed)
     runs: dict[str, list[MethodRun]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
@@ -247,7 +258,7 @@ def fit_compressor(
         method_overrides = overrides if name == method else dict(cls.get_preset(None).settings)
         runs[name] = [
             fit_and_evaluate(experiment, name, dim, seed, final, triplets, method_overrides,
-                             compressor_dir(out, name, seed, len(method_seeds)) if out else None)
+                             compressor_dir(out, name, seed, len(method_seeds)) if out else None, pseudo if name == method else None)
             for seed in method_seeds
         ]
         epochs = selected_epochs(runs[name])
@@ -307,6 +318,9 @@ def fit_compressor(
         report["subsets"] = subsets
     if new_block is not None:
         report["new_documents"] = new_block
+    if pseudo is not None:
+        report["pseudo_queries"] = {"source": pseudo.source, "n_queries": len(pseudo.ids), "n_triplets": int(len(pseudo.triplets)),
+                                    "weight": overrides.get("pseudo_query_weight", 0.0)}
     if needs_triplets:
         report["triplets"] = {
             "negatives": triplet_mining.negatives,

@@ -44,6 +44,11 @@ class DIVEConfig(CompressorConfig):
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (torch's default)."})
     batch_size: int = field(default=128, metadata={"help": "Triplets per optimisation step."})
     epochs: int = field(default=50, metadata={"help": "Passes over the training triplets (0 keeps the identity adapter)."})
+    pseudo_query_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the hinge on pseudo-query triplets (each document's title or first sentence against the "
+                  "document; TrainingData.pseudo_queries), one batch beside every batch of real triplets; 0 ignores them."},
+    )
     hidden_dim: int | None = field(default=None, metadata={"help": "Residual MLP hidden width r; None means d // 2, as in the paper."})
     activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATIONS)}."})
     normalize_input: bool = field(default=True, metadata={"help": "L2-normalise the frozen embedding before the adapter."})
@@ -188,7 +193,7 @@ class DIVEConfig(CompressorConfig):
             raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
         if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
             raise ValueError(f"max_heads must be a positive integer; got {self.max_heads!r}.")
-        for name in ("view_weight", "geometry_weight", "weight_decay"):
+        for name in ("view_weight", "geometry_weight", "weight_decay", "pseudo_query_weight"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")

@@ -128,6 +128,7 @@ class SupervisedTraining:
         queries = torch.from_numpy(train.query_embeddings[query_rows]).to(device)
         docs = torch.from_numpy(train.doc_embeddings[doc_rows]).to(device)
         local = torch.from_numpy(np.column_stack([query_index.reshape(-1), doc_index.reshape(-1, 2)])).to(device)
+        pseudo = self._pseudo_batches(train, device)
 
         best_epoch, best_score, best_state = epochs, -math.inf, None
         if holdout is not None:
@@ -139,7 +140,7 @@ class SupervisedTraining:
         progress = progress_bar(epochs, _PHASE_LABELS.get(phase, f"DIVE {phase}"), unit="epoch", enabled=config.progress)
         for epoch in range(1, epochs + 1):
             start = time.perf_counter()
-            row = self._train_epoch(adapter, optimizer, queries, docs, local, generator)
+            row = self._train_epoch(adapter, optimizer, queries, docs, local, generator, pseudo)
             if val is not None:
                 row["val_ndcg@10"] = self._validate(val)
             if holdout is not None:
@@ -207,6 +208,18 @@ class SupervisedTraining:
             self.pca_start_scores_ = {k: v for k, v in row.items() if k.endswith("_start")}
         return row
 
+    def _pseudo_batches(self, train: TrainingData, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(pseudo-query vectors, positive docs, negative docs)`` of every pseudo triplet on ``device``, or None.
+
+        None unless ``pseudo_query_weight > 0`` and ``train`` carries pseudo-queries.
+        """
+        pseudo = train.pseudo_queries
+        if self.config.pseudo_query_weight <= 0 or pseudo is None or not len(pseudo.triplets):
+            return None
+        rows = pseudo.triplets
+        return (torch.from_numpy(pseudo.embeddings[rows[:, 0]]).to(device), torch.from_numpy(train.doc_embeddings[rows[:, 1]]).to(device),
+                torch.from_numpy(train.doc_embeddings[rows[:, 2]]).to(device))
+
     def _train_epoch(
         self,
         adapter: DIVEAdapter,
@@ -215,11 +228,14 @@ class SupervisedTraining:
         docs: torch.Tensor,
         local: torch.Tensor,
         generator: torch.Generator,
+        pseudo: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         config = self.config
         adapter.train()
         order = torch.randperm(len(local), generator=generator).to(local.device)
         totals = {"active_ratio": 0.0, "loss_triplet": 0.0, "loss_view": 0.0, "loss_geometry": 0.0}
+        if pseudo is not None:
+            totals["loss_pseudo"] = 0.0
         for lo in range(0, len(local), config.batch_size):
             batch = local[order[lo : lo + config.batch_size]]  # (b, 3) rows into queries / docs
             size = len(batch)
@@ -239,6 +255,15 @@ class SupervisedTraining:
                 teacher = F.normalize(inputs, p=2, dim=-1)  # T: the frozen inputs, no parameters involved
                 loss_geometry = geometry_distillation_loss(heads[:, 0], teacher)
             loss = loss_triplet + config.view_weight * loss_view + config.geometry_weight * loss_geometry
+            if pseudo is not None:
+                # A batch of pseudo triplets as large as the real one, drawn anew each step, so an
+                # epoch stays one pass over the real triplets whatever the corpus size.
+                pick = torch.randint(len(pseudo[0]), (size,), generator=generator).to(local.device)
+                pseudo_heads = adapter(torch.cat([part[pick] for part in pseudo]))[:, 0]
+                loss_pseudo, _ = quantization_aware_triplet_loss(config.quantization_aware, *pseudo_heads.split(size), config.margin,
+                                                                 config.triplet_loss)
+                loss = loss + config.pseudo_query_weight * loss_pseudo
+                totals["loss_pseudo"] += float(loss_pseudo.detach()) * size
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -249,4 +274,7 @@ class SupervisedTraining:
         means["weighted_view"] = config.view_weight * means["loss_view"]
         means["weighted_geometry"] = config.geometry_weight * means["loss_geometry"]
         means["loss_total"] = means["weighted_triplet"] + means["weighted_view"] + means["weighted_geometry"]
+        if pseudo is not None:
+            means["weighted_pseudo"] = config.pseudo_query_weight * means["loss_pseudo"]
+            means["loss_total"] += means["weighted_pseudo"]
         return means

@@ -1,0 +1,62 @@
+"""Pseudo-queries made from the documents' own text (issue 27 §5): one per document, no labels.
+
+Real training queries cite a few popular documents; a map trained on them learns where those
+documents lie. A pseudo-query per document (its title, or its first sentence) is a training
+signal that privileges no document, so it can teach retrieval rather than popularity.
+
+A pseudo-query's only positive is its own document. Its id is ``PSEUDO_PREFIX + doc_id`` so it
+can never collide with a real query id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+__all__ = ["PSEUDO_QUERY_SOURCES", "PSEUDO_PREFIX", "pseudo_query_texts"]
+
+#: ``title``: the document's title, or its first sentence where the title is empty or shared by
+#: another document (ArguAna's debate titles are); ``first-sentence``: always the first sentence.
+PSEUDO_QUERY_SOURCES = ("title", "first-sentence")
+PSEUDO_PREFIX = "pseudo:"
+# A sentence ends at ., ! or ? followed by white space; a text with none is one sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# Shorter texts carry too little to retrieve by; they are skipped, not padded.
+_MIN_CHARS = 12
+
+
+def _first_sentence(text: str) -> str:
+    return _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip()
+
+
+def pseudo_query_texts(corpus: Mapping[str, Mapping[str, str]], doc_ids: Sequence[str],
+                       source: str = "title") -> tuple[list[str], list[str], list[str]]:
+    """``(pseudo-query ids, their documents' ids, texts)`` for ``doc_ids`` of ``corpus``, in ``doc_ids`` order.
+
+    Documents whose pseudo-query text would be shorter than 12 characters get none.
+
+    Raises:
+        ValueError: ``source`` is not one of :data:`PSEUDO_QUERY_SOURCES`.
+    """
+    if source not in PSEUDO_QUERY_SOURCES:
+        raise ValueError(f"pseudo-queries: source must be one of {list(PSEUDO_QUERY_SOURCES)}; got {source!r}.")
+    title_count: dict[str, int] = {}
+    for doc_id in doc_ids:
+        title = (corpus[doc_id].get("title") or "").strip()
+        title_count[title] = title_count.get(title, 0) + 1
+    ids: list[str] = []
+    docs: list[str] = []
+    texts: list[str] = []
+    for doc_id in doc_ids:
+        fields = corpus[doc_id]
+        title = (fields.get("title") or "").strip()
+        if source == "title" and title and title_count[title] == 1:
+            text = title
+        else:
+            text = _first_sentence(fields.get("text") or "")
+        if len(text) < _MIN_CHARS:
+            continue
+        ids.append(PSEUDO_PREFIX + doc_id)
+        docs.append(doc_id)
+        texts.append(text)
+    return ids, docs, texts
