@@ -40,25 +40,24 @@ from typing import Any
 import numpy as np
 
 from embedtune.bench.efficiency import machine_info
-from embedtune.index.codecs import QuantizedIndex
 from embedtune.data.beir import load_beir
 from embedtune.data.splits import train_qrels_split
 from embedtune.evaluate.subsets import query_subsets, training_positives
+from embedtune.index.codecs import QuantizedIndex
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.runtime import set_progress, set_threads
 from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.frontier_plot import plot_frontier
+from embedtune.workflows.pareto import best_within, pareto_frontier
 from embedtune.workflows.plan import (
     DEFAULT_PRECISIONS,
     VARIANTS,
     Candidate,
     candidate_for,
-    best_within,
     faiss_cache_dir,
     fit_or_load,
     load_faiss_cache,
-    pareto_frontier,
     peer_factories,
-    plot_frontier,
     precision_rows,
     save_faiss_cache,
     sweep_dims,

@@ -9,22 +9,15 @@ import pytest
 
 from conftest import write_beir
 from embedtune.cli import main
+from embedtune.compress import available_methods, get_compressor_class, register
 from embedtune.index import load_index
 from embedtune.index.codecs import Calibration, Precision, QuantizedIndex
 from embedtune.index.plan_format import load_plan
 from embedtune.index.planned import build_planned_index
 from embedtune.workflows.experiment import load_experiment
-from embedtune.workflows.plan import (
-    Candidate,
-    best_within,
-    choose,
-    pareto_frontier,
-    peer_factories,
-    plot_frontier,
-    run_plan,
-    score_plan,
-    sweep_dims,
-)
+from embedtune.workflows.frontier_plot import plot_frontier
+from embedtune.workflows.pareto import best_within, choose, pareto_frontier
+from embedtune.workflows.plan import Candidate, method_settings, peer_factories, run_plan, score_plan, sweep_dims
 
 D = 24
 
@@ -74,6 +67,21 @@ def test_frontier_and_choice_rules():
     assert sweep_dims(384) == [384, 192, 128, 64, 32]
     assert peer_factories(384, [16, 48], ("pq", "opq", "pq-fs")) == ["PQ16", "OPQ16,PQ16", "PQ32x4fs", "PQ48", "OPQ48,PQ48", "PQ96x4fs"]
     assert Candidate("dive", 128, "qat-binary", (("quantization_aware", "binary"),)).name == "dive+qat-binary-128"
+
+
+def test_wide_output_settings_are_a_registry_trait():
+    """DIVE's one-head rule above d/2 comes from its trait, not from a method name in the plan."""
+    assert get_compressor_class("dive").wide_output_settings == {"heads": 1, "view_weight": 0.0}
+    assert method_settings("dive", 16, 24) == {"heads": 1, "view_weight": 0.0} and method_settings("dive", 12, 24) == {}
+    assert method_settings("pca", 16, 24) == {}
+
+    class Toy(get_compressor_class("truncate")):
+        method = "toy-wide"
+        wide_output_settings = {"no_such_field": 1}
+
+    with pytest.raises(ValueError, match="no_such_field"):
+        register(Toy)
+    assert "toy-wide" not in available_methods()
 
 
 def test_plot_frontier_writes_a_png(tmp_path):

@@ -8,6 +8,7 @@ protocol config, the report) reads this registry, so a new method is one module 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,12 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     if cls.unsupervised_preset is not None and (not cls.supports_unsupervised or cls.unsupervised_preset not in cls.presets):
         raise ValueError(f"{cls.__name__}.unsupervised_preset {cls.unsupervised_preset!r} needs supports_unsupervised = True "
                          f"and a preset of that name; its presets: {sorted(cls.presets)}.")
+    if cls.wide_output_settings:
+        fields = {f.name for f in dataclasses.fields(cls.config_class)}
+        unknown = sorted(set(cls.wide_output_settings) - fields)
+        if unknown:
+            raise ValueError(f"{cls.__name__}.wide_output_settings sets {unknown}, which are not fields of "
+                             f"{cls.config_class.__name__}; its fields: {sorted(fields)}.")
     _REGISTRY[method] = cls
     return cls
 

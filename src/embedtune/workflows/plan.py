@@ -7,20 +7,12 @@ The library engine behind ``embedtune compress plan`` and ``benchmarks/frontier.
 - :func:`precision_rows` scores one compressed space at every precision: nDCG@10, Recall@10,
   per-query nDCG@10 (for paired tests), bytes in RAM and on disk, fixed bytes, and the batched
   search latency, all precisions timed side by side in the same rounds;
-- :func:`pareto_frontier`, :func:`best_within` and :func:`choose` read the rows;
-- :func:`plot_frontier` draws quality against bytes (log x) with the frontier marked;
+- :mod:`embedtune.workflows.pareto` reads the rows (the frontier, the best within a budget, the
+  choice), and :mod:`embedtune.workflows.frontier_plot` draws them;
 - :func:`run_plan` evaluates the sweep on validation queries only, picks the cheapest setting
   meeting a retention target (or the best within a byte budget), refits it on train+val and
-  writes a deployable folder (:func:`write_plan`; :func:`load_plan` reads it back).
-
-A plan folder::
-
-    plan.json                 the choice, its validation scores, the frontier, the FAISS factory string
-    compressor/               the fitted compressor (``load_compressor``)
-    precision.json            the precision (name, rescoring candidates) and the dimension
-    calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
-    calibration.json          the same ranges, readable
-    frontier.png              quality against bytes on the validation queries
+  writes a deployable folder (the format: :mod:`embedtune.index.plan_format`; the codecs it
+  scores with are the deployed ones, :mod:`embedtune.index.codecs`).
 """
 
 from __future__ import annotations
@@ -29,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import shutil
 import statistics
 import time
@@ -59,6 +50,8 @@ from embedtune.io import (
 from embedtune.result_files import find_results, results_details
 from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
+from embedtune.workflows.frontier_plot import plot_frontier
+from embedtune.workflows.pareto import choose, pareto_frontier
 from embedtune.workflows.train_compressor import fit_compressor
 
 logger = logging.getLogger(__name__)
@@ -76,10 +69,6 @@ __all__ = [
     "fit_key",
     "experiment_fingerprint",
     "precision_rows",
-    "pareto_frontier",
-    "best_within",
-    "choose",
-    "plot_frontier",
     "peer_factories",
     "faiss_cache_dir",
     "load_faiss_cache",
@@ -146,11 +135,10 @@ def sweep_dims(input_dim: int, fractions: Sequence[int] = (1, 2, 3, 6, 12)) -> l
 
 
 def method_settings(method: str, dim: int, input_dim: int) -> dict[str, Any]:
-    """Settings a method needs at a dimension beyond its preset: DIVE at ``k > d/2`` has room for one head only,
-    so it trains without the view loss (which needs two)."""
-    if method == "dive" and 2 * dim > input_dim:
-        return {"heads": 1, "view_weight": 0.0}
-    return {}
+    """Settings a method needs at a dimension beyond its preset: its ``wide_output_settings`` when ``k > d/2``
+    (DIVE: room for one head only, so no view loss, which needs two)."""
+    wide = get_compressor_class(method).wide_output_settings
+    return dict(wide) if wide and 2 * dim > input_dim else {}
 
 
 def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] = DEFAULT_PEERS, n_train: int | None = None) -> list[str]:
@@ -455,110 +443,6 @@ def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedInde
 
 
 PROBE_ROWS = 16
-
-
-# -- reading the rows ------------------------------------------------------------------------
-def pareto_frontier(rows: Sequence[Mapping[str, Any]], x: str = "ram_bytes", y: str = "ndcg@10") -> list[Mapping[str, Any]]:
-    """The rows no other row beats: none has ``x`` at most theirs and ``y`` higher. Sorted by ``x``."""
-    ordered = sorted(rows, key=lambda r: (r[x], -r[y]))
-    frontier, best = [], -math.inf
-    for row in ordered:
-        if row[y] > best:
-            frontier.append(row)
-            best = row[y]
-    return frontier
-
-
-def best_within(rows: Sequence[Mapping[str, Any]], budget: float, x: str = "ram_bytes", y: str = "ndcg@10") -> Mapping[str, Any] | None:
-    """The row with the highest ``y`` among those with ``x <= budget`` (ties: fewer bytes, then name order), or None."""
-    eligible = [r for r in rows if r[x] <= budget]
-    if not eligible:
-        return None
-    return max(eligible, key=lambda r: (r[y], -r[x], str(r.get("setting", ""))))
-
-
-def choose(
-    rows: Sequence[Mapping[str, Any]],
-    budget_bytes: float | None = None,
-    target_retention: float | None = None,
-    reference: float | None = None,
-    y: str = "ndcg@10",
-) -> Mapping[str, Any]:
-    """The plan's choice: the cheapest row keeping ``target_retention`` of ``reference``, or the best within ``budget_bytes``.
-
-    With both, the cheapest row within the budget that meets the target. Raises when nothing qualifies,
-    naming the closest row.
-    """
-    if budget_bytes is None and target_retention is None:
-        raise ValueError("give a byte budget (--budget-bytes) or a retention target (--target-retention).")
-    pool = list(rows)
-    if budget_bytes is not None:
-        pool = [r for r in pool if r["ram_bytes"] <= budget_bytes]
-        if not pool:
-            cheapest = min(rows, key=lambda r: r["ram_bytes"])
-            raise ValueError(f"no setting fits {budget_bytes:g} bytes per vector; the cheapest is {cheapest['setting']} "
-                             f"at {cheapest['ram_bytes']} bytes. Raise --budget-bytes or add smaller dims/precisions.")
-    if target_retention is None:
-        return best_within(pool, budget_bytes, y=y)  # type: ignore[arg-type,return-value]
-    if reference is None or reference <= 0:
-        raise ValueError("a retention target needs the reference score (the uncompressed float32 model's).")
-    meeting = [r for r in pool if r[y] >= target_retention * reference]
-    if not meeting:
-        best = max(pool, key=lambda r: r[y])
-        raise ValueError(f"no setting keeps {target_retention:.3f} of the reference {y} {reference:.4f}"
-                         f"{'' if budget_bytes is None else f' within {budget_bytes:g} bytes'}; the best is {best['setting']} "
-                         f"at {best[y] / reference:.3f}. Lower --target-retention or raise --budget-bytes.")
-    return min(meeting, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", ""))))
-
-
-def plot_frontier(
-    rows: Sequence[Mapping[str, Any]],
-    path: str | Path,
-    title: str = "",
-    x: str = "ram_bytes",
-    y: str = "ndcg@10",
-    group: Callable[[Mapping[str, Any]], str] | None = None,
-    chosen: Mapping[str, Any] | None = None,
-) -> Path:
-    """Scatter ``y`` against ``x`` (log x), one colour per group, the Pareto frontier as a step line with labels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    group = group or (lambda r: str(r.get("family", r.get("method", "?"))))
-    fig, ax = plt.subplots(figsize=(10, 6.5))
-    groups = sorted({group(r) for r in rows})
-    markers = "os^Dv<>Ph*Xd"
-    for i, name in enumerate(groups):
-        members = [r for r in rows if group(r) == name]
-        ax.scatter([r[x] for r in members], [r[y] for r in members], s=22, alpha=0.6, marker=markers[i % len(markers)], label=name)
-    frontier = pareto_frontier(rows, x, y)
-    xs = [r[x] for r in frontier]
-    ys = [r[y] for r in frontier]
-    ax.step(xs, ys, where="post", color="black", linewidth=1.2, label="Pareto frontier")
-    ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="black", linewidths=1.2)
-    for r in frontier:
-        ax.annotate(str(r.get("setting", "")), (r[x], r[y]), textcoords="offset points", xytext=(4, -10), fontsize=6.5, rotation=-20)
-    if chosen is not None:
-        ax.scatter([chosen[x]], [chosen[y]], s=180, marker="*", color="red", zorder=5, label=f"chosen: {chosen.get('setting', '')}")
-    ax.set_xscale("log", base=2)
-    values = [r[x] for r in rows]
-    ticks = [t for t in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-             if min(values) <= t <= max(values)]
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("bytes per vector " + ("in RAM" if x == "ram_bytes" else "on disk" if x == "disk_bytes" else x) + " (log scale)")
-    ax.set_ylabel(y)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=130, format="png"))
-    plt.close(fig)
-    return path
 
 
 # -- the plan --------------------------------------------------------------------------------

@@ -89,6 +89,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
     supervised = True
     supports_unsupervised = True
     unsupervised_preset = "unsupervised"
+    # k-d heads need k * heads <= d: above d/2 one head fits, and the view loss needs two.
+    wide_output_settings = {"heads": 1, "view_weight": 0.0}
     help = "DIVE: multi-head residual adapter with self-limiting updates (the default)"
     presets = PRESETS
     default_preset = "robust"
