@@ -30,7 +30,7 @@ and all ArguAna queries (zero-shot), each ranked with the model's own similarity
 
 Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50), ``PACE_TEST_SETS`` (``scifact,arguana``;
 a second-seed run may use ``scifact`` to spend its budget on the in-domain seed variance),
-``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``.
+``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``, ``PACE_PROTOCOL`` (below).
 
 Another readout (issue 31): ``--model FOLDER`` (or ``PACE_MODEL=FOLDER``) trains every configuration from
 that model instead of MiniLM, on the same data: the split, the mined tuples and the validation pool
@@ -39,6 +39,17 @@ runs and results go to a folder of their own, named ``PACE_MODEL_LABEL`` or the 
 
     python benchmarks/pace_convergence.py --model runs/minilm-lasttoken frozen infonce-lora pace
     # -> benchmarks/results/pace-convergence/minilm-lasttoken/<config>.json, runs under $PACE_RUNS/minilm-lasttoken/
+
+The paper's compute protocol (issue 31): ``PACE_PROTOCOL=paper`` runs PACE's Stage II for ``PACE_UPDATES``
+(T) updates on top of Stage I's 0.25 T (Stage I still on the T-step schedule, stopped at 0.25 T), as
+the paper trains Stage II a full epoch from the Stage I checkpoint. The default, ``matched``, is the
+earlier study's: Stage II runs the remaining 0.75 T. One-stage arms take ``@x<f>`` for ``round(f T)``
+updates, so ``direct-dot-full@x1.25`` is compute-matched to PACE under the paper protocol. Its runs and
+results go to a folder of their own, ``<label>-paper`` (``minilm-paper`` for MiniLM)::
+
+    PACE_PROTOCOL=paper PACE_UPDATES=100 PACE_EVAL_STEPS=25 PACE_TEST_SETS=scifact \
+        python benchmarks/pace_convergence.py --model runs/minilm-lasttoken frozen direct-dot-full pace direct-dot-full@x1.25 infonce-lora no-dot
+    # -> benchmarks/results/pace-convergence/minilm-lasttoken-paper/<config>.json
 
 Results: ``benchmarks/results/pace-convergence/<config>.json`` (metrics with per-query nDCG@10,
 the validation curve, weight change per stage, geometry diagnostics, timings). Checkpoints and
@@ -101,7 +112,29 @@ REPO = Path(__file__).resolve().parents[1]
 # The model every configuration trains from (the readout), and the one that chose the study's data.
 MODEL = os.environ.get("PACE_MODEL", "minilm")
 MINING_MODEL = "minilm"
-READOUT = os.environ.get("PACE_MODEL_LABEL") or ("" if MODEL == "minilm" else Path(MODEL).name)
+# The compute protocol (issue 31): "matched" (the default, the earlier study's) gives every arm UPDATES
+# updates on its path, so Stage II runs UPDATES - 0.25 UPDATES; "paper" runs Stage II for UPDATES on top
+# of Stage I's 0.25 UPDATES, as the paper's Stage II trains a full epoch on the Stage I checkpoint.
+PROTOCOL = os.environ.get("PACE_PROTOCOL", "matched")
+PROTOCOLS = ("matched", "paper")
+if PROTOCOL not in PROTOCOLS:
+    raise SystemExit(f"PACE_PROTOCOL: {PROTOCOL!r} is not one of {PROTOCOLS}")
+
+
+def results_label(model: str, label: str | None, protocol: str) -> str:
+    """The folder name of a readout's runs and results; "" is the earlier study's own folder.
+
+    The paper protocol always gets a folder of its own (``<label>-paper``, ``minilm-paper`` for MiniLM),
+    so its results never overwrite those of the compute-matched protocol.
+    """
+    base = label or ("" if model == "minilm" else Path(model).name)
+    if protocol == "paper" and not base.endswith("-paper"):
+        base = f"{base or 'minilm'}-paper"
+    return base
+
+
+READOUT = results_label(MODEL, os.environ.get("PACE_MODEL_LABEL"), PROTOCOL)
+READOUT_NAME = results_label(MODEL, os.environ.get("PACE_MODEL_LABEL"), "matched")  # the readout alone, for the record
 RUNS = Path(os.environ.get("PACE_RUNS", REPO / "runs" / "pace-convergence"))
 DATA = RUNS / "data"  # split, tuples and validation pool: the same for every readout
 ROOT = RUNS / READOUT if READOUT else RUNS
@@ -132,14 +165,34 @@ COMMON = dict(model=MODEL, data=SCIFACT, train_split="train", max_seq_length=MAX
 log = logging.getLogger("pace_convergence")
 
 
-def two_stage_steps(updates: int, init: float = STAGE2_INIT) -> tuple[int, int]:
-    """Stage I schedule and Stage II length for a path of ``updates`` updates to the final model.
+def two_stage_steps(updates: int, init: float = STAGE2_INIT, protocol: str = "matched") -> tuple[int, int]:
+    """Stage I schedule and Stage II length for a budget of ``updates`` (T) updates.
 
-    Stage I keeps the one-stage baselines' schedule (``updates`` steps, the same warm-up and decay),
-    Stage II starts from its checkpoint at ``init`` of it and runs the remaining updates.
+    Stage I keeps the one-stage baselines' schedule (T steps, the same warm-up and decay) and stops at
+    its checkpoint at ``init`` of it (0.25 T). ``matched``: Stage II runs the remaining T - 0.25 T, so
+    the path to the final model has T updates, as every baseline's. ``paper``: Stage II runs T on top,
+    1.25 T on the path, as in the paper (Stage II is a full epoch from the Stage I checkpoint).
     """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}; got {protocol!r}")
     init_step = max(1, round(init * updates))
-    return updates, updates - init_step
+    return updates, updates if protocol == "paper" else updates - init_step
+
+
+def one_stage_steps(variant: str, updates: int) -> int:
+    """Steps of a one-stage configuration: ``updates``, or ``round(f * updates)`` for the variant ``x<f>``.
+
+    ``direct-dot-full@x1.25`` is the compute match of PACE under the paper protocol (0.25 T + T updates).
+    """
+    if not variant.startswith("x"):
+        return updates
+    try:
+        factor = float(variant[1:])
+    except ValueError:
+        raise SystemExit(f"variant {variant!r}: x<factor> needs a number, e.g. x1.25") from None
+    if factor <= 0:
+        raise SystemExit(f"variant {variant!r}: the factor must be positive")
+    return max(1, round(factor * updates))
 
 
 def prepare() -> tuple[TrainingTuples, ValidationSet]:
@@ -196,8 +249,9 @@ def config_for(name: str, out: Path):
         mode, _, strength = variant.partition(":")
         extra.update(hardness_mode=mode, hardness_strength=float(strength))
     if preset in ("infonce-lora", "direct-dot-full", "st-hardness"):
-        return preset_config(preset, steps=UPDATES, output_dir=str(out), **common, **extra)
-    stage1, stage2 = two_stage_steps(UPDATES)
+        steps = one_stage_steps(variant, UPDATES) if preset != "st-hardness" else UPDATES
+        return preset_config(preset, steps=steps, output_dir=str(out), **common, **extra)
+    stage1, stage2 = two_stage_steps(UPDATES, protocol=PROTOCOL)
     if variant.startswith("s2lr"):
         extra["stage2_lr"] = float(variant[4:])
     stage2_lr = extra.pop("stage2_lr", None)
@@ -274,8 +328,8 @@ def run(name: str) -> None:
         return
     tuples, validation = prepare()
     out = ROOT / name
-    record: dict = {"name": name, "model": MODEL, "readout": READOUT or "mean (the model's own)", "data_mined_by": MINING_MODEL,
-                    "max_seq_length": MAX_SEQ, "batch": BATCH, "n_negatives": N_NEGATIVES,
+    record: dict = {"name": name, "model": MODEL, "readout": READOUT_NAME or "mean (the model's own)", "data_mined_by": MINING_MODEL,
+                    "protocol": PROTOCOL, "max_seq_length": MAX_SEQ, "batch": BATCH, "n_negatives": N_NEGATIVES,
                     "updates": UPDATES, "eval_steps": EVAL_STEPS, "seed": SEED, "n_tuples": len(tuples),
                     "validation": {"n_queries": len(validation.query_ids), "n_docs": len(validation.doc_ids)}}
     start = time.perf_counter()
