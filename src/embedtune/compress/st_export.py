@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -55,6 +55,7 @@ def export_sentence_transformer(
     module_format: Literal["auto", "builtin", "embedtune"] = "auto",
     overwrite: bool = False,
     inputs: Sequence[str | os.PathLike] = (),
+    extra_files: Callable[[Path], object] | None = None,
 ) -> Path:
     """Write ``base_model`` followed by ``compressor`` as a sentence-transformers folder.
 
@@ -70,6 +71,9 @@ def export_sentence_transformer(
             a marker is refused (see :func:`embedtune.outputs.prepare_output_dir`).
         inputs: files or folders the export reads (e.g. the adapter's folder); a path
             ``base_model`` is added. ``overwrite`` refuses to remove them.
+        extra_files: called with the folder being written, before it is moved into ``out_dir``, to
+            add files that travel with the model (e.g. a plan's precision:
+            :func:`embedtune.index.plan_export.export_plan`), so they appear with it or not at all.
 
     Returns:
         ``out_dir`` as a Path.
@@ -124,6 +128,8 @@ def export_sentence_transformer(
     try:
         model.save(str(staging))
         compressor.save(staging / COMPRESSOR_SUBFOLDER)
+        if extra_files is not None:
+            extra_files(staging)
         _umask_modes(staging)  # safetensors writes its weights 0600, whatever the umask
         if not out_dir.exists():
             os.replace(staging, out_dir)

@@ -8,6 +8,7 @@ A plan folder::
     precision.json            the precision (name, rescoring candidates) and the dimension
     calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
     calibration.json          the same ranges, readable
+    codec.faiss               int4, RaBitQ, TurboQuant: their trained FAISS tables (an index holding no vectors)
     frontier.png              quality against bytes on the validation queries (not checked: a picture)
 
 The format lives here, below the workflows that plan, so that ``index build --plan`` and the
@@ -26,6 +27,7 @@ from embedtune.compress import Compressor, load_compressor
 from embedtune.index.codecs import (
     CALIBRATION_FILE,
     CALIBRATION_JSON,
+    CODEC_FILE,
     PRECISION_FILE,
     Calibration,
     Precision,
@@ -67,6 +69,8 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
         if precision.name != "int8":
             (out / stale).unlink(missing_ok=True)
+    if not (precision.uses_factory and not precision.is_faiss):
+        (out / CODEC_FILE).unlink(missing_ok=True)
     plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
             "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
             "index_kind": index_kind(precision), "compressor_state_sha256": compressor.state_sha256(),
@@ -77,7 +81,7 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
 
 def plan_files(out: Path) -> list[str]:
     """The files of a plan folder that ``plan.json`` records digests of (relative POSIX paths)."""
-    names = [PRECISION_FILE, CALIBRATION_FILE, CALIBRATION_JSON, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
+    names = [PRECISION_FILE, CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
     return [name for name in names if (out / name).is_file()]
 
 
@@ -148,6 +152,8 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
     if (precision.name == "int8") != (calibration is not None):
         raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if precision.name == 'int8' else 'has no use for'} "
                              f"{CALIBRATION_FILE}. {PLAN_FIX}")
+    if (directory / CODEC_FILE).is_file() and not (precision.uses_factory and not precision.is_faiss):
+        raise IntegrityError(f"{directory}: precision {precision.name} has no use for {CODEC_FILE}. {PLAN_FIX}")
     if calibration is not None:
         if calibration.dim != dim:
             raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges for {dim} dimensions. {PLAN_FIX}")

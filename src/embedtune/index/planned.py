@@ -15,10 +15,10 @@ int8                ``sq8`` with the plan's ``calibration.safetensors`` ranges
 binary              ``binary`` (Hamming)
 binary-asym         ``binary``; search rescores candidates as float · ±1
 binary-rescore      ``binary`` + ``vectors.npy``; search rescores in float32
-int4                ``SQ4`` (ranges trained on the corpus's first ``train_size`` rows)
-rabitq1, rabitq4    ``RaBitQ``, ``RaBitQ4``
+int4                ``SQ4`` with the plan's trained ranges (``codec.faiss``)
+rabitq1, rabitq4    ``RaBitQ``, ``RaBitQ4`` with the plan's centroid (``codec.faiss``)
 rabitq1-rescore     ``RaBitQ`` + ``vectors.npy``; search rescores in float32
-turboquant1, 4      ``SQtqmse1``, ``SQtqmse4``
+turboquant1, 4      ``SQtqmse1``, ``SQtqmse4`` (``codec.faiss``)
 faiss:FACTORY       ``FACTORY``
 ==================  =========================================================
 """
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embedtune.index.codecs import CODEC_FILE, read_codec_index
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
 
@@ -69,10 +70,15 @@ def build_planned_index(
         "ram_bytes": info["ram_bytes"],
         "disk_bytes": info["disk_bytes"],
     }
+    trained = None
+    if (plan / CODEC_FILE).is_file():  # int4, RaBitQ, TurboQuant: the trained tables the plan scored, not a refit
+        trained = read_codec_index(plan, precision, int(info["dim"]))
+        recorded["codec"] = CODEC_FILE
     ranges = None
     if calibration is not None:
         ranges = (calibration.vmin, calibration.vmax)
         recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
                        model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.rescores_float,
-                       id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write)
+                       id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write,
+                       trained_index=trained)

@@ -151,6 +151,7 @@ def build_index(
     sq8_ranges: tuple[np.ndarray, np.ndarray] | None = None,
     plan: dict[str, Any] | None = None,
     before_write: Callable[[], Any] | None = None,
+    trained_index: Any = None,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -172,6 +173,8 @@ def build_index(
             recorded in the manifest; its ``rescore`` and ``candidates`` become the search defaults.
         before_write: called once the index is built, right before anything is moved into ``out``
             (the command line prepares ``--out`` there, so a failed build leaves it untouched).
+        trained_index: an ``index_factory`` kind: a trained FAISS index holding no vectors to add
+            them to instead of training on these vectors (a plan's ``codec.faiss``, the tables it scored).
     Returns the folder.
     """
     import faiss
@@ -199,7 +202,13 @@ def build_index(
     else:
         id_list = []
     keep_vectors = (kind == "binary") if keep_vectors is None else keep_vectors
-    index = new_index(kind, d, sq8_ranges)
+    if trained_index is not None:
+        if kind in INDEX_KINDS or trained_index.d != d or trained_index.ntotal != 0 or not trained_index.is_trained:
+            raise ValueError(f"trained_index: expected a trained, empty {kind!r} index of {d}-d vectors; got a {type(trained_index).__name__} "
+                             f"of {trained_index.d}-d vectors holding {trained_index.ntotal}.")
+        index = trained_index
+    else:
+        index = new_index(kind, d, sq8_ranges)
 
     def blocks(collect_ids: bool = False):
         for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):

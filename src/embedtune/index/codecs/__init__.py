@@ -56,7 +56,8 @@ results are deterministic whatever the backend.
 The modules, one codec idea each: :mod:`~embedtune.index.codecs.precision` (the names and their
 bytes), :mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embedtune.index.codecs.binary`
 (sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings),
-:mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed).
+:mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed),
+:mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once).
 
 >>> from embedtune.index.codecs import Precision, QuantizedIndex
 >>> index = QuantizedIndex.build(doc_vectors, Precision("int8"))          # doctest: +SKIP
@@ -75,7 +76,16 @@ from embedtune.index.codecs.faiss_codes import (
 )
 from embedtune.index.codecs.int8 import Calibration, int8_quantize, int8_ranges, int8_search, sq8_index, sq8_search
 from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
-from embedtune.index.codecs.quantized_index import CALIBRATION_FILE, CALIBRATION_JSON, PRECISION_FILE, QuantizedIndex, load_precision
+from embedtune.index.codecs.quantized_index import (
+    CALIBRATION_FILE,
+    CALIBRATION_JSON,
+    CODEC_FILE,
+    PRECISION_FILE,
+    QuantizedIndex,
+    load_precision,
+    read_codec_index,
+)
+from embedtune.index.codecs.deployed import PRECISION_SUBFOLDER, DeployedCodec
 
 __all__ = [
     "PRECISIONS",
@@ -105,4 +115,8 @@ __all__ = [
     "PRECISION_FILE",
     "CALIBRATION_FILE",
     "CALIBRATION_JSON",
+    "CODEC_FILE",
+    "read_codec_index",
+    "DeployedCodec",
+    "PRECISION_SUBFOLDER",
 ]

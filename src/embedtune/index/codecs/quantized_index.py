@@ -19,14 +19,16 @@ from embedtune.index.codecs.binary import binary_codes, binary_index, binary_sea
 from embedtune.index.codecs.faiss_codes import new_factory_index
 from embedtune.index.codecs.int8 import Calibration, sq8_index
 from embedtune.index.codecs.precision import Precision
-from embedtune.io import atomic_write_json
+from embedtune.io import atomic_write, atomic_write_json
 from embedtune.runtime import native_chatter_filtered
 
-__all__ = ["QuantizedIndex", "load_precision", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON"]
+__all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
 
 PRECISION_FILE = "precision.json"
 CALIBRATION_FILE = "calibration.safetensors"
 CALIBRATION_JSON = "calibration.json"
+#: The built-in FAISS precisions (int4, RaBitQ, TurboQuant): their trained tables, as a FAISS index holding no vectors.
+CODEC_FILE = "codec.faiss"
 # How binary-asym and binary-rescore rescore their Hamming candidates (binary_search's rescore_with).
 _BINARY_RESCORE = {"binary": None, "binary-asym": "asym", "binary-rescore": "float"}
 
@@ -130,14 +132,30 @@ class QuantizedIndex:
         D, I = break_ties(rescore(xq, self.float_vectors, I), I)  # rabitq1-rescore: float32 from disk
         return D[:, :k], I[:, :k]
 
+    def trained_copy(self) -> Any:
+        """The built-in FAISS precisions: a copy of the FAISS index with its trained tables and no vectors."""
+        import faiss
+
+        if not self.precision.uses_factory or self.backend is None:
+            raise ValueError(f"precision {self.precision.name!r} keeps no trained FAISS tables.")
+        trained = faiss.clone_index(self.backend)
+        trained.reset()
+        return trained
+
     def save_precision(self, directory: str | Path) -> Path:
-        """Write ``precision.json`` (and the int8 ``calibration.safetensors`` + ``.json``) into ``directory``."""
+        """Write ``precision.json`` and what encoding needs: the int8 ``calibration.safetensors`` + ``.json``, or the
+        built-in FAISS precisions' trained tables (``codec.faiss``), so a deployment never refits them."""
+        import faiss
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory})
         if self.calibration is not None:
             self.calibration.save(directory / CALIBRATION_FILE)
             self.calibration.to_json(directory / CALIBRATION_JSON)
+        if self.precision.uses_factory and not self.precision.is_faiss and self.backend is not None:
+            trained = self.trained_copy() if self.backend.ntotal else self.backend
+            atomic_write(directory / CODEC_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
+        atomic_write_json(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory})
         return directory
 
 
@@ -153,3 +171,19 @@ def load_precision(directory: str | Path) -> tuple[Precision, Calibration | None
     if precision.name == "int8" and calibration is None:
         raise FileNotFoundError(f"{directory}: precision int8 needs {CALIBRATION_FILE} (its per-dimension ranges).")
     return precision, calibration
+
+
+def read_codec_index(directory: str | Path, precision: Precision, dim: int) -> Any:
+    """The trained, empty FAISS index :meth:`QuantizedIndex.save_precision` wrote (``codec.faiss``), checked against the precision."""
+    import faiss
+
+    path = Path(directory) / CODEC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{Path(directory)}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), "
+                                "which plans written before embedtune kept them lack; write the plan again with `embedtune compress plan`.")
+    index = faiss.read_index(str(path))
+    if index.d != dim or index.ntotal != 0 or not index.is_trained or index.sa_code_size() != precision.ram_bytes(dim):
+        raise ValueError(f"{path}: holds a {type(index).__name__} of {index.d}-d vectors with {index.sa_code_size()}-byte codes "
+                         f"({index.ntotal} vectors, trained: {bool(index.is_trained)}), not the trained, empty {precision.factory!r} "
+                         f"index of {dim}-d vectors precision {precision.name!r} needs. Write the plan again with `embedtune compress plan`.")
+    return index

@@ -1,0 +1,110 @@
+"""A plan exports as a sentence-transformers folder that carries its precision, and encodes new texts as deployed.
+
+``export_plan`` (``compress export --plan``) ships the int8 ranges or the trained FAISS tables
+(int4, RaBitQ, TurboQuant) in ``OUT/embedtune_precision/``; ``DeployedCodec.load(OUT).encode``
+then gives the codes the plan scored, batch by batch with the same parameters, and
+``index build --plan`` stores vectors with the same trained tables.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from embedtune.cli import main
+from embedtune.compress import make_compressor
+from embedtune.index import load_index
+from embedtune.index.codecs import CODEC_FILE, PRECISION_SUBFOLDER, Calibration, DeployedCodec, Precision, QuantizedIndex
+from embedtune.index.plan_export import export_plan, plan_codec
+from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
+from embedtune.index.planned import build_planned_index
+from embedtune.io import IntegrityError
+
+TEXTS = [f"document number {i} about topic" for i in range(40)]
+NEW_TEXTS = ["what title 3", "topic 12 number", "about what document 7", "title"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_bert_dir):
+    """The tiny model's embeddings of 40 texts, spread by noise so every direction has variance, and a PCA-16 fitted on them."""
+    from sentence_transformers import SentenceTransformer
+
+    base = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    rng = np.random.default_rng(0)
+    docs = base.encode(TEXTS)
+    docs = (docs + 0.5 * np.std(docs) * rng.standard_normal(docs.shape)).astype(np.float32)
+    return base, docs, make_compressor("pca", dim=16).fit_unsupervised(docs)
+
+
+def _plan(tmp_path, corpus, precision: str):
+    _, docs, compressor = corpus
+    out = tmp_path / f"plan-{precision}"
+    write_plan(out, compressor, Precision(precision), docs, {"chosen": {"setting": f"pca-16/{precision}"}})
+    return out
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4", "rabitq1", "rabitq4", "turboquant4", "binary-asym", "float16"])
+def test_the_exported_folder_encodes_as_the_plan_scored(tmp_path, corpus, tiny_bert_dir, precision):
+    from sentence_transformers import SentenceTransformer
+
+    base, docs, compressor = corpus
+    plan = _plan(tmp_path, corpus, precision)
+    assert ((plan / CODEC_FILE).is_file()) == Precision(precision).uses_factory
+    out = export_plan(plan, str(tiny_bert_dir), tmp_path / "model")
+    model = SentenceTransformer(str(out), device="cpu")  # plain s-t: the precision subfolder is ignored
+    codec = DeployedCodec.load(out)
+    assert codec.precision.name == precision and codec.dim == 16
+    embeddings = model.encode(NEW_TEXTS)
+    codes = codec.encode(embeddings)
+    # The plan's own index (what it scored), built on the corpus through the compressor: the same codes.
+    scored = DeployedCodec.from_index(QuantizedIndex.build(compressor.transform(docs), precision))
+    np.testing.assert_array_equal(codes, scored.encode(embeddings))
+    # One text at a time: the same codes (nothing is refitted per batch, unlike quantize_embeddings' ranges).
+    np.testing.assert_array_equal(np.concatenate([codec.encode(embeddings[i : i + 1]) for i in range(len(NEW_TEXTS))]), codes)
+    if precision == "int8":
+        saved = Calibration.load(out / PRECISION_SUBFOLDER / "calibration.safetensors")
+        assert np.array_equal(saved.vmin, load_plan(plan)[3].vmin)
+        index = QuantizedIndex.build(compressor.transform(docs), "int8", calibration=saved)
+        np.testing.assert_array_equal(codes, index.backend.sa_encode(np.ascontiguousarray(embeddings)))  # FAISS SQ8's codes
+    if Precision(precision).uses_factory:
+        assert codes.shape == (len(NEW_TEXTS), codec.code_size) and codes.dtype == np.uint8
+
+
+@pytest.mark.parametrize("precision", ["int4", "rabitq1-rescore"])
+def test_index_build_plan_uses_the_planned_faiss_tables(tmp_path, corpus, precision):
+    import faiss
+
+    _, docs, compressor = corpus
+    plan = _plan(tmp_path, corpus, precision)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(len(docs))))
+    index = load_index(build_planned_index(tmp_path / "docs.npy", tmp_path / "index", plan, ids=tmp_path / "ids.txt"))
+    assert index.manifest["plan"]["codec"] == CODEC_FILE
+    trained = faiss.clone_index(index.faiss_index)
+    trained.reset()
+    planned = plan_codec(plan).trained_index
+    assert np.array_equal(faiss.serialize_index(trained), faiss.serialize_index(planned))
+    xq = compressor.transform(docs[:5])
+    D_plan, I_plan = QuantizedIndex.build(compressor.transform(docs), precision).search(xq, 10)
+    D_index, I_index = index.search(xq, 10)
+    np.testing.assert_array_equal(I_plan, I_index)
+
+
+def test_export_plan_cli_and_refusals(tmp_path, corpus, tiny_bert_dir, capsys):
+    plan = _plan(tmp_path, corpus, "rabitq1")
+    assert main(["compress", "export", "--plan", str(plan), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / PRECISION_SUBFOLDER / CODEC_FILE).is_file()
+    assert DeployedCodec.load(tmp_path / "m").precision.name == "rabitq1"
+    # A faiss: precision is trained at index build: there is no fitted codec to ship.
+    faiss_plan = _plan(tmp_path, corpus, "faiss:PQ4")
+    with pytest.raises(ValueError, match="trained when the index is built"):
+        export_plan(faiss_plan, str(tiny_bert_dir), tmp_path / "m2")
+    assert not (tmp_path / "m2").exists()
+    # An edited codec.faiss is not the plan's: refused before anything is exported.
+    (plan / CODEC_FILE).write_bytes((plan / CODEC_FILE).read_bytes()[:-1] + b"\x00")
+    with pytest.raises(IntegrityError, match=CODEC_FILE):
+        export_plan(plan, str(tiny_bert_dir), tmp_path / "m3")
+    assert (plan / PLAN_FILE).is_file() and not (tmp_path / "m3").exists()
+    # The codec refuses vectors of another width, naming the fix.
+    with pytest.raises(ValueError, match="16-d vectors"):
+        DeployedCodec.load(tmp_path / "m").encode(np.zeros((2, 32), np.float32))
