@@ -47,6 +47,7 @@ from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.workflows import load_experiment  # noqa: E402
 from embedtune.workflows.fit_and_score import fit_and_evaluate  # noqa: E402
 from embedtune.workflows.new_documents import score_new_documents, withhold_new_documents  # noqa: E402
+from embedtune.workflows.pseudo_queries import build_pseudo_queries  # noqa: E402
 from embedtune.workflows.significance import align_by_query, paired_test  # noqa: E402
 from embedtune.workflows.subset_report import per_query_means  # noqa: E402
 from embedtune.workflows.train_compressor import resolve_preset  # noqa: E402
@@ -99,6 +100,7 @@ def run_block(args: argparse.Namespace, dataset: str, model: str, protocol: str)
     view = withhold_new_documents(experiment, 0.2) if protocol == "new-documents" else None
     fit_experiment = view.fit if view is not None else experiment
     triplets: dict[Any, np.ndarray] = {}
+    pseudo_sets: dict[Any, Any] = {}
     for dim, (label, method, preset_name, extra_settings), seed in todo:
         preset = resolve_preset(method, preset_name)
         cls = get_compressor_class(method)
@@ -108,11 +110,19 @@ def run_block(args: argparse.Namespace, dataset: str, model: str, protocol: str)
             if key not in triplets:
                 triplets[key] = shared_triplets(fit_experiment, "train+val", preset.mining, SPLIT_SEED)
             mined = triplets[key]
-        overrides = {**preset.settings, **extra_settings}
+        # "pseudo_queries" is not a config field: it names the training-only pseudo-queries to build.
+        overrides = {**preset.settings, **{k: v for k, v in extra_settings.items() if k != "pseudo_queries"}}
         if "progress" in cls.config_class.__dataclass_fields__:
             overrides["progress"] = False
+        pseudo = None
+        if "pseudo_queries" in extra_settings:
+            source = extra_settings["pseudo_queries"]
+            if (source, preset.mining) not in pseudo_sets:
+                pseudo_sets[source, preset.mining] = build_pseudo_queries(fit_experiment, source, preset.mining, SPLIT_SEED)
+            pseudo = pseudo_sets[source, preset.mining]
         start = time.perf_counter()
-        result = fit_and_evaluate(fit_experiment, method, dim, seed, final=True, triplets=mined, overrides=overrides)
+        result = fit_and_evaluate(fit_experiment, method, dim, seed, final=True, triplets=mined, overrides=overrides,
+                                  pseudo_queries=pseudo)
         record: dict[str, Any] = {
             "dataset": dataset, "model": model, "protocol": protocol, "split": split_protocol, "dim": dim, "label": label,
             "method": method, "preset": preset.name, "settings": extra_settings, "seed": seed, "fit_seconds": result.fit_seconds,

@@ -134,8 +134,9 @@ def residual_adapter_layers(
     columns: np.ndarray,
     rotation: np.ndarray | None = None,
     normalize_input: bool = True,
+    offset: np.ndarray | None = None,
 ) -> list[ExportLayer]:
-    """``y = (z + W2 σ(W1 z + b1) + b2)[c]``, ``z = xR``, normalised, as two ``Dense`` layers (DIVE's construction).
+    """``y = (z + W2 σ(W1 z + b1) + b2)[c]``, ``z = xR + o``, normalised, as two ``Dense`` layers (DIVE's construction).
 
     - ``[Normalize]`` when the adapter normalises its input;
     - ``Dense(d → r + k, σ, residual)`` with weight ``[W1 Rᵀ; 0]``, bias ``[b1; 0]`` and residual
@@ -154,6 +155,8 @@ def residual_adapter_layers(
         columns: the output coordinates read, ``c`` (k,) (``arange(k)`` for a prefix).
         rotation: ``R`` (d, d) applied as ``x @ R`` before the adapter, or None.
         normalize_input: whether the adapter L2-normalises ``x`` first.
+        offset: ``o`` (d,), the centred start's shift after the rotation, or None. It folds into
+            the biases: ``W1 o`` into the first layer's, ``o[c]`` into the second's.
     """
     up_weight, down_weight = _f32(up_weight), _f32(down_weight)
     r, d = up_weight.shape
@@ -162,25 +165,27 @@ def residual_adapter_layers(
     pad = 1 if r + k == d else 0
     # z = R^T x as a column: the rows of the pass-through are (R^T)[c], and W1 z = (W1 R^T) x.
     to_z = np.eye(d, dtype=np.float64) if rotation is None else np.asarray(rotation, dtype=np.float64).T
+    shift = np.zeros(d) if offset is None else np.asarray(offset, dtype=np.float64)
     expand = DenseLayer(
         weight=_f32(np.concatenate([up_weight.astype(np.float64) @ to_z, np.zeros((k + pad, d))])),
-        bias=_f32(np.concatenate([np.asarray(up_bias, dtype=np.float64), np.zeros(k + pad)])),
+        bias=_f32(np.concatenate([np.asarray(up_bias, dtype=np.float64) + up_weight.astype(np.float64) @ shift, np.zeros(k + pad)])),
         activation=activation,
         residual=_f32(np.concatenate([np.zeros((r, d)), to_z[columns], np.zeros((pad, d))])),
     )
     head = DenseLayer(
         weight=_f32(np.concatenate([down_weight[columns], np.eye(k), np.zeros((k, pad))], axis=1)),
-        bias=_f32(np.asarray(down_bias)[columns]),
+        bias=_f32(np.asarray(down_bias, dtype=np.float64)[columns] + shift[columns]),
     )
     return [*([NormalizeLayer()] if normalize_input else []), expand, head, NormalizeLayer()]
 
 
-def residual_mlp_layers(mlp: Any, activation: str, columns: np.ndarray, rotation: Any = None, normalize_input: bool = True) -> list[ExportLayer]:
+def residual_mlp_layers(mlp: Any, activation: str, columns: np.ndarray, rotation: Any = None, normalize_input: bool = True,
+                        offset: Any = None) -> list[ExportLayer]:
     """:func:`residual_adapter_layers` of a :class:`~embedtune.compress.residual_mlp.ResidualMLP` (its ``up`` and ``down``)."""
     state = {name: _numpy(value) for name, value in mlp.state_dict().items()}
     return residual_adapter_layers(
         state["up.weight"], state["up.bias"], state["down.weight"], state["down.bias"], activation, columns,
-        None if rotation is None else _numpy(rotation), normalize_input,
+        None if rotation is None else _numpy(rotation), normalize_input, None if offset is None else _numpy(offset),
     )
 
 

@@ -63,7 +63,7 @@ from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.compress.rotated_adapter import RotatedAdapterMixin, selected_epoch_from_state, selected_epoch_state
-from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
+from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection, resolved_pca_start
 from embedtune.compress.training import (
     check_output_dim,
     load_module_state,
@@ -296,7 +296,7 @@ class MRLAdaptorCompressor(RotatedAdapterMixin, Compressor):
         check_output_dim(self.method, config.dim, train.dim)
         if config.epochs > 0:
             train.require_triplets(self.method)
-        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
+        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings, resolved_pca_start(self))
         self.nested_dims_ = config.resolved_nested_dims(train.dim)
         self.history_ = []
         self.selected_epoch_ = fit_with_selection(self, train, val, self._train_once)

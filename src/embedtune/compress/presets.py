@@ -99,9 +99,10 @@ def presets_from_config(config_class: type) -> dict[str, Preset]:
 SAFETY_NET_MINING = MiningOptions(false_negative_margin=0.05, false_negative_reference="query-min", max_triplets_per_query=32)
 
 #: The safety net's training settings, for every method whose config has them (DIVE and
-#: :class:`embedtune.compress.selection.SelectableTrainingConfig`): start at the corpus PCA
-#: projection and keep the best epoch, epoch 0 included, on half of the training queries.
-SAFETY_NET_SETTINGS: Mapping[str, Any] = {"init": "pca", "epoch_selection": "best", "selection_fraction": 0.5}
+#: :class:`embedtune.compress.selection.SelectableTrainingConfig`): start at the stronger of the
+#: uncentred and the centred corpus PCA projection on the selection queries, and keep the best
+#: epoch, epoch 0 included, on half of the training queries.
+SAFETY_NET_SETTINGS: Mapping[str, Any] = {"init": "pca", "epoch_selection": "best", "selection_fraction": 0.5, "pca_start": "stronger"}
 
 
 def safety_net_preset(name: str = "robust", settings: Mapping[str, Any] | None = None, help: str = "") -> Preset:

@@ -44,7 +44,10 @@ class RotatedAdapterMixin:
         return np.arange(self.config.dim)
 
     def fit_details(self) -> dict[str, Any]:
-        return {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
+        details: dict[str, Any] = {"selected_epoch": self.selected_epoch_} if self.selected_epoch_ is not None else {}
+        if getattr(self.rotation_, "matrix", None) is not None:
+            details["start"] = f"{'centred' if self.rotation_.offset is not None else 'uncentred'} PCA"
+        return details
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.adapter_ is not None
@@ -57,4 +60,5 @@ class RotatedAdapterMixin:
         folded in), ``Normalize``: see :func:`embedtune.compress.export_layers.residual_mlp_layers`."""
         self._check_fitted()  # type: ignore[attr-defined]
         assert self.adapter_ is not None
-        return residual_mlp_layers(self.adapter_, self.config.activation, self._kept_columns(), self.rotation_.matrix)
+        return residual_mlp_layers(self.adapter_, self.config.activation, self._kept_columns(), self.rotation_.matrix,
+                                   offset=self.rotation_.offset)

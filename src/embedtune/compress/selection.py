@@ -39,10 +39,12 @@ import torch
 from torch import nn
 
 from embedtune.compress.base import TrainingData
-from embedtune.compress.dive.network import corpus_pca_rotation
+from embedtune.compress.dive.config import PCA_STARTS
+from embedtune.compress.dive.network import centred_start_bias, corpus_pca_rotation
 from embedtune.compress.holdout import SELECTION_HOLDOUTS, holdout_split
 from embedtune.compress.training import TrainedCompressorConfig
 from embedtune.evaluate.retrieval import evaluate_embeddings
+from embedtune.evaluate.search import unit_rows
 
 if TYPE_CHECKING:
     from embedtune.compress.base import Compressor
@@ -58,6 +60,8 @@ __all__ = [
     "holdout_split",
     "fit_with_selection",
     "holdout_ndcg",
+    "pca_start_scores",
+    "resolved_pca_start",
 ]
 
 INIT_KINDS = ("identity", "pca")
@@ -86,6 +90,12 @@ class SelectableTrainingConfig(TrainedCompressorConfig):
         metadata={"help": "With epoch_selection='best': 'disjoint-positives' (hold out whole groups of queries that share "
                   "positives, so selection rewards what carries over to new documents) or 'random-queries' (hash-ranked)."},
     )
+    pca_start: str = field(
+        default="uncentred",
+        metadata={"help": "With init='pca': 'uncentred' (the paper-free default: inner products kept), 'centred' (the pca "
+                  "baseline's projection at epoch 0) or 'stronger' (whichever scores higher on the selection queries; "
+                  "uncentred without selection)."},
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,32 +107,56 @@ class SelectableTrainingConfig(TrainedCompressorConfig):
             raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
         if self.selection_holdout not in SELECTION_HOLDOUTS:
             raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {self.selection_holdout!r}.")
+        if self.pca_start not in PCA_STARTS:
+            raise ValueError(f"pca_start must be one of {list(PCA_STARTS)}; got {self.pca_start!r}.")
 
 
 class InputRotation:
-    """An optional fixed (d, d) rotation applied to unit input rows before a method's adapter."""
+    """An optional fixed (d, d) rotation applied to unit input rows before a method's adapter.
 
-    def __init__(self, matrix: np.ndarray | None = None) -> None:
+    With ``offset`` (shape (d,), the centred start's ``−μR``), rows map to ``xR + offset``, so the
+    first k coordinates at epoch 0 are the centred PCA projection (the ``pca`` baseline) instead
+    of the uncentred one.
+    """
+
+    def __init__(self, matrix: np.ndarray | None = None, offset: np.ndarray | None = None) -> None:
         self.matrix = None if matrix is None else torch.as_tensor(np.ascontiguousarray(matrix, dtype=np.float32))
+        self.offset = None if offset is None else torch.as_tensor(np.ascontiguousarray(offset, dtype=np.float32))
 
     @classmethod
-    def fit(cls, init: str, doc_embeddings: np.ndarray) -> "InputRotation":
-        """The corpus PCA basis for ``init='pca'`` (see :func:`embedtune.compress.dive.network.corpus_pca_rotation`), else none."""
-        return cls(corpus_pca_rotation(doc_embeddings, normalize_input=True) if init == "pca" else None)
+    def fit(cls, init: str, doc_embeddings: np.ndarray, start: str = "uncentred") -> "InputRotation":
+        """The corpus PCA basis for ``init='pca'`` (see :func:`embedtune.compress.dive.network.corpus_pca_rotation`), else none.
+
+        ``start='centred'`` adds the corpus-mean offset (:func:`~embedtune.compress.dive.network.centred_start_bias`).
+        """
+        if init != "pca":
+            return cls(None)
+        rotation = corpus_pca_rotation(doc_embeddings, normalize_input=True)
+        offset = centred_start_bias(doc_embeddings, rotation, True) if start == "centred" else None
+        return cls(rotation, offset)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.matrix is None:
             return x
         if self.matrix.device != x.device:
             self.matrix = self.matrix.to(x.device)
-        return x @ self.matrix
+            self.offset = None if self.offset is None else self.offset.to(x.device)
+        return x @ self.matrix if self.offset is None else x @ self.matrix + self.offset
 
     def state(self) -> dict[str, np.ndarray]:
-        return {} if self.matrix is None else {"rotation": self.matrix.detach().cpu().numpy()}
+        if self.matrix is None:
+            return {}
+        state = {"rotation": self.matrix.detach().cpu().numpy()}
+        if self.offset is not None:
+            state["rotation_offset"] = self.offset.detach().cpu().numpy()
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray], init: str, dim: int) -> "InputRotation":
-        """Read ``rotation`` from saved weights; it must be there exactly when ``init == 'pca'``."""
+        """Read ``rotation`` (and ``rotation_offset`` for a centred start) from saved weights.
+
+        ``rotation`` must be there exactly when ``init == 'pca'``; files without an offset are uncentred starts.
+        """
         if ("rotation" in state) != (init == "pca"):
             raise KeyError(f"config says init={init!r} but the weights {'have' if 'rotation' in state else 'lack'} a rotation")
         if "rotation" not in state:
@@ -130,7 +164,58 @@ class InputRotation:
         matrix = np.asarray(state["rotation"], dtype=np.float32)
         if matrix.shape != (dim, dim):
             raise ValueError(f"rotation must have shape ({dim}, {dim}); got {matrix.shape}.")
-        return cls(matrix)
+        offset = state.get("rotation_offset")
+        if offset is not None:
+            offset = np.asarray(offset, dtype=np.float32)
+            if offset.shape != (dim,):
+                raise ValueError(f"rotation_offset must have shape ({dim},); got {offset.shape}.")
+        return cls(matrix, offset)
+
+
+def resolved_pca_start(compressor: "Compressor") -> str:
+    """The PCA start a method builds its :class:`InputRotation` with: the one selection chose, else the config's.
+
+    ``'stronger'`` without a choice (no selection ran) is the uncentred start, as DIVE's.
+    """
+    chosen = getattr(compressor, "pca_start_", None)
+    if chosen:
+        return chosen
+    configured = getattr(compressor.config, "pca_start", "uncentred")
+    return "uncentred" if configured == "stronger" else configured
+
+
+def pca_start_scores(holdout: TrainingData, doc_embeddings: np.ndarray, dim: int) -> dict[str, float]:
+    """Held-out nDCG@10 of the uncentred and the centred PCA-k projections: a method's two possible epoch-0 maps.
+
+    The residual adapters start as "read the first k rotated coordinates", so their epoch-0 map is
+    one of these two whatever the method; scoring them here needs no training.
+    """
+    rotation = corpus_pca_rotation(doc_embeddings, normalize_input=True)[:, :dim]
+    offset = centred_start_bias(doc_embeddings, corpus_pca_rotation(doc_embeddings, normalize_input=True), True)[:dim]
+    queries, docs = unit_rows(holdout.query_embeddings) @ rotation, unit_rows(holdout.doc_embeddings) @ rotation
+    scores = {}
+    for name, shift in (("uncentred", 0.0), ("centred", offset)):
+        metrics = evaluate_embeddings(holdout.query_ids, unit_rows(queries + shift), holdout.doc_ids, unit_rows(docs + shift), holdout.qrels)
+        scores[name] = float(metrics.aggregate["ndcg@10"])
+    return scores
+
+
+def _build_rotation(compressor: "Compressor", train: TrainingData) -> None:
+    """(Re)build a rotated-adapter method's ``rotation_`` for the PCA start now known (selection may have chosen it)."""
+    if hasattr(compressor, "rotation_") and getattr(compressor.config, "init", None) == "pca":
+        compressor.rotation_ = InputRotation.fit("pca", train.doc_embeddings, resolved_pca_start(compressor))  # type: ignore[attr-defined]
+
+
+def _choose_pca_start(compressor: "Compressor", holdout: TrainingData) -> None:
+    """Set ``compressor.pca_start_`` for ``pca_start='stronger'`` from the two starts' held-out scores (ties: uncentred)."""
+    config = compressor.config
+    if getattr(config, "init", None) != "pca" or getattr(config, "pca_start", "uncentred") != "stronger":
+        return
+    scores = pca_start_scores(holdout, holdout.doc_embeddings, config.dim)
+    compressor.pca_start_ = max(scores, key=lambda name: (scores[name], name == "uncentred"))  # type: ignore[attr-defined]
+    compressor.pca_start_scores_ = {f"holdout_ndcg@10_{name}_start": value for name, value in scores.items()}  # type: ignore[attr-defined]
+    logger.info("%s: %s PCA start (selection nDCG@10: uncentred %.4f, centred %.4f)", compressor.method, compressor.pca_start_,
+                scores["uncentred"], scores["centred"])
 
 
 def holdout_ndcg(compressor: "Compressor", holdout: TrainingData) -> float:
@@ -227,8 +312,10 @@ def fit_with_selection(
     called once, or twice with 'best': select, then refit).
     """
     config = compressor.config
+    compressor.pca_start_ = None  # type: ignore[attr-defined]  # chosen afresh by every fit
     mode = getattr(config, "epoch_selection", "last")
     if mode == "last" or (mode == "best" and not train.has_queries):  # corpus-only data has no queries to select on
+        _build_rotation(compressor, train)
         train_once(train, EpochControl())
         return None
     method = compressor.method
@@ -238,6 +325,8 @@ def fit_with_selection(
         holdout, fit_part = val, train
     else:
         fit_part, holdout = holdout_split(train, config.selection_fraction, config.seed, method, rule=config.selection_holdout)
+    _choose_pca_start(compressor, holdout)
+    _build_rotation(compressor, train)
     logger.debug("%s: selecting the epoch (0 = the untrained start) on %d held-out queries", method, len(holdout.query_ids))
     control = EpochControl(score=lambda: holdout_ndcg(compressor, holdout))
     train_once(fit_part, control)

@@ -77,7 +77,7 @@ from embedtune.compress.presets import presets_from_config, with_safety_net
 from embedtune.compress.registry import register
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.compress.rotated_adapter import RotatedAdapterMixin, selected_epoch_from_state, selected_epoch_state
-from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection
+from embedtune.compress.selection import EpochControl, InputRotation, SelectableTrainingConfig, fit_with_selection, resolved_pca_start
 from embedtune.compress.training import (
     check_output_dim,
     load_module_state,
@@ -427,7 +427,7 @@ class SMECCompressor(RotatedAdapterMixin, Compressor):
         config: SMECConfig = self.config  # type: ignore[assignment]
         check_output_dim(self.method, config.dim, train.dim, strict=True)
         train.require_triplets(self.method)
-        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings)
+        self.rotation_ = InputRotation.fit(config.init, train.doc_embeddings, resolved_pca_start(self))
         self.history_ = []
         self.selected_epoch_ = fit_with_selection(self, train, val, self._train_once)
 

@@ -139,7 +139,8 @@ class DIVEConfig(CompressorConfig):
         # against 0.5865 / 0.6586 at γ = 10; 300 tied 100 at k = 128, and the smaller change won the
         # tie). Keeping the compressed similarities closer to the frozen ones lets training run longer
         # before it starts trading new documents for popular ones (benchmarks/RESULTS.md, "Seen and unseen").
-        "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5, "geometry_weight": 100.0},
+        "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5, "geometry_weight": 100.0,
+                   "pca_start": "stronger"},
         # The robust recipe before issue 27: selection on hash-ranked training queries, whose
         # positives the fit shares, and always the uncentred start. It learns where this corpus's
         # popular documents lie: better on queries for them, worse on documents added later.
