@@ -87,6 +87,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     group.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     group.add_argument("--max-seq-length", type=int, default=None, help="override the model's max sequence length")
+    add_backend_flag(group)
     group.add_argument("--query-prompt", default="", help="text prepended to queries (instruction models)")
     group.add_argument("--doc-prompt", default="", help="text prepended to documents")
     group.add_argument("--similarity", default=None, choices=["cosine", "dot"],
@@ -101,6 +102,23 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--query-ids", default=None, help="ids of --query-embeddings rows")
 
 
+BACKEND_CHOICES = ("torch", "onnx", "onnx-int8")  # embedtune.encoders.onnx_backend.BACKENDS, without importing the encoders for --help
+BACKEND_HELP = ("encoding runtime: torch (sentence-transformers), onnx (ONNX Runtime fp32 on the CPU: the same vectors, faster) or "
+                "onnx-int8 (dynamic int8: faster still, slightly other vectors; see the README). The onnx ones need "
+                "pip install \"embedtune[onnx]\"")
+
+
+def add_backend_flag(parser: Any) -> None:
+    """``--backend``, for every command that encodes text."""
+    parser.add_argument("--backend", default="torch", choices=BACKEND_CHOICES, help=BACKEND_HELP)
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"backend": ...}`` for a non-default ``--backend``, else nothing (torch's options read as before)."""
+    backend = getattr(args, "backend", "torch")
+    return {"backend": backend} if backend != "torch" else {}
+
+
 def encoder_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The encoder flags as ``encoder_options``, with the similarity resolved by :func:`encoder_settings`.
 
@@ -112,7 +130,7 @@ def encoder_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
                                        batch_size=args.batch_size, max_seq_length=args.max_seq_length,
                                        query_prompt=args.query_prompt, document_prompt=args.doc_prompt)
     args.similarity, args.similarity_source = choice.name, choice.source
-    return options
+    return {**options, **backend_options(args)}
 
 
 def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> Experiment:

@@ -6,7 +6,7 @@ import argparse
 
 import numpy as np
 
-from embedtune.cli.common import add_data_flags, add_model_flags, add_split_flags, experiment_from_args, print_json
+from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
 from embedtune.io import atomic_save_npy, atomic_write_json
 from embedtune.workflows.encode_corpus import encode_corpus
@@ -34,6 +34,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     corpus.add_argument("--shard-size", type=int, default=50_000, help="documents per shard (one encode call, one file)")
     corpus.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     corpus.add_argument("--max-seq-length", type=int, default=None, help="token cap (default: the model's own)")
+    add_backend_flag(corpus)
     ray = corpus.add_argument_group("Ray Data (pip install \"embedtune[ray]\")")
     ray.add_argument("--ray-actors", type=int, default=0, help="encoder actors; 0 encodes in this process")
     ray.add_argument("--ray-address", default=None, help="an existing cluster ('auto' on one of its nodes); default: a local Ray")
@@ -69,7 +70,7 @@ def run_embed(args: argparse.Namespace) -> int:
 def run_embed_corpus(args: argparse.Namespace) -> int:
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1; got {args.shard_size}.")
-    options = {"batch_size": args.batch_size}
+    options = {"batch_size": args.batch_size, **backend_options(args)}
     if args.max_seq_length is not None:
         options["max_seq_length"] = args.max_seq_length
     manifest = encode_corpus(args.data, args.model, args.out, shard_size=args.shard_size, ray_actors=args.ray_actors,

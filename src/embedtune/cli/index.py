@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from embedtune.cli.common import add_data_flags, positive_int, print_json, print_table
+from embedtune.cli.common import add_backend_flag, add_data_flags, positive_int, print_json, print_table
 from embedtune.data.beir import load_beir
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
@@ -64,6 +64,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
     search.add_argument("--no-adapter", action="store_true", help="search with the raw model vectors")
     search.add_argument("--query-prompt", default="", help="text prepended to the query (instruction models)")
+    add_backend_flag(search)
     search.add_argument("--top-k", type=positive_int, default=10, help="hits per query (>= 1)")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--keep-identical-ids", action="store_true",
@@ -121,7 +122,7 @@ def run_search(args: argparse.Namespace) -> int:
     results = search_texts(args.index, [text for _, text in queries], args.model, args.adapter, not args.no_adapter, args.top_k,
                            args.query_prompt, args.rescore, show_progress=len(queries) > 1,
                            query_ids=[qid for qid, _ in queries] if args.queries else None,
-                           ignore_identical_ids=not args.keep_identical_ids)
+                           ignore_identical_ids=not args.keep_identical_ids, backend=args.backend)
     hits = {qid: found for (qid, _), found in zip(queries, results)}
     if args.out:
         out = prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs)

@@ -116,4 +116,6 @@ def encoder_description(encoder: SentenceEncoder) -> dict[str, Any]:
         "normalize": encoder.normalize,
         "query_prompt": encoder.query_prompt,
         "document_prompt": encoder.document_prompt,
+        # Only when not torch, so descriptions of torch runs read as before.
+        **({"backend": encoder.backend} if encoder.backend != "torch" else {}),
     }

@@ -15,6 +15,7 @@ from typing import Callable, Literal
 import numpy as np
 
 from embedtune.encoders.bundled import resolve_model_path
+from embedtune.encoders.onnx_backend import OnnxSentenceModel, backend_precision, check_backend
 from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ class SentenceEncoder:
         device: torch device; default lets sentence-transformers choose.
         show_progress: draw a progress bar while encoding (:func:`embedtune.encoders.embed_dataset`
             draws one bar over a whole corpus; ``embedtune --quiet`` hides every bar).
+        backend: ``torch`` (sentence-transformers itself), ``onnx`` (ONNX Runtime, fp32: the same
+            vectors to about 1e-7) or ``onnx-int8`` (dynamic int8: faster, other vectors); the ONNX
+            ones need ``pip install "embedtune[onnx]"`` and run on the CPU
+            (:mod:`embedtune.encoders.onnx_backend`).
     """
 
     def __init__(
@@ -64,7 +69,11 @@ class SentenceEncoder:
         normalize: bool = True,
         device: str | None = None,
         show_progress: bool = True,
+        backend: str = "torch",
     ) -> None:
+        self.backend = check_backend(backend)
+        if self.backend != "torch" and device not in (None, "cpu"):
+            raise ValueError(f"--backend {backend} runs on the CPU only; got device {device!r}. Use --backend torch on a GPU.")
         self.model_name = str(model)
         self.model_path = resolve_model_path(model)
         self.max_seq_length_override = max_seq_length
@@ -77,6 +86,9 @@ class SentenceEncoder:
 
     @cached_property
     def model(self):
+        if self.backend != "torch":
+            return OnnxSentenceModel(self.model_path, self.fingerprint, backend_precision(self.backend),  # type: ignore[arg-type]
+                                     model_name=self.model_name, max_seq_length=self.max_seq_length_override)
         from sentence_transformers import SentenceTransformer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,14 +116,22 @@ class SentenceEncoder:
         return self.model.max_seq_length
 
     def recipe(self, kind: TextKind) -> dict[str, object]:
-        """Everything besides the model and the data that changes the vectors (the cache key)."""
-        return {
+        """Everything besides the model and the data that changes the vectors (the cache key).
+
+        The ONNX backends add ``backend`` and ``precision``, so their vectors never share an entry
+        with torch's or each other's; torch's recipe is unchanged, so its entries (and the vectors
+        bundled for them) stay valid.
+        """
+        recipe: dict[str, object] = {
             "kind": kind,
             "text": "title + ' ' + text, stripped" if kind == "document" else "text",
             "prompt": self.document_prompt if kind == "document" else self.query_prompt,
             "max_seq_length": self.max_seq_length,
             "normalize": self.normalize,
         }
+        if self.backend != "torch":
+            recipe.update(backend=self.backend, precision=backend_precision(self.backend))
+        return recipe
 
     def encode(self, texts: list[str], kind: TextKind = "document", progress: Callable[[int], object] | None = None) -> np.ndarray:
         """Embed ``texts`` as ``kind``: float32 ``(len(texts), d)``, unit rows when ``normalize``.

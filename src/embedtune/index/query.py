@@ -51,12 +51,14 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
                  use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
                  show_progress: bool = False, query_ids: list[str] | None = None,
-                 ignore_identical_ids: bool = True) -> list[list[dict[str, Any]]]:
+                 ignore_identical_ids: bool = True, backend: str = "torch") -> list[list[dict[str, Any]]]:
     """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each.
 
     With ``query_ids`` (real ids, e.g. from a BEIR queries file) and ``ignore_identical_ids``, a
     document whose id equals its query's id is dropped and the next one takes its place, as
-    ``evaluate`` (and BEIR) score: on ArguAna every query is also a document.
+    ``evaluate`` (and BEIR) score: on ArguAna every query is also a document. ``backend``: the
+    encoding runtime (:class:`~embedtune.encoders.SentenceEncoder`); queries are best encoded with
+    the backend the documents were.
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"--top-k must be an integer >= 1 (hits per query); got {top_k!r}.")
@@ -68,7 +70,7 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
                          "the index's vectors came from (e.g. --model minilm), or record it with `index build --model`.")
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
-    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress)
+    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress, backend=backend)
     vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
     drop = ignore_identical_ids and query_ids is not None
     if drop and len(query_ids) != len(queries):  # type: ignore[arg-type]

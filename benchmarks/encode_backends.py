@@ -1,0 +1,194 @@
+"""CPU encoding backends side by side (issue 32): torch, onnx (fp32) and onnx-int8.
+
+Speed: documents/s over a fixed slice of SciFact's corpus (the first ``--docs`` documents in file
+order, title + " " + text as embedtune encodes them), at one batch size and max sequence length,
+on each thread count. Every (backend, threads) cell runs in its own subprocess, so its peak RSS
+(``os.wait4``'s ``ru_maxrss`` of that child) is its own; model loading and the first batch are
+outside the timed part, the ONNX export is done (and cached) before any cell runs.
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false \\
+        .venv/bin/python benchmarks/encode_backends.py speed --docs 500 --batch-size 32 --threads 1 2
+
+Quality: nDCG@10 over every test query of a BEIR dataset for each backend (the whole corpus
+encoded by each; torch's SciFact MiniLM vectors come from the bundled cache entry), paired
+permutation tests against torch, and how far the document vectors moved (max abs difference,
+mean and minimum cosine to torch's).
+
+    .venv/bin/python benchmarks/encode_backends.py quality --data scifact --model minilm --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+SCIFACT = "/work/shared/data/beir/scifact"
+BACKENDS = ("torch", "onnx", "onnx-int8")
+
+
+def _texts(data: str, docs: int) -> list[str]:
+    from embedtune.data.beir import document_text, load_beir_corpus
+
+    corpus = load_beir_corpus(data).corpus
+    return [document_text(corpus[doc_id]) for doc_id in list(corpus)[:docs]]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One speed cell, in its own process: prints one JSON line."""
+    import torch
+
+    from embedtune.encoders import SentenceEncoder
+    from embedtune.runtime import set_threads
+
+    set_threads(args.threads)
+    texts = _texts(args.data, args.docs)
+    start = time.perf_counter()
+    encoder = SentenceEncoder(args.model, backend=args.backend, batch_size=args.batch_size, max_seq_length=args.max_seq_length,
+                              show_progress=False)
+    encoder.encode(texts[: args.batch_size])  # loads the model (and the session); first-batch costs are not timed
+    load_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    vectors = encoder.encode(texts)
+    seconds = time.perf_counter() - start
+    np.save(args.vectors_out, vectors)
+    print(json.dumps({"backend": args.backend, "threads": args.threads, "torch_threads": torch.get_num_threads(), "docs": len(texts),
+                      "seconds": seconds, "docs_per_s": len(texts) / seconds, "load_and_first_batch_s": load_seconds}))
+
+
+def _run_cell_with_rss(args: argparse.Namespace, backend: str, threads: int, vectors_out: Path) -> dict:
+    command = [sys.executable, __file__, "_worker", "--backend", backend, "--threads", str(threads), "--docs", str(args.docs),
+               "--batch-size", str(args.batch_size), "--max-seq-length", str(args.max_seq_length), "--model", args.model,
+               "--data", args.data, "--vectors-out", str(vectors_out)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    out_path = vectors_out.with_suffix(".stdout")
+    err_path = vectors_out.with_suffix(".stderr")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak RSS (KiB on Linux)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"{backend} x{threads} failed:\n{err_path.read_text()[-3000:]}")
+    row = json.loads(out_path.read_text().strip().splitlines()[-1])
+    row["peak_rss_mb"] = usage.ru_maxrss / 1024
+    return row
+
+
+def speed(args: argparse.Namespace) -> None:
+    from embedtune.encoders import SentenceEncoder
+
+    scratch = Path(args.scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    for backend in args.backends:  # export (and cache) the graphs first: not part of any timed cell
+        if backend != "torch":
+            start = time.perf_counter()
+            SentenceEncoder(args.model, backend=backend, show_progress=False).model
+            print(f"# {backend}: graph ready in {time.perf_counter() - start:.1f}s (a cache hit after the first run)", flush=True)
+    rows = []
+    for threads in args.threads:
+        for repeat in range(args.repeats):
+            order = list(args.backends) if repeat % 2 == 0 else list(reversed(args.backends))  # drift hits every backend alike
+            for backend in order:
+                row = _run_cell_with_rss(args, backend, threads, scratch / f"{backend}-{threads}-{repeat}.npy")
+                row["repeat"] = repeat
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    reference = {t: np.load(scratch / f"torch-{t}-0.npy") for t in args.threads} if "torch" in args.backends else {}
+    print(f"\n{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.2f}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+    print(f"model {args.model}, first {args.docs} documents of {args.data}, batch {args.batch_size}, max_seq_length {args.max_seq_length}")
+    print("| backend | threads | docs/s | x torch | peak RSS MB | cosine to torch (mean / min) |")
+    print("|---|---|---|---|---|---|")
+    for threads in args.threads:
+        cells = {b: [r for r in rows if r["backend"] == b and r["threads"] == threads] for b in args.backends}
+        base = np.median([r["docs_per_s"] for r in cells.get("torch", [])]) if cells.get("torch") else None
+        for backend, found in cells.items():
+            rate = float(np.median([r["docs_per_s"] for r in found]))
+            cos = ""
+            if threads in reference:
+                vectors = np.load(scratch / f"{backend}-{threads}-0.npy")
+                sims = (vectors * reference[threads]).sum(1)
+                cos = f"{sims.mean():.4f} / {sims.min():.4f}"
+            ratio = f"{rate / base:.2f}" if base else ""
+            rss = max(r["peak_rss_mb"] for r in found)
+            print(f"| {backend} | {threads} | {rate:.1f} | {ratio} | {rss:.0f} | {cos} |")
+    print("docs/s: median over repeats; peak RSS: the largest over repeats.")
+
+
+def quality(args: argparse.Namespace) -> None:
+    from embedtune.runtime import set_threads
+    from embedtune.workflows.experiment import load_experiment
+    from embedtune.workflows.significance import paired_test
+
+    set_threads(args.threads[0])
+    per_query, docs, timings = {}, {}, {}
+    for backend in args.backends:
+        options = {"batch_size": args.batch_size, **({"backend": backend} if backend != "torch" else {})}
+        start = time.perf_counter()
+        experiment = load_experiment(args.data, args.model, qrels_split="test", split_seed=None, encoder_options=options)
+        scored = experiment.evaluate("all")
+        timings[backend] = {"seconds": time.perf_counter() - start, "cache_hits": experiment.embeddings.cache_hits,
+                            "encode_seconds": experiment.embeddings.timings}
+        per_query[backend] = {qid: values["ndcg@10"] for qid, values in scored.per_query.items()}
+        docs[backend] = np.asarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+        print(json.dumps({"backend": backend, "ndcg@10": scored.aggregate["ndcg@10"], "n_queries": len(per_query[backend]), **timings[backend]}),
+              flush=True)
+    print(f"\n{platform.node()}, {os.cpu_count()} cores, {args.threads[0]} thread(s), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{args.model} on {args.data}, all test queries, batch {args.batch_size}")
+    print("| backend | nDCG@10 | Δ vs torch | paired p | 95 % CI | doc vectors vs torch: max abs diff | cosine mean / min |")
+    print("|---|---|---|---|---|---|---|")
+    qids = sorted(per_query["torch"])
+    base = np.array([per_query["torch"][q] for q in qids])
+    for backend in args.backends:
+        scores = np.array([per_query[backend][q] for q in qids])
+        if backend == "torch":
+            print(f"| torch | {scores.mean():.4f} | | | | | |")
+            continue
+        test = paired_test(scores, base)
+        diff = np.abs(docs[backend] - docs["torch"]).max()
+        sims = (docs[backend] * docs["torch"]).sum(1)
+        print(f"| {backend} | {scores.mean():.4f} | {scores.mean() - base.mean():+.4f} | {test.p_value:.3g} | "
+              f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {diff:.2e} | {sims.mean():.4f} / {sims.min():.4f} |")
+    if "onnx" in per_query and "onnx-int8" in per_query:
+        test = paired_test(np.array([per_query["onnx-int8"][q] for q in qids]), np.array([per_query["onnx"][q] for q in qids]))
+        print(f"onnx-int8 - onnx: {test.mean_difference:+.4f} (p {test.p_value:.3g}, {len(qids)} queries)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["speed", "quality", "_worker"])
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--data", default=None, help="speed: a BEIR folder (default: the shared SciFact); quality: default 'scifact'")
+    parser.add_argument("--docs", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-seq-length", type=int, default=256)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
+    parser.add_argument("--vectors-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", default="/tmp/embedtune-encode-backends")
+    args = parser.parse_args()
+    if args.mode == "_worker":
+        args.threads = args.threads[0]
+        args.data = args.data or SCIFACT
+        worker(args)
+    elif args.mode == "speed":
+        args.data = args.data or SCIFACT
+        speed(args)
+    else:
+        args.data = args.data or "scifact"
+        quality(args)
+
+
+if __name__ == "__main__":
+    main()
