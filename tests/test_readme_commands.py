@@ -2,8 +2,8 @@
 
 The commands are read from README.md in order (continuation lines joined, comments dropped, a
 trailing `...` placeholder removed) and parsed by the real argument parser, so a renamed or
-removed flag in a how-to fails here. Running them all in order on a slice of the data is the
-slow part of the issue that is not built yet (see benchmarks/RESULTS.md, "A newcomer's first hour").
+removed flag in a how-to fails here. tests/test_readme_in_order.py runs them in order on a slice
+of the data.
 """
 
 from __future__ import annotations
