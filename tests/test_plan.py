@@ -12,6 +12,7 @@ from embedtune.cli import main
 from embedtune.compress import available_methods, get_compressor_class, register
 from embedtune.index import load_index
 from embedtune.index.codecs import Calibration, Precision, QuantizedIndex
+from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import load_plan
 from embedtune.index.planned import build_planned_index
 from embedtune.workflows.experiment import load_experiment
@@ -102,6 +103,7 @@ def test_plan_export_index_round_trip(toy, tmp_path, precision):
     assert (out / "frontier.png").is_file() and (out / "compressor" / "config.json").is_file()
     info, compressor, chosen, calibration = load_plan(out)
     assert (calibration is not None) == (chosen.name == "int8")
+    assert info["deployment"] == deployment_recipe(chosen, info["dim"])  # FAISS and LanceDB settings of the choice
     # The index built from the plan searches exactly as the plan scored it (same codes, same ranges).
     index_dir = build_planned_index(toy[1]["doc"][0], tmp_path / "index", out, ids=toy[1]["doc"][1])
     index = load_index(index_dir)

@@ -38,6 +38,7 @@ from embedtune.evaluate.subsets import query_subsets, subset_means, training_pos
 from embedtune.evaluate.search import run_from_topk
 from embedtune.errors import EmbedtuneError
 from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.io import (
     atomic_write,
@@ -572,6 +573,8 @@ def run_plan(
         "budget_bytes": budget_bytes,
         "target_retention": target_retention,
         "chosen": _public(chosen),
+        # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
+        "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
         "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
         "validation": validation,
         "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
