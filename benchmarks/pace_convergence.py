@@ -30,7 +30,8 @@ and all ArguAna queries (zero-shot), each ranked with the model's own similarity
 
 Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50), ``PACE_TEST_SETS`` (``scifact,arguana``;
 a second-seed run may use ``scifact`` to spend its budget on the in-domain seed variance),
-``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``, ``PACE_PROTOCOL`` (below).
+``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``, ``PACE_PROTOCOL`` (below), ``PACE_MAX_SEQ`` (training, validation and
+test sequence cap, default 256; the split, tuples and validation pool were mined at 256 and stay those).
 
 Another readout (issue 31): ``--model FOLDER`` (or ``PACE_MODEL=FOLDER``) trains every configuration from
 that model instead of MiniLM, on the same data: the split, the mined tuples and the validation pool
@@ -144,7 +145,9 @@ SCIFACT = str(SHARED / "scifact") if (SHARED / "scifact").is_dir() else "scifact
 ARGUANA = SHARED / "arguana"
 
 SEED = 2027
-MAX_SEQ = 256
+# The model's own 256 by default; a CPU-bound run may cap it lower (PACE_MAX_SEQ). The mined data stay 256's.
+MAX_SEQ = int(os.environ.get("PACE_MAX_SEQ", "256"))
+MINING_MAX_SEQ = 256
 BATCH = 16
 N_NEGATIVES = 1
 HARD_POOL = 50
@@ -211,7 +214,7 @@ def prepare() -> tuple[TrainingTuples, ValidationSet]:
         return tuples, validation
     test = load_beir(SCIFACT, "test")
     split = train_qrels_split(train, test, val_fraction=VAL_FRACTION, seed=SEED)
-    encoder = SentenceEncoder(MINING_MODEL, max_seq_length=MAX_SEQ, normalize=True, show_progress=False)
+    encoder = SentenceEncoder(MINING_MODEL, max_seq_length=MINING_MAX_SEQ, normalize=True, show_progress=False)
     tuples = mine_training_tuples(train, encoder, query_ids=split.train, n_negatives=N_NEGATIVES, hard_pool=HARD_POOL, seed=SEED,
                                   false_negative_margin=FN_MARGIN, false_negative_reference=FN_REFERENCE)
     frozen = embed_dataset(encoder, train)
