@@ -18,7 +18,8 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir"
 def shared_dataset(name: str) -> Path:
     path = SHARED_DATA / name
     if not (path / "corpus.jsonl").is_file():
-        pytest.skip(f"real dataset {path} is not available on this machine")
+        pytest.skip(f"real dataset {path} is not available on this machine (the real BEIR data lives in ../shared/data/beir; "
+                    "tests marked real skip without it)")
     return path
 
 
