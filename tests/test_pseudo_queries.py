@@ -120,3 +120,4 @@ def test_build_pseudo_queries_mines_each_documents_own_positive():
     assert (rows[:, 2] != rows[:, 1]).all()
     with pytest.raises(EmbedtuneError, match="precomputed"):
         build_pseudo_queries(_experiment("precomputed"), cache=False)
+

@@ -19,6 +19,7 @@ from embedtune.compress.streaming import apply_compressor_streaming
 from embedtune.data.beir import load_beir
 from embedtune.data.errors import DataFormatError
 from embedtune.data.triplets import explain_no_triplets
+from embedtune.encoders.precomputed import require_ids
 from embedtune.encoders.similarity import resolve_similarity
 from embedtune.errors import EmbedtuneError, NonFiniteError, NoQueriesError, check_finite
 from embedtune.evaluate import evaluate_embeddings
@@ -382,3 +383,8 @@ def test_parquet_vectors_for_compress_fit_refuse_ragged_rows_and_nulls(tmp_path,
                  "--out", str(tmp_path / "fit")]) == 2
     err = _error(capsys)
     assert f"{tmp_path / 'docs.parquet'}: field 'embedding': {message}" in err and "Fix:" in err
+
+
+def test_missing_query_vectors_are_counted_in_english():
+    with pytest.raises(DataFormatError, match=r"\(2 queries missing\)"):
+        require_ids(["q1"], ["q1", "q2", "q3"], "queries.npy", "qrels/test.tsv", "query")

@@ -22,6 +22,8 @@ from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
 
+_PLURALS = {"query": "queries"}  # messages count ids in English: "3 queries missing", not "3 querys"
+
 __all__ = ["load_embeddings", "parquet_vectors", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "PRECOMPUTED_MODEL"]
 
 #: What a report records as the model when the vectors were given, not encoded.
@@ -55,7 +57,7 @@ def require_ids(available: Iterable[str], needed: Iterable[str], source: str | P
             hint = (f"; {near[0]!r} and {near[1]!r} differ only by surrounding whitespace (ids are compared exactly): "
                     "strip the spaces from the ids")
         raise DataFormatError(
-            str(source), f"no vector for {kind} {missing[0]!r}, which {needed_by} uses ({len(missing)} {kind}s missing{hint})",
+            str(source), f"no vector for {kind} {missing[0]!r}, which {needed_by} uses ({len(missing)} {_PLURALS.get(kind, kind + 's')} missing{hint})",
             f"add a row for every {kind} {needed_by} names, or drop those labels",
         )
 
