@@ -108,3 +108,41 @@ def test_export_plan_cli_and_refusals(tmp_path, corpus, tiny_bert_dir, capsys):
     # The codec refuses vectors of another width, naming the fix.
     with pytest.raises(ValueError, match="16-d vectors"):
         DeployedCodec.load(tmp_path / "m").encode(np.zeros((2, 32), np.float32))
+
+
+def test_plan_export_index_database_round_trip(tmp_path, tiny_bert_dir):
+    """``compress plan`` → ``compress export --plan`` → ``index build --plan`` → LanceDB: one deployment, the same top-10 everywhere."""
+    lancedb = pytest.importorskip("lancedb")  # noqa: F841
+    from sentence_transformers import SentenceTransformer
+
+    from conftest import write_beir
+    from embedtune.index.codecs import binary_codes
+    from embedtune.index.lancedb_store import lancedb_recipe_of, load_plan_into_lancedb, search_lancedb
+    from embedtune.workflows.experiment import load_experiment
+    from embedtune.workflows.plan import run_plan
+
+    base = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    doc_texts = [f"document number {i} about topic {i % 5}" for i in range(60)]
+    query_texts = [f"what title {i} about topic {i % 5}" for i in range(40)]
+    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
+    root = write_beir(tmp_path / "data", [{"_id": d, "text": t} for d, t in zip(doc_ids, doc_texts)],
+                      [{"_id": q, "text": t} for q, t in zip(query_ids, query_texts)], [(q, f"d{i}", 1) for i, q in enumerate(query_ids)])
+    for name, ids, texts in (("doc", doc_ids, doc_texts), ("query", query_ids, query_texts)):
+        np.save(tmp_path / f"{name}.npy", base.encode(texts, normalize_embeddings=True))
+        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
+    experiment = load_experiment(root, doc_embeddings=tmp_path / "doc.npy", doc_ids=tmp_path / "doc.txt",
+                                 query_embeddings=tmp_path / "query.npy", query_ids=tmp_path / "query.txt")
+    plan = tmp_path / "plan"
+    info = run_plan(experiment, plan, budget_bytes=2, methods=["pca"], dims=[16], precisions=["binary-rescore"], peers=[], rounds=1)
+    assert info["chosen"]["setting"] == "pca-16/binary-rescore" and info["deployment"]["lancedb"]["exact"]
+    model_dir = export_plan(plan, str(tiny_bert_dir), tmp_path / "model")
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    codec = DeployedCodec.load(model_dir)
+    compressed_docs = model.encode(doc_texts)
+    np.testing.assert_array_equal(codec.encode(compressed_docs), binary_codes(compressed_docs))  # the codes the index stores
+    index = load_index(build_planned_index(tmp_path / "doc.npy", tmp_path / "index", plan, ids=tmp_path / "doc.txt"))
+    table = load_plan_into_lancedb(plan, np.load(tmp_path / "doc.npy"), doc_ids, tmp_path / "lancedb")
+    queries = model.encode(query_texts)  # the exported model compresses the queries
+    _, I_index = index.search(queries, 10)
+    _, I_lance = search_lancedb(table, lancedb_recipe_of(plan), queries, 10)
+    np.testing.assert_array_equal(I_lance, I_index)

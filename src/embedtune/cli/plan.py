@@ -87,6 +87,12 @@ def run_plan_command(args: argparse.Namespace) -> int:
     print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); FAISS factory {plan['faiss_factory']!r}")
+    lance = (plan.get("deployment") or {}).get("lancedb")
+    if lance:
+        index = lance["index"]["index_type"] if lance.get("index") else "none (exact scan)"
+        rescore = f", rescore the top {lance['candidates']} ({lance['rescore']})" if lance.get("rescore") else ""
+        verdict = "finds the planned index's top-k" if lance["exact"] else f"the nearest it has: {lance['note']}"
+        print(f"LanceDB: {lance['vector_type']} vectors, distance {lance['distance']}, index {index}{rescore}; {verdict}")
     if "test" in plan:
         print(f"test ({plan['test']['n_queries']} held-out queries, scored once): nDCG@10 {plan['test']['ndcg@10']:.4f}, "
               f"Recall@10 {plan['test']['recall@10']:.4f}")
@@ -96,5 +102,6 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    for name, row in subsets.items())
                   + " (seen: every positive was a train+val positive; unseen: none was)")
     print(f"saved to {args.out} (plan.json, compressor/, precision.json, frontier.png); build it with "
-          f"`embedtune index build --plan {args.out} --embeddings ... --out INDEX`")
+          f"`embedtune index build --plan {args.out} --embeddings ... --out INDEX`, or export the model with its precision: "
+          f"`embedtune compress export --plan {args.out} --out MODEL`")
     return 0
