@@ -130,35 +130,37 @@ def quality(args: argparse.Namespace) -> None:
     from embedtune.workflows.significance import paired_test
 
     set_threads(args.threads[0])
-    per_query, docs, timings = {}, {}, {}
-    for backend in args.backends:
+    if "torch" not in args.backends:
+        raise SystemExit("quality compares with torch: keep torch among --backends")
+    backends = ["torch", *[b for b in args.backends if b != "torch"]]
+    print(f"{platform.node()}, {os.cpu_count()} cores, {args.threads[0]} thread(s), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"{args.model} on {args.data}, all test queries, batch {args.batch_size}", flush=True)
+    per_query, docs = {}, {}
+    for backend in backends:  # each row is printed as soon as its backend is done (a long run can be cut short)
         options = {"batch_size": args.batch_size, **({"backend": backend} if backend != "torch" else {})}
         start = time.perf_counter()
         experiment = load_experiment(args.data, args.model, qrels_split="test", split_seed=None, encoder_options=options)
         scored = experiment.evaluate("all")
-        timings[backend] = {"seconds": time.perf_counter() - start, "cache_hits": experiment.embeddings.cache_hits,
-                            "encode_seconds": experiment.embeddings.timings}
         per_query[backend] = {qid: values["ndcg@10"] for qid, values in scored.per_query.items()}
         docs[backend] = np.asarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
-        print(json.dumps({"backend": backend, "ndcg@10": scored.aggregate["ndcg@10"], "n_queries": len(per_query[backend]), **timings[backend]}),
-              flush=True)
-    print(f"\n{platform.node()}, {os.cpu_count()} cores, {args.threads[0]} thread(s), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
-          f"{args.model} on {args.data}, all test queries, batch {args.batch_size}")
-    print("| backend | nDCG@10 | Δ vs torch | paired p | 95 % CI | doc vectors vs torch: max abs diff | cosine mean / min |")
-    print("|---|---|---|---|---|---|---|")
-    qids = sorted(per_query["torch"])
-    base = np.array([per_query["torch"][q] for q in qids])
-    for backend in args.backends:
+        print(json.dumps({"backend": backend, "ndcg@10": scored.aggregate["ndcg@10"], "n_queries": len(per_query[backend]),
+                          "seconds": time.perf_counter() - start, "cache_hits": experiment.embeddings.cache_hits,
+                          "encode_seconds": experiment.embeddings.timings}), flush=True)
+        qids = sorted(per_query["torch"])
+        base = np.array([per_query["torch"][q] for q in qids])
         scores = np.array([per_query[backend][q] for q in qids])
         if backend == "torch":
-            print(f"| torch | {scores.mean():.4f} | | | | | |")
+            print("| backend | nDCG@10 | Δ vs torch | paired p | 95 % CI | doc vectors vs torch: max abs diff | cosine mean / min |", flush=True)
+            print("|---|---|---|---|---|---|---|")
+            print(f"| torch | {scores.mean():.4f} | | | | | |", flush=True)
             continue
         test = paired_test(scores, base)
         diff = np.abs(docs[backend] - docs["torch"]).max()
         sims = (docs[backend] * docs["torch"]).sum(1)
         print(f"| {backend} | {scores.mean():.4f} | {scores.mean() - base.mean():+.4f} | {test.p_value:.3g} | "
-              f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {diff:.2e} | {sims.mean():.4f} / {sims.min():.4f} |")
+              f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {diff:.2e} | {sims.mean():.4f} / {sims.min():.4f} |", flush=True)
     if "onnx" in per_query and "onnx-int8" in per_query:
+        qids = sorted(per_query["torch"])
         test = paired_test(np.array([per_query["onnx-int8"][q] for q in qids]), np.array([per_query["onnx"][q] for q in qids]))
         print(f"onnx-int8 - onnx: {test.mean_difference:+.4f} (p {test.p_value:.3g}, {len(qids)} queries)")
 

@@ -243,3 +243,22 @@ def test_the_flag_reaches_the_encoder(tiny_bert_dir, toy_beir, tmp_path, capsys)
     capsys.readouterr()
     torch_docs, onnx_docs = (np.load(tmp_path / b / "doc_embeddings.npy") for b in ("torch", "onnx"))
     assert np.abs(torch_docs - onnx_docs).max() <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["cls", "lasttoken", "max", "mean"])
+def test_pooling_and_the_modules_after_it_follow_the_model(mode, tiny_bert_dir, tmp_path):
+    """Pooling mode, a Dense layer and Normalize are the model's own modules: ONNX equals torch for each."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    torch.manual_seed(1)
+    transformer = Transformer(str(tiny_bert_dir.parent / "hf"), max_seq_length=12)  # short: truncation is exercised too
+    dim = transformer.get_embedding_dimension()
+    model = SentenceTransformer(modules=[transformer, Pooling(dim, mode), Dense(dim, 5), Normalize()], device="cpu")
+    model.save(str(tmp_path / mode))
+    texts = [f"document number {i} about topic {i % 5} " * (1 + i % 4) for i in range(9)]
+    expected = SentenceEncoder(str(tmp_path / mode), batch_size=4, normalize=False, show_progress=False).encode(texts)
+    got = SentenceEncoder(str(tmp_path / mode), batch_size=4, normalize=False, backend="onnx", show_progress=False).encode(texts)
+    assert got.shape == expected.shape == (9, 5)
+    assert np.abs(got - expected).max() <= 1e-5

@@ -24,7 +24,6 @@ from typing import Any, Literal
 import numpy as np
 
 from embedtune.encoders.onnx_export import (
-    OnnxExportError,
     OnnxGraph,
     Precision,
     exported_graph,
@@ -71,14 +70,13 @@ class OnnxSentenceModel:
         self.model_name = model_name or str(model_path)
         self.graph: OnnxGraph = exported_graph(model_path, fingerprint, precision, self.model_name, graph_root)
         self.modules = load_sentence_transformer(model_path, weights=False)
+        if any(p.device.type == "meta" for module in list(self.modules)[1:] for p in module.parameters()):
+            # A module with weights after the transformer (Dense): load them all, then drop the transformer's.
+            self.modules = load_sentence_transformer(model_path)
+            self.modules[0].to("meta")
         if max_seq_length is not None:
             self.modules.max_seq_length = max_seq_length
-        after = list(self.modules)[1:]
-        on_meta = [type(m).__name__ for m in after if any(p.device.type == "meta" for p in m.parameters())]
-        if on_meta:
-            raise OnnxExportError(f"model {self.model_name}: its modules {on_meta} after the transformer hold weights that the ONNX "
-                                  "backend does not load. Use --backend torch.")
-        self.after = after
+        self.after = list(self.modules)[1:]
         if threads is None:
             import torch
 

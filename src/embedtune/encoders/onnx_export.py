@@ -35,7 +35,7 @@ import numpy as np
 from embedtune.encoders.cache import EmbeddingCache, cache_key
 from embedtune.encoders.paths import cache_root
 from embedtune.errors import EmbedtuneError
-from embedtune.io import IntegrityError, read_json_verified, sha256_file, write_json_with_digest
+from embedtune.io import IntegrityError, current_umask, read_json_verified, sha256_file, write_json_with_digest
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +158,7 @@ def exported_graph(model_path: str, fingerprint: str, precision: Precision, mode
             return graph
         folder.parent.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.partial-", dir=folder.parent))
+        os.chmod(scratch, 0o777 & ~current_umask())  # mkdtemp makes it 0700; the entry gets the usual mode
         try:
             start = time.perf_counter()
             if source is None:
