@@ -28,7 +28,7 @@ seed 2027 (same data order). Validation nDCG@10 every ``EVAL_STEPS`` on a sub-co
 top 20 of every validation query plus their positives). Final scores: all 300 SciFact test queries
 and all ArguAna queries (zero-shot), each ranked with the model's own similarity.
 
-Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50), ``PACE_TEST_SETS`` (``scifact,arguana``;
+Environment: ``PACE_EVAL_STEPS`` (validation interval, default 50; 0: none during training), ``PACE_TEST_SETS`` (``scifact,arguana``;
 a second-seed run may use ``scifact`` to spend its budget on the in-domain seed variance),
 ``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``, ``PACE_PROTOCOL`` (below), ``PACE_MAX_SEQ`` (training, validation and
 test sequence cap, default 256; the split, tuples and validation pool were mined at 256 and stay those).
@@ -155,7 +155,7 @@ FN_MARGIN, FN_REFERENCE = 0.05, "query-min"
 VAL_FRACTION = 0.2
 VAL_POOL = 20
 UPDATES = int(os.environ.get("PACE_UPDATES", "300"))
-EVAL_STEPS = int(os.environ.get("PACE_EVAL_STEPS", "50"))
+EVAL_STEPS = int(os.environ.get("PACE_EVAL_STEPS", "50"))  # 0: no validation during training (the frozen arm still scores it)
 SAVE_STEPS = 25
 SCREEN_UPDATES = int(os.environ.get("PACE_SCREEN_UPDATES", "100"))
 # A second-seed run may score SciFact only: its purpose is the seed variance of the in-domain score.
@@ -350,6 +350,8 @@ def run(name: str) -> None:
             record["stage1_shared_from"] = shared
 
         def callbacks(stage: str, offset: int, similarity: str):
+            if EVAL_STEPS == 0:  # no validation: a CPU-bound run that spends its budget on training and test
+                return []
             return [ValidationCallback(validation, curve_path, EVAL_STEPS, similarity, stage=stage, update_offset=offset)]
 
         result = train_pace(config, tuples=tuples, stage_callbacks=callbacks)
@@ -359,7 +361,8 @@ def run(name: str) -> None:
                                                           "temperature", "norm_product_median", "weighting", "gamma", "seconds",
                                                           "init_checkpoint", "trainable_parameters", "total_parameters")}
                             for s in result.stages]
-        record["curve"] = [json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
+        record["curve"] = ([json.loads(line) for line in curve_path.read_text().splitlines() if line.strip()]
+                           if curve_path.is_file() else [])
         record["weight_change"] = _weight_changes(config, result)
     record["similarity"] = similarity
     record["train_seconds"] = round(time.perf_counter() - start, 1)
