@@ -277,7 +277,7 @@ def share_stage_one(name: str, config, out: Path) -> str | None:
     saved = source / "pace_config.json"
     init_step = config.stage2_init_step(config.stage1.steps)
     checkpoint = source / "stage1" / f"checkpoint-{init_step}"
-    if not (saved.is_file() and checkpoint.is_dir() and (source / "validation.jsonl").is_file()):
+    if not (saved.is_file() and checkpoint.is_dir()):
         return None
 
     def stage_one_view(d: dict) -> dict:
@@ -293,9 +293,10 @@ def share_stage_one(name: str, config, out: Path) -> str | None:
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(checkpoint, staging)
         staging.rename(target)
-        rows = [line for line in (source / "validation.jsonl").read_text().splitlines()
-                if line.strip() and json.loads(line)["stage"] == "stage1"]
-        atomic_write_bytes(out / "validation.jsonl", "".join(r + "\n" for r in rows).encode("utf-8"))
+        if (source / "validation.jsonl").is_file():  # absent when the runs validate nothing (PACE_EVAL_STEPS=0)
+            rows = [line for line in (source / "validation.jsonl").read_text().splitlines()
+                    if line.strip() and json.loads(line)["stage"] == "stage1"]
+            atomic_write_bytes(out / "validation.jsonl", "".join(r + "\n" for r in rows).encode("utf-8"))
         log.info("%s: Stage I equals pace's; starting from %s", name, checkpoint)
     return "pace"
 
