@@ -7,11 +7,21 @@ import argparse
 from embedtune.cli.common import HelpFormatter, add_data_flags, add_list_flag, add_model_flags, experiment_from_args, print_json, print_table
 from embedtune.index.codecs import PRECISIONS
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+from embedtune.workflows.label_free import (
+    DEFAULT_HELD_OUT_FRACTION,
+    LABEL_FREE_METHODS,
+    LABEL_FREE_OBJECTIVES,
+    check_label_free_method,
+    encode_unlabelled_queries,
+    run_label_free_plan,
+)
 from embedtune.workflows.plan import DEFAULT_PEERS, DEFAULT_PRECISIONS, run_plan
 
 __all__ = ["register", "run_plan_command"]
 
 COLUMNS = ["setting", "ram_bytes", "disk_bytes", "ndcg@10", "recall@10", "latency_ms"]
+LABEL_FREE_COLUMNS = ["setting", "ram_bytes", "disk_bytes", "objective", "latency_ms"]
+SUPERVISED_METHODS = ["truncate", "pca", "dive"]
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
@@ -43,13 +53,28 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--protocol", choices=["paper", "beir-train"], default="paper",
                       help="paper: 60/20/20 split of the judged queries; beir-train: train and validate on qrels/train.tsv, test on --split")
     plan.add_argument("--split-seed", type=int, default=2027, help="seed of the query split")
-    add_list_flag(plan, "--methods", default=["truncate", "pca", "dive"], help="compressors to sweep")
+    add_list_flag(plan, "--methods", default=None, help=f"compressors to sweep (default: {' '.join(SUPERVISED_METHODS)}; with "
+                  f"--label-free: {' '.join(LABEL_FREE_METHODS)}, unsupervised ones only)")
     add_list_flag(plan, "--dims", default=[], item_type=int, help="dimensions (default: d, d/2, d/3, d/6, d/12)")
-    add_list_flag(plan, "--precisions", default=list(DEFAULT_PRECISIONS), help=f"precisions of each compressed space: {', '.join(PRECISIONS)}")
+    add_list_flag(plan, "--precisions", default=None, help=f"precisions of each compressed space: {', '.join(PRECISIONS)} "
+                  f"(default: {' '.join(DEFAULT_PRECISIONS)}; with --label-free: all of them)")
     add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs (at the precisions' byte "
                   "sizes), rabitq (rabitq1, rabitq1-rescore, rabitq4), turboquant (turboquant1, turboquant4), int4 ('' for none)")
     add_list_flag(plan, "--variants", default=[], help="named variants swept beside each method's default, where the method "
                   "has the option: qat-binary (DIVE trained for binary codes, straight-through sign), qat-int8")
+    free = plan.add_argument_group("without labels (--label-free)")
+    free.add_argument("--label-free", choices=LABEL_FREE_OBJECTIVES, default=None,
+                      help="choose without relevance labels: agreement (recall@10 of the uncompressed float32 top-10, on held-out "
+                           "corpus documents or --unlabelled-queries) or pseudo-queries (nDCG@10 of the held-out documents' titles "
+                           "or first sentences, each retrieving its own document); sweeps unsupervised compressors only")
+    free.add_argument("--unlabelled-queries", default=None, metavar="FILE",
+                      help="with --label-free agreement: your queries, no labels (JSONL or TSV, as `index search --queries`), "
+                           "encoded with --model; default: held-out corpus documents are the queries")
+    free.add_argument("--held-out-fraction", type=float, default=DEFAULT_HELD_OUT_FRACTION,
+                      help="share of the corpus withheld from fitting to validate on (hashed by --seed; at most 1000 documents)")
+    free.add_argument("--pseudo-query-source", choices=["title", "first-sentence"], default="title",
+                      help="with --label-free pseudo-queries: a document's title (its first sentence where the title is empty or "
+                           "shared), or always its first sentence")
     plan.add_argument("--seed", type=int, default=2027, help="training seed")
     plan.add_argument("--final", action="store_true", help="also score the choice once on the held-out test queries")
     plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default OUT/sweep)")
@@ -60,22 +85,75 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.set_defaults(handler=run_plan_command)
 
 
+def _check_label_free_flags(args: argparse.Namespace) -> None:
+    """Flags that contradict --label-free, or need it, exit 2 with one line."""
+    if args.label_free is None:
+        given = [flag for flag, value in (("--unlabelled-queries", args.unlabelled_queries),
+                                          ("--pseudo-query-source", args.pseudo_query_source != "title"),
+                                          ("--held-out-fraction", args.held_out_fraction != DEFAULT_HELD_OUT_FRACTION)) if value]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to a plan without labels; add --label-free agreement|pseudo-queries.")
+        return
+    for method in args.methods or []:
+        check_label_free_method(method)
+    if args.variants:
+        raise ValueError("--variants name supervised training settings (quantisation-aware DIVE); a --label-free plan fits no labels.")
+    if args.unlabelled_queries and args.label_free != "agreement":
+        raise ValueError("--unlabelled-queries are scored by agreement with the uncompressed ranking: use --label-free agreement.")
+    if not 0 < args.held_out_fraction < 1:
+        raise ValueError(f"--held-out-fraction is a share of the corpus in (0, 1); got {args.held_out_fraction}.")
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
     if args.budget_bytes is None and args.target_retention is None:
         raise ValueError("give --budget-bytes B, --target-retention R, or both.")
     if args.target_retention is not None and not 0 < args.target_retention <= 1.5:
         raise ValueError(f"--target-retention is a share of the uncompressed model's nDCG@10 (e.g. 0.97); got {args.target_retention}.")
-    inputs = [args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids]
+    _check_label_free_flags(args)
+    label_free = args.label_free is not None
+    methods = args.methods if args.methods is not None else list(LABEL_FREE_METHODS if label_free else SUPERVISED_METHODS)
+    precisions = args.precisions if args.precisions is not None else (list(PRECISIONS) if label_free else list(DEFAULT_PRECISIONS))
+    inputs = [args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids, args.unlabelled_queries]
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True, check_only=True)
     experiment = experiment_from_args(args)
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True)
-    plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=args.methods,
-                    dims=args.dims or None, precisions=args.precisions, peers=args.peers, seed=args.seed, final=args.final,
-                    work=args.work, labels={"model": args.model, "protocol": args.protocol}, variants=args.variants)
+    labels = {"model": args.model, "protocol": args.protocol}
+    if label_free:
+        queries = encode_unlabelled_queries(experiment, args.unlabelled_queries, cache=not args.no_cache) if args.unlabelled_queries else None
+        plan = run_label_free_plan(experiment, args.out, args.label_free, budget_bytes=args.budget_bytes, target_retention=args.target_retention,
+                                   methods=methods, dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed,
+                                   final=args.final, work=args.work, labels=labels, held_out_fraction=args.held_out_fraction, queries=queries,
+                                   pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache)
+    else:
+        plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
+                        dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
+                        work=args.work, labels=labels, variants=args.variants)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
         return 0
+    if label_free:
+        _print_label_free(plan)
+    else:
+        _print_supervised(plan)
+    _print_deployment(plan, args.out)
+    return 0
+
+
+def _print_label_free(plan: dict) -> None:
+    objective, reference = plan["objective"], plan["reference"]
+    print(f"no labels read: {objective['metric']} on {objective['n_queries']} {objective['queries']}"
+          + (f" (withheld from fitting; the compressors fit on the other {objective['fit_documents']} documents)"
+             if objective.get("held_out_documents") else ""))
+    print(f"Pareto frontier (reference {reference['setting']}: {reference['objective']:.4f}):")
+    print_table(plan["frontier"], LABEL_FREE_COLUMNS)
+    chosen = plan["chosen"]
+    print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
+          f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
+          f"of the reference), refitted on every document; FAISS factory {plan['faiss_factory']!r}")
+
+
+def _print_supervised(plan: dict) -> None:
     reference = plan["reference"]
     validation = plan.get("validation", {})
     if validation.get("n_unseen_val") is not None:
@@ -87,6 +165,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); FAISS factory {plan['faiss_factory']!r}")
+
+
+def _print_deployment(plan: dict, out: str) -> None:
     lance = (plan.get("deployment") or {}).get("lancedb")
     if lance:
         index = lance["index"]["index_type"] if lance.get("index") else "none (exact scan)"
@@ -101,7 +182,6 @@ def run_plan_command(args: argparse.Namespace) -> int:
             print("  " + " · ".join(f"{name} {'n/a' if row['ndcg@10'] is None else format(row['ndcg@10'], '.4f')} ({row['n_queries']})"
                                    for name, row in subsets.items())
                   + " (seen: every positive was a train+val positive; unseen: none was)")
-    print(f"saved to {args.out} (plan.json, compressor/, precision.json, frontier.png); build it with "
-          f"`embedtune index build --plan {args.out} --embeddings ... --out INDEX`, or export the model with its precision: "
-          f"`embedtune compress export --plan {args.out} --out MODEL`")
-    return 0
+    print(f"saved to {out} (plan.json, compressor/, precision.json, frontier.png); build it with "
+          f"`embedtune index build --plan {out} --embeddings ... --out INDEX`, or export the model with its precision: "
+          f"`embedtune compress export --plan {out} --out MODEL`")

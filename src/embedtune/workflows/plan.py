@@ -70,6 +70,8 @@ __all__ = [
     "fit_key",
     "experiment_fingerprint",
     "precision_rows",
+    "QuerySet",
+    "score_precisions",
     "peer_factories",
     "faiss_cache_dir",
     "load_faiss_cache",
@@ -309,9 +311,57 @@ def precision_rows(
     ids = experiment.part_ids(part)
     qrels = experiment.qrels_for(ids)
     ids = [qid for qid in ids if qrels.get(qid)]
-    doc_ids = experiment.embeddings.doc_ids
-    frozen_q = experiment.embeddings.queries(ids)
-    frozen_b = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    queries = QuerySet(ids, experiment.embeddings.queries(ids), qrels, part)
+    return score_precisions(queries, experiment.embeddings.doc_ids, experiment.embeddings.doc_embeddings, compressor, precisions,
+                            top_k=top_k, rounds=rounds, time_reference=time_reference, labels=labels, prebuilt=prebuilt, progress=progress)
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """Queries to score a sweep on: ids, their uncompressed vectors (row-aligned), and the judgments they are scored against.
+
+    ``judgments`` are labelled qrels, or label-free targets (the uncompressed model's top-10 of
+    each query, or a pseudo-query's own document; see :mod:`embedtune.workflows.label_free`).
+    ``part`` is what the rows record as ``queries``. With ``ignore_identical_ids`` a retrieved
+    document whose id is the query's is dropped, as BEIR does (a corpus document used as a query
+    never finds itself).
+    """
+
+    ids: list[str]
+    vectors: np.ndarray
+    judgments: Mapping[str, Mapping[str, int]]
+    part: str
+    ignore_identical_ids: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.vectors):
+            raise ValueError(f"{len(self.ids)} query ids but {len(self.vectors)} query vectors.")
+
+
+def score_precisions(
+    queries: QuerySet,
+    doc_ids: Sequence[str],
+    doc_embeddings: np.ndarray,
+    compressor: Compressor | None,
+    precisions: Sequence[str | Precision] = DEFAULT_PRECISIONS,
+    top_k: int = 100,
+    rounds: int = 5,
+    time_reference: bool = True,
+    labels: Mapping[str, Any] | None = None,
+    prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
+    progress: Callable[[int], object] | None = None,
+    per_query_metric: str = "ndcg@10",
+) -> list[dict[str, Any]]:
+    """:func:`precision_rows` on any :class:`QuerySet` against the documents ``doc_ids`` (vectors ``doc_embeddings``).
+
+    ``per_query`` holds ``per_query_metric`` (``ndcg@10`` or ``recall@10``) by query id.
+    """
+    if per_query_metric not in ("ndcg@10", "recall@10"):
+        raise ValueError(f"per_query_metric must be ndcg@10 or recall@10; got {per_query_metric!r}.")
+    ids, qrels = list(queries.ids), queries.judgments
+    doc_ids = list(doc_ids)
+    frozen_q = np.ascontiguousarray(queries.vectors, dtype=np.float32)
+    frozen_b = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
     xq, xb = (compressor.transform(frozen_q), compressor.transform(frozen_b)) if compressor is not None else (frozen_q, frozen_b)
     dim = xb.shape[1]
     fetch = top_k + 1  # one extra: identical query/doc ids are dropped, as BEIR does
@@ -335,19 +385,19 @@ def precision_rows(
         timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
     times: dict[str, list[float]] = {name: [] for name, _, _ in timed}
     results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, index, queries in timed:  # warm-up (and the results, from the same call as the timing)
-        results[name] = index.search(queries, fetch)  # type: ignore[union-attr]
+    for name, index, rows_q in timed:  # warm-up (and the results, from the same call as the timing)
+        results[name] = index.search(rows_q, fetch)  # type: ignore[union-attr]
     for round_index in range(rounds):
         shift = round_index % len(timed)
-        for name, index, queries in timed[shift:] + timed[:shift]:
+        for name, index, rows_q in timed[shift:] + timed[:shift]:
             start = time.perf_counter()
-            index.search(queries, fetch)  # type: ignore[union-attr]
+            index.search(rows_q, fetch)  # type: ignore[union-attr]
             times[name].append(time.perf_counter() - start)
     reference_ms = statistics.median(times["__reference__"]) * 1e3 if time_reference and rounds else None
     rows = []
     for name, index, _ in indexes:
         D, I = results[name]
-        metrics = evaluate_run(qrels, run_from_topk(ids, D, I, doc_ids, top_k, True), ("ndcg@10", "recall@10", "recall@100"))
+        metrics = evaluate_run(qrels, run_from_topk(ids, D, I, doc_ids, top_k, queries.ignore_identical_ids), ("ndcg@10", "recall@10", "recall@100"))
         latency = statistics.median(times[name]) * 1e3 if rounds else None
         rows.append({
             **(labels or {}),
@@ -360,12 +410,12 @@ def precision_rows(
             "recall@10": metrics["recall@10"],
             "recall@100": metrics["recall@100"],
             "n_queries": metrics.n_queries,
-            "queries": part,
+            "queries": queries.part,
             "build_s": builds[name],
             "latency_ms": latency,
             "latency_queries": len(ids),
             "latency_vs_reference": (latency / reference_ms) if latency is not None and reference_ms else None,
-            "per_query": {qid: round(values["ndcg@10"], 6) for qid, values in metrics.per_query.items()},
+            "per_query": {qid: round(values[per_query_metric], 6) for qid, values in metrics.per_query.items()},
         })
     return rows
 

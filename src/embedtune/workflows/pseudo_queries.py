@@ -10,6 +10,7 @@ none.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
+from embedtune.io import sha256_json
 from embedtune.workflows.experiment import Experiment
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,8 @@ def build_pseudo_queries(
     seed: int = 2027,
     encoder: SentenceEncoder | None = None,
     cache: EmbeddingCache | bool = True,
+    doc_ids: Sequence[str] | None = None,
+    mine: bool = True,
 ) -> PseudoQueries:
     """One pseudo-query per document of ``experiment``'s corpus, encoded, with mined triplets.
 
@@ -45,6 +49,10 @@ def build_pseudo_queries(
         seed: the mining seed.
         encoder: the query encoder; default: the experiment's model with its similarity's normalisation.
         cache: an :class:`EmbeddingCache`, True for the default one, False for none.
+        doc_ids: only these documents get a pseudo-query (default: every document), e.g. the
+            documents a label-free plan holds out to validate on (:mod:`embedtune.workflows.label_free`).
+        mine: mine hard negatives (training); False gives no triplets (validation reads only the
+            pseudo-queries and their own documents).
 
     Raises:
         EmbedtuneError: the experiment's vectors were precomputed, so no encoder is known, and none was given.
@@ -56,19 +64,24 @@ def build_pseudo_queries(
             raise EmbedtuneError("pseudo-queries are encoded by the model that made the vectors, but these vectors were precomputed; "
                                  "pass --model (or an encoder) or leave pseudo-queries off.")
         encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False)
-    doc_ids = experiment.embeddings.doc_ids
-    ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, doc_ids, source)
+    corpus_ids = experiment.embeddings.doc_ids
+    ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source)
     corpus_sha = experiment.dataset.fingerprints.get("corpus.jsonl", "")
     parts = {"model_sha256": encoder.fingerprint, "data_sha256": corpus_sha, "recipe": {**encoder.recipe("query"), "pseudo_queries": source}}
+    if doc_ids is not None:  # a subset is an entry of its own: it must not replace the whole corpus's
+        parts["documents_sha256"] = sha256_json(list(doc_ids))
     if cache is True:
         cache = EmbeddingCache()
     if cache:
         vectors, _ = cache.get_or_compute(parts, ids, lambda lo, hi: encoder.encode(texts[lo:hi], "query"))
     else:
         vectors = encoder.encode(texts, "query")
+    if not mine:
+        logger.info("pseudo-queries (%s): %d of %d documents, not mined", source, len(ids), len(corpus_ids))
+        return PseudoQueries(ids, vectors, np.zeros((0, 3), dtype=np.int64), source)
     qrels = {query_id: {doc_id: 1} for query_id, doc_id in zip(ids, positives)}
-    triplets = mine_triplets(ids, vectors, doc_ids, np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32), qrels,
+    triplets = mine_triplets(ids, vectors, corpus_ids, np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32), qrels,
                              n_negatives=mining.n_negatives, negatives=mining.negatives,  # type: ignore[arg-type]
                              seed=seed, **mining.filter_options())
-    logger.info("pseudo-queries (%s): %d of %d documents, %d triplets", source, len(ids), len(doc_ids), len(triplets))
+    logger.info("pseudo-queries (%s): %d of %d documents, %d triplets", source, len(ids), len(corpus_ids), len(triplets))
     return PseudoQueries(ids, vectors, triplets, source)

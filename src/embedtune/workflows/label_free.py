@@ -1,0 +1,497 @@
+"""Label-free planning (issue 30 §2): choose a compressed setting with no relevance labels.
+
+``compress plan --label-free OBJECTIVE`` sweeps what needs no labels (the unsupervised
+compressors of :data:`LABEL_FREE_METHODS`, uncentred PCA among them, at every precision, and the
+FAISS peers on the uncompressed vectors) and scores each setting on one of two label-free
+objectives:
+
+- ``agreement``: recall@10 of the uncompressed float32 model's exact top-10, the measure FAISS
+  users tune by. The queries are held-out corpus documents (a query document's own row is never
+  among its results) or, when given, the user's unlabelled queries. It cannot prefer a setting
+  that retrieves *better* than the uncompressed model: its ceiling is 1.0, reached by the
+  uncompressed vectors.
+- ``pseudo-queries``: nDCG@10 of pseudo-queries made from the held-out documents' own text (a
+  title or a first sentence, :mod:`embedtune.data.pseudo_queries`), each document its own
+  pseudo-query's positive. It can prefer a setting that ranks better than the uncompressed
+  model (e.g. centred PCA, which agreement never rewards for that).
+
+The held-out documents are a hashed, seeded sample of the corpus (:func:`held_out_documents`, the
+new-documents protocol's hash): the compressors are fitted on the other documents only, so a
+validation query was never a training point; the index still holds every document, as deployed.
+The choice is then refitted on every document. Nothing here reads ``qrels``: the sweep and the
+choice are the same on an experiment whose labels are removed (``--final`` alone scores the
+choice on the labelled test queries, afterwards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune import __version__
+from embedtune.compress import Compressor, TrainingData, get_compressor_class, load_compressor
+from embedtune.data.new_documents import withheld_documents
+from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES
+from embedtune.data.query_files import read_query_file
+from embedtune.encoders.cache import EmbeddingCache
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
+from embedtune.encoders.sentence_transformer import SentenceEncoder
+from embedtune.errors import EmbedtuneError
+from embedtune.index.codecs import PRECISIONS, Precision
+from embedtune.index.deployment import deployment_recipe
+from embedtune.index.plan_format import PLAN_FILE, write_plan
+from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
+from embedtune.runtime import progress_bar
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.fit_and_score import build_config
+from embedtune.workflows.frontier_plot import plot_frontier
+from embedtune.workflows.pareto import choose, pareto_frontier
+from embedtune.workflows.plan import (
+    DEFAULT_PEERS,
+    PEER_MAX_BYTES,
+    PROBE_ROWS,
+    QUANTISER_PEERS,
+    Candidate,
+    QuerySet,
+    candidate_for,
+    faiss_cache_dir,
+    load_faiss_cache,
+    method_settings,
+    peer_factories,
+    save_faiss_cache,
+    score_plan,
+    score_precisions,
+    sweep_dims,
+)
+from embedtune.workflows.pseudo_queries import build_pseudo_queries
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "LABEL_FREE_OBJECTIVES",
+    "LABEL_FREE_METHODS",
+    "AGREEMENT_K",
+    "held_out_documents",
+    "exact_top_k",
+    "agreement_queries",
+    "pseudo_query_validation",
+    "fit_label_free",
+    "check_label_free_method",
+    "encode_unlabelled_queries",
+    "label_free_validation",
+    "run_label_free_plan",
+]
+
+#: The label-free objectives: rank agreement with the uncompressed model, or pseudo-queries from the documents' own text.
+LABEL_FREE_OBJECTIVES = ("agreement", "pseudo-queries")
+#: The compressors a label-free sweep fits by default: they read corpus vectors only. Uncentred PCA must be
+#: among them: on held-out data it was the setting validation preferred at 16 B (issue 30 §2). DIVE fits
+#: its ``unsupervised`` preset (neighbour-rank distillation on the corpus), the slow one (minutes a fit).
+LABEL_FREE_METHODS = ("truncate", "pca", "pca-uncentred", "dive")
+#: Every precision the codecs have: the label-free sweep puts each on every compressor's output.
+LABEL_FREE_PRECISIONS = PRECISIONS
+#: The agreement objective's k: recall@10 of the exact float32 top-10.
+AGREEMENT_K = 10
+#: Held-out documents: this share of the corpus, at most :data:`MAX_HELD_OUT_DOCUMENTS` (enough for a stable mean,
+#: few enough that scoring every setting stays cheap on a large corpus).
+DEFAULT_HELD_OUT_FRACTION = 0.1
+MAX_HELD_OUT_DOCUMENTS = 1000
+#: Fewer validation queries than this and the plan refuses: one query's noise would choose.
+MIN_VALIDATION_QUERIES = 10
+_FIT_KEY = "key.json"
+
+
+def held_out_documents(doc_ids: Sequence[str], fraction: float = DEFAULT_HELD_OUT_FRACTION, max_documents: int = MAX_HELD_OUT_DOCUMENTS,
+                       seed: int = 2027) -> list[str]:
+    """The documents withheld from fitting to validate on, in corpus order: a hashed share (``fraction``, at most ``max_documents``).
+
+    The hash is the new-documents protocol's (:func:`embedtune.data.new_documents.withheld_documents`), so
+    the sample depends on the ids and the seed only.
+    """
+    if max_documents < 1:
+        raise ValueError(f"max_documents must be at least 1; got {max_documents}.")
+    ids = list(doc_ids)
+    if not ids:
+        return []
+    share = min(float(fraction), max_documents / len(ids))
+    withheld = withheld_documents(ids, share, seed)
+    return [doc_id for doc_id in ids if doc_id in withheld]
+
+
+def exact_top_k(xq: np.ndarray, xb: np.ndarray, k: int, exclude: np.ndarray | None = None, block: int = 1024) -> np.ndarray:
+    """``I`` of shape (n_queries, k): the rows of ``xb`` with the ``k`` highest inner products per query, best first.
+
+    ``exclude`` (one ``xb`` row per query, or -1 for none) is never returned for its query: a corpus
+    document used as a query does not find itself.
+    """
+    xq = np.ascontiguousarray(xq, dtype=np.float32)
+    xb = np.ascontiguousarray(xb, dtype=np.float32)
+    assert xq.ndim == 2 and xb.ndim == 2 and xq.shape[1] == xb.shape[1], (xq.shape, xb.shape)
+    n_keep = len(xb) - (0 if exclude is None else 1)
+    if not 0 < k <= n_keep:
+        raise ValueError(f"k must be in 1..{n_keep} (the documents a query can find); got {k}.")
+    out = np.empty((len(xq), k), dtype=np.int64)
+    for start in range(0, len(xq), block):
+        scores = xq[start : start + block] @ xb.T  # (block, n_docs)
+        if exclude is not None:
+            rows = np.arange(len(scores))
+            own = np.asarray(exclude[start : start + block], dtype=np.int64)
+            scores[rows[own >= 0], own[own >= 0]] = -np.inf
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+        out[start : start + block] = np.take_along_axis(part, order, axis=1)
+    return out
+
+
+def agreement_queries(doc_ids: Sequence[str], doc_embeddings: np.ndarray, query_ids: Sequence[str], query_embeddings: np.ndarray,
+                      documents: bool, k: int = AGREEMENT_K, part: str | None = None) -> QuerySet:
+    """Queries judged by the uncompressed model: each query's exact float32 top-``k`` are its ``k`` relevant documents.
+
+    Scored by :func:`~embedtune.workflows.plan.score_precisions`, a setting's ``recall@10`` is then its
+    agreement: the share of the uncompressed top-10 it finds in its own top-10. ``documents``: the
+    queries are corpus documents (``query_ids`` are their doc ids), so each one's own row is excluded
+    from its targets and from its results.
+    """
+    doc_ids = list(doc_ids)
+    query_ids = list(query_ids)
+    exclude = None
+    if documents:
+        position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+        missing = [qid for qid in query_ids if qid not in position]
+        if missing:
+            raise ValueError(f"{len(missing)} held-out document ids are not in the corpus, e.g. {missing[0]!r}.")
+        exclude = np.array([position[qid] for qid in query_ids], dtype=np.int64)
+    top = exact_top_k(query_embeddings, doc_embeddings, k, exclude)
+    targets = {qid: {doc_ids[row]: 1 for row in rows} for qid, rows in zip(query_ids, top)}
+    name = part or ("held-out documents" if documents else "unlabelled queries")
+    return QuerySet(query_ids, np.ascontiguousarray(query_embeddings, dtype=np.float32), targets, name, ignore_identical_ids=documents)
+
+
+def pseudo_query_validation(experiment: Experiment, doc_ids: Sequence[str], source: str = "title", encoder: SentenceEncoder | None = None,
+                            cache: bool = True) -> QuerySet:
+    """The pseudo-queries of ``doc_ids`` (a title or a first sentence each), encoded by the experiment's model, each judged by its own document.
+
+    Encoded by :func:`embedtune.workflows.pseudo_queries.build_pseudo_queries` (cached); no
+    negatives are mined. Documents whose text gives no pseudo-query (too short) are skipped.
+    """
+    pseudo = build_pseudo_queries(experiment, source, encoder=encoder, cache=cache, doc_ids=list(doc_ids), mine=False)
+    judgments = {qid: {qid[len(PSEUDO_PREFIX):]: 1} for qid in pseudo.ids}
+    return QuerySet(list(pseudo.ids), pseudo.embeddings, judgments, f"held-out pseudo-queries ({source})")
+
+
+def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder: SentenceEncoder | None = None,
+                              cache: bool = True) -> tuple[list[str], np.ndarray]:
+    """``(ids, vectors)`` of a query file (JSONL or TSV, :func:`~embedtune.data.query_files.read_query_file`), no labels,
+    encoded as queries by the experiment's model (cached, keyed by the file's sha256).
+
+    Raises:
+        EmbedtuneError: the experiment's vectors were precomputed and no encoder is given.
+    """
+    queries = read_query_file(path)
+    if encoder is None:
+        model = experiment.provenance.get("model")
+        if model in (None, PRECOMPUTED_MODEL):
+            raise EmbedtuneError("unlabelled queries are encoded by the model that made the vectors, but these vectors were "
+                                 "precomputed; pass --model with the model's own data, or give held-out documents as the queries.")
+        encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False)
+    ids, texts = [qid for qid, _ in queries], [text for _, text in queries]
+    parts = {"model_sha256": encoder.fingerprint, "data_sha256": sha256_file(path), "recipe": {**encoder.recipe("query"), "unlabelled": True}}
+    if cache:
+        vectors, _ = EmbeddingCache().get_or_compute(parts, ids, lambda lo, hi: encoder.encode(texts[lo:hi], "query"))
+    else:
+        vectors = encoder.encode(texts, "query")
+    return ids, np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+# -- fitting without labels ------------------------------------------------------------------
+def _fit_settings(candidate: Candidate, input_dim: int) -> dict[str, Any]:
+    """The config values a label-free fit uses: a supervised method's own ``unsupervised`` preset, its wide-output settings, the variant."""
+    cls = get_compressor_class(candidate.method)
+    settings: dict[str, Any] = {}
+    if cls.supervised and cls.unsupervised_preset is not None:
+        settings.update(cls.get_preset(cls.unsupervised_preset).settings)
+    settings.update(method_settings(candidate.method, candidate.dim, input_dim))
+    settings.update(dict(candidate.settings))
+    return settings
+
+
+def check_label_free_method(method: str) -> None:
+    """Raise unless ``method`` can fit on corpus vectors alone (an unknown name raises too)."""
+    cls = get_compressor_class(method)
+    if not cls.supports_unsupervised:
+        raise ValueError(f"{method} needs relevance labels (training triplets), so a label-free plan cannot fit it; "
+                         f"choose among unsupervised compressors, e.g. {', '.join(LABEL_FREE_METHODS)}.")
+
+
+def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings: np.ndarray, seed: int = 2027,
+                   work: str | Path | None = None, part: str = "fit") -> tuple[Compressor, float]:
+    """Fit ``candidate`` on corpus vectors alone (no queries, no labels); ``(compressor, fit seconds)``.
+
+    A supervised method fits its ``unsupervised`` preset (DIVE: neighbour-rank distillation). With
+    ``work`` the fit is kept at ``WORK/label-free/<part>/<candidate>/s<seed>/`` with ``key.json``
+    (the sha256 of the documents' ids and vectors, the settings, the seed), and reloaded only when
+    that key matches and the compressor is intact.
+    """
+    check_label_free_method(candidate.method)
+    docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
+    settings = _fit_settings(candidate, docs.shape[1])
+    folder = key = None
+    if work is not None:
+        folder = Path(work) / "label-free" / part / candidate.name / f"s{seed}"
+        key = {"documents": sha256_json(list(doc_ids)), "vectors": _array_sha(docs), "method": candidate.method, "dim": candidate.dim,
+               "variant": candidate.variant, "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)), "seed": seed,
+               "embedtune_version": __version__}
+        cached = _cached_fit(folder, candidate.method, key)
+        if cached is not None:
+            return cached
+    cls = get_compressor_class(candidate.method)
+    compressor = cls(build_config(candidate.method, candidate.dim, seed, settings))
+    start = time.perf_counter()
+    compressor.fit_unsupervised(TrainingData.corpus_only(docs, list(doc_ids)))
+    fit_s = time.perf_counter() - start
+    if folder is not None:
+        compressor.save(folder / candidate.method)
+        write_json_with_digest(folder / _FIT_KEY, {**key, "state_sha256": compressor.state_sha256(), "fit_s": fit_s})  # type: ignore[dict-item]
+    logger.info("label-free fit of %s on %d documents in %.1fs", candidate.name, len(docs), fit_s)
+    return compressor, fit_s
+
+
+def _array_sha(x: np.ndarray) -> str:
+    return sha256_json([list(x.shape), hashlib.sha256(np.ascontiguousarray(x, dtype=np.float32).tobytes()).hexdigest()])
+
+
+def _cached_fit(folder: Path, method: str, key: Mapping[str, Any]) -> tuple[Compressor, float] | None:
+    if not (folder / _FIT_KEY).is_file():
+        return None
+    try:
+        recorded, _ = read_json_verified(folder / _FIT_KEY, "", require_digest=True)
+        if {k: v for k, v in recorded.items() if k not in ("state_sha256", "fit_s")} == dict(key):
+            compressor = load_compressor(folder / method)
+            if compressor.state_sha256() == recorded["state_sha256"]:
+                return compressor, float(recorded["fit_s"])
+        reason = "it was fitted on other documents or settings"
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        reason = f"its files are damaged ({error})"
+    logger.warning("%s: refitting: %s", folder, reason)
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
+
+
+# -- the label-free plan ---------------------------------------------------------------------
+#: The row field each objective is read from (``score_precisions`` computes both on the given judgments).
+OBJECTIVE_FIELDS = {"agreement": "recall@10", "pseudo-queries": "ndcg@10"}
+OBJECTIVE_NAMES = {"agreement": "agreement@10 (recall@10 of the uncompressed float32 top-10)",
+                   "pseudo-queries": "nDCG@10 of pseudo-queries from the held-out documents' text"}
+
+
+@dataclass(frozen=True)
+class LabelFreeValidation:
+    """What a label-free sweep scores on and fits on: the validation queries, the documents fitted on, and what plan.json records."""
+
+    objective: str
+    queries: QuerySet
+    fit_doc_ids: list[str]
+    held_out: list[str]
+    record: dict[str, Any]
+
+    @property
+    def field(self) -> str:
+        return OBJECTIVE_FIELDS[self.objective]
+
+
+def label_free_validation(
+    experiment: Experiment,
+    objective: str = "agreement",
+    held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION,
+    max_held_out: int = MAX_HELD_OUT_DOCUMENTS,
+    seed: int = 2027,
+    queries: tuple[Sequence[str], np.ndarray] | None = None,
+    pseudo_query_source: str = "title",
+    encoder: SentenceEncoder | None = None,
+    cache: bool = True,
+) -> LabelFreeValidation:
+    """The validation of a label-free sweep on ``experiment``'s corpus; reads no qrels.
+
+    ``agreement``: on the held-out documents, or on ``queries`` (``(ids, vectors)``, the user's
+    unlabelled queries, encoded like real queries), when given; the compressors are then fitted on
+    every document. ``pseudo-queries``: the held-out documents' pseudo-queries (``pseudo_query_source``:
+    ``title`` or ``first-sentence``).
+
+    Raises:
+        ValueError: an unknown objective or source, ``queries`` with ``pseudo-queries``, or fewer than
+            :data:`MIN_VALIDATION_QUERIES` validation queries.
+    """
+    if objective not in LABEL_FREE_OBJECTIVES:
+        raise ValueError(f"label-free objective must be one of {list(LABEL_FREE_OBJECTIVES)}; got {objective!r}.")
+    if pseudo_query_source not in PSEUDO_QUERY_SOURCES:
+        raise ValueError(f"pseudo-query source must be one of {list(PSEUDO_QUERY_SOURCES)}; got {pseudo_query_source!r}.")
+    if queries is not None and objective != "agreement":
+        raise ValueError("unlabelled queries are scored by agreement with the uncompressed ranking (--label-free agreement); "
+                         "pseudo-queries are made from the held-out documents' own text.")
+    doc_ids = list(experiment.embeddings.doc_ids)
+    docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    record: dict[str, Any] = {"objective": objective, "metric": OBJECTIVE_NAMES[objective], "labels_read": False}
+    if queries is not None:
+        query_ids, vectors = list(queries[0]), np.ascontiguousarray(queries[1], dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != docs.shape[1]:
+            raise ValueError(f"the unlabelled query vectors have shape {vectors.shape}; the documents are {docs.shape[1]}-d.")
+        query_set = agreement_queries(doc_ids, docs, query_ids, vectors, documents=False)
+        held_out: list[str] = []
+        fit_ids = doc_ids
+        record.update({"queries": query_set.part, "held_out_documents": 0, "fit_documents": len(fit_ids)})
+    else:
+        held_out = held_out_documents(doc_ids, held_out_fraction, max_held_out, seed)
+        keep = set(held_out)
+        fit_ids = [doc_id for doc_id in doc_ids if doc_id not in keep]
+        if objective == "agreement":
+            position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+            query_set = agreement_queries(doc_ids, docs, held_out, docs[[position[d] for d in held_out]], documents=True)
+        else:
+            query_set = pseudo_query_validation(experiment, held_out, pseudo_query_source, encoder=encoder, cache=cache)
+        record.update({"queries": query_set.part, "held_out_documents": len(held_out), "held_out_fraction": held_out_fraction,
+                       "max_held_out": max_held_out, "held_out_seed": seed, "fit_documents": len(fit_ids),
+                       "held_out_sha256": sha256_json(held_out)})
+    record["n_queries"] = len(query_set.ids)
+    if len(query_set.ids) < MIN_VALIDATION_QUERIES:
+        raise ValueError(f"a label-free plan needs at least {MIN_VALIDATION_QUERIES} validation queries; {query_set.part} gives "
+                         f"{len(query_set.ids)}. Raise the held-out fraction, or give unlabelled queries.")
+    return LabelFreeValidation(objective, query_set, fit_ids, held_out, record)
+
+
+def run_label_free_plan(
+    experiment: Experiment,
+    out: str | Path,
+    objective: str = "agreement",
+    budget_bytes: float | None = None,
+    target_retention: float | None = None,
+    methods: Sequence[str] = LABEL_FREE_METHODS,
+    dims: Sequence[int] | None = None,
+    precisions: Sequence[str] = LABEL_FREE_PRECISIONS,
+    peers: Sequence[str] = DEFAULT_PEERS,
+    seed: int = 2027,
+    final: bool = False,
+    work: str | Path | None = None,
+    labels: Mapping[str, Any] | None = None,
+    rounds: int = 3,
+    held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION,
+    max_held_out: int = MAX_HELD_OUT_DOCUMENTS,
+    queries: tuple[Sequence[str], np.ndarray] | None = None,
+    pseudo_query_source: str = "title",
+    encoder: SentenceEncoder | None = None,
+    cache: bool = True,
+) -> dict[str, Any]:
+    """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
+
+    Args mirror :func:`embedtune.workflows.plan.run_plan`; the differences:
+        objective: ``agreement`` or ``pseudo-queries`` (see the module docstring).
+        methods: unsupervised compressors only (a method that needs labels is an error).
+        precisions: every precision by default (RaBitQ, TurboQuant and int4 on each compressor's output too).
+        target_retention: the share of the uncompressed float32 vectors' objective to keep (agreement: of 1.0).
+        held_out_fraction, max_held_out: the documents withheld from fitting to validate on (hashed by ``seed``).
+        queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
+        pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
+        final: also score the choice on the experiment's labelled test queries, after it is made.
+
+    Returns:
+        The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
+    """
+    out = Path(out)
+    work = Path(work) if work is not None else out / "sweep"
+    for method in methods:
+        check_label_free_method(method)
+    validation = label_free_validation(experiment, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
+                                       encoder, cache)
+    query_set, field = validation.queries, validation.field
+    per_query = "recall@10" if objective == "agreement" else "ndcg@10"
+    input_dim = experiment.embeddings.dim
+    dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
+    too_wide = [d for d in dims if d > input_dim]
+    if too_wide:
+        raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
+    doc_ids = list(experiment.embeddings.doc_ids)
+    docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+    fit_docs = docs[[position[d] for d in validation.fit_doc_ids]]
+    fit_part = "all" if not validation.held_out else f"held-out-{validation.record['held_out_sha256'][:12]}"
+
+    def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
+        rows = score_precisions(query_set, doc_ids, docs, compressor, specs, rounds=rounds, labels=extra, prebuilt=prebuilt,
+                                progress=bar.update if bar is not None else None, per_query_metric=per_query)
+        for row in rows:
+            row["objective"] = row[field]
+        return rows
+
+    cache_dir = faiss_cache_dir(work, docs)
+    probe = docs[:PROBE_ROWS]
+    frozen_indexes = load_faiss_cache(cache_dir, probe)
+    frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
+    budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
+    factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                               len(doc_ids))]
+    quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
+    rows: list[dict[str, Any]] = []
+    with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "label-free plan 1/3, frozen vectors and peers",
+                      unit="index") as bar:
+        rows += score(None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, bar=bar)
+        rows += score(None, [f"faiss:{f}" for f in factories], {"method": "frozen", "family": "FAISS PQ/OPQ"}, frozen_indexes, bar)
+        rows += score(None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, bar=bar)
+    save_faiss_cache(cache_dir, frozen_indexes, probe)
+    for row in rows:
+        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+        row["candidate"] = None
+    reference = next(r["objective"] for r in rows if r["precision"] == "float32")
+    sweep = [(method, dim) for method in methods if method != "frozen" for dim in dims]
+    with progress_bar(len(sweep), "label-free plan 2/3, fitting (no labels) and scoring the sweep", unit="fit") as bar:
+        for method, dim in sweep:
+            candidate = candidate_for(method, dim)
+            bar.set_postfix_str(candidate.name, refresh=False)
+            compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part)
+            for row in score(compressor, precisions, {"method": method, "variant": "default", "family": method, "candidate": candidate.name,
+                                                      "fit_s": fit_s}):
+                row["setting"] = f"{candidate.name}/{row['precision']}"
+                rows.append(row)
+            bar.update(1)
+    chosen = dict(choose(rows, budget_bytes, target_retention, reference, y="objective"))
+    frontier = {r["setting"] for r in pareto_frontier(rows, y="objective")}
+    out.mkdir(parents=True, exist_ok=True)
+    plot_frontier(rows, out / "frontier.png", f"{experiment.dataset.name}: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} "
+                  f"{query_set.part} vs bytes per vector (no labels)", y="objective", chosen=chosen)
+    logger.info("label-free plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on every document" if chosen.get("candidate")
+                else f"chose {chosen['setting']} (no fit)", out)
+    if chosen.get("candidate"):
+        candidate = candidate_for(chosen["method"], int(chosen["dim"]))
+        compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all")
+    else:
+        frozen = get_compressor_class("frozen")
+        compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))
+    public = lambda row: {k: v for k, v in row.items() if k != "per_query"}  # noqa: E731
+    plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, {
+        "embedtune_version": __version__,
+        **(labels or {}),
+        "dataset": experiment.dataset.name,
+        "seed": seed,
+        "budget_bytes": budget_bytes,
+        "target_retention": target_retention,
+        "objective": validation.record,
+        "chosen": public(chosen),
+        "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
+        "reference": {"setting": f"frozen-{input_dim}/float32", "objective": reference, "queries": query_set.part},
+        "validation": {"rule": f"label-free: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} {query_set.part}",
+                       "n_queries": len(query_set.ids)},
+        "retention": chosen["objective"] / reference if reference > 0 else None,
+        "frontier": [public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+        "sweep": [public(r) for r in rows],
+    })
+    if final:
+        plan["test"] = score_plan(experiment, out, "test")
+        write_json_with_digest(out / PLAN_FILE, plan)
+    return plan

@@ -1,0 +1,207 @@
+"""compress plan --label-free (issue 30 §2): chosen without labels, on a slice of the bundled SciFact MiniLM vectors.
+
+Agreement (recall@10 of the exact float32 top-10 on held-out documents, or on unlabelled queries)
+and pseudo-queries (the held-out documents' titles, each retrieving its own document) choose
+among unsupervised compressors, every precision and the peers; nothing is downloaded or encoded
+(pseudo-queries are encoded by a stand-in that maps a title near its document's vector).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from collections.abc import Mapping
+from importlib.resources import files
+
+import numpy as np
+import pytest
+
+from conftest import write_beir
+from embedtune.cli import main
+from embedtune.cli.plan import run_plan_command
+from embedtune.data.beir import load_beir
+from embedtune.data.pseudo_queries import pseudo_query_texts
+from embedtune.encoders.dataset import DatasetEmbeddings
+from embedtune.index.plan_format import load_plan
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.label_free import (
+    LABEL_FREE_METHODS,
+    agreement_queries,
+    exact_top_k,
+    held_out_documents,
+    label_free_validation,
+    run_label_free_plan,
+)
+
+N_DOCS, N_QUERIES = 400, 30
+FAST_METHODS = [m for m in LABEL_FREE_METHODS if m != "dive"]  # DIVE's unsupervised fit takes minutes; its contract is tested elsewhere
+SWEEP = {"dims": [64, 32], "precisions": ["float32", "int8", "binary", "binary-rescore", "rabitq1", "int4"], "peers": ["pq-fs", "turboquant"],
+         "rounds": 0}
+
+
+class _TitleEncoder:
+    """Stands in for the model: a document's pseudo-query text encodes near that document's vector (seeded noise)."""
+
+    fingerprint = "title-encoder"
+
+    def __init__(self, by_text: dict[str, np.ndarray]) -> None:
+        self.by_text = by_text
+
+    def recipe(self, kind):
+        return {"kind": kind}
+
+    def encode(self, texts, kind="query"):
+        rng = np.random.default_rng(len(texts))
+        rows = np.stack([self.by_text[t] for t in texts]) + 0.05 * rng.standard_normal((len(texts), 384)).astype(np.float32)
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+class _PoisonedQrels(Mapping):
+    """Qrels that fail the test the moment anything reads them."""
+
+    def __getitem__(self, key):
+        raise AssertionError(f"the label-free path read qrels[{key!r}]")
+
+    def __iter__(self):
+        raise AssertionError("the label-free path iterated the qrels")
+
+    def __len__(self):
+        raise AssertionError("the label-free path counted the qrels")
+
+
+@pytest.fixture(scope="module")
+def scifact_slice():
+    bundled = np.load(files("embedtune.datasets") / "scifact-minilm-vectors.npz")
+    docs = np.ascontiguousarray(bundled["document"][:N_DOCS], dtype=np.float32)
+    doc_ids = [str(i) for i in bundled["document_ids"][:N_DOCS]]
+    queries = np.ascontiguousarray(bundled["query"][:N_QUERIES], dtype=np.float32)
+    query_ids = [str(i) for i in bundled["query_ids"][:N_QUERIES]]
+    dataset = load_beir("scifact", "test")
+    dataset.corpus = {doc_id: dataset.corpus[doc_id] for doc_id in doc_ids}
+    _, owners, texts = pseudo_query_texts(dataset.corpus, doc_ids, "title")
+    row = {doc_id: i for i, doc_id in enumerate(doc_ids)}
+    encoder = _TitleEncoder({text: docs[row[owner]] for owner, text in zip(owners, texts)})
+    return dataset, DatasetEmbeddings(doc_ids, docs, query_ids, queries, {}, {}), encoder
+
+
+def _experiment(scifact_slice, poisoned: bool = False) -> Experiment:
+    dataset, embeddings, _ = scifact_slice
+    if poisoned:
+        dataset = dataclasses.replace(dataset, qrels=_PoisonedQrels())
+    return Experiment(dataset, embeddings, None, "cosine", {"model": "precomputed"})
+
+
+def test_held_out_documents_are_hashed_seeded_and_capped():
+    ids = [f"d{i}" for i in range(5000)]
+    held = held_out_documents(ids, 0.1, 1000, seed=1)
+    assert len(held) == 500 and held == [d for d in ids if d in set(held)]  # corpus order
+    assert held == held_out_documents(list(reversed(ids)), 0.1, 1000, seed=1)[::-1]  # depends on the ids, not their order
+    assert held != held_out_documents(ids, 0.1, 1000, seed=2)
+    assert len(held_out_documents(ids, 0.5, 300)) == 300
+
+
+def test_exact_top_k_against_brute_force_and_never_itself():
+    rng = np.random.default_rng(0)
+    xb = rng.standard_normal((50, 8)).astype(np.float32)
+    xq = xb[[3, 7, 11]]
+    I = exact_top_k(xq, xb, 5, exclude=np.array([3, 7, -1]), block=2)
+    for q, own in enumerate([3, 7, -1]):
+        scores = xb @ xq[q]
+        if own >= 0:
+            scores[own] = -np.inf
+        assert list(I[q]) == list(np.argsort(-scores)[:5])
+    assert 11 in I[2] and 3 not in I[0]
+    targets = agreement_queries([f"d{i}" for i in range(50)], xb, ["d3", "d7"], xb[[3, 7]], documents=True, k=5)
+    assert all(len(t) == 5 and qid not in t for qid, t in targets.judgments.items())
+
+
+def test_uncentred_pca_is_in_the_label_free_sweep(scifact_slice, tmp_path):
+    """Uncentred PCA must be swept: on held-out data it was the setting validation preferred at 16 B (issue 30 §2)."""
+    assert {"truncate", "pca", "pca-uncentred"} <= set(LABEL_FREE_METHODS)
+    assert inspect.signature(run_label_free_plan).parameters["methods"].default == LABEL_FREE_METHODS
+    plan = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", budget_bytes=16, methods=FAST_METHODS, **SWEEP,
+                               work=tmp_path / "work")
+    settings = {r["setting"] for r in plan["sweep"]}
+    assert {"pca-uncentred-32/int4", "pca-uncentred-64/rabitq1", "pca-32/binary-rescore", "truncate-64/int8"} <= settings
+    assert {"frozen-384/rabitq1", "frozen-384/int4", "frozen-384/turboquant1", "frozen-384/faiss:PQ32x4fs"} <= settings  # the peers
+    frozen = next(r for r in plan["sweep"] if r["setting"] == "frozen-384/float32")
+    assert frozen["objective"] == pytest.approx(1.0)  # the uncompressed vectors agree with themselves
+    assert plan["chosen"]["ram_bytes"] <= 16 and plan["objective"]["objective"] == "agreement"
+    assert plan["objective"]["labels_read"] is False and plan["objective"]["held_out_documents"] == 40
+    assert plan["objective"]["fit_documents"] == N_DOCS - 40
+    # The CLI's default label-free sweep is the same list.
+    assert "LABEL_FREE_METHODS if label_free" in inspect.getsource(run_plan_command)
+
+
+def test_label_free_plan_never_reads_qrels(scifact_slice, tmp_path):
+    """With the qrels poisoned (any read fails) and no split, the plan is the same one."""
+    kwargs = dict(budget_bytes=16, methods=["pca", "pca-uncentred"], **SWEEP)
+    for objective in ("agreement", "pseudo-queries"):
+        encoder = scifact_slice[2]
+        clean = run_label_free_plan(_experiment(scifact_slice), tmp_path / f"clean-{objective}", objective, work=tmp_path / "w1",
+                                    encoder=encoder, cache=False, **kwargs)
+        poisoned = run_label_free_plan(_experiment(scifact_slice, poisoned=True), tmp_path / f"poisoned-{objective}", objective,
+                                       work=tmp_path / "w2", encoder=encoder, cache=False, **kwargs)
+        assert poisoned["chosen"]["setting"] == clean["chosen"]["setting"]
+        assert {r["setting"]: r["objective"] for r in poisoned["sweep"]} == {r["setting"]: r["objective"] for r in clean["sweep"]}
+        assert poisoned["compressor_state_sha256"] == clean["compressor_state_sha256"]
+
+
+def test_pseudo_query_objective_scores_each_title_against_its_own_document(scifact_slice, tmp_path):
+    experiment = _experiment(scifact_slice)
+    validation = label_free_validation(experiment, "pseudo-queries", encoder=scifact_slice[2], cache=False)
+    held = set(validation.held_out)
+    assert validation.queries.ids and all(qid.removeprefix("pseudo:") in held for qid in validation.queries.ids)
+    assert all(list(t) == [qid.removeprefix("pseudo:")] for qid, t in validation.queries.judgments.items())
+    assert not held & set(validation.fit_doc_ids)
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "pseudo-queries", target_retention=0.9, methods=["pca-uncentred"],
+                               encoder=scifact_slice[2], cache=False, work=tmp_path / "work", **SWEEP)
+    recorded = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert recorded["objective"]["objective"] == "pseudo-queries" and recorded["objective"]["queries"].startswith("held-out pseudo-queries")
+    assert plan["chosen"]["objective"] >= 0.9 * plan["reference"]["objective"]
+    load_plan(tmp_path / "plan")  # a deployable plan folder
+
+
+def test_agreement_on_unlabelled_queries_fits_every_document(scifact_slice, tmp_path):
+    _, embeddings, _ = scifact_slice
+    queries = (embeddings.query_ids, embeddings.query_embeddings)
+    plan = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", budget_bytes=48, methods=["pca"], queries=queries,
+                               work=tmp_path / "work", **SWEEP)
+    assert plan["objective"]["queries"] == "unlabelled queries" and plan["objective"]["fit_documents"] == N_DOCS
+    assert plan["objective"]["n_queries"] == N_QUERIES
+    with pytest.raises(ValueError, match="agreement"):
+        label_free_validation(_experiment(scifact_slice), "pseudo-queries", queries=queries)
+    with pytest.raises(ValueError, match="needs relevance labels"):
+        run_label_free_plan(_experiment(scifact_slice), tmp_path / "x", "agreement", budget_bytes=48, methods=["search-adaptor"])
+    with pytest.raises(ValueError, match="objective must be one of"):
+        label_free_validation(_experiment(scifact_slice), "labels")
+
+
+def test_cli_label_free_plan_and_its_conflicting_flags(scifact_slice, tmp_path, capsys):
+    root = tmp_path / "vectors"
+    root.mkdir()
+    dataset, embeddings, _ = scifact_slice
+    np.save(root / "docs.npy", embeddings.doc_embeddings)
+    (root / "docs.txt").write_text("".join(i + "\n" for i in embeddings.doc_ids))
+    np.save(root / "queries.npy", embeddings.query_embeddings)
+    (root / "queries.txt").write_text("".join(i + "\n" for i in embeddings.query_ids))
+    # A BEIR folder of the slice: its corpus, and qrels that the label-free plan never reads.
+    beir = write_beir(tmp_path / "beir", [{"_id": d, "title": dataset.corpus[d].get("title", ""), "text": dataset.corpus[d]["text"]}
+                                          for d in embeddings.doc_ids],
+                      [{"_id": q, "text": q} for q in embeddings.query_ids], [(q, embeddings.doc_ids[0], 1) for q in embeddings.query_ids])
+    common = ["compress", "plan", "--data", str(beir), "--doc-embeddings", str(root / "docs.npy"), "--doc-ids", str(root / "docs.txt"),
+              "--query-embeddings", str(root / "queries.npy"), "--query-ids", str(root / "queries.txt"), "--budget-bytes", "16",
+              "--dims", "32", "--precisions", "binary", "int4", "--peers", ""]
+    out = tmp_path / "plan"
+    assert main([*common, "--label-free", "agreement", "--methods", "pca", "pca-uncentred", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "no labels read" in printed and "chosen:" in printed
+    assert json.loads((out / "plan.json").read_text())["objective"]["objective"] == "agreement"
+    for extra, message in ((["--label-free", "agreement", "--methods", "dive", "smec"], "needs relevance labels"),
+                           (["--label-free", "agreement", "--variants", "qat-binary"], "--variants"),
+                           (["--label-free", "pseudo-queries", "--unlabelled-queries", str(root / "q.tsv")], "use --label-free agreement"),
+                           (["--unlabelled-queries", str(root / "q.tsv")], "add --label-free"),
+                           (["--label-free", "agreement", "--held-out-fraction", "1.5"], "held-out-fraction")):
+        assert main([*common, *extra, "--out", str(tmp_path / "x")]) == 2, extra
+        assert message in capsys.readouterr().err
