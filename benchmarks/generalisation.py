@@ -61,6 +61,8 @@ METHODS = (
     ("frozen", "frozen", None, {}), ("pca", "pca", None, {}), ("pca-uncentred", "pca-uncentred", None, {}),
     ("dive", "dive", None, {}), ("dive@geometry-10", "dive", None, {"geometry_weight": 10.0}),
     ("dive@static-corpus", "dive", "static-corpus", {}),
+    # The default plus one training-only pseudo-query per document (its title), weight 1 (chosen on selection queries).
+    ("dive@pseudo-title", "dive", None, {"pseudo_queries": "title", "pseudo_query_weight": 1.0}),
     ("mrl-adaptor", "mrl-adaptor", None, {}), ("search-adaptor", "search-adaptor", None, {}), ("smec", "smec", None, {}),
 )
 SEEDS = (2027, 2028, 2029)

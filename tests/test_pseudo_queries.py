@@ -121,3 +121,26 @@ def test_build_pseudo_queries_mines_each_documents_own_positive():
     with pytest.raises(EmbedtuneError, match="precomputed"):
         build_pseudo_queries(_experiment("precomputed"), cache=False)
 
+
+
+def test_the_recipe_decides_unless_the_user_does(monkeypatch):
+    import embedtune.workflows.pseudo_queries as module
+    from embedtune.workflows.pseudo_queries import recipe_pseudo_queries
+
+    built = []
+    monkeypatch.setattr(module, "build_pseudo_queries", lambda experiment, source, mining, seed: built.append(source) or "built")
+    encoded = _experiment("minilm")
+    assert recipe_pseudo_queries(encoded, "dive", None, None, None, 1) == (None, None)
+    assert recipe_pseudo_queries(encoded, "dive", None, "title", None, 1) == ("built", None)
+    assert recipe_pseudo_queries(encoded, "dive", "first-sentence", "title", None, 1) == ("built", None)
+    assert built == ["title", "first-sentence"]
+    assert recipe_pseudo_queries(encoded, "dive", "none", "title", None, 1) == (None, None)
+    # A recipe's own pseudo-queries are skipped, with a note, where there is no text to make them from.
+    given = _experiment("precomputed")
+    pseudo, note = recipe_pseudo_queries(given, "dive", None, "title", None, 1)
+    assert pseudo is None and "trains on the labelled queries alone" in note
+    with pytest.raises(EmbedtuneError, match="given without either"):
+        recipe_pseudo_queries(given, "dive", "title", None, None, 1)
+    assert recipe_pseudo_queries(encoded, "mrl-adaptor", None, "title", None, 1) == (None, None)
+    with pytest.raises(ValueError, match="pseudo-queries train DIVE only"):
+        recipe_pseudo_queries(encoded, "mrl-adaptor", "title", None, None, 1)

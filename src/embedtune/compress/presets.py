@@ -81,12 +81,16 @@ class Preset:
         settings: config field overrides, applied before the user's own.
         mining: how the triplets are mined (used by supervised methods only).
         help: one line for ``--help``.
+        pseudo_queries: the training-only pseudo-queries the recipe builds from the documents' own
+            text (``"title"`` or ``"first-sentence"``; :mod:`embedtune.data.pseudo_queries`), or None.
+            Without text and a model (own vectors) the recipe trains without them and says so.
     """
 
     name: str
     settings: Mapping[str, Any] = field(default_factory=dict)
     mining: MiningOptions = field(default_factory=MiningOptions)
     help: str = ""
+    pseudo_queries: str | None = None
 
 
 def presets_from_config(config_class: type) -> dict[str, Preset]:

@@ -52,6 +52,7 @@ from embedtune.evaluate.search import unit_rows
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
+from embedtune.workflows.pseudo_queries import recipe_pseudo_queries
 from embedtune.workflows.train_compressor import require_mined_triplets, resolve_preset, training_notes
 from embedtune.workflows.triplets import shared_triplets
 
@@ -196,6 +197,7 @@ def fit_on_all(
     encoder_options: Mapping[str, Any] | None = None,
     cache: bool = True,
     out: str | Path | None = None,
+    pseudo_queries: str | None = None,
 ) -> FitResult:
     """Fit ``method`` at ``dim`` on every query and document given; save it to ``out``.
 
@@ -218,6 +220,8 @@ def fit_on_all(
         encoder_options: :class:`SentenceEncoder` options; ``normalize=False`` keeps raw vectors.
         cache: use the embedding cache when encoding.
         out: the folder to write the compressor and ``fit.json`` to.
+        pseudo_queries: ``title``, ``first-sentence`` or ``none``: the training-only pseudo-queries
+            (default: the preset's; skipped with a note on given vectors, which carry no text).
 
     Returns:
         A :class:`FitResult`.
@@ -266,6 +270,13 @@ def fit_on_all(
                 notes.append(f"{method} does not select an epoch, so the held-out queries are not used.")
         compressor = cls(build_config(method, dim, seed, overrides))
         train = training_data(experiment, "train", triplets)
+        train.pseudo_queries, pseudo_note = recipe_pseudo_queries(experiment, method, pseudo_queries, chosen.pseudo_queries,
+                                                                  triplet_mining, seed)
+        if pseudo_note:
+            notes.append(pseudo_note)
+        if train.pseudo_queries is not None:
+            info["pseudo_queries"] = {"source": train.pseudo_queries.source, "n_queries": len(train.pseudo_queries.ids),
+                                      "n_triplets": int(len(train.pseudo_queries.triplets))}
         val = training_data(experiment, "val") if val_ids else None
         log_path = Path(out) / "training_log.jsonl" if out is not None else None
         if log_path is not None:

@@ -9,12 +9,14 @@ none.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
 import numpy as np
 
 from embedtune.compress.base import PseudoQueries
+from embedtune.compress.registry import get_compressor_class
 from embedtune.compress.presets import MiningOptions
 from embedtune.data.pseudo_queries import pseudo_query_texts
 from embedtune.data.triplets import mine_triplets
@@ -27,7 +29,7 @@ from embedtune.workflows.experiment import Experiment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_pseudo_queries"]
+__all__ = ["build_pseudo_queries", "recipe_pseudo_queries"]
 
 
 def build_pseudo_queries(
@@ -85,3 +87,38 @@ def build_pseudo_queries(
                              seed=seed, **mining.filter_options())
     logger.info("pseudo-queries (%s): %d of %d documents, %d triplets", source, len(ids), len(corpus_ids), len(triplets))
     return PseudoQueries(ids, vectors, triplets, source)
+
+
+def recipe_pseudo_queries(
+    experiment: Experiment,
+    method: str,
+    requested: str | None,
+    preset_source: str | None,
+    mining: MiningOptions | None,
+    seed: int,
+) -> tuple[PseudoQueries | None, str | None]:
+    """The pseudo-queries a fit uses, and a note when the recipe's could not be built.
+
+    ``requested`` (the user's ``--pseudo-queries``; ``"none"`` turns them off) wins over the
+    preset's ``preset_source``. An explicit request on a method without ``pseudo_query_weight``, or
+    on precomputed vectors, raises; a preset's own request there is skipped with a note instead, so
+    a default recipe still runs on the user's own vectors.
+    """
+    explicit = requested is not None
+    source = None if requested == "none" else (requested if explicit else preset_source)
+    if source is None:
+        return None, None
+    fields = {f.name for f in dataclasses.fields(get_compressor_class(method).config_class)}
+    if "pseudo_query_weight" not in fields:
+        if explicit:
+            raise ValueError(f"pseudo-queries train DIVE only; {method!r} has no pseudo_query_weight. "
+                             "Drop --pseudo-queries or use --method dive.")
+        return None, None
+    if experiment.provenance.get("model") in (None, PRECOMPUTED_MODEL) or not any(
+            (fields_.get("title") or fields_.get("text")) for fields_ in experiment.dataset.corpus.values()):
+        if explicit:
+            raise EmbedtuneError("pseudo-queries are made from the documents' text and encoded by their model; these vectors "
+                                 "were given without either. Drop --pseudo-queries (or pass --pseudo-queries none).")
+        return None, ("the recipe's pseudo-queries need the documents' text and the model that encoded them; with given "
+                      "vectors it trains on the labelled queries alone.")
+    return build_pseudo_queries(experiment, source, mining, seed), None

@@ -13,7 +13,6 @@ in earlier releases) and ``OUT/triplets-<part>.json`` the shared triplets.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from embedtune.workflows.fit_and_score import MethodRun, fit_and_evaluate, summa
 from embedtune.evaluate.subsets import subset_means
 from embedtune.workflows.results import write_compression_results
 from embedtune.workflows.new_documents import NewDocuments, score_new_documents, withhold_new_documents
-from embedtune.workflows.pseudo_queries import build_pseudo_queries
+from embedtune.workflows.pseudo_queries import recipe_pseudo_queries
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import per_query_means, subset_block
 from embedtune.workflows.triplets import shared_triplets
@@ -217,6 +216,7 @@ def fit_compressor(
         pseudo_queries: ``title`` or ``first-sentence``: give ``method`` one training-only
             pseudo-query per fitting document (:func:`~embedtune.workflows.pseudo_queries.build_pseudo_queries`,
             mined like the real triplets); its config's ``pseudo_query_weight`` weighs them.
+            None: the preset's (:attr:`Preset.pseudo_queries`); ``"none"``: off.
 
     Returns:
         A :class:`CompressionResult`.
@@ -244,11 +244,7 @@ def fit_compressor(
         path = out / f"triplets-{train_part}.json" if out else None
         triplets = shared_triplets(experiment, train_part, triplet_mining, mining_seed, path)
         require_mined_triplets(experiment, train_part, triplets, triplet_mining)
-    pseudo = None
-    if pseudo_queries is not None:
-        if "pseudo_query_weight" not in {f.name for f in dataclasses.fields(classes[method].config_class)}:
-            raise ValueError(f"pseudo-queries train DIVE only; {method!r} has no pseudo_query_weight. Drop --pseudo-queries or use --method dive.")
-        pseudo = build_pseudo_queries(experiment, pseudo_queries, triplet_mining, mining_seed)
+    pseudo, pseudo_note = recipe_pseudo_queries(experiment, method, pseudo_queries, chosen.pseudo_queries, triplet_mining, mining_seed)
     runs: dict[str, list[MethodRun]] = {}
     summaries: dict[str, dict[str, Any]] = {}
     results: dict[str, Any] = {}
@@ -283,6 +279,8 @@ def fit_compressor(
                                experiment.qrels_for(experiment.part_ids(train_part)), method, train_part)
     new_block = _new_documents_block(view, runs, method) if view is not None else None
     notes = [line for name in runs for line in training_notes(name, summaries[name].get("selected_epochs"))]
+    if pseudo_note:
+        notes.append(pseudo_note)
     if chosen.name == STATIC_CORPUS.name:
         logger.warning(STATIC_CORPUS_WARNING)
         notes.append(STATIC_CORPUS_WARNING)

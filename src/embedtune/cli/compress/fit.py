@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES
 from embedtune.cli.common import add_model_flags, encoder_options_from_args, print_json
 from embedtune.cli.compress.flags import (
     add_label_flags,
@@ -50,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--dim", type=int, default=128, help="output dimension k")
     fit.add_argument("--preset", default=None,
                      help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net)")
+    fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
+                     help="DIVE's training-only pseudo-queries, one per document (its title or its first sentence); "
+                     "none: off. Default: the preset's (skipped on given vectors, which carry no text)")
     fit.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto')")
     fit.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     fit.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
@@ -84,6 +88,7 @@ def run_fit(args: argparse.Namespace) -> int:
         doc_embeddings=args.doc_embeddings, doc_ids=args.doc_ids, query_embeddings=args.query_embeddings, query_ids=args.query_ids,
         unsupervised=args.unsupervised, val_split=args.val_split, val_fraction=args.val_fraction, preset=args.preset, settings=settings,
         mining=mining or None, seed=args.seed, encoder_options=encoder_options, cache=not args.no_cache, out=args.out,
+        pseudo_queries=args.pseudo_queries,
     )
     finish_output_dir(args.out, "compress fit")
     if args.json:

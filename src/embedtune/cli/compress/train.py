@@ -34,6 +34,9 @@ from embedtune.workflows.plots import plot_compression_runs
 from embedtune.workflows.results import write_compression_results
 from embedtune.workflows.subset_report import new_documents_lines, subset_lines
 from embedtune.workflows.train_compressor import CompressionResult, fit_compressor, with_both_pca_variants
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES
+
+PSEUDO_QUERY_CHOICES = [*PSEUDO_QUERY_SOURCES, "none"]
 
 __all__ = ["register", "run_train", "MINING_FLAGS"]
 
@@ -99,6 +102,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--new-documents", type=_fraction, default=None, metavar="FRACTION",
                        help="the new-documents protocol: withhold this hashed fraction of the corpus (e.g. 0.2) from fitting "
                        "and selection, then also score the test queries whose positives are all withheld, over the whole corpus")
+    train.add_argument("--pseudo-queries", choices=PSEUDO_QUERY_CHOICES, default=None,
+                       help="DIVE's training-only pseudo-queries, one per document: its title or its first sentence "
+                       "(weighted by pseudo_query_weight); none: off. Default: the preset's")
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "
                        "the triplets, results.json (the one results layout, the full report in its 'details'; it replaces report.json), "
@@ -127,7 +133,8 @@ def run_train(args: argparse.Namespace) -> int:
             args.data, args.model, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])
     experiment = experiment_from_args(args)
     result = fit_compressor(experiment, args.method, args.dim, preset, seeds, args.final, settings, mining,
-                            args.compare, args.out, labels={"model": args.model}, new_documents=args.new_documents)
+                            args.compare, args.out, labels={"model": args.model}, new_documents=args.new_documents,
+                            pseudo_queries=args.pseudo_queries)
     model_name = experiment.provenance.get("model", args.model)
     table = _summary_table(result, model_name, args.split_seed)
     if args.out:
