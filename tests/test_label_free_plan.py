@@ -178,26 +178,27 @@ def test_agreement_on_unlabelled_queries_fits_every_document(scifact_slice, tmp_
         label_free_validation(_experiment(scifact_slice), "labels")
 
 
-def test_cli_label_free_plan_and_its_conflicting_flags(scifact_slice, tmp_path, capsys):
+def test_cli_label_free_plan_reads_only_the_corpus_and_refuses_conflicting_flags(scifact_slice, tmp_path, capsys):
+    """The CLI plans from a corpus.jsonl and its vectors alone: no queries, no qrels exist anywhere."""
     root = tmp_path / "vectors"
     root.mkdir()
     dataset, embeddings, _ = scifact_slice
     np.save(root / "docs.npy", embeddings.doc_embeddings)
     (root / "docs.txt").write_text("".join(i + "\n" for i in embeddings.doc_ids))
-    np.save(root / "queries.npy", embeddings.query_embeddings)
-    (root / "queries.txt").write_text("".join(i + "\n" for i in embeddings.query_ids))
-    # A BEIR folder of the slice: its corpus, and qrels that the label-free plan never reads.
-    beir = write_beir(tmp_path / "beir", [{"_id": d, "title": dataset.corpus[d].get("title", ""), "text": dataset.corpus[d]["text"]}
-                                          for d in embeddings.doc_ids],
-                      [{"_id": q, "text": q} for q in embeddings.query_ids], [(q, embeddings.doc_ids[0], 1) for q in embeddings.query_ids])
-    common = ["compress", "plan", "--data", str(beir), "--doc-embeddings", str(root / "docs.npy"), "--doc-ids", str(root / "docs.txt"),
-              "--query-embeddings", str(root / "queries.npy"), "--query-ids", str(root / "queries.txt"), "--budget-bytes", "16",
-              "--dims", "32", "--precisions", "binary", "int4", "--peers", ""]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": d, "title": dataset.corpus[d].get("title", ""), "text": dataset.corpus[d]["text"]}) + "\n"
+                              for d in embeddings.doc_ids))
+    common = ["compress", "plan", "--data", str(corpus), "--doc-embeddings", str(root / "docs.npy"), "--doc-ids", str(root / "docs.txt"),
+              "--budget-bytes", "16", "--dims", "32", "--precisions", "binary", "int4", "--peers", ""]
     out = tmp_path / "plan"
     assert main([*common, "--label-free", "agreement", "--methods", "pca", "pca-uncentred", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "no labels read" in printed and "chosen:" in printed
-    assert json.loads((out / "plan.json").read_text())["objective"]["objective"] == "agreement"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["objective"]["objective"] == "agreement" and plan["chosen"]["ram_bytes"] <= 16
+    # --final scores the choice on labelled test queries, so it needs them.
+    assert main([*common, "--label-free", "agreement", "--methods", "pca", "--final", "--out", str(tmp_path / "y")]) == 2
+    capsys.readouterr()
     for extra, message in ((["--label-free", "agreement", "--methods", "dive", "smec"], "needs relevance labels"),
                            (["--label-free", "agreement", "--variants", "qat-binary"], "--variants"),
                            (["--label-free", "pseudo-queries", "--unlabelled-queries", str(root / "q.tsv")], "use --label-free agreement"),

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from embedtune.cli.common import HelpFormatter, add_data_flags, add_list_flag, add_model_flags, experiment_from_args, print_json, print_table
+from embedtune.cli.common import (
+    HelpFormatter,
+    add_data_flags,
+    add_list_flag,
+    add_model_flags,
+    encoder_options_from_args,
+    experiment_from_args,
+    print_json,
+    print_table,
+)
 from embedtune.index.codecs import PRECISIONS
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.label_free import (
@@ -13,6 +22,7 @@ from embedtune.workflows.label_free import (
     LABEL_FREE_OBJECTIVES,
     check_label_free_method,
     encode_unlabelled_queries,
+    load_corpus_experiment,
     run_label_free_plan,
 )
 from embedtune.workflows.plan import DEFAULT_PEERS, DEFAULT_PRECISIONS, run_plan
@@ -66,7 +76,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     free.add_argument("--label-free", choices=LABEL_FREE_OBJECTIVES, default=None,
                       help="choose without relevance labels: agreement (recall@10 of the uncompressed float32 top-10, on held-out "
                            "corpus documents or --unlabelled-queries) or pseudo-queries (nDCG@10 of the held-out documents' titles "
-                           "or first sentences, each retrieving its own document); sweeps unsupervised compressors only")
+                           "or first sentences, each retrieving its own document); sweeps unsupervised compressors only. Reads "
+                           "only the corpus (--data may be a corpus.jsonl, or --doc-embeddings alone); --final then scores the "
+                           "choice on the labelled test queries")
     free.add_argument("--unlabelled-queries", default=None, metavar="FILE",
                       help="with --label-free agreement: your queries, no labels (JSONL or TSV, as `index search --queries`), "
                            "encoded with --model; default: held-out corpus documents are the queries")
@@ -115,7 +127,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
     precisions = args.precisions if args.precisions is not None else (list(PRECISIONS) if label_free else list(DEFAULT_PRECISIONS))
     inputs = [args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids, args.unlabelled_queries]
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True, check_only=True)
-    experiment = experiment_from_args(args)
+    if label_free and not args.final:  # the corpus alone: no qrels or queries are read (or needed)
+        experiment = load_corpus_experiment(args.data, args.model, encoder_options_from_args(args), not args.no_cache,
+                                            args.doc_embeddings, args.doc_ids)
+    else:
+        experiment = experiment_from_args(args)
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True)
     labels = {"model": args.model, "protocol": args.protocol}
     if label_free:

@@ -39,13 +39,16 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, TrainingData, get_compressor_class, load_compressor
+from embedtune.data.beir import BeirDataset, load_beir_corpus
 from embedtune.data.new_documents import withheld_documents
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES
 from embedtune.data.query_files import read_query_file
 from embedtune.encoders.cache import EmbeddingCache
-from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
+from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
+from embedtune.evaluate.search import unit_rows
 from embedtune.index.codecs import PRECISIONS, Precision
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import PLAN_FILE, write_plan
@@ -85,6 +88,7 @@ __all__ = [
     "agreement_queries",
     "pseudo_query_validation",
     "fit_label_free",
+    "load_corpus_experiment",
     "check_label_free_method",
     "encode_unlabelled_queries",
     "label_free_validation",
@@ -186,6 +190,42 @@ def pseudo_query_validation(experiment: Experiment, doc_ids: Sequence[str], sour
     pseudo = build_pseudo_queries(experiment, source, encoder=encoder, cache=cache, doc_ids=list(doc_ids), mine=False)
     judgments = {qid: {qid[len(PSEUDO_PREFIX):]: 1} for qid in pseudo.ids}
     return QuerySet(list(pseudo.ids), pseudo.embeddings, judgments, f"held-out pseudo-queries ({source})")
+
+
+def load_corpus_experiment(
+    data: str | Path | None = None,
+    model: str = "minilm",
+    encoder_options: Mapping[str, Any] | None = None,
+    cache: bool = True,
+    doc_embeddings: str | Path | None = None,
+    doc_ids: str | Path | None = None,
+) -> Experiment:
+    """An experiment of the corpus alone, all a label-free plan reads: no queries, no qrels, no split.
+
+    ``data``: a BEIR folder or a ``corpus.jsonl`` (:func:`~embedtune.data.beir.load_beir_corpus`:
+    ``qrels/`` and ``queries.jsonl`` need not exist), encoded with ``model`` (cached), or, with
+    ``doc_embeddings`` (and ``doc_ids``), precomputed vectors; their texts are then read from
+    ``data`` when it is given (pseudo-queries need them). ``encoder_options["normalize"]`` (default
+    True) is cosine similarity, False the raw dot product.
+    """
+    normalize = (encoder_options or {}).get("normalize", True)
+    if doc_embeddings is not None:
+        ids, docs = load_embeddings(doc_embeddings, doc_ids, unique=True)
+        docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
+        dataset = (load_beir_corpus(data) if data is not None else
+                   BeirDataset(Path(doc_embeddings).stem, {i: {"title": "", "text": ""} for i in ids}, {}, {}, "corpus", {}, str(doc_embeddings)))
+        provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
+    else:
+        if data is None:
+            raise ValueError("give the corpus: a BEIR folder or corpus.jsonl (--data) and a --model, or --doc-embeddings with --doc-ids.")
+        dataset = load_beir_corpus(data)
+        dataset.fingerprints.setdefault("queries.jsonl", hashlib.sha256(b"").hexdigest())  # no queries are encoded
+        encoder = SentenceEncoder(model, **dict(encoder_options or {}))
+        encoded = embed_dataset(encoder, dataset, cache=cache)
+        ids, docs = list(encoded.doc_ids), np.ascontiguousarray(encoded.doc_embeddings, dtype=np.float32)
+        provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
+    embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {})
+    return Experiment(dataset, embeddings, None, "cosine" if normalize else "dot", provenance)
 
 
 def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder: SentenceEncoder | None = None,
