@@ -29,8 +29,9 @@ K = 8
 # Small fits that still move every trained map well away from its start (so export mistakes show).
 FAST_SETTINGS = {"dim": K, "epochs": 3, "unsupervised_epochs": 1, "batch_size": 16, "learning_rate": 5e-2,
                  "selection_learning_rate": 5e-2, "progress": False, "device": "cpu", "seed": 3}
-# Library methods only: a test may register a toy method of its own.
-METHODS = [m for m in available_methods() if get_compressor_class(m).__module__.startswith("embedtune.")]
+# Library methods only: a test may register a toy method of its own. csr: a top-k sparse code has no
+# Dense/Normalize form, and its export is not built yet (issue 30); it is scored as a peer, not exported.
+METHODS = [m for m in available_methods() if get_compressor_class(m).__module__.startswith("embedtune.") and m != "csr"]
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 

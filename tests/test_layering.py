@@ -66,6 +66,7 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     ("embedtune.finetune.backbones.text", "embedtune.finetune.trainer"): "transformers' Trainer, only when a stage trains",
     ("embedtune.finetune.schema", "embedtune.finetune.losses.cached_focal_embedding"): "sentence-transformers (GradCache), only to word an error",
     ("embedtune.compress.st_export", "embedtune.compress.st_module"): "sentence-transformers, only when exporting",
+    ("embedtune.compress.csr", "embedtune.compress.csr_module"): "sentence-transformers' SparseAutoEncoder, only when a CSR fits or loads",
     ("embedtune.encoders.vision_language", "embedtune.encoders.st_vl"): "sentence-transformers, only when saving in its layout "
                                                                         "(st_vl also builds on this module)",
     ("embedtune.cli.pipeline", "embedtune.workflows.pipeline"): "sentence-transformers and transformers (PACE training)",

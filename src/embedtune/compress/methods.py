@@ -9,4 +9,5 @@ from embedtune.compress import (  # noqa: F401
     search_adaptor,
     smec,
     dive,
+    csr,
 )

@@ -33,6 +33,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, get_compressor_class, load_compressor
+from embedtune.compress.csr import sparse_code_bytes
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
@@ -73,6 +74,7 @@ __all__ = [
     "QuerySet",
     "score_precisions",
     "peer_factories",
+    "csr_peer_rows",
     "faiss_cache_dir",
     "load_faiss_cache",
     "save_faiss_cache",
@@ -90,6 +92,10 @@ QUANTISER_PEERS: dict[str, tuple[str, ...]] = {
 # The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
 # rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
 PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32}
+#: The learned peer kind: CSR (sentence-transformers' sparse autoencoder), fitted on the corpus alone, at the budgets
+#: between these bytes that its k (index, fp16 value) pairs fill. Not a default peer: each budget is one fit.
+CSR_PEER_BYTES = (16, 128)
+CSR_LATENT_MULTIPLE = 4  # m = 4d latents, the width the CSR paper and s-t's examples use
 _FIT_KEY = "key.json"
 
 
@@ -155,7 +161,7 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
     factories = []
     for budget in budgets:
         for kind in kinds:
-            if kind in QUANTISER_PEERS:  # precisions of their own bytes, not factory strings sized to a budget
+            if kind in QUANTISER_PEERS or kind == "csr":  # precisions or codes of their own bytes, not factory strings
                 continue
             if kind in ("pq", "opq") and n_train is not None and n_train < 256:
                 continue
@@ -167,8 +173,36 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
                 nlist = max(1, min(1024, (n_train or 39 * 64) // 39))
                 factories.append(f"IVF{nlist},PQ{2 * (budget - 8)}x4fs")
             elif kind not in ("pq", "opq", "pq-fs", "ivf-pq-fs"):
-                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs, {', '.join(QUANTISER_PEERS)}.")
+                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs, {', '.join(QUANTISER_PEERS)}, csr.")
     return factories
+
+
+def csr_peer_rows(fitted: Experiment, experiment: Experiment, budgets: Sequence[int], seed: int = 2027, work: str | Path | None = None,
+                  data: Mapping[str, Any] | None = None, rounds: int = 3) -> list[dict[str, Any]]:
+    """CSR, fitted on ``fitted``'s corpus without labels, at each budget of :data:`CSR_PEER_BYTES` its codes fill, scored on ``experiment``'s val.
+
+    A row's bytes are the sparse code's, ``k × (index bytes + 2)`` (:func:`embedtune.compress.csr.sparse_code_bytes`),
+    and its search is exact over the densified k-sparse codes, the documents' values at fp16 (``SQfp16``): the
+    ranking a sparse store of those pairs gives. The rows are peers on the frontier, never the plan's choice
+    (``choosable`` False): the deployed index has no sparse store yet, so a chosen CSR would not hold its bytes.
+    """
+    latent_dim = CSR_LATENT_MULTIPLE * experiment.embeddings.dim
+    pair_bytes = sparse_code_bytes(1, latent_dim)
+    rows: list[dict[str, Any]] = []
+    for budget in sorted(set(budgets)):
+        active = budget // pair_bytes
+        if not CSR_PEER_BYTES[0] <= budget <= CSR_PEER_BYTES[1] or budget % pair_bytes or 4 * active > latent_dim:
+            continue
+        candidate = Candidate("csr", latent_dim, f"k{active}", (("active", active),))
+        compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
+        for row in precision_rows(experiment, "val", compressor, ["float16"], rounds=rounds,
+                                  labels={"method": "csr", "variant": candidate.variant, "family": "CSR (learned peer)",
+                                          "candidate": candidate.name, "fit_s": fit_s}):
+            code_bytes = sparse_code_bytes(active, latent_dim)
+            row.update(precision="sparse-fp16", setting=f"{candidate.name}/sparse-fp16", ram_bytes=code_bytes, disk_bytes=code_bytes,
+                       choosable=False)
+            rows.append(row)
+    return rows
 
 
 # -- fitting ---------------------------------------------------------------------------------
@@ -530,7 +564,8 @@ def run_plan(
         precisions: precisions of every compressed space.
         peers: FAISS PQ/OPQ families on the uncompressed vectors (see :func:`peer_factories`), at
             the byte sizes the precisions reach, and the quantiser peers :data:`QUANTISER_PEERS`
-            (RaBitQ, TurboQuant, SQ4 on the uncompressed vectors, at their own bytes).
+            (RaBitQ, TurboQuant, SQ4 on the uncompressed vectors, at their own bytes); ``csr`` adds
+            CSR's sparse codes at the budgets in :data:`CSR_PEER_BYTES` (:func:`csr_peer_rows`).
         seed: training seed.
         final: also score the chosen setting once on the held-out test queries.
         work: where the sweep's fits are kept (reused by a later run); default ``OUT/sweep``.
@@ -583,6 +618,8 @@ def run_plan(
         row["setting"] = f"frozen-{input_dim}/{row['precision']}"
         row["candidate"] = None
     rows += frozen_rows + peer_rows
+    if "csr" in peers:  # CSR, a learned peer fitted on the corpus alone (issue 30): compared, never chosen
+        rows += csr_peer_rows(fitted, experiment, budgets, seed, work, data, rounds)
     reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
     # Phase 2 of 3: fit (or reuse from WORK) every candidate on the train queries, score it at every precision.
     sweep = [(method, dim, variant) for method in methods if method != "frozen" for dim in dims
@@ -599,7 +636,7 @@ def run_plan(
                 row["setting"] = _row_setting(candidate, row["precision"], dim)
                 rows.append(row)
             bar.update(1)
-    chosen = dict(choose(rows, budget_bytes, target_retention, reference))
+    chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference))
     frontier = [r["setting"] for r in pareto_frontier(rows)]
     title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
     out.mkdir(parents=True, exist_ok=True)
