@@ -198,7 +198,8 @@ def verdict(c: dict[str, Any]) -> str:
 def report(args: argparse.Namespace) -> None:
     root = Path(args.results) / f"{args.data_name}-{args.model}"
     run_info = json.loads((root / "run.json").read_text(encoding="utf-8"))
-    test = load_rows(root, "test")
+    full = f"truncate-{run_info['dims'][0]}/"  # truncation to the full width is the frozen model itself: reported once, as frozen
+    test = {k: v for k, v in load_rows(root, "test").items() if not k.startswith(full)}
     if not test:
         raise SystemExit(f"{root}: no test results yet.")
     n_test = next(iter(test.values()))["n_queries"]
@@ -224,44 +225,54 @@ def report(args: argparse.Namespace) -> None:
                   "| budget | plan's pick (objective) | nDCG@10 " + " | ".join(groups) + " | best peer by the objective | nDCG@10 "
                   + " | ".join(groups) + " | Δ pick − peer (p) " + " | ".join(groups) + " |", "|---" * (4 + 3 * len(groups)) + "|"]
         budgets = []
+        rotation_lines = []
         for budget in BUDGETS:
             rows = list(val.values())
             pick = best_within(rows, budget, y="objective")
             peer = best_within([r for r in rows if is_peer(r)], budget, y="objective")
             ours = best_within([r for r in rows if not is_peer(r)], budget, y="objective")
-            if pick is None or peer is None:
-                lines.append(f"| {budget} | no setting of one side fits |" + " |" * (2 + 3 * len(groups)))
+            theirs = best_within([r for r in rows if is_rotation_peer(r)], budget, y="objective")
+            if pick is None:
+                lines.append(f"| {budget} | nothing fits |" + " |" * (2 + 3 * len(groups)))
                 continue
-            a, b = test[pick["setting"]], test[peer["setting"]]
-            cmp = {name: compare(a, b, ids) for name, ids in groups.items()}
-            entry = {"budget": budget, "pick": pick["setting"], "pick_objective": pick["objective"], "peer": peer["setting"],
-                     "peer_objective": peer["objective"], "compressor_pick": ours["setting"] if ours else None,
-                     "pick_vs_peer": cmp}
-            if ours is not None and ours["setting"] != pick["setting"]:
-                entry["compressor_vs_peer"] = {name: compare(test[ours["setting"]], b, ids) for name, ids in groups.items()}
+            entry: dict[str, Any] = {"budget": budget, "pick": pick["setting"], "pick_objective": pick["objective"],
+                                     "compressor_pick": ours["setting"] if ours else None}
+            a = test[pick["setting"]]
+            if peer is None:
+                lines.append(f"| {budget} | {pick['setting']} ({pick['objective']:.4f}) | " + " | ".join(f"{mean_on(a, ids):.4f}" for ids in groups.values())
+                             + " | no peer fits |" + " |" * (2 * len(groups)))
+            else:
+                b = test[peer["setting"]]
+                cmp = {name: compare(a, b, ids) for name, ids in groups.items()}
+                entry.update(peer=peer["setting"], peer_objective=peer["objective"], pick_vs_peer=cmp)
+                same = pick["setting"] == peer["setting"]
+                lines.append(f"| {budget} | {pick['setting']}{' (= peer)' if same else ''} ({pick['objective']:.4f}) | "
+                             + " | ".join(f"{cmp[g]['a']:.4f}" for g in groups)
+                             + f" | {peer['setting']} ({peer['objective']:.4f}) | " + " | ".join(f"{cmp[g]['b']:.4f}" for g in groups) + " | "
+                             + " | ".join("same setting" if same else f"{cmp[g]['difference']:+.4f} ({cmp[g]['p_value']:.2g}) {verdict(cmp[g])}"
+                                          for g in groups) + " |")
+            if ours is not None and theirs is not None:
+                c = {name: compare(test[ours["setting"]], test[theirs["setting"]], ids) for name, ids in groups.items()}
+                entry.update(rotation_peer=theirs["setting"], compressor_vs_rotation=c)
+                rotation_lines.append(f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {c['all']['a']:.4f} | {theirs['setting']} "
+                                      f"({theirs['objective']:.4f}) | {c['all']['b']:.4f} | "
+                                      + " | ".join(f"{c[g]['difference']:+.4f} ({c[g]['p_value']:.2g}) {verdict(c[g])}" for g in groups) + " |")
+            elif ours is not None:
+                rotation_lines.append(f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {mean_on(test[ours['setting']], groups['all']):.4f} "
+                                      "| no RaBitQ/TurboQuant of the frozen vectors fits |" + " |" * (1 + len(groups)))
             budgets.append(entry)
-            same = " (= peer)" if pick["setting"] == peer["setting"] else ""
-            lines.append(f"| {budget} | {pick['setting']}{same} ({pick['objective']:.4f}) | "
-                         + " | ".join(f"{cmp[g]['a']:.4f}" for g in groups)
-                         + f" | {peer['setting']} ({peer['objective']:.4f}) | " + " | ".join(f"{cmp[g]['b']:.4f}" for g in groups) + " | "
-                         + " | ".join(f"{cmp[g]['difference']:+.4f} ({cmp[g]['p_value']:.2g}) {verdict(cmp[g]) if pick['setting'] != peer['setting'] else ''}"
-                                      for g in groups) + " |")
         summary["objectives"][objective] = {"record": record, "reference": reference, "budgets": budgets}
-        lines.append("")
-        lines += ["Best label-free compressor setting at the budget, chosen by the objective, against the peer it chose "
-                  "(only where the plan's pick is a peer):", ""]
-        for entry in budgets:
-            if "compressor_vs_peer" in entry:
-                c = entry["compressor_vs_peer"]
-                lines.append(f"- {entry['budget']} B: {entry['compressor_pick']} vs {entry['peer']}: "
-                             + "; ".join(f"{g} {c[g]['a']:.4f} vs {c[g]['b']:.4f}, Δ {c[g]['difference']:+.4f} (p {c[g]['p_value']:.2g})"
-                                         for g in groups))
+        lines += ["", f"Label-free compressors (truncation below d, PCA, uncentred PCA, DIVE unsupervised; any precision) against "
+                  f"RaBitQ/TurboQuant of the frozen vectors, each side chosen by {objective}, scored on test:", "",
+                  "| budget | best compressor setting (objective) | nDCG@10 | best RaBitQ/TurboQuant (objective) | nDCG@10 | "
+                  + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (5 + len(groups)) + "|"]
+        lines += rotation_lines
         lines.append("")
     # The RaBitQ/TurboQuant question, on test (upper bounds of each side at the budget; no selection).
     lines += ["## Label-free compressors against RaBitQ / TurboQuant on the frozen vectors (best of each on test at ≤ budget)", "",
               "Both sides are the best setting on the test queries themselves: an upper bound for each, never a selection.", "",
-              "| budget | best label-free compressor setting | nDCG@10 | best frozen RaBitQ/TurboQuant | nDCG@10 | Δ (p) "
-              + " | ".join(g for g in groups if g != "all") + " |", "|---" * (6 + len(groups) - 1) + "|"]
+              "| budget | best label-free compressor setting | nDCG@10 | best frozen RaBitQ/TurboQuant | nDCG@10 | "
+              + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (5 + len(groups)) + "|"]
     rotation = []
     for budget in BUDGETS:
         rows = list(test.values())
@@ -269,14 +280,13 @@ def report(args: argparse.Namespace) -> None:
         theirs = best_within([r for r in rows if is_rotation_peer(r)], budget)
         if ours is None or theirs is None:
             lines.append(f"| {budget} | {ours['setting'] if ours else '—'} | {ours['ndcg@10']:.4f} | none fits (RaBitQ 1-bit is "
-                         f"{(run_info['dims'][0] // 8) + 8} B, TurboQuant 1-bit {run_info['dims'][0] // 8} B) | | |" if ours else
-                         f"| {budget} | none | | | | |")
+                         f"{(run_info['dims'][0] // 8) + 8} B, TurboQuant 1-bit {run_info['dims'][0] // 8} B) |" + " |" * (1 + len(groups)) if ours else
+                         f"| {budget} | none |" + " |" * (3 + len(groups)))
             continue
         cmp = {name: compare(ours, theirs, ids) for name, ids in groups.items()}
         rotation.append({"budget": budget, "compressor": ours["setting"], "rotation_peer": theirs["setting"], "compare": cmp})
         lines.append(f"| {budget} | {ours['setting']} | {cmp['all']['a']:.4f} | {theirs['setting']} | {cmp['all']['b']:.4f} "
-                     f"| {cmp['all']['difference']:+.4f} ({cmp['all']['p_value']:.2g}) {verdict(cmp['all'])} | "
-                     + " | ".join(f"{cmp[g]['difference']:+.4f} ({cmp[g]['p_value']:.2g}) {verdict(cmp[g])}" for g in groups if g != "all") + " |")
+                     "| " + " | ".join(f"{cmp[g]['difference']:+.4f} ({cmp[g]['p_value']:.2g}) {verdict(cmp[g])}" for g in groups) + " |")
     summary["rotation_peers"] = rotation
     lines += ["", "## Every setting on test", "", "| setting | RAM B | nDCG@10 | " + " | ".join(groups) + " | agreement | pseudo-queries |",
               "|---" * (5 + len(groups)) + "|"]
