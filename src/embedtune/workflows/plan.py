@@ -54,7 +54,7 @@ from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.frontier_plot import plot_frontier
 from embedtune.workflows.pareto import choose, pareto_frontier
-from embedtune.workflows.train_compressor import fit_compressor
+from embedtune.workflows.train_compressor import fit_compressor, resolve_preset
 
 logger = logging.getLogger(__name__)
 
@@ -230,12 +230,17 @@ def experiment_fingerprint(experiment: Experiment) -> dict[str, Any]:
 def fit_key(experiment: Experiment, candidate: Candidate, seed: int, final: bool, data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Everything a cached fit of ``candidate`` depends on: the data's fingerprints, the split part, the method, its settings, the seed."""
     settings = {**method_settings(candidate.method, candidate.dim, experiment.embeddings.dim), **dict(candidate.settings)}
+    # The fit runs the method's default preset under these settings: a changed recipe refits.
+    recipe = resolve_preset(candidate.method, None)
+    preset = {"name": recipe.name, "settings": dict(recipe.settings), "mining": dataclasses.asdict(recipe.mining),
+              "pseudo_queries": recipe.pseudo_queries}
     return {
         "data": dict(data if data is not None else experiment_fingerprint(experiment)),
         "part": "train+val" if final else "train",
         "method": candidate.method,
         "dim": candidate.dim,
         "variant": candidate.variant,
+        "preset": json.loads(json.dumps(preset, sort_keys=True, default=str)),
         "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)),
         "seed": seed,
         "embedtune_version": __version__,
