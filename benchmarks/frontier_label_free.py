@@ -144,10 +144,11 @@ def run(args: argparse.Namespace) -> None:
         return frozen_indexes
 
     # The frozen vectors at every precision (RaBitQ, TurboQuant, SQ4 among them) first, then each quick compressor
-    # (validation, then its refit on test), then the FAISS PQ/OPQ peers (8-bit ones train for minutes), then DIVE.
+    # (validation, then its refit on test), then DIVE, then the FAISS PQ/OPQ peers (8-bit ones train for minutes;
+    # they may be trained into the same cache by another process meanwhile).
     frozen_groups(precisions, {})
     quick = [c for c in candidates if c.method != "dive"]
-    for candidate in quick + [None] + [c for c in candidates if c.method == "dive"]:
+    for candidate in quick + [c for c in candidates if c.method == "dive"] + [None]:
         if candidate is None:
             frozen_groups(factories, train_factories())
             continue
