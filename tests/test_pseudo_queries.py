@@ -144,3 +144,20 @@ def test_the_recipe_decides_unless_the_user_does(monkeypatch):
     assert recipe_pseudo_queries(encoded, "mrl-adaptor", None, "title", None, 1) == (None, None)
     with pytest.raises(ValueError, match="pseudo-queries train DIVE only"):
         recipe_pseudo_queries(encoded, "mrl-adaptor", "title", None, None, 1)
+
+
+def test_a_smaller_corpus_gets_its_own_cache_entry(tmp_path):
+    from embedtune.encoders.cache import EmbeddingCache
+
+    cache = EmbeddingCache(tmp_path, use_bundled=False)
+    whole = _experiment("minilm")
+    first = build_pseudo_queries(whole, "title", seed=5, encoder=_FakeEncoder(), cache=cache)
+    part = _experiment("minilm")
+    keep = 4
+    part.embeddings = DatasetEmbeddings(whole.embeddings.doc_ids[:keep], whole.embeddings.doc_embeddings[:keep], ["q"],
+                                        whole.embeddings.query_embeddings, {}, {})
+    encoder = _FakeEncoder()
+    second = build_pseudo_queries(part, "title", seed=5, encoder=encoder, cache=cache)
+    assert len(second.ids) == keep and encoder.calls  # encoded, not a clash with the whole corpus's entry
+    again = _FakeEncoder()
+    assert build_pseudo_queries(whole, "title", seed=5, encoder=again, cache=cache).ids == first.ids and not again.calls  # still cached

@@ -25,6 +25,7 @@ from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.io import sha256_json
+from embedtune.io import sha256_json
 from embedtune.workflows.experiment import Experiment
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ def build_pseudo_queries(
     corpus_ids = experiment.embeddings.doc_ids
     ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source)
     corpus_sha = experiment.dataset.fingerprints.get("corpus.jsonl", "")
-    parts = {"model_sha256": encoder.fingerprint, "data_sha256": corpus_sha, "recipe": {**encoder.recipe("query"), "pseudo_queries": source}}
+    # The ids are part of the key: a withheld or sampled corpus has other pseudo-queries than the whole one.
+    parts = {"model_sha256": encoder.fingerprint, "data_sha256": corpus_sha, "recipe": {**encoder.recipe("query"), "pseudo_queries": source},
+             "ids_sha256": sha256_json(ids)}
     if doc_ids is not None:  # a subset is an entry of its own: it must not replace the whole corpus's
         parts["documents_sha256"] = sha256_json(list(doc_ids))
     if cache is True:
