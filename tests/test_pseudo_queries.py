@@ -161,3 +161,21 @@ def test_a_smaller_corpus_gets_its_own_cache_entry(tmp_path):
     assert len(second.ids) == keep and encoder.calls  # encoded, not a clash with the whole corpus's entry
     again = _FakeEncoder()
     assert build_pseudo_queries(whole, "title", seed=5, encoder=again, cache=cache).ids == first.ids and not again.calls  # still cached
+
+
+def test_the_default_encoder_is_the_experiments_own_recipe(monkeypatch):
+    import embedtune.workflows.pseudo_queries as module
+
+    seen = {}
+
+    class Recorder(_FakeEncoder):
+        def __init__(self, model, **options):
+            super().__init__()
+            seen.update(model=model, **options)
+
+    monkeypatch.setattr(module, "SentenceEncoder", Recorder)
+    experiment = _experiment("minilm")
+    experiment.embeddings.model = {"backend": "onnx-int8", "max_seq_length": 128, "query_prompt": "query: "}
+    build_pseudo_queries(experiment, cache=False)
+    assert seen["model"] == "minilm" and seen["backend"] == "onnx-int8" and seen["max_seq_length"] == 128
+    assert seen["query_prompt"] == "query: " and seen["normalize"] is True

@@ -66,7 +66,11 @@ def build_pseudo_queries(
         if model in (None, PRECOMPUTED_MODEL):
             raise EmbedtuneError("pseudo-queries are encoded by the model that made the vectors, but these vectors were precomputed; "
                                  "pass --model (or an encoder) or leave pseudo-queries off.")
-        encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False)
+        # The experiment's own encoder recipe: the same backend, length and query prompt as its queries had.
+        made_by = experiment.embeddings.model or {}
+        encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False,
+                                  backend=made_by.get("backend", "torch"), max_seq_length=made_by.get("max_seq_length"),
+                                  query_prompt=made_by.get("query_prompt", ""))
     corpus_ids = experiment.embeddings.doc_ids
     ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source)
     corpus_sha = experiment.dataset.fingerprints.get("corpus.jsonl", "")
