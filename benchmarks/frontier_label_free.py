@@ -269,6 +269,24 @@ def report(args: argparse.Namespace) -> None:
                   + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (5 + len(groups)) + "|"]
         lines += rotation_lines
         lines.append("")
+    # The two objectives against each other: what each picks, and how the picks compare on test.
+    picks = {o: {e["budget"]: e["pick"] for e in summary["objectives"].get(o, {}).get("budgets", [])} for o in LABEL_FREE_OBJECTIVES}
+    if all(picks.values()):
+        lines += ["## The two objectives compared: each one's pick, scored on test (Δ: agreement's pick − pseudo-queries' pick)", "",
+                  "| budget | agreement's pick | nDCG@10 | pseudo-queries' pick | nDCG@10 | best on test at ≤ budget | nDCG@10 | "
+                  + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (7 + len(groups)) + "|"]
+        versus = []
+        for budget in BUDGETS:
+            a_name, b_name = picks["agreement"].get(budget), picks["pseudo-queries"].get(budget)
+            if a_name is None or b_name is None:
+                continue
+            best = best_within(list(test.values()), budget)
+            c = {name: compare(test[a_name], test[b_name], ids) for name, ids in groups.items()}
+            versus.append({"budget": budget, "agreement": a_name, "pseudo_queries": b_name, "oracle": best["setting"], "compare": c})
+            lines.append(f"| {budget} | {a_name} | {c['all']['a']:.4f} | {b_name} | {c['all']['b']:.4f} | {best['setting']} | {best['ndcg@10']:.4f} | "
+                         + " | ".join("same" if a_name == b_name else f"{c[g]['difference']:+.4f} ({c[g]['p_value']:.2g})" for g in groups) + " |")
+        summary["objectives_compared"] = versus
+        lines.append("")
     # The RaBitQ/TurboQuant question, on test (upper bounds of each side at the budget; no selection).
     lines += ["## Label-free compressors against RaBitQ / TurboQuant on the frozen vectors (best of each on test at ≤ budget)", "",
               "Both sides are the best setting on the test queries themselves: an upper bound for each, never a selection.", "",
