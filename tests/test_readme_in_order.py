@@ -43,6 +43,7 @@ NOT_RUN = {
     "embedtune embed-corpus --data /shared/": "a Ray cluster with GPUs",
     "embedtune compress plan ": "a full quality-per-byte sweep (tests/test_plan.py runs the engine)",
     "embedtune index build --plan ": "needs the plan above",
+    "embedtune compress export --plan ": "needs the plan above (tests/test_plan_export.py runs plan -> export -> index)",
     "embedtune compress train --method dive --dim 128 --protocol beir-train": "five methods: covered by the commands below on one seed",
     "embedtune benchmark ": "a benchmark grid",
     "embedtune report dive": "reads the committed grid (tests/test_bench_stats.py)",
