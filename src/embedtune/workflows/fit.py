@@ -27,7 +27,6 @@ what was used: the path, the method and its config, the inputs with their sha256
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -42,16 +41,14 @@ from embedtune.compress import Compressor, Preset, TrainingData, get_compressor_
 from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
 from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
-from embedtune.data.beir import load_beir, load_beir_corpus, qrels_splits
+from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
 from embedtune.data.splits import QuerySplit, rank_by_hash
-from embedtune.encoders.dataset import embed_dataset
-from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, require_ids, vector_fingerprints
-from embedtune.encoders.sentence_transformer import SentenceEncoder
-from embedtune.evaluate.search import unit_rows
+from embedtune.encoders.precomputed import require_ids
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
+from embedtune.workflows.label_free import load_corpus_experiment
 from embedtune.workflows.pseudo_queries import recipe_pseudo_queries
 from embedtune.workflows.train_compressor import require_mined_triplets, resolve_preset, training_notes
 from embedtune.workflows.triplets import shared_triplets
@@ -160,19 +157,13 @@ def _has_labels(data: str | Path | None, split: str, labels: str | Path | None, 
 def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encoder_options: Mapping[str, Any] | None,
             cache: bool) -> tuple[list[str], np.ndarray, dict[str, Any]]:
     """Document ids, unit-row vectors and their provenance for the unsupervised path."""
-    normalize = (encoder_options or {}).get("normalize", True)
-    if vectors.get("doc_embeddings") is not None:
-        ids, docs = load_embeddings(vectors["doc_embeddings"], vectors.get("doc_ids"), unique=True)
-        docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
-        return ids, docs, {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(vectors["doc_embeddings"], vectors.get("doc_ids"))}
-    if data is None:
-        raise ValueError("give the corpus: document vectors (--doc-embeddings with --doc-ids) or a BEIR folder (--data) and a --model.")
-    dataset = load_beir_corpus(data)
-    dataset.fingerprints.setdefault("queries.jsonl", hashlib.sha256(b"").hexdigest())  # no queries are encoded
-    encoder = SentenceEncoder(model, **dict(encoder_options or {}))
-    embeddings = embed_dataset(encoder, dataset, cache=cache)
-    return embeddings.doc_ids, np.ascontiguousarray(embeddings.doc_embeddings, dtype=np.float32), {
-        "model": str(model), "model_sha256": encoder.fingerprint, "data": dict(dataset.fingerprints)}
+    given = vectors.get("doc_embeddings") is not None
+    corpus = load_corpus_experiment(None if given else data, model, encoder_options, cache,
+                                    vectors.get("doc_embeddings"), vectors.get("doc_ids"))
+    provenance = dict(corpus.provenance)
+    if not given:
+        provenance["data"] = dict(corpus.dataset.fingerprints)
+    return list(corpus.embeddings.doc_ids), corpus.embeddings.doc_embeddings, provenance
 
 
 def fit_on_all(
