@@ -190,8 +190,8 @@ def pca_start_scores(holdout: TrainingData, doc_embeddings: np.ndarray, dim: int
     The residual adapters start as "read the first k rotated coordinates", so their epoch-0 map is
     one of these two whatever the method; scoring them here needs no training.
     """
-    rotation = corpus_pca_rotation(doc_embeddings, normalize_input=True)[:, :dim]
-    offset = centred_start_bias(doc_embeddings, corpus_pca_rotation(doc_embeddings, normalize_input=True), True)[:dim]
+    basis = corpus_pca_rotation(doc_embeddings, normalize_input=True)
+    rotation, offset = basis[:, :dim], centred_start_bias(doc_embeddings, basis, True)[:dim]
     queries, docs = unit_rows(holdout.query_embeddings) @ rotation, unit_rows(holdout.doc_embeddings) @ rotation
     scores = {}
     for name, shift in (("uncentred", 0.0), ("centred", offset)):
