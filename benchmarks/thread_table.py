@@ -42,7 +42,7 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
-def prepare(work: Path) -> dict[str, list[str]]:
+def prepare(work: Path, evaluate_data: str | None = None) -> dict[str, list[str]]:
     """Inputs of the four workloads, and their commands (without --threads)."""
     from embedtune.data.beir import load_beir
 
@@ -60,6 +60,8 @@ def prepare(work: Path) -> dict[str, list[str]]:
         for doc_id in list(corpus)[:200]:
             handle.write(json.dumps({"_id": doc_id, **corpus[doc_id]}) + "\n")
     arguana = SHARED / "arguana"
+    evaluated = evaluate_data or (str(arguana) if arguana.is_dir() else "scifact")
+    evaluated_name = Path(evaluated).name if evaluate_data else ("ArguAna" if arguana.is_dir() else "scifact")
     return {
         "compress fit (DIVE 128, SciFact, 10 epochs)": ["compress", "fit", "--method", "dive", "--dim", "128", "--data", "scifact",
                                                          "--model", "minilm", "--set", "epochs=10", "--out", str(work / "fit"),
@@ -68,7 +70,7 @@ def prepare(work: Path) -> dict[str, list[str]]:
                                                 "--out", str(work / "applied.npy"), "--overwrite"],
         "embed-corpus (200 SciFact docs, MiniLM)": ["embed-corpus", "--data", str(work / "corpus.jsonl"), "--model", "minilm",
                                                      "--out", "{fresh}"],
-        "evaluate (MiniLM, ArguAna, cached)": ["evaluate", "--model", "minilm", "--data", str(arguana if arguana.is_dir() else "scifact")],
+        f"evaluate (MiniLM, {evaluated_name}, cached)": ["evaluate", "--model", "minilm", "--data", evaluated],
     }
 
 
@@ -101,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "threads"))
     parser.add_argument("--only", nargs="*", default=None, help="substrings of the workloads to run")
+    parser.add_argument("--evaluate-data", default=None, help="the dataset of the evaluate row (default: ArguAna when ../shared has it)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory(prefix="embedtune-threads-") as scratch:
         work = Path(scratch)
-        workloads = prepare(work)
+        workloads = prepare(work, args.evaluate_data)
         cells = []
         for name, command in workloads.items():
             if args.only and not any(part in name for part in args.only):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -198,12 +199,13 @@ def test_a_plan_rerun_with_other_vectors_refits(tmp_path, caplog):
         x = np.load(vectors)
         np.save(tmp_path / f"other-{kind}.npy", (x + 0.5 * np.linalg.norm(x, axis=1, keepdims=True) * rng.normal(size=x.shape) / 5).astype(np.float32))
         other_files[kind] = (tmp_path / f"other-{kind}.npy", ids)
-    options = dict(budget_bytes=4 * 8, methods=["pca"], dims=[8], precisions=["float32"], peers=[], rounds=1)
+    # One --work folder met by other vectors (the default sweep folder is per data, so it never is).
+    options = dict(budget_bytes=4 * 8, methods=["pca"], dims=[8], precisions=["float32"], peers=[], rounds=1, work=tmp_path / "sweep")
     out = tmp_path / "plan"
     run_plan(_experiment(root, files), out, **options)
     with caplog.at_level(logging.WARNING, logger="embedtune.workflows.plan"):
         rerun = run_plan(_experiment(root, other_files), out, **options)  # the same folder, other vectors
-    fresh = run_plan(_experiment(root, other_files), tmp_path / "fresh", **options)
+    fresh = run_plan(_experiment(root, other_files), tmp_path / "fresh", **{**options, "work": tmp_path / "fresh-sweep"})
     scores = lambda plan: {r["setting"]: r["ndcg@10"] for r in plan["sweep"]}  # noqa: E731
     assert scores(rerun) == scores(fresh)
     assert any("refitting pca-8" in r.getMessage() and "data.doc_embeddings" in r.getMessage() for r in caplog.records)
@@ -211,6 +213,29 @@ def test_a_plan_rerun_with_other_vectors_refits(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="embedtune.workflows.plan"):
         assert scores(run_plan(_experiment(root, other_files), out, **options)) == scores(fresh)  # same inputs: reused
     assert not any("refitting" in r.getMessage() for r in caplog.records)
+
+
+def test_two_plans_without_work_share_one_sweep_per_data(tmp_path, monkeypatch):
+    """Issue 29: the README's second plan (another --out, no --work) reuses the first one's fits; other data gets its own folder."""
+    import embedtune.workflows.plan as plan_module
+
+    fits = []
+    real_fit = plan_module.fit_compressor
+    monkeypatch.setattr(plan_module, "fit_compressor", lambda *a, **k: fits.append(a[1]) or real_fit(*a, **k))
+    root, files = _toy(tmp_path)
+    options = dict(methods=["pca"], dims=[8], precisions=["float32"], peers=[], rounds=1)
+    first = run_plan(_experiment(root, files), tmp_path / "plan-a", budget_bytes=32, **options)
+    assert len(fits) == 2  # the sweep's fit on train and the chosen one's refit on train+val
+    second = run_plan(_experiment(root, files), tmp_path / "plan-b", budget_bytes=32, final=True, **options)
+    assert len(fits) == 2, "the second plan refitted instead of reusing the shared sweep"
+    assert {r["setting"]: r["ndcg@10"] for r in second["sweep"]} == {r["setting"]: r["ndcg@10"] for r in first["sweep"]}
+    shared = plan_module.default_sweep_dir(plan_module.experiment_fingerprint(_experiment(root, files)))
+    assert shared.parent == Path(os.environ["EMBEDTUNE_CACHE"]) / "plan-sweeps" and (shared / "train").is_dir()
+    assert not (tmp_path / "plan-a" / "sweep").exists()
+    other_root, other_files = _toy(tmp_path / "other", seed=3)
+    run_plan(_experiment(other_root, other_files), tmp_path / "plan-c", budget_bytes=32, **options)
+    assert len(fits) == 4  # other vectors: a folder of their own, fitted afresh
+    assert len(list(shared.parent.iterdir())) == 2
 
 
 @pytest.fixture
@@ -273,10 +298,10 @@ def test_a_damaged_cached_faiss_file_is_rebuilt_not_used(tmp_path, caplog):
 
     root, files = _toy(tmp_path)
     experiment = _experiment(root, files)
-    options = dict(budget_bytes=1, methods=["truncate"], dims=[8], precisions=["binary"], peers=["pq-fs"], rounds=1)
+    options = dict(budget_bytes=1, methods=["truncate"], dims=[8], precisions=["binary"], peers=["pq-fs"], rounds=1, work=tmp_path / "sweep")
     out = tmp_path / "plan"
     first = run_plan(experiment, out, **options)
-    cached = sorted((out / "sweep" / "frozen-faiss").rglob("*.faiss"))
+    cached = sorted((tmp_path / "sweep" / "frozen-faiss").rglob("*.faiss"))
     assert cached
     peer = lambda plan: {r["setting"]: r["ndcg@10"] for r in plan["sweep"] if "faiss:" in r["setting"]}  # noqa: E731
     # Swapped in from another run: a valid index of the same kind, trained on other vectors.

@@ -89,7 +89,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "shared), or always its first sentence")
     plan.add_argument("--seed", type=int, default=2027, help="training seed")
     plan.add_argument("--final", action="store_true", help="also score the choice once on the held-out test queries")
-    plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default OUT/sweep)")
+    plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default: one folder per dataset under "
+                      "the embedtune cache, $EMBEDTUNE_CACHE/plan-sweeps, so a second plan on the same data reuses the fits)")
     plan.add_argument("--out", required=True, help="the plan folder to write; a folder an earlier `compress plan` wrote is re-entered, "
                       "reusing its sweep's fits")
     plan.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

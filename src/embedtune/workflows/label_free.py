@@ -66,6 +66,7 @@ from embedtune.workflows.plan import (
     Candidate,
     QuerySet,
     candidate_for,
+    default_sweep_dir,
     faiss_cache_dir,
     load_faiss_cache,
     method_settings,
@@ -445,7 +446,6 @@ def run_label_free_plan(
         The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
     """
     out = Path(out)
-    work = Path(work) if work is not None else out / "sweep"
     for method in methods:
         check_label_free_method(method)
     validation = label_free_validation(experiment, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
@@ -462,6 +462,9 @@ def run_label_free_plan(
     position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
     fit_docs = docs[[position[d] for d in validation.fit_doc_ids]]
     fit_part = "all" if not validation.held_out else f"held-out-{validation.record['held_out_sha256'][:12]}"
+    if work is None:  # shared by label-free plans on the same corpus; each fit is keyed by its documents and candidate
+        work = default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", docs).name, "doc_ids": sha256_json(doc_ids)})
+    work = Path(work)
 
     def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
         rows = score_precisions(query_set, doc_ids, docs, compressor, specs, rounds=rounds, labels=extra, prebuilt=prebuilt,

@@ -37,6 +37,7 @@ from embedtune.compress.csr import sparse_code_bytes
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
+from embedtune.encoders.paths import cache_root
 from embedtune.errors import EmbedtuneError
 from embedtune.index.codecs import Precision, QuantizedIndex
 from embedtune.index.deployment import deployment_recipe
@@ -459,6 +460,21 @@ def score_precisions(
     return rows
 
 
+#: The sweeps' shared home under the user cache (``$EMBEDTUNE_CACHE`` overrides it): one folder per data.
+SWEEP_CACHE = "plan-sweeps"
+
+
+def default_sweep_dir(fingerprint: Mapping[str, Any]) -> Path:
+    """Where a plan keeps its sweep when no ``work`` is given: ``<cache>/plan-sweeps/<sha256 of the fingerprint>``.
+
+    Keyed by everything that shaped the fits (:func:`experiment_fingerprint`, or the corpus
+    vectors' digest for a label-free plan), so two plans on the same data share their fits (the
+    README's second and third plans take seconds, not the sweep again) and plans on other data
+    never meet. Each fit inside is still reloaded only when its own ``key.json`` matches.
+    """
+    return cache_root() / SWEEP_CACHE / sha256_json(dict(fingerprint))[:16]
+
+
 def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray) -> Path:
     """Where FAISS indexes trained on this exact corpus are kept: ``WORK/frozen-faiss/<sha256 of the vectors>``."""
     digest = hashlib.sha256(np.ascontiguousarray(doc_embeddings, dtype=np.float32).tobytes()).hexdigest()[:16]
@@ -573,7 +589,8 @@ def run_plan(
             CSR's sparse codes at the budgets in :data:`CSR_PEER_BYTES` (:func:`csr_peer_rows`).
         seed: training seed.
         final: also score the chosen setting once on the held-out test queries.
-        work: where the sweep's fits are kept (reused by a later run); default ``OUT/sweep``.
+        work: where the sweep's fits are kept (reused by a later run); default
+            :func:`default_sweep_dir` of this experiment, shared by every plan on the same data.
         labels: JSON-safe fields for plan.json (dataset, model).
         variants: named variants (:data:`VARIANTS`, e.g. ``qat-binary``) swept beside each
             method's default, for the methods whose config has their fields.
@@ -582,7 +599,6 @@ def run_plan(
         The plan (also ``OUT/plan.json``).
     """
     out = Path(out)
-    work = Path(work) if work is not None else out / "sweep"
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo
     for variant in variants:
@@ -596,6 +612,7 @@ def run_plan(
         raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
     rows: list[dict[str, Any]] = []
     data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
+    work = Path(work) if work is not None else default_sweep_dir(data)
     fitted, (experiment, validation) = experiment, selection_view(experiment)  # score on `experiment`, fit on `fitted`
     cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
     probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
