@@ -18,7 +18,7 @@ from embedtune.index.codecs import CODEC_FILE, PRECISION_SUBFOLDER, Calibration,
 from embedtune.index.plan_export import export_plan, plan_codec
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.index.planned import build_planned_index
-from embedtune.io import IntegrityError
+from embedtune.io import IntegrityError, read_json_verified, write_json_with_digest
 
 TEXTS = [f"document number {i} about topic" for i in range(40)]
 NEW_TEXTS = ["what title 3", "topic 12 number", "about what document 7", "title"]
@@ -70,7 +70,7 @@ def test_the_exported_folder_encodes_as_the_plan_scored(tmp_path, corpus, tiny_b
         assert codes.shape == (len(NEW_TEXTS), codec.code_size) and codes.dtype == np.uint8
 
 
-@pytest.mark.parametrize("precision", ["int4", "rabitq1-rescore"])
+@pytest.mark.parametrize("precision", ["int4", "rabitq1-rescore", "faiss:PQ4x4fs"])
 def test_index_build_plan_uses_the_planned_faiss_tables(tmp_path, corpus, precision):
     import faiss
 
@@ -95,11 +95,22 @@ def test_export_plan_cli_and_refusals(tmp_path, corpus, tiny_bert_dir, capsys):
     assert main(["compress", "export", "--plan", str(plan), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / PRECISION_SUBFOLDER / CODEC_FILE).is_file()
     assert DeployedCodec.load(tmp_path / "m").precision.name == "rabitq1"
-    # A faiss: precision is trained at index build: there is no fitted codec to ship.
-    faiss_plan = _plan(tmp_path, corpus, "faiss:PQ4")
-    with pytest.raises(ValueError, match="trained when the index is built"):
-        export_plan(faiss_plan, str(tiny_bert_dir), tmp_path / "m2")
-    assert not (tmp_path / "m2").exists()
+    # A PQ/OPQ peer (faiss:FACTORY) ships its tables too: the ones the plan trained on the corpus (issue 29: the README's
+    # 48-byte plan chose one on a slice of SciFact, and exporting it failed).
+    faiss_plan = _plan(tmp_path, corpus, "faiss:PQ4x4fs")  # 16 centroids: the 40 toy documents train it
+    assert (faiss_plan / CODEC_FILE).is_file()
+    assert main(["compress", "export", "--plan", str(faiss_plan), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "m2")]) == 0
+    pq = DeployedCodec.load(tmp_path / "m2")
+    _, docs, compressor = corpus
+    assert pq.precision.name == "faiss:PQ4x4fs" and pq.code_size == 2
+    np.testing.assert_array_equal(pq.encode(compressor.transform(docs[:3])), plan_codec(faiss_plan).encode(compressor.transform(docs[:3])))
+    # A plan written before plans kept a PQ peer's tables: refused with the fix, nothing exported.
+    (faiss_plan / CODEC_FILE).unlink()
+    info, _ = read_json_verified(faiss_plan / PLAN_FILE, "")
+    write_json_with_digest(faiss_plan / PLAN_FILE, {**info, "files_sha256": {k: v for k, v in info["files_sha256"].items() if k != CODEC_FILE}})
+    with pytest.raises(FileNotFoundError, match=r"needs codec\.faiss .*write the plan again"):
+        export_plan(faiss_plan, str(tiny_bert_dir), tmp_path / "m4")
+    assert not (tmp_path / "m4").exists()
     # An edited codec.faiss is not the plan's: refused before anything is exported.
     (plan / CODEC_FILE).write_bytes((plan / CODEC_FILE).read_bytes()[:-1] + b"\x00")
     with pytest.raises(IntegrityError, match=CODEC_FILE):

@@ -15,9 +15,11 @@ Rewrites, the whole list (everything else runs as written):
   ``queries.jsonl``, ``my-corpus.jsonl``, ``big.npy``, ``D.npy``/``D.txt``, ``Q.npy``/``Q.txt`` are
   made first from the slice and the bundled MiniLM vectors (no rewrite: they get those names).
 
-Not run (each with its reason in :data:`NOT_RUN`): Ray and cluster encoding, the quality-per-byte
-plans (a sweep of every compressor, dimension and precision; tests/test_plan.py runs the engine on
-toy data), the benchmark grids, fine-tuning and the pipeline (MiniLM fine-tuning takes minutes per
+The quality-per-byte plans run as written too, on the slice: the second and third reuse the
+first one's sweep from the shared default sweep folder (no ``--work``), and ``index build --plan``
+and ``compress export --plan`` follow them.
+
+Not run (each with its reason in :data:`NOT_RUN`): Ray and cluster encoding, the benchmark grids, fine-tuning and the pipeline (MiniLM fine-tuning takes minutes per
 step on a CPU; tests/test_pace_recipe.py and tests/test_pipeline.py run them with a tiny model), and
 the vision-language commands (a GPU and a Qwen2-VL model).
 """
@@ -41,9 +43,6 @@ pytestmark = pytest.mark.slow
 NOT_RUN = {
     "embedtune embed-corpus --data my-corpus.jsonl --model minilm --out vectors/ --ray-actors": "starts a local Ray cluster (tests/test_ray_encode.py)",
     "embedtune embed-corpus --data /shared/": "a Ray cluster with GPUs",
-    "embedtune compress plan ": "a full quality-per-byte sweep (tests/test_plan.py runs the engine)",
-    "embedtune index build --plan ": "needs the plan above",
-    "embedtune compress export --plan ": "needs the plan above (tests/test_plan_export.py runs plan -> export -> index)",
     "embedtune compress train --method dive --dim 128 --protocol beir-train": "five methods: covered by the commands below on one seed",
     "embedtune benchmark ": "a benchmark grid",
     "embedtune report dive": "reads the committed grid (tests/test_bench_stats.py)",
@@ -117,7 +116,8 @@ def _write_placeholder_files(root: Path, data: Path) -> None:
         (root / f"{stem}.txt").write_text("\n".join(ids) + "\n", encoding="utf-8")
     (root / "pairs.jsonl").write_text("".join(json.dumps({"query_id": q, "doc_id": d}) + "\n" for q, d, _ in train_qrels), encoding="utf-8")
     (root / "queries.jsonl").write_text("\n".join(query_lines[:20]) + "\n", encoding="utf-8")
-    (root / "my-corpus.jsonl").write_text("\n".join((data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:40]) + "\n",
+    # 120 documents: the label-free plans hold 10 % out and validate on at least 10 of them.
+    (root / "my-corpus.jsonl").write_text("\n".join((data / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:120]) + "\n",
                                           encoding="utf-8")
 
 
@@ -140,7 +140,8 @@ def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
         ran.append(command)
     # The how-to chain ran: fit, apply, export, index, search, embed-corpus, evaluate, split, embed, train.
     for name in ("compress fit", "compress apply", "compress export", "index build", "search", "embed-corpus", "evaluate", "split",
-                 "embed", "compress train"):
+                 "embed", "compress train", "compress plan", "index build --plan", "compress export --plan"):
         assert any(command.startswith(f"embedtune {name} ") for command in ran), name
     assert (tmp_path / "runs" / "my-run" / "run.trec").is_file() and (tmp_path / "small.npy").is_file()
+    assert (tmp_path / "my-plan" / "plan.json").is_file() and (tmp_path / "my-plan-48" / "plan.json").is_file()
     assert all(re.match(r"embedtune [a-z-]+", command) for command, _ in skipped)

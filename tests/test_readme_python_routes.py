@@ -28,7 +28,7 @@ def python_routes() -> list[str]:
 def test_the_readme_has_python_routes_for_the_cli_how_tos():
     text = "\n".join(python_routes())
     for call in ("fit_on_all(", "apply_compressor_streaming(", "export_sentence_transformer(", "build_index(", "search_texts(",
-                 "encode_corpus("):
+                 "encode_corpus(", "run_plan(", "build_planned_index(", "run_label_free_plan("):
         assert call in text, f"no Python route calls {call}"
 
 
@@ -57,9 +57,17 @@ def test_readme_python_routes_run_in_order(folder, tiny_bert_dir, capsys, one_to
     for block in blocks:
         code = block.replace('"minilm"', repr(str(tiny_bert_dir)))
         code = code.replace('fit_on_all("dive", 128,', 'fit_on_all("dive", 16, settings={"epochs": 2}, mining={"false_negative_margin": None},')
+        # The plans: the cheap compressors only (test_plan.py and test_label_free_plan.py sweep the rest).
+        code = code.replace('budget_bytes=48)', 'budget_bytes=48, methods=["truncate", "pca"], peers=[], rounds=1)')
+        code = code.replace('"agreement", budget_bytes=32)', '"agreement", budget_bytes=32, methods=["truncate", "pca-uncentred"], dims=[16, 8], peers=[], rounds=1, '
+                            'held_out_fraction=0.25)')  # 40 documents: 10 held out, the fewest a label-free plan validates on
         exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
     printed = capsys.readouterr().out
     assert "supervised" in printed and re.search(r"^1 [-0-9.e]+ d\d+$", printed, re.M)
     assert np.load(folder / "docs-128.npy").shape == (40, 16)
     assert (folder / "model-dive" / "modules.json").is_file() and (folder / "my-index" / "manifest.json").is_file()
     assert namespace["vectors"].shape == (40, 32) and namespace["ids"] == [f"d{i}" for i in range(40)]
+    for plan in ("my-plan-py", "my-plan-free-py"):
+        assert (folder / plan / "plan.json").is_file(), plan
+    assert (folder / "my-plan-py-index" / "manifest.json").is_file()
+    assert namespace["plan"]["chosen"]["ram_bytes"] <= 48 and namespace["free"]["chosen"]["ram_bytes"] <= 32

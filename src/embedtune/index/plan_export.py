@@ -42,15 +42,12 @@ def plan_codec(plan: str | Path) -> DeployedCodec:
 
 
 def _codec(plan: Path, compressor: Compressor, precision: Precision, calibration: Calibration | None) -> DeployedCodec:
-    if precision.is_faiss:
-        raise ValueError(f"{plan}: precision {precision.name!r} is trained when the index is built, so there are no fitted codes "
-                         "to ship with a model; export the compressor alone with `compress export --adapter "
-                         f"{plan / 'compressor'}`, or plan a built-in precision.")
     trained = None
     if precision.uses_factory:
-        if not (plan / CODEC_FILE).is_file():
+        if not (plan / CODEC_FILE).is_file():  # faiss: peers were trained at index build before plans kept their tables
             raise FileNotFoundError(f"{plan}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), which plans "
-                                    "written by an older embedtune lack; write the plan again with `embedtune compress plan`.")
+                                    "written by an older embedtune lack; write the plan again with `embedtune compress plan`, or "
+                                    f"export the compressor alone with `compress export --adapter {plan / 'compressor'}`.")
         trained = read_codec_index(plan, precision, compressor.output_dim)
     return DeployedCodec(precision, compressor.output_dim, calibration, trained)
 

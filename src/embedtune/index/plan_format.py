@@ -8,7 +8,8 @@ A plan folder::
     precision.json            the precision (name, rescoring candidates) and the dimension
     calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
     calibration.json          the same ranges, readable
-    codec.faiss               int4, RaBitQ, TurboQuant: their trained FAISS tables (an index holding no vectors)
+    codec.faiss               int4, RaBitQ, TurboQuant and faiss:FACTORY (PQ/OPQ peers): their trained FAISS tables
+                              (an index holding no vectors), trained on the corpus the plan was made on
     frontier.png              quality against bytes on the validation queries (not checked: a picture)
 
 The format lives here, below the workflows that plan, so that ``index build --plan`` and the
@@ -61,15 +62,15 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     out = Path(out)
     compressor.save(out / COMPRESSOR_DIR)
     docs = compressor.transform(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
-    index = QuantizedIndex.build(docs, precision) if not precision.is_faiss else None
-    if index is not None:
-        index.save_precision(out)
-    else:
-        atomic_write_json(out / PRECISION_FILE, {**precision.to_dict(), "dim": int(docs.shape[1]), "factory": precision.factory})
+    # faiss:FACTORY (a PQ/OPQ peer) too: its tables are trained here, once, so the exported model's
+    # codes and `index build --plan`'s index share one codebook (FAISS's k-means is seeded: the same
+    # corpus gives the same tables).
+    index = QuantizedIndex.build(docs, precision)
+    index.save_precision(out)
     for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
         if precision.name != "int8":
             (out / stale).unlink(missing_ok=True)
-    if not (precision.uses_factory and not precision.is_faiss):
+    if not precision.uses_factory:
         (out / CODEC_FILE).unlink(missing_ok=True)
     plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
             "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
@@ -152,7 +153,7 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
     if (precision.name == "int8") != (calibration is not None):
         raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if precision.name == 'int8' else 'has no use for'} "
                              f"{CALIBRATION_FILE}. {PLAN_FIX}")
-    if (directory / CODEC_FILE).is_file() and not (precision.uses_factory and not precision.is_faiss):
+    if (directory / CODEC_FILE).is_file() and not precision.uses_factory:
         raise IntegrityError(f"{directory}: precision {precision.name} has no use for {CODEC_FILE}. {PLAN_FIX}")
     if calibration is not None:
         if calibration.dim != dim:

@@ -51,9 +51,6 @@ class DeployedCodec:
     """
 
     def __init__(self, precision: Precision, dim: int, calibration: Calibration | None = None, trained_index: Any = None) -> None:
-        if precision.is_faiss:
-            raise ValueError(f"precision {precision.name!r}: a faiss: index is trained when the index is built "
-                             "(`index build --plan`), so it has no codec to ship; plan a built-in precision to export one.")
         if precision.name == "int8" and calibration is None:
             raise ValueError("precision int8 needs its calibration (the per-dimension ranges fitted on the corpus).")
         if precision.uses_factory and trained_index is None:

@@ -144,7 +144,8 @@ class QuantizedIndex:
 
     def save_precision(self, directory: str | Path) -> Path:
         """Write ``precision.json`` and what encoding needs: the int8 ``calibration.safetensors`` + ``.json``, or the
-        built-in FAISS precisions' trained tables (``codec.faiss``), so a deployment never refits them."""
+        FAISS precisions' trained tables (``codec.faiss``: int4, RaBitQ, TurboQuant and ``faiss:`` factories), so a
+        deployment never refits them."""
         import faiss
 
         directory = Path(directory)
@@ -152,7 +153,7 @@ class QuantizedIndex:
         if self.calibration is not None:
             self.calibration.save(directory / CALIBRATION_FILE)
             self.calibration.to_json(directory / CALIBRATION_JSON)
-        if self.precision.uses_factory and not self.precision.is_faiss and self.backend is not None:
+        if self.precision.uses_factory and self.backend is not None:
             trained = self.trained_copy() if self.backend.ntotal else self.backend
             atomic_write(directory / CODEC_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
         atomic_write_json(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory})
