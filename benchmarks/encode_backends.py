@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(Path(__file__).resolve().parent / "data" / "vectors"))  # committed vectors (mpnet)
+
 SCIFACT = "/work/shared/data/beir/scifact"
 BACKENDS = ("torch", "onnx", "onnx-int8")
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -63,6 +64,8 @@ from embedtune.workflows.plan import (
     sweep_dims,
 )
 from embedtune.workflows.significance import paired_test
+
+os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(Path(__file__).resolve().parent / "data" / "vectors"))  # committed vectors (mpnet)
 
 logger = logging.getLogger("frontier")
 

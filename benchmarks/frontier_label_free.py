@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -58,6 +59,8 @@ from embedtune.workflows.plan import (
     sweep_dims,
 )
 from embedtune.workflows.significance import paired_test
+
+os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(Path(__file__).resolve().parent / "data" / "vectors"))  # committed vectors (mpnet)
 
 logger = logging.getLogger("frontier_label_free")
 

@@ -126,3 +126,22 @@ def test_real_minilm_on_bundled_scifact_needs_no_encoding(monkeypatch):
     embeddings = embed_dataset(encoder, load_beir("scifact"))
     assert embeddings.cache_hits == {"document": True, "query": True}
     assert embeddings.doc_embeddings.shape == (5183, 384) and embeddings.query_embeddings.shape == (1109, 384)
+
+
+def test_folders_named_in_the_vectors_path_are_searched_and_checked(tmp_path, monkeypatch, caplog):
+    """$EMBEDTUNE_VECTORS_PATH: manifests outside the wheel (benchmarks/data/vectors) serve a miss, after the same checks."""
+    folder = tmp_path / "extra"
+    folder.mkdir()
+    manifest = _manifest()
+    changed = {**manifest["entries"]["query"]["parts"], "recipe": "another recipe, only in the extra folder"}
+    shutil.copy(bv.BUNDLED_VECTORS_DIR / manifest["file"], folder / manifest["file"])
+    (folder / "other-vectors.json").write_text(json.dumps({**manifest, "entries": {"query": {**manifest["entries"]["query"], "parts": changed}}}))
+    ids = _ids("query")
+    assert bv.bundled_vectors(changed, ids) is None  # not on the path yet
+    monkeypatch.setenv(bv.VECTORS_PATH_VARIABLE, f"{tmp_path / 'missing'}{__import__('os').pathsep}{folder}")
+    found = bv.bundled_vectors(changed, ids)
+    assert found is not None and found[0].shape[0] == len(ids) and "not a folder" in caplog.text
+    raw = bytearray((folder / manifest["file"]).read_bytes())
+    raw[len(raw) // 3] ^= 0x01
+    (folder / manifest["file"]).write_bytes(bytes(raw))
+    assert bv.bundled_vectors(changed, ids) is None and "sha256 differs" in caplog.text

@@ -10,6 +10,11 @@ files and the dataset's files hash to what the vectors were made from, and the r
 same), and only after the ``.npz``'s sha256, the ids, the shape, the dtype and the finiteness
 are checked. Anything else (another model, an edited corpus, a prompt, a damaged file) finds no
 entry, and the texts are encoded as without it.
+
+``$EMBEDTUNE_VECTORS_PATH`` (folders separated by ``os.pathsep``) adds folders of manifests made
+the same way (``benchmarks/make_bundled_vectors.py --out-dir``) but not shipped in the wheel, e.g.
+the repository's ``benchmarks/data/vectors`` (mpnet on SciFact, an hour and a half to encode on a
+2-core CPU). They are checked exactly like the package's own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +32,24 @@ from embedtune.io import sha256_file
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["bundled_vectors", "bundled_manifests", "BUNDLED_VECTORS_DIR"]
+__all__ = ["bundled_vectors", "bundled_manifests", "vector_folders", "BUNDLED_VECTORS_DIR", "VECTORS_PATH_VARIABLE"]
 
 BUNDLED_VECTORS_DIR = Path(__file__).resolve().parent.parent / "datasets"
+VECTORS_PATH_VARIABLE = "EMBEDTUNE_VECTORS_PATH"
+
+
+def vector_folders() -> list[Path]:
+    """The package's ``datasets/``, then every folder named in ``$EMBEDTUNE_VECTORS_PATH`` (missing ones are skipped, with a warning)."""
+    folders = [BUNDLED_VECTORS_DIR]
+    for entry in os.environ.get(VECTORS_PATH_VARIABLE, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        folder = Path(entry).expanduser()
+        if folder.is_dir():
+            folders.append(folder)
+        else:
+            logger.warning("%s names %s, which is not a folder; it is ignored", VECTORS_PATH_VARIABLE, folder)
+    return folders
 
 
 def bundled_manifests(folder: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
@@ -54,7 +75,8 @@ def bundled_vectors(parts: dict[str, Any], ids: list[str], folder: Path | None =
 
     Returns ``(array, provenance)``: provenance names the file and what made it.
     """
-    for manifest_path, manifest in bundled_manifests(folder):
+    manifests = bundled_manifests(folder) if folder is not None else [m for f in vector_folders() for m in bundled_manifests(f)]
+    for manifest_path, manifest in manifests:
         for kind, entry in (manifest.get("entries") or {}).items():
             if entry.get("parts") != parts:
                 continue
