@@ -67,6 +67,9 @@ def test_frontier_and_choice_rules():
         choose(rows)
     assert sweep_dims(384) == [384, 192, 128, 64, 32]
     assert peer_factories(384, [16, 48], ("pq", "opq", "pq-fs")) == ["PQ16", "OPQ16,PQ16", "PQ32x4fs", "PQ48", "OPQ48,PQ48", "PQ96x4fs"]
+    # Fewer than 4 points per 8-bit centroid (1,024 documents): only the 4-bit fast-scan peers are trained.
+    assert peer_factories(384, [16, 48], ("pq", "opq", "pq-fs"), n_train=1023) == ["PQ32x4fs", "PQ96x4fs"]
+    assert peer_factories(384, [16], ("pq", "opq", "pq-fs"), n_train=5183) == ["PQ16", "OPQ16,PQ16", "PQ32x4fs"]  # SciFact keeps them
     assert Candidate("dive", 128, "qat-binary", (("quantization_aware", "binary"),)).name == "dive+qat-binary-128"
 
 

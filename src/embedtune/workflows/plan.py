@@ -151,20 +151,27 @@ def method_settings(method: str, dim: int, input_dim: int) -> dict[str, Any]:
     return dict(wide) if wide and 2 * dim > input_dim else {}
 
 
+#: Fewer training points than this per centroid and a plan leaves out the 8-bit PQ/OPQ peers (FAISS itself warns below 39).
+MIN_POINTS_PER_CENTROID = 4
+
+
 def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] = DEFAULT_PEERS, n_train: int | None = None) -> list[str]:
     """FAISS ``index_factory`` strings at code sizes equal to ``budgets`` (bytes) that divide ``input_dim``.
 
     ``pq``: ``PQm`` (m bytes, 8 bits per sub-quantizer); ``opq``: ``OPQm,PQm``; ``pq-fs``:
     ``PQ{2m}x4fs`` (fast-scan, 4 bits); ``ivf-pq-fs``: ``IVFn,PQ{2m}x4fs`` with ``n`` fitted to
     ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM). With
-    ``n_train``, codes that need more training points than there are (256 for 8 bits) are left out.
+    ``n_train``, the 8-bit codes (``pq``, ``opq``: 256 centroids per sub-quantizer) are left out
+    below :data:`MIN_POINTS_PER_CENTROID` training points per centroid: such a codebook is mostly
+    cells of one point, and OPQ spent over 9 CPU-minutes per plan fitting them on 400 documents
+    (4-bit fast-scan codes, 16 centroids, stay).
     """
     factories = []
     for budget in budgets:
         for kind in kinds:
             if kind in QUANTISER_PEERS or kind == "csr":  # precisions or codes of their own bytes, not factory strings
                 continue
-            if kind in ("pq", "opq") and n_train is not None and n_train < 256:
+            if kind in ("pq", "opq") and n_train is not None and n_train < MIN_POINTS_PER_CENTROID * 256:
                 continue
             if kind in ("pq", "opq") and input_dim % budget == 0:
                 factories.append(f"PQ{budget}" if kind == "pq" else f"OPQ{budget},PQ{budget}")
