@@ -9,6 +9,7 @@ among unsupervised compressors, every precision and the peers; nothing is downlo
 from __future__ import annotations
 
 import dataclasses
+import logging
 import inspect
 import json
 from collections.abc import Mapping
@@ -206,3 +207,21 @@ def test_cli_label_free_plan_reads_only_the_corpus_and_refuses_conflicting_flags
                            (["--label-free", "agreement", "--held-out-fraction", "1.5"], "held-out-fraction")):
         assert main([*common, *extra, "--out", str(tmp_path / "x")]) == 2, extra
         assert message in capsys.readouterr().err
+
+
+def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_slice, tmp_path, caplog):
+    """Issue 29 (the README in order): 120 documents, 108 fitting, swept at 384 dims failed in PCA; now those cells are left out."""
+    dataset, embeddings, encoder = scifact_slice
+    keep = embeddings.doc_ids[:120]
+    small = DatasetEmbeddings(keep, embeddings.doc_embeddings[:120], embeddings.query_ids, embeddings.query_embeddings, {}, {})
+    small_dataset = dataclasses.replace(dataset, corpus={d: dataset.corpus[d] for d in keep})
+    experiment = Experiment(small_dataset, small, None, "cosine", {"model": "precomputed"})
+    with caplog.at_level(logging.INFO, logger="embedtune.workflows.label_free"):
+        plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=64, methods=["truncate", "pca-uncentred"],
+                                   dims=[384, 64], precisions=["float32", "int8"], peers=[], rounds=1, work=tmp_path / "work",
+                                   held_out_fraction=0.1)
+    settings = {r["setting"] for r in plan["sweep"]}
+    fitting = plan["objective"]["fit_documents"]
+    assert fitting < 384 and "pca-uncentred-64/int8" in settings and "truncate-384/int8" in settings
+    assert not any(s.startswith("pca-uncentred-384/") for s in settings)
+    assert "pca-uncentred-384 are left out" in caplog.text

@@ -102,6 +102,8 @@ LABEL_FREE_OBJECTIVES = ("agreement", "pseudo-queries")
 #: among them: on held-out data it was the setting validation preferred at 16 B (issue 30 §2). DIVE fits
 #: its ``unsupervised`` preset (neighbour-rank distillation on the corpus), the slow one (minutes a fit).
 LABEL_FREE_METHODS = ("truncate", "pca", "pca-uncentred", "dive")
+#: Label-free methods that fit no projection on the corpus, so any dimension up to the input's works.
+CORPUS_FREE_METHODS = ("truncate",)
 #: Every precision the codecs have: the label-free sweep puts each on every compressor's output.
 LABEL_FREE_PRECISIONS = PRECISIONS
 #: The agreement objective's k: recall@10 of the exact float32 top-10.
@@ -493,6 +495,13 @@ def run_label_free_plan(
         row["candidate"] = None
     reference = next(r["objective"] for r in rows if r["precision"] == "float32")
     sweep = [(method, dim) for method in methods if method != "frozen" for dim in dims]
+    # A projection fitted on the corpus (PCA, and DIVE from its PCA start) has at most as many
+    # directions as fitting documents; a small corpus leaves those dims out instead of failing.
+    too_few = [(m, d) for m, d in sweep if m not in CORPUS_FREE_METHODS and d > len(validation.fit_doc_ids)]
+    if too_few:
+        logger.info("label-free plan: %d fitting documents, so %s are left out (a projection fitted on them has at most %d directions)",
+                    len(validation.fit_doc_ids), ", ".join(f"{m}-{d}" for m, d in too_few), len(validation.fit_doc_ids))
+        sweep = [cell for cell in sweep if cell not in too_few]
     with progress_bar(len(sweep), "label-free plan 2/3, fitting (no labels) and scoring the sweep", unit="fit") as bar:
         for method, dim in sweep:
             candidate = candidate_for(method, dim)
