@@ -19,8 +19,9 @@ committed). ``--report-only`` reads the JSONs and writes ``REPORT.md``, ``summar
 
 Budgets: at each of 16, 32, 48, 64, 128, 384 bytes per vector (RAM), embedtune's best setting
 (a trained compressor — DIVE ``robust``, its quantisation-aware variants, Matryoshka-Adaptor —
-at any precision, PQ stacked on it included) against the best peer (frozen at any precision,
-FAISS PQ/OPQ on the frozen vectors, truncation or PCA at any precision, PQ on PCA), both chosen
+at any precision, PQ, RaBitQ, TurboQuant and int4 on it included) against the best peer (frozen at any
+precision, FAISS PQ/OPQ, RaBitQ, TurboQuant and int4 on the frozen vectors, truncation or either PCA at any
+precision, PQ and the same quantisers on PCA; ``--quantisers`` with no codes leaves those out), both chosen
 by validation nDCG@10 and compared on test with a paired permutation test and a bootstrap CI on
 per-query nDCG@10 (trained settings: the mean over seeds per query).
 """
@@ -52,6 +53,7 @@ from embedtune.workflows.frontier_plot import plot_frontier
 from embedtune.workflows.pareto import best_within, pareto_frontier
 from embedtune.workflows.plan import (
     DEFAULT_PRECISIONS,
+    QUANTISER_PEERS,
     VARIANTS,
     Candidate,
     candidate_for,
@@ -71,7 +73,11 @@ logger = logging.getLogger("frontier")
 
 BUDGETS = (16, 32, 48, 64, 128, 384)
 TRAINED = {"dive", "mrl-adaptor"}
-FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "dive": "DIVE", "mrl-adaptor": "Matryoshka-Adaptor"}
+FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "pca-uncentred": "uncentred PCA", "dive": "DIVE",
+          "mrl-adaptor": "Matryoshka-Adaptor"}
+#: FAISS's RaBitQ, TurboQuant and 4-bit scalar codes (issue 30): peers on the frozen vectors and on PCA, and precisions
+#: on every compressor's output, at the bytes :func:`embedtune.workflows.plan.precision_rows` counts for each.
+QUANTISERS = tuple(code for codes in QUANTISER_PEERS.values() for code in codes)
 PQ_BUDGETS = (16, 32, 48, 64)
 # 8-bit PQ trains for minutes per code on this CPU (k-means, 256 centroids per sub-quantizer): PQ at
 # every budget up to 64 B, OPQ at 16 and 32 B only; 4-bit fast-scan (cheap to train) everywhere.
@@ -101,11 +107,23 @@ def run_group(experiment, root: Path, work: Path, phase: str, method: str, dim: 
     missing = [p for p in precisions if not (folder / precision_file(p)).is_file()]
     if not missing:
         return
+    # A group that already has results gets its new precisions from a refit: score float32 again and check it
+    # against the stored one, so that a changed recipe can never mix into an older group unnoticed.
+    check = folder / precision_file("float32")
+    verify = check.is_file() and "float32" not in missing
     start = time.perf_counter()
     compressor, fit_s = (None, 0.0) if candidate is None else fit_or_load(experiment, candidate, seed, final=(phase == "test"), work=work)
     part = "test" if phase == "test" else "val"
-    rows = precision_rows(experiment, part, compressor, missing, rounds=rounds, prebuilt=_FROZEN_INDEXES if method == "frozen" else None,
+    rows = precision_rows(experiment, part, compressor, missing + (["float32"] if verify else []), rounds=rounds,
+                          prebuilt=_FROZEN_INDEXES if method == "frozen" else None,
                           labels={"method": method, "variant": variant, "candidate": name, "seed": seed, "phase": phase, "fit_s": fit_s})
+    if verify:
+        stored = json.loads(check.read_text(encoding="utf-8"))["ndcg@10"]
+        again = next(r for r in rows if r["precision"] == "float32")["ndcg@10"]
+        if abs(stored - again) > 1e-6:
+            raise SystemExit(f"{check}: float32 nDCG@10 {again:.6f} on a refit, {stored:.6f} stored; the recipe changed since this "
+                             f"group was written. Use a new --results folder.")
+        rows = [r for r in rows if r["precision"] != "float32"]
     for row in rows:
         row["setting"] = f"{name}/{row['precision']}"
         row.update(meta or {})
@@ -125,8 +143,10 @@ def run(args: argparse.Namespace) -> None:
     meta = {"data": args.data_name, "model": args.model, "protocol": args.protocol}
     logger.info("%s/%s: %d docs, d=%d, dims %s, %d peers, methods %s", args.data_name, args.model, n_docs, d, dims, len(peers), args.methods)
     atomic_write_json(root / "run.json", {**meta, "machine": machine_info(), "command": " ".join(sys.argv), "dims": dims,
-                                          "budgets": list(BUDGETS), "seeds": args.seeds, "methods": args.methods, "variants": args.variants})
+                                          "budgets": list(BUDGETS), "seeds": args.seeds, "methods": args.methods, "variants": args.variants,
+                                          "quantisers": args.quantisers})
     phases = [p for p in ("val", "test") if p in args.phases]
+    quantisers = list(args.quantisers)
     docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
     cache_dir = faiss_cache_dir(work, docs)
     _FROZEN_INDEXES.update(load_faiss_cache(cache_dir))
@@ -140,10 +160,11 @@ def run(args: argparse.Namespace) -> None:
     # Unsupervised groups first (both phases), then each trained method, validation before test, so the
     # key comparisons fill in early; the FAISS indexes of the frozen corpus are trained once (kept in --work).
     for phase in phases:
-        run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + peers, rounds=args.rounds, meta=meta)
+        run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + quantisers + peers,
+                  rounds=args.rounds, meta=meta)
         for method in [m for m in args.methods if m not in TRAINED]:
             for dim in dims:
-                extra = stacked_pq(dim) if method == "pca" else []
+                extra = stacked_pq(dim) + quantisers if method.startswith("pca") else []
                 run_group(experiment, root, work, phase, method, dim, args.seeds[0], list(DEFAULT_PRECISIONS) + extra, rounds=args.rounds, meta=meta)
     trained = [(m, "default", dims) for m in args.methods if m == "dive"]
     trained += [("dive", v, [k for k in dims if k in (args.variant_dims or dims)]) for v in args.variants]
@@ -152,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
         for phase in phases:
             for seed in (args.seeds[:1] if phase == "val" else args.seeds):
                 for dim in method_dims:
-                    extra = stacked_pq(dim) if variant == "default" else []
+                    extra = stacked_pq(dim) + quantisers if variant == "default" else []
                     run_group(experiment, root, work, phase, method, dim, seed, list(DEFAULT_PRECISIONS) + extra, variant=variant,
                               rounds=args.rounds, meta=meta)
 
@@ -189,10 +210,12 @@ def family(row: dict[str, Any]) -> str:
     method, precision = row["method"], row["precision"]
     if method == "frozen" and precision.startswith("faiss:"):
         return "FAISS PQ/OPQ (frozen)"
+    if method == "frozen" and precision in QUANTISERS:
+        return "RaBitQ/TurboQuant/int4 (frozen)"
     name = FAMILY[method]
     if row.get("variant", "default") != "default":
         name += f" {row['variant']}"
-    return name + (" + PQ" if precision.startswith("faiss:") else "")
+    return name + (" + PQ" if precision.startswith("faiss:") else " + RaBitQ/TurboQuant/int4" if precision in QUANTISERS else "")
 
 
 def rescored(rows: list[dict[str, Any]], ids: list[str] | None) -> list[dict[str, Any]]:
@@ -374,6 +397,8 @@ def main() -> None:
     parser.add_argument("--dims", nargs="*", type=int, default=None, help="default d, d/2, d/3, d/6, d/12")
     parser.add_argument("--seeds", nargs="+", type=int, default=[2027, 2028, 2029])
     parser.add_argument("--phases", nargs="+", default=["val", "test"])
+    parser.add_argument("--quantisers", nargs="*", default=list(QUANTISERS), choices=list(QUANTISERS),
+                        help="FAISS RaBitQ/TurboQuant/int4 codes: peers on frozen and PCA, precisions on trained outputs (none: leave out)")
     parser.add_argument("--rounds", type=int, default=5, help="timed search rounds per group")
     parser.add_argument("--results", default="benchmarks/results/frontier")
     parser.add_argument("--work", default="runs/frontier", help="fitted compressors (not committed)")
