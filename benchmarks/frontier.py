@@ -73,6 +73,7 @@ logger = logging.getLogger("frontier")
 
 BUDGETS = (16, 32, 48, 64, 128, 384)
 TRAINED = {"dive", "mrl-adaptor"}
+PROJECTIONS = {"pca", "pca-uncentred"}  # unsupervised methods that also get PQ and the quantisers on their output
 FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "pca-uncentred": "uncentred PCA", "dive": "DIVE",
           "mrl-adaptor": "Matryoshka-Adaptor"}
 #: FAISS's RaBitQ, TurboQuant and 4-bit scalar codes (issue 30): peers on the frozen vectors and on PCA, and precisions
@@ -146,7 +147,6 @@ def run(args: argparse.Namespace) -> None:
                                           "budgets": list(BUDGETS), "seeds": args.seeds, "methods": args.methods, "variants": args.variants,
                                           "quantisers": args.quantisers})
     phases = [p for p in ("val", "test") if p in args.phases]
-    quantisers = list(args.quantisers)
     docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
     cache_dir = faiss_cache_dir(work, docs)
     _FROZEN_INDEXES.update(load_faiss_cache(cache_dir))
@@ -160,11 +160,11 @@ def run(args: argparse.Namespace) -> None:
     # Unsupervised groups first (both phases), then each trained method, validation before test, so the
     # key comparisons fill in early; the FAISS indexes of the frozen corpus are trained once (kept in --work).
     for phase in phases:
-        run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + quantisers + peers,
+        run_group(experiment, root, work, phase, "frozen", d, args.seeds[0], list(DEFAULT_PRECISIONS) + args.quantisers + peers,
                   rounds=args.rounds, meta=meta)
         for method in [m for m in args.methods if m not in TRAINED]:
             for dim in dims:
-                extra = stacked_pq(dim) + quantisers if method.startswith("pca") else []
+                extra = stacked_pq(dim) + args.quantisers if method in PROJECTIONS else []
                 run_group(experiment, root, work, phase, method, dim, args.seeds[0], list(DEFAULT_PRECISIONS) + extra, rounds=args.rounds, meta=meta)
     trained = [(m, "default", dims) for m in args.methods if m == "dive"]
     trained += [("dive", v, [k for k in dims if k in (args.variant_dims or dims)]) for v in args.variants]
@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> None:
         for phase in phases:
             for seed in (args.seeds[:1] if phase == "val" else args.seeds):
                 for dim in method_dims:
-                    extra = stacked_pq(dim) + quantisers if variant == "default" else []
+                    extra = stacked_pq(dim) + args.quantisers if variant == "default" else []
                     run_group(experiment, root, work, phase, method, dim, seed, list(DEFAULT_PRECISIONS) + extra, variant=variant,
                               rounds=args.rounds, meta=meta)
 
