@@ -43,7 +43,7 @@ import numpy as np
 
 from embedtune.bench.efficiency import machine_info
 from embedtune.data.beir import load_beir
-from embedtune.data.splits import train_qrels_split
+from embedtune.data.splits import query_disjoint_split, train_qrels_split
 from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.index.codecs import QuantizedIndex
 from embedtune.io import atomic_write, atomic_write_json
@@ -255,28 +255,56 @@ def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]], x: str =
     return out
 
 
-def subset_budget_lines(budgets: list[dict[str, Any]], test: list[dict[str, Any]], groups: dict[str, list[str]]) -> list[str]:
-    """The val-chosen settings of each budget re-scored on seen and unseen test queries (issue 27), with the best
-    setting of each side on unseen queries at the budget (chosen on test: an upper bound, never a selection)."""
+def test_subsets(data: str, protocol: str, test_ids: list[str]) -> tuple[dict[str, list[str]], str]:
+    """Issue 27's seen/unseen test queries, relative to the labels the test-phase fits used, and what "seen" means.
+
+    ``beir-train`` fits on ``qrels/train.tsv`` (train and validation parts); the paper protocol fits
+    on the train and validation parts of the query-disjoint split of ``qrels/test.tsv`` (seed 2027,
+    as :func:`run` loads it), so a test query is seen when its positives were those queries' positives.
+    """
+    test_qrels = load_beir(data, "test").qrels
+    if protocol == "beir-train":
+        seen_docs, seen_from = training_positives(load_beir(data, "train").qrels), "a train-qrels query"
+    else:
+        split = query_disjoint_split(load_beir(data, "test"), seed=2027)
+        seen_docs, seen_from = training_positives(test_qrels, split.train_val), "a train or validation query of the split"
+    return query_subsets({q: test_qrels[q] for q in test_ids if q in test_qrels}, seen_docs), seen_from
+
+
+def subset_budget_lines(budgets: list[dict[str, Any]], test: list[dict[str, Any]], groups: dict[str, list[str]],
+                        seen_from: str = "a train-qrels query") -> list[str]:
+    """The val-chosen settings of each budget re-scored on seen and unseen test queries (issue 27), with a paired
+    test on each subset and the best setting of each side on unseen queries at the budget (chosen on test: an upper
+    bound, never a selection). A subset without queries prints "–"."""
     by = {r["setting"]: r for r in test}
-    mean = lambda row, ids: statistics.fmean(row["per_query"][q] for q in ids)  # noqa: E731
-    lines = [f"seen {len(groups['seen'])}, unseen {len(groups['unseen'])} test queries (seen: every positive was a positive of a "
-             "train-qrels query; unseen: none was). Δ: embedtune − peer, paired permutation p on the subset.", "",
-             "| budget | embedtune (val-chosen) | seen | unseen | peer (val-chosen) | seen | unseen | Δ unseen (p) | verdict on unseen "
-             "| best on unseen at ≤ budget: embedtune / peer |", "|---|---|---|---|---|---|---|---|---|---|"]
+    mean = lambda row, ids: f"{statistics.fmean(row['per_query'][q] for q in ids):.4f}" if ids else "–"  # noqa: E731
+
+    def compared(a: dict[str, Any], b: dict[str, Any], ids: list[str]) -> tuple[str, dict[str, Any]]:
+        if len(ids) < 2:
+            return "–", {}
+        result = paired_test(np.array([a["per_query"][q] for q in ids]), np.array([b["per_query"][q] for q in ids]))
+        return f"{result.mean_difference:+.4f} ({result.p_value:.2g})", {"p_value": result.p_value, "difference": result.mean_difference}
+
+    lines = [f"seen {len(groups['seen'])}, unseen {len(groups['unseen'])}, mixed {len(groups['mixed'])} test queries (seen: every "
+             f"positive was a positive of {seen_from}; unseen: none was). Δ: embedtune − peer, paired permutation p on the subset.", "",
+             "| budget | embedtune (val-chosen) | seen | unseen | peer (val-chosen) | seen | unseen | Δ seen (p) | Δ unseen (p) "
+             "| verdict on unseen | best on unseen at ≤ budget: embedtune / peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    ids = groups["unseen"]
     for r in budgets:
         if "difference" not in r:
             continue
         a, b = by[r["embedtune"]], by[r["peer"]]
-        ids = groups["unseen"]
-        test_result = paired_test(np.array([a["per_query"][q] for q in ids]), np.array([b["per_query"][q] for q in ids]))
+        seen_text, _ = compared(a, b, groups["seen"])
+        unseen_text, unseen_row = compared(a, b, ids)
         fits = [row for row in test if row["ram_bytes"] <= r["budget"]]
-        best_ours = max((row for row in fits if row["embedtune"]), key=lambda row: mean(row, ids))
-        best_peer = max((row for row in fits if not row["embedtune"]), key=lambda row: mean(row, ids))
-        verdict_text = verdict({"p_value": test_result.p_value, "difference": test_result.mean_difference})
-        lines.append(f"| {r['budget']} | {a['setting']} | {mean(a, groups['seen']):.4f} | {mean(a, ids):.4f} | {b['setting']} "
-                     f"| {mean(b, groups['seen']):.4f} | {mean(b, ids):.4f} | {test_result.mean_difference:+.4f} ({test_result.p_value:.2g}) "
-                     f"| {verdict_text} | {mean(best_ours, ids):.4f} ({best_ours['setting']}) / {mean(best_peer, ids):.4f} ({best_peer['setting']}) |")
+        best = ""
+        if ids:
+            key = lambda row: statistics.fmean(row["per_query"][q] for q in ids)  # noqa: E731
+            best_ours = max((row for row in fits if row["embedtune"]), key=key)
+            best_peer = max((row for row in fits if not row["embedtune"]), key=key)
+            best = f"{mean(best_ours, ids)} ({best_ours['setting']}) / {mean(best_peer, ids)} ({best_peer['setting']})"
+        lines.append(f"| {r['budget']} | {a['setting']} | {mean(a, groups['seen'])} | {mean(a, ids)} | {b['setting']} "
+                     f"| {mean(b, groups['seen'])} | {mean(b, ids)} | {seen_text} | {unseen_text} | {verdict(unseen_row)} | {best} |")
     return lines
 
 
@@ -357,12 +385,9 @@ def report(args: argparse.Namespace) -> None:
              (f"Chosen on the {len(choose_on)} validation queries whose positives no train-part query has." if choose_on is not None
               else "Chosen on every validation query."), ""]
     lines += budget_lines(budgets)
-    if run_info["protocol"] == "beir-train":
-        seen_docs = training_positives(load_beir(args.data, "train").qrels)
-        test_qrels = load_beir(args.data, "test").qrels
-        groups = query_subsets({q: test_qrels[q] for q in test[0]["per_query"]}, seen_docs)
-        lines += ["", "## Per budget, on seen and unseen test queries (issue 27)", ""]
-        lines += subset_budget_lines(budgets, test, groups)
+    groups, seen_from = test_subsets(args.data, run_info["protocol"], sorted(test[0]["per_query"]))
+    lines += ["", "## Per budget, on seen and unseen test queries (issue 27)", ""]
+    lines += subset_budget_lines(budgets, test, groups, seen_from)
     lines += ["", "## Per budget of bytes on disk (float vectors kept for rescoring count): chosen on validation, scored on test", ""]
     lines += budget_lines(budgets_disk)
     lines += ["", "## Pareto frontier on test (bytes in RAM; disk bytes include float vectors kept for rescoring)", "",
