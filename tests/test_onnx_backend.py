@@ -97,7 +97,15 @@ def test_the_torch_recipe_is_unchanged_so_old_and_bundled_entries_stay_valid(tin
     torch_recipe = SentenceEncoder(str(tiny_bert_dir)).recipe("document")
     assert "backend" not in torch_recipe and "precision" not in torch_recipe
     int8_recipe = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8").recipe("document")
-    assert int8_recipe == {**torch_recipe, "backend": "onnx-int8", "precision": "int8"}
+    assert int8_recipe == {**torch_recipe, "backend": "onnx-int8", "precision": "int8", "batch_size": 64}
+
+
+def test_int8_entries_are_keyed_by_batch_size_and_the_others_are_not(tiny_bert_dir):
+    # int8 activation ranges are set per batch, so the batch size changes its vectors; fp32's and torch's it does not.
+    recipes = {(backend, batch): SentenceEncoder(str(tiny_bert_dir), backend=backend, batch_size=batch).recipe("document")
+               for backend in ("torch", "onnx", "onnx-int8") for batch in (32, 64)}
+    assert recipes[("onnx-int8", 32)] != recipes[("onnx-int8", 64)]
+    assert recipes[("onnx", 32)] == recipes[("onnx", 64)] and recipes[("torch", 32)] == recipes[("torch", 64)]
 
 
 def test_cache_keys_differ_by_backend_and_vectors_never_mix(tiny_bert_dir, toy_beir, tmp_path):

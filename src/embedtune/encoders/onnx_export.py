@@ -85,7 +85,9 @@ def load_sentence_transformer(model_path: str, weights: bool = True, **model_kwa
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not weights:
-        model_kwargs = {**model_kwargs, "device_map": "meta"}
+        # transformers >= 5.25 kernelizes every model it loads by default, and its kernel mapping refuses the
+        # meta device; a weightless copy has nothing to run anyway.
+        model_kwargs = {**model_kwargs, "device_map": "meta", "use_kernels": False}
         return SentenceTransformer(str(model_path), local_files_only=True, model_kwargs=model_kwargs)
     return SentenceTransformer(str(model_path), device="cpu", local_files_only=True, model_kwargs=model_kwargs or None)
 

@@ -120,7 +120,9 @@ class SentenceEncoder:
 
         The ONNX backends add ``backend`` and ``precision``, so their vectors never share an entry
         with torch's or each other's; torch's recipe is unchanged, so its entries (and the vectors
-        bundled for them) stay valid.
+        bundled for them) stay valid. ``onnx-int8`` also adds ``batch_size``: its dynamic
+        quantisation sets each activation's int8 range from the whole batch, so the same text gets
+        other vectors in other batches, and an entry made at one batch size must not serve another.
         """
         recipe: dict[str, object] = {
             "kind": kind,
@@ -131,6 +133,8 @@ class SentenceEncoder:
         }
         if self.backend != "torch":
             recipe.update(backend=self.backend, precision=backend_precision(self.backend))
+        if self.backend == "onnx-int8":
+            recipe["batch_size"] = self.batch_size
         return recipe
 
     def encode(self, texts: list[str], kind: TextKind = "document", progress: Callable[[int], object] | None = None) -> np.ndarray:
