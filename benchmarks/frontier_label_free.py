@@ -199,6 +199,23 @@ def verdict(c: dict[str, Any]) -> str:
     return "tied"
 
 
+def rotation_line(budget: int, ours: dict[str, Any] | None, theirs: dict[str, Any] | None, test: dict[str, dict[str, Any]],
+                  groups: dict[str, list[str]]) -> tuple[str | None, dict[str, Any] | None]:
+    """One budget's row of "a label-free setting against the frozen RaBitQ/TurboQuant", both chosen by the objective.
+
+    Returns the table line (None when ``ours`` is None) and the per-subset comparison (None when either side is missing).
+    """
+    if ours is None:
+        return None, None
+    if theirs is None:
+        return (f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {mean_on(test[ours['setting']], groups['all']):.4f} "
+                "| no RaBitQ/TurboQuant of the frozen vectors fits |" + " |" * (1 + len(groups))), None
+    c = {name: compare(test[ours["setting"]], test[theirs["setting"]], ids) for name, ids in groups.items()}
+    return (f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {c['all']['a']:.4f} | {theirs['setting']} "
+            f"({theirs['objective']:.4f}) | {c['all']['b']:.4f} | "
+            + " | ".join(f"{c[g]['difference']:+.4f} ({c[g]['p_value']:.2g}) {verdict(c[g])}" for g in groups) + " |"), c
+
+
 def report(args: argparse.Namespace) -> None:
     root = Path(args.results) / f"{args.data_name}-{args.model}"
     run_info = json.loads((root / "run.json").read_text(encoding="utf-8"))
@@ -229,7 +246,8 @@ def report(args: argparse.Namespace) -> None:
                   "| budget | plan's pick (objective) | nDCG@10 " + " | ".join(groups) + " | best peer by the objective | nDCG@10 "
                   + " | ".join(groups) + " | Δ pick − peer (p) " + " | ".join(groups) + " |", "|---" * (4 + 3 * len(groups)) + "|"]
         budgets = []
-        rotation_lines = []
+        rotation_lines: list[str] = []
+        dive_lines: list[str] = []
         for budget in BUDGETS:
             rows = list(val.values())
             pick = best_within(rows, budget, y="objective")
@@ -255,15 +273,13 @@ def report(args: argparse.Namespace) -> None:
                              + f" | {peer['setting']} ({peer['objective']:.4f}) | " + " | ".join(f"{cmp[g]['b']:.4f}" for g in groups) + " | "
                              + " | ".join("same setting" if same else f"{cmp[g]['difference']:+.4f} ({cmp[g]['p_value']:.2g}) {verdict(cmp[g])}"
                                           for g in groups) + " |")
-            if ours is not None and theirs is not None:
-                c = {name: compare(test[ours["setting"]], test[theirs["setting"]], ids) for name, ids in groups.items()}
-                entry.update(rotation_peer=theirs["setting"], compressor_vs_rotation=c)
-                rotation_lines.append(f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {c['all']['a']:.4f} | {theirs['setting']} "
-                                      f"({theirs['objective']:.4f}) | {c['all']['b']:.4f} | "
-                                      + " | ".join(f"{c[g]['difference']:+.4f} ({c[g]['p_value']:.2g}) {verdict(c[g])}" for g in groups) + " |")
-            elif ours is not None:
-                rotation_lines.append(f"| {budget} | {ours['setting']} ({ours['objective']:.4f}) | {mean_on(test[ours['setting']], groups['all']):.4f} "
-                                      "| no RaBitQ/TurboQuant of the frozen vectors fits |" + " |" * (1 + len(groups)))
+            dive = best_within([r for r in rows if r["method"] == "dive"], budget, y="objective")
+            for side, key, out in ((ours, "compressor_vs_rotation", rotation_lines), (dive, "dive_vs_rotation", dive_lines)):
+                line, c = rotation_line(budget, side, theirs, test, groups)
+                if line:
+                    out.append(line)
+                if c:
+                    entry.update(rotation_peer=theirs["setting"], **{key: c})
             budgets.append(entry)
         summary["objectives"][objective] = {"record": record, "reference": reference, "budgets": budgets}
         lines += ["", f"Label-free compressors (truncation below d, PCA, uncentred PCA, DIVE unsupervised; any precision) against "
@@ -271,6 +287,12 @@ def report(args: argparse.Namespace) -> None:
                   "| budget | best compressor setting (objective) | nDCG@10 | best RaBitQ/TurboQuant (objective) | nDCG@10 | "
                   + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (5 + len(groups)) + "|"]
         lines += rotation_lines
+        if dive_lines:
+            lines += ["", f"Label-free DIVE alone (the `unsupervised` preset, any precision) against RaBitQ/TurboQuant of the frozen "
+                      f"vectors, each side chosen by {objective}, scored on test:", "",
+                      "| budget | best DIVE setting (objective) | nDCG@10 | best RaBitQ/TurboQuant (objective) | nDCG@10 | "
+                      + " | ".join(f"Δ {g} (p)" for g in groups) + " |", "|---" * (5 + len(groups)) + "|"]
+            lines += dive_lines
         lines.append("")
     # The two objectives against each other: what each picks, and how the picks compare on test.
     picks = {o: {e["budget"]: e["pick"] for e in summary["objectives"].get(o, {}).get("budgets", [])} for o in LABEL_FREE_OBJECTIVES}
