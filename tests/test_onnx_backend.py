@@ -168,12 +168,41 @@ def test_a_failed_export_names_the_model_and_leaves_no_entry(tiny_bert_dir, tmp_
     assert _entries(root) == [], _entries(root)
 
 
+def test_an_int8_graph_that_loses_the_model_is_refused_and_leaves_no_entry(tiny_bert_dir, tmp_path, monkeypatch):
+    # all-mpnet-base-v2's int8 graph gave cosine about 0 to its fp32 graph on this project's CPU: refuse it loudly.
+    root = tmp_path / "graphs"
+    monkeypatch.setattr(onnx_export, "onnx_cache_root", lambda: root)
+    monkeypatch.setattr(onnx_export, "_int8_probe_cosine", lambda *args: 0.03)
+    with pytest.raises(onnx_export.OnnxExportError) as caught:
+        SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8", show_progress=False).encode(["document number 3"])
+    message = str(caught.value)
+    assert str(tiny_bert_dir) in message and "cosine 0.030" in message and "--backend onnx" in message
+    fp32_key = cache_key(onnx_export.graph_key_parts(SentenceEncoder(str(tiny_bert_dir)).fingerprint, "fp32"))
+    assert all(fp32_key in entry for entry in _entries(root) if "/" in entry), _entries(root)  # only the checked fp32 graph stays
+
+
+def test_a_healthy_int8_graph_records_its_check(tiny_bert_dir, tmp_path, monkeypatch):
+    root = tmp_path / "graphs"
+    monkeypatch.setattr(onnx_export, "onnx_cache_root", lambda: root)
+    fingerprint = SentenceEncoder(str(tiny_bert_dir)).fingerprint
+    graph = onnx_export.exported_graph(str(tiny_bert_dir), fingerprint, "int8")
+    check = graph.meta["check"]
+    assert check["threshold"] == onnx_export.MIN_INT8_COSINE and check["min_cosine_with_fp32"] >= check["threshold"]
+    # An entry written before the check existed is built again, with it.
+    meta_path = graph.folder / "meta.json"
+    stale = {k: v for k, v in graph.meta.items() if k != "check"}
+    from embedtune.io import write_json_with_digest
+
+    write_json_with_digest(meta_path, stale)
+    assert "check" in onnx_export.exported_graph(str(tiny_bert_dir), fingerprint, "int8").meta
+
+
 def test_an_interrupted_int8_build_leaves_no_entry_and_the_next_run_builds_it(tiny_bert_dir, tmp_path, monkeypatch):
     root = tmp_path / "graphs"
     monkeypatch.setattr(onnx_export, "onnx_cache_root", lambda: root)
     real = onnx_export.build_int8_graph
 
-    def interrupted(source, out):
+    def interrupted(source, out, *args):
         (out / "model.onnx").write_bytes(b"partial")
         raise KeyboardInterrupt
 
