@@ -280,10 +280,10 @@ def build_fp32_graph(model_path: str, out: Path, model_name: str) -> dict[str, A
                       "tolerance": tolerance}}
 
 
-def build_int8_graph(source: OnnxGraph, out: Path, model_path: str | None = None, model_name: str | None = None) -> dict[str, Any]:
+def build_int8_graph(source: OnnxGraph, out: Path, model_path: str, model_name: str | None = None) -> dict[str, Any]:
     """Dynamic int8 quantisation of the fp32 graph ``source`` into ``out/model.onnx``, checked against ``source``.
 
-    The check (with ``model_path``) embeds the probe texts with both graphs (masked mean of the token
+    The check embeds the probe texts (tokenised by the model at ``model_path``) with both graphs (masked mean of the token
     embeddings) and refuses the int8 graph when any cosine falls below :data:`MIN_INT8_COSINE`: on some
     models and CPUs dynamic int8 loses the model entirely (all-mpnet-base-v2 on this project's x86 VM gave
     cosines near 0), and nothing downstream would notice.
@@ -305,13 +305,12 @@ def build_int8_graph(source: OnnxGraph, out: Path, model_path: str | None = None
     meta = {"input_names": source.input_names, "output_name": source.meta["output_name"], "precision": "int8",
             "fused": source.meta.get("fused", False), "quantized_from": source.meta["sha256"],
             "quantization": {"method": "quantize_dynamic", "weight_type": "QInt8", "per_channel": True}}
-    if model_path is not None:
-        cosine = _int8_probe_cosine(source, out / "model.onnx", model_path)
-        meta["check"] = {"probe_texts": list(PROBE_TEXTS), "min_cosine_with_fp32": cosine, "threshold": MIN_INT8_COSINE}
-        if not cosine >= MIN_INT8_COSINE:
-            raise OnnxExportError(f"model {model_name or model_path}: its int8 graph gives embeddings with cosine {cosine:.3f} to the fp32 "
-                                  f"graph's on the probe texts (at least {MIN_INT8_COSINE} expected), so the int8 graph is not used. "
-                                  "Use --backend onnx (fp32) or --backend torch.")
+    cosine = _int8_probe_cosine(source, out / "model.onnx", model_path)
+    meta["check"] = {"probe_texts": list(PROBE_TEXTS), "min_cosine_with_fp32": cosine, "threshold": MIN_INT8_COSINE}
+    if not cosine >= MIN_INT8_COSINE:
+        raise OnnxExportError(f"model {model_name or model_path}: its int8 graph gives embeddings with cosine {cosine:.3f} to the fp32 "
+                              f"graph's on the probe texts (at least {MIN_INT8_COSINE} expected), so the int8 graph is not used. "
+                              "Use --backend onnx (fp32) or --backend torch.")
     return meta
 
 
