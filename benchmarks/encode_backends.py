@@ -16,6 +16,12 @@ permutation tests against torch, and how far the document vectors moved (max abs
 mean and minimum cosine to torch's).
 
     .venv/bin/python benchmarks/encode_backends.py quality --data scifact --model minilm --threads 1
+
+Encode: fill the embedding cache for some backends and score nothing, with the same recipe as
+``quality``, so that two cores can encode two backends of one long corpus at once and ``quality``
+then finds both cached (each entry resumes shard by shard if it is cut short).
+
+    .venv/bin/python benchmarks/encode_backends.py encode --data ../shared/data/beir/arguana --model mpnet --threads 1 --backends onnx
 """
 
 from __future__ import annotations
@@ -140,9 +146,26 @@ def speed(args: argparse.Namespace) -> None:
     print("docs/s: median over repeats; peak RSS: the largest over repeats.")
 
 
+def _load(args: argparse.Namespace, backend: str):
+    from embedtune.workflows.experiment import load_experiment
+
+    options = {"batch_size": args.batch_size, **({"backend": backend} if backend != "torch" else {})}
+    return load_experiment(args.data, args.model, qrels_split="test", split_seed=None, encoder_options=options)
+
+
+def encode(args: argparse.Namespace) -> None:
+    from embedtune.runtime import set_threads
+
+    set_threads(args.threads[0])
+    for backend in args.backends:
+        start = time.perf_counter()
+        experiment = _load(args, backend)
+        print(json.dumps({"backend": backend, "data": args.data, "model": args.model, "seconds": time.perf_counter() - start,
+                          "cache_hits": experiment.embeddings.cache_hits, "encode_seconds": experiment.embeddings.timings}), flush=True)
+
+
 def quality(args: argparse.Namespace) -> None:
     from embedtune.runtime import set_threads
-    from embedtune.workflows.experiment import load_experiment
     from embedtune.workflows.significance import paired_test
 
     set_threads(args.threads[0])
@@ -153,9 +176,8 @@ def quality(args: argparse.Namespace) -> None:
           f"{args.model} on {args.data}, all test queries, batch {args.batch_size}", flush=True)
     per_query, docs = {}, {}
     for backend in backends:  # each row is printed as soon as its backend is done (a long run can be cut short)
-        options = {"batch_size": args.batch_size, **({"backend": backend} if backend != "torch" else {})}
         start = time.perf_counter()
-        experiment = load_experiment(args.data, args.model, qrels_split="test", split_seed=None, encoder_options=options)
+        experiment = _load(args, backend)
         scored = experiment.evaluate("all")
         per_query[backend] = {qid: values["ndcg@10"] for qid, values in scored.per_query.items()}
         docs[backend] = np.asarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
@@ -183,7 +205,7 @@ def quality(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["speed", "quality", "_worker"])
+    parser.add_argument("mode", choices=["speed", "quality", "encode", "_worker"])
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--data", default=None, help="speed: a BEIR folder (default: the shared SciFact); quality: default 'scifact'")
     parser.add_argument("--docs", type=int, default=500)
@@ -205,7 +227,7 @@ def main() -> None:
         speed(args)
     else:
         args.data = args.data or "scifact"
-        quality(args)
+        encode(args) if args.mode == "encode" else quality(args)
 
 
 if __name__ == "__main__":
