@@ -201,6 +201,16 @@ def subsets(runs: dict[str, dict], data: Path = SCIFACT) -> str:
     return "\n".join(lines)
 
 
+def figure_title(runs: dict[str, dict]) -> str:
+    """Names the model the runs started from, as they recorded it (a readout label, else the model)."""
+    models = sorted({run.get("readout") or run.get("model") or "model not recorded" for run in runs.values()})
+    lengths = sorted({run["max_seq_length"] for run in runs.values() if run.get("max_seq_length")})
+    protocols = sorted({run.get("protocol") or "issue-20 split" for run in runs.values()})
+    return (f"PACE convergence study: {', '.join(models)}"
+            + (f", max length {', '.join(map(str, lengths))}" if lengths else "")
+            + f"\nSciFact ({', '.join(protocols)}), validation on a held-out 20 % of train queries")
+
+
 def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib  # heavy optional dependency
 
@@ -226,7 +236,7 @@ def plot(runs: dict[str, dict], path: Path) -> None:
             ax.plot(xs, ys, marker="s", markersize=3, linestyle="--", color=line.get_color(), label=f"{name} (Stage II)")
     ax.set_xlabel("optimizer updates on the final model's path")
     ax.set_ylabel("validation nDCG@10 (sub-corpus)")
-    ax.set_title("PACE convergence study: MiniLM, SciFact train (80 %), validation 20 %")
+    ax.set_title(figure_title(runs), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     fig.tight_layout()

@@ -85,3 +85,13 @@ def test_pace_setting_is_chosen_on_the_tested_models_validation(report, results)
     text = report.pace_selection({**runs, "pace@s2lr2e-5": variant})
     # 0.66 at the last update beats pace's 0.61, though the variant's best (0.70) came earlier.
     assert "**pace@s2lr2e-5** (0.6600)" in text and "0.7000 (25)" in text
+
+
+def test_figure_title_names_the_model_the_runs_recorded(report, results):
+    runs = report.load(results)
+    assert "model not recorded" in report.figure_title(runs)
+    for run in runs.values():
+        run.update(model="runs/minilm-lasttoken", readout="minilm-lasttoken-seq64-T46-val", max_seq_length=64, protocol="paper")
+    title = report.figure_title(runs)
+    assert "minilm-lasttoken-seq64-T46-val" in title and "max length 64" in title and "(paper)" in title
+    assert "MiniLM," not in title
