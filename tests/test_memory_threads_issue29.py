@@ -1,6 +1,6 @@
 """Issue 29, items 2 and 3: thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
 
-- ``default_threads``: the free cores (affinity, cgroup quota, minus the load average), at least 1;
+- ``default_threads``: the free cores (affinity, cgroup quota, minus the cores busy now), at least 1;
   ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
 - ``memory_bounded_mini_batch``: on a CPU without a configured ``mini_batch_size``, PACE trains with
   GradCache in mini-batches that keep a step's activations under 1 GiB (MiniLM: 10 texts, where the
@@ -21,7 +21,7 @@ from embedtune import runtime
 def machine(monkeypatch):
     def set_machine(cores: int, load: float, quota: float | None = None) -> None:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
-        monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+        monkeypatch.setattr(runtime, "_busy_cores", lambda: load)
         monkeypatch.setattr(runtime, "_cgroup_cpus", lambda: quota)
         monkeypatch.delenv("EMBEDTUNE_THREADS", raising=False)
     return set_machine
@@ -37,6 +37,37 @@ def machine(monkeypatch):
 def test_default_threads_are_the_free_cores(machine, cores, load, quota, expected):
     machine(cores, load, quota)
     assert runtime.default_threads() == expected
+
+
+def test_busy_cores_are_sampled_now_not_read_from_the_load_average(monkeypatch):
+    # Two /proc/stat readings 400 jiffies apart on 4 CPUs: 300 idle (250 idle + 50 iowait) -> 1 busy core.
+    readings = iter([(1000.0, 5000.0), (1300.0, 5400.0)])
+    monkeypatch.setattr(runtime, "_cpu_times", lambda: next(readings))
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runtime.time, "sleep", lambda seconds: None)
+    assert runtime._busy_cores() == pytest.approx(1.0)
+    # A machine that has just finished a long job: the load average still says 2, the CPUs are idle.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))
+    monkeypatch.setattr(runtime, "_cgroup_cpus", lambda: None)
+    monkeypatch.delenv("EMBEDTUNE_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "_busy_cores", lambda: 0.05)
+    assert runtime.default_threads() == 2
+    # Without /proc/stat the load average decides.
+    monkeypatch.setattr(runtime, "_busy_cores", lambda: None)
+    assert runtime.default_threads() == 1
+
+
+def test_cpu_times_parse_the_cpu_line(monkeypatch, tmp_path):
+    import builtins
+
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n")
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(stat if path == "/proc/stat" else path, *a, **k))
+    assert runtime._cpu_times() == (840.0, 1000.0)
+    stat.write_text("intr 1 2 3\n")
+    assert runtime._cpu_times() is None
 
 
 def test_embedtune_threads_overrides_and_is_checked(machine, monkeypatch):

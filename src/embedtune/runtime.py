@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -98,13 +99,46 @@ def _cgroup_cpus() -> float | None:
         return None
 
 
+def _cpu_times() -> tuple[float, float] | None:
+    """(idle, total) jiffies of all CPUs from ``/proc/stat``'s ``cpu`` line, or None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 5:
+        return None
+    try:
+        values = [float(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is inside user)
+    except ValueError:
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0.0)  # iowait is a CPU free to compute
+    return idle, sum(values)
+
+
+def _busy_cores(sample_seconds: float = 0.1) -> float | None:
+    """Cores busy over the next ``sample_seconds`` (all CPUs' non-idle share times their count), or None."""
+    first = _cpu_times()
+    if first is None:
+        return None
+    time.sleep(sample_seconds)
+    second = _cpu_times()
+    if second is None or second[1] <= first[1]:
+        return None
+    busy_share = 1.0 - (second[0] - first[0]) / (second[1] - first[1])
+    return max(0.0, busy_share) * (os.cpu_count() or 1)
+
+
 def default_threads() -> int:
     """The threads a command uses without ``--threads``: the cores that are free now, at least 1.
 
-    The cores this process may run on (its CPU affinity, capped by a cgroup quota) minus the
-    1-minute load average, rounded, so that a busy machine gets 1 and an idle one all its cores
-    (measured side by side in benchmarks/RESULTS.md, "A newcomer's first hour"). The
-    ``EMBEDTUNE_THREADS`` environment variable overrides it.
+    The cores this process may run on (its CPU affinity, capped by a cgroup quota) minus the cores
+    busy now, rounded, so that a busy machine gets 1 and an idle one all its cores (measured side by
+    side in benchmarks/RESULTS.md, "A newcomer's first hour"). "Busy now" is sampled from
+    ``/proc/stat`` over a tenth of a second rather than read from the 1-minute load average, which
+    still counts a command that ended seconds ago and so gave 1 thread to every command run back to
+    back; without ``/proc/stat`` the load average is the fallback. The ``EMBEDTUNE_THREADS``
+    environment variable overrides it.
     """
     override = os.environ.get("EMBEDTUNE_THREADS", "").strip()
     if override:
@@ -122,10 +156,12 @@ def default_threads() -> int:
     quota = _cgroup_cpus()
     if quota is not None:
         cores = min(cores, quota)
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        busy = 0.0
+    busy = _busy_cores()
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            busy = 0.0
     return max(1, min(int(cores), int(cores - busy + 0.5)))
 
 

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="CPU threads for torch, FAISS and BLAS together (default: the free cores, i.e. the cores this process may "
-                             "use minus the load average, at least 1; EMBEDTUNE_THREADS sets it too)")
+                             "use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets it too)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     data_commands.register(commands)
     evaluate.register(commands)
