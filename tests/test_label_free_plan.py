@@ -225,3 +225,30 @@ def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_
     assert fitting < 384 and "pca-uncentred-64/int8" in settings and "truncate-384/int8" in settings
     assert not any(s.startswith("pca-uncentred-384/") for s in settings)
     assert "pca-uncentred-384 are left out" in caplog.text
+
+
+def test_the_corpus_is_hashed_once_per_plan_not_once_per_candidate(scifact_slice, tmp_path, monkeypatch):
+    """A sweep fits many candidates on one corpus: its vectors are hashed once (plus once for the fitting subset)."""
+    from embedtune.workflows import label_free, plan as plan_module
+
+    hashed: list[int] = []
+    real = plan_module.vectors_sha256
+
+    def counting(vectors):
+        hashed.append(len(vectors))
+        return real(vectors)
+
+    monkeypatch.setattr(label_free, "vectors_sha256", counting)
+    monkeypatch.setattr(plan_module, "vectors_sha256", counting)
+    kwargs = dict(budget_bytes=16, methods=["pca", "pca-uncentred", "truncate"], **SWEEP)
+    first = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", work=tmp_path / "work", **kwargs)
+    assert sorted(hashed) == [N_DOCS - 40, N_DOCS]  # six fits and the FAISS cache, two hashes
+    # The cached fits are still found by the same keys: a second plan rewrites no fit and chooses the same.
+    keys = {path: path.stat().st_mtime_ns for path in (tmp_path / "work").rglob("key.json")}
+    assert len(keys) >= 6
+    hashed.clear()
+    second = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan2", "agreement", work=tmp_path / "work", **kwargs)
+    assert sorted(hashed) == [N_DOCS - 40, N_DOCS]
+    assert {path: path.stat().st_mtime_ns for path in (tmp_path / "work").rglob("key.json")} == keys
+    assert second["chosen"]["setting"] == first["chosen"]["setting"]
+    assert label_free._array_sha(scifact_slice[1].doc_embeddings) == label_free._array_sha(scifact_slice[1].doc_embeddings, real(scifact_slice[1].doc_embeddings))

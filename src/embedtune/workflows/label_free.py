@@ -75,6 +75,7 @@ from embedtune.workflows.plan import (
     score_plan,
     score_precisions,
     sweep_dims,
+    vectors_sha256,
 )
 from embedtune.workflows.pseudo_queries import build_pseudo_queries
 
@@ -276,13 +277,15 @@ def check_label_free_method(method: str) -> None:
 
 
 def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings: np.ndarray, seed: int = 2027,
-                   work: str | Path | None = None, part: str = "fit") -> tuple[Compressor, float]:
+                   work: str | Path | None = None, part: str = "fit", vectors_digest: str | None = None) -> tuple[Compressor, float]:
     """Fit ``candidate`` on corpus vectors alone (no queries, no labels); ``(compressor, fit seconds)``.
 
     A supervised method fits its ``unsupervised`` preset (DIVE: neighbour-rank distillation). With
     ``work`` the fit is kept at ``WORK/label-free/<part>/<candidate>/s<seed>/`` with ``key.json``
     (the sha256 of the documents' ids and vectors, the settings, the seed), and reloaded only when
-    that key matches and the compressor is intact.
+    that key matches and the compressor is intact. ``vectors_digest`` is :func:`vectors_sha256` of
+    ``doc_embeddings`` when the caller already has it: a sweep fits many candidates on one corpus
+    and need not hash it once per candidate.
     """
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
@@ -290,7 +293,7 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     folder = key = None
     if work is not None:
         folder = Path(work) / "label-free" / part / candidate.name / f"s{seed}"
-        key = {"documents": sha256_json(list(doc_ids)), "vectors": _array_sha(docs), "method": candidate.method, "dim": candidate.dim,
+        key = {"documents": sha256_json(list(doc_ids)), "vectors": _array_sha(docs, vectors_digest), "method": candidate.method, "dim": candidate.dim,
                "variant": candidate.variant, "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)), "seed": seed,
                "embedtune_version": __version__}
         cached = _cached_fit(folder, candidate.method, key)
@@ -308,8 +311,8 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     return compressor, fit_s
 
 
-def _array_sha(x: np.ndarray) -> str:
-    return sha256_json([list(x.shape), hashlib.sha256(np.ascontiguousarray(x, dtype=np.float32).tobytes()).hexdigest()])
+def _array_sha(x: np.ndarray, digest: str | None = None) -> str:
+    return sha256_json([list(x.shape), digest if digest is not None else vectors_sha256(x)])
 
 
 def _cached_fit(folder: Path, method: str, key: Mapping[str, Any]) -> tuple[Compressor, float] | None:
@@ -464,8 +467,10 @@ def run_label_free_plan(
     position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
     fit_docs = docs[[position[d] for d in validation.fit_doc_ids]]
     fit_part = "all" if not validation.held_out else f"held-out-{validation.record['held_out_sha256'][:12]}"
+    docs_digest = vectors_sha256(docs)  # once: the sweep folder, the FAISS cache and every fit on all documents are keyed by it
+    fit_docs_digest = docs_digest if len(fit_docs) == len(docs) else vectors_sha256(fit_docs)
     if work is None:  # shared by label-free plans on the same corpus; each fit is keyed by its documents and candidate
-        work = default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", docs).name, "doc_ids": sha256_json(doc_ids)})
+        work = default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", digest=docs_digest).name, "doc_ids": sha256_json(doc_ids)})
     work = Path(work)
 
     def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
@@ -475,7 +480,7 @@ def run_label_free_plan(
             row["objective"] = row[field]
         return rows
 
-    cache_dir = faiss_cache_dir(work, docs)
+    cache_dir = faiss_cache_dir(work, digest=docs_digest)
     probe = docs[:PROBE_ROWS]
     frozen_indexes = load_faiss_cache(cache_dir, probe)
     frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
@@ -506,7 +511,7 @@ def run_label_free_plan(
         for method, dim in sweep:
             candidate = candidate_for(method, dim)
             bar.set_postfix_str(candidate.name, refresh=False)
-            compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part)
+            compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part, fit_docs_digest)
             for row in score(compressor, precisions, {"method": method, "variant": "default", "family": method, "candidate": candidate.name,
                                                       "fit_s": fit_s}):
                 row["setting"] = f"{candidate.name}/{row['precision']}"
@@ -521,7 +526,7 @@ def run_label_free_plan(
                 else f"chose {chosen['setting']} (no fit)", out)
     if chosen.get("candidate"):
         candidate = candidate_for(chosen["method"], int(chosen["dim"]))
-        compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all")
+        compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all", docs_digest)
     else:
         frozen = get_compressor_class("frozen")
         compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))

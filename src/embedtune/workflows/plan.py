@@ -482,10 +482,26 @@ def default_sweep_dir(fingerprint: Mapping[str, Any]) -> Path:
     return cache_root() / SWEEP_CACHE / sha256_json(dict(fingerprint))[:16]
 
 
-def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray) -> Path:
-    """Where FAISS indexes trained on this exact corpus are kept: ``WORK/frozen-faiss/<sha256 of the vectors>``."""
-    digest = hashlib.sha256(np.ascontiguousarray(doc_embeddings, dtype=np.float32).tobytes()).hexdigest()[:16]
-    return Path(work) / "frozen-faiss" / digest
+def vectors_sha256(vectors: np.ndarray) -> str:
+    """sha256 of the float32 bytes of ``vectors``, row-major, read in blocks (no second copy of a large corpus)."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    digest = hashlib.sha256()
+    for start in range(0, len(x), 65536):
+        digest.update(x[start : start + 65536].tobytes())
+    return digest.hexdigest()
+
+
+def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray | None = None, digest: str | None = None) -> Path:
+    """Where FAISS indexes trained on this exact corpus are kept: ``WORK/frozen-faiss/<sha256 of the vectors>``.
+
+    ``digest`` is :func:`vectors_sha256` of the vectors when the caller already has it (hashing a
+    large corpus takes seconds; give one of the two).
+    """
+    if digest is None:
+        if doc_embeddings is None:
+            raise TypeError("faiss_cache_dir needs doc_embeddings or their digest.")
+        digest = vectors_sha256(doc_embeddings)
+    return Path(work) / "frozen-faiss" / digest[:16]
 
 
 def _probe_ids(index: QuantizedIndex, probe: np.ndarray | None) -> str | None:
