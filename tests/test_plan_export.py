@@ -157,3 +157,26 @@ def test_plan_export_index_database_round_trip(tmp_path, tiny_bert_dir):
     _, I_index = index.search(queries, 10)
     _, I_lance = search_lancedb(table, lancedb_recipe_of(plan), queries, 10)
     np.testing.assert_array_equal(I_lance, I_index)
+
+
+def test_a_chosen_peer_is_not_retrained_when_the_plan_is_written(tmp_path, monkeypatch):
+    """write_plan reuses the sweep's PQ index for the frozen choice (same tables), and builds its own after any other compressor."""
+    rng = np.random.default_rng(3)
+    docs = rng.standard_normal((600, 32)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    precision = Precision("faiss:PQ8x4fs")
+    swept = QuantizedIndex.build(docs, precision)
+    frozen = make_compressor("frozen", dim=32).fit_unsupervised(docs)
+    built: list[str] = []
+    real_build = QuantizedIndex.build
+    monkeypatch.setattr(QuantizedIndex, "build", staticmethod(lambda x, p, *a, **k: built.append(str(p)) or real_build(x, p, *a, **k)))
+    reused = tmp_path / "reused"
+    write_plan(reused, frozen, precision, docs, {"chosen": {"setting": "frozen-32/faiss:PQ8x4fs"}}, prebuilt=swept)
+    assert built == []
+    swept.save_precision(tmp_path / "swept")
+    assert (reused / CODEC_FILE).read_bytes() == (tmp_path / "swept" / CODEC_FILE).read_bytes()  # the tables the sweep scored
+    assert load_plan(reused)[2].name == "faiss:PQ8x4fs"
+    # A compressor that changes the vectors, or an index of another precision, never borrows it.
+    write_plan(tmp_path / "pca", make_compressor("pca", dim=32).fit_unsupervised(docs), precision, docs, {"chosen": {}}, prebuilt=swept)
+    write_plan(tmp_path / "other", frozen, Precision("faiss:PQ16x4fs"), docs, {"chosen": {}}, prebuilt=swept)
+    assert len(built) == 2

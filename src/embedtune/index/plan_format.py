@@ -52,20 +52,36 @@ COMPRESSOR_DIR = "compressor"
 PLAN_FIX = "The plan folder was damaged or edited after `embedtune compress plan` wrote it; write it again with `embedtune compress plan`."
 
 
-def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any]) -> dict[str, Any]:
+#: How far (max abs difference) the plan's vectors may be from those a prebuilt index was trained on.
+PREBUILT_TOLERANCE = 1e-6
+
+
+def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any],
+               prebuilt: QuantizedIndex | None = None) -> dict[str, Any]:
     """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last).
 
     ``plan.json`` carries the sha256 of every other file of the plan (``files_sha256``), the digest of
     the compressor's fitted state, and the digest of its own content; :func:`load_plan` checks them all.
     The int8 ranges are calibrated on ``doc_embeddings`` through the compressor.
+
+    ``prebuilt`` is an index of ``precision`` that the caller already built on ``doc_embeddings``
+    themselves (a plan's sweep trains the FAISS PQ/OPQ peers of the uncompressed vectors, minutes
+    each on a small CPU). It is used only when the compressor leaves ``doc_embeddings`` unchanged to
+    within :data:`PREBUILT_TOLERANCE` (the frozen choice: it renormalises unit rows, which moves their
+    last bits) and the index holds every one of them; otherwise the index is built here. The plan then
+    ships the very tables its sweep scored.
     """
     out = Path(out)
     compressor.save(out / COMPRESSOR_DIR)
-    docs = compressor.transform(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
+    source = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
+    docs = compressor.transform(source)
     # faiss:FACTORY (a PQ/OPQ peer) too: its tables are trained here, once, so the exported model's
     # codes and `index build --plan`'s index share one codebook (FAISS's k-means is seeded: the same
     # corpus gives the same tables).
-    index = QuantizedIndex.build(docs, precision)
+    if prebuilt is not None and _prebuilt_fits(prebuilt, precision, docs, source):
+        index = prebuilt
+    else:
+        index = QuantizedIndex.build(docs, precision)
     index.save_precision(out)
     for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
         if precision.name != "int8":
@@ -78,6 +94,15 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
             "files_sha256": {name: sha256_file(out / name) for name in plan_files(out)}}
     write_json_with_digest(out / PLAN_FILE, plan)
     return plan
+
+
+def _prebuilt_fits(index: QuantizedIndex, precision: Precision, docs: np.ndarray, source: np.ndarray) -> bool:
+    """Whether ``index`` (built on ``source``) is the index of ``precision`` that ``docs`` would get."""
+    if not (index.precision.name == precision.name and index.dim == docs.shape[1] and index.backend is not None
+            and int(index.backend.ntotal) == len(docs) and docs.shape == source.shape):
+        return False
+    return all(float(np.abs(docs[start : start + 65536] - source[start : start + 65536]).max(initial=0.0)) <= PREBUILT_TOLERANCE
+               for start in range(0, len(docs), 65536))
 
 
 def plan_files(out: Path) -> list[str]:

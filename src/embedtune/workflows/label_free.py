@@ -531,7 +531,8 @@ def run_label_free_plan(
         frozen = get_compressor_class("frozen")
         compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))
     public = lambda row: {k: v for k, v in row.items() if k != "per_query"}  # noqa: E731
-    plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, {
+    reuse = None if chosen.get("candidate") else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+    plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
         "embedtune_version": __version__,
         **(labels or {}),
         "dataset": experiment.dataset.name,

@@ -696,7 +696,8 @@ def run_plan(
     else:
         frozen = get_compressor_class("frozen")
         compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(fitted, "train"))
-    plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, {
+    reuse = None if candidate is not None else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+    plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, prebuilt=reuse, plan={
         "embedtune_version": __version__,
         **(labels or {}),
         "dataset": experiment.dataset.name,
