@@ -240,9 +240,18 @@ def test_the_corpus_is_hashed_once_per_plan_not_once_per_candidate(scifact_slice
 
     monkeypatch.setattr(label_free, "vectors_sha256", counting)
     monkeypatch.setattr(plan_module, "vectors_sha256", counting)
+    held: list[tuple[str, bool]] = []
+    real_lock = label_free.exclusive_lock
+
+    def recording_lock(path, waiting=None):
+        held.append((str(path), bool(waiting)))
+        return real_lock(path, waiting)
+
+    monkeypatch.setattr(label_free, "exclusive_lock", recording_lock)
     kwargs = dict(budget_bytes=16, methods=["pca", "pca-uncentred", "truncate"], **SWEEP)
     first = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", work=tmp_path / "work", **kwargs)
     assert sorted(hashed) == [N_DOCS - 40, N_DOCS]  # six fits and the FAISS cache, two hashes
+    assert held == [(str(tmp_path / "work" / ".lock"), True)]  # one plan at a time in a sweep folder
     # The cached fits are still found by the same keys: a second plan rewrites no fit and chooses the same.
     keys = {path: path.stat().st_mtime_ns for path in (tmp_path / "work").rglob("key.json")}
     assert len(keys) >= 6

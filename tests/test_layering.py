@@ -32,6 +32,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "embedtune"
 LAYERS: dict[str, int] = {
     "": 0,  # embedtune/__init__.py (the version)
     "io": 0,
+    "locks": 0,
     "errors": 0,
     "outputs": 0,
     "result_files": 0,

@@ -174,3 +174,28 @@ def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path):
         run_plan(experiment, tmp_path / "x", budget_bytes=1, methods=["pca"], dims=[8], precisions=["binary"], peers=[], variants=["qat-8bit"])
     with pytest.raises(ValueError, match="applies to none"):
         run_plan(experiment, tmp_path / "y", budget_bytes=1, methods=["pca"], dims=[8], precisions=["binary"], peers=[], variants=["qat-binary"])
+
+
+def test_a_plan_waits_for_another_plan_on_its_sweep_folder(toy, tmp_path, caplog):
+    import logging
+    import threading
+    import time
+
+    from embedtune.locks import exclusive_lock
+
+    work, held, released = tmp_path / "work", threading.Event(), []
+
+    def other_plan():
+        with exclusive_lock(work / ".lock"):
+            held.set()
+            time.sleep(0.5)
+            released.append(time.monotonic())
+
+    thread = threading.Thread(target=other_plan)
+    thread.start()
+    held.wait(5)
+    with caplog.at_level(logging.INFO, logger="embedtune.locks"):
+        run_plan(_experiment(toy), tmp_path / "plan", budget_bytes=4 * D, methods=["truncate"], dims=[8], precisions=["float32"], peers=[],
+                 work=work, rounds=0)
+    thread.join()
+    assert released and f"another plan is using the sweep folder {work}" in caplog.text

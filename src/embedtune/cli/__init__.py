@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
     # __init__, and one command's module must not load every other command's stack (bench, PACE).
-    from embedtune.cli import bench, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline, plan
+    from embedtune.cli import bench, cache, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline, plan
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     index.register(commands)
     mmeb.register(commands)
     pipeline.register(commands)
+    cache.register(commands)
     _say_defaults_once(parser)
     return parser
 

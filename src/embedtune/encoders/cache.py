@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,11 +29,7 @@ import numpy as np
 from embedtune.encoders.bundled_vectors import bundled_vectors
 from embedtune.encoders.paths import cache_root
 from embedtune.io import atomic_save_npy, atomic_write_json, read_json_verified, sha256_file, sha256_json, write_json_with_digest
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: entries are computed without a lock
-    fcntl = None  # type: ignore[assignment]
+from embedtune.locks import exclusive_lock, touch
 
 logger = logging.getLogger(__name__)
 
@@ -59,24 +54,9 @@ class EmbeddingCache:
         """The lock file of ``key``: beside the entry, so removing a bad entry keeps the lock."""
         return self.root / key[:2] / f"{key}.lock"
 
-    @contextlib.contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold the exclusive lock of entry ``key`` (waits while another process holds it)."""
-        if fcntl is None:
-            yield
-            return
-        path = self.lock_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                logger.info("embedding cache entry %s is being computed by another process; waiting for it", key[:12])
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return exclusive_lock(self.lock_path(key), f"embedding cache entry {key[:12]} is being computed by another process; waiting for it")
 
     def load(self, key: str, expected_ids: list[str] | None = None, remove_bad: bool = True) -> tuple[list[str], np.ndarray] | None:
         """Return ``(ids, embeddings)`` (memory-mapped) or None on a miss or a bad entry.
@@ -153,6 +133,7 @@ class EmbeddingCache:
         key = cache_key(parts)
         cached = self.load(key, expected_ids=ids, remove_bad=False)
         if cached is not None:
+            touch(self.entry(key))  # `embedtune cache prune --older-than` removes what has not been used
             return cached[1], True
         with self.lock(key):
             # Checked again under the lock: another process may have computed it meanwhile.

@@ -36,6 +36,7 @@ from embedtune.encoders.cache import EmbeddingCache, cache_key
 from embedtune.encoders.paths import cache_root
 from embedtune.errors import EmbedtuneError
 from embedtune.io import IntegrityError, current_umask, read_json_verified, sha256_file, write_json_with_digest
+from embedtune.locks import touch
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ def exported_graph(model_path: str, fingerprint: str, precision: Precision, mode
         shutil.rmtree(folder, ignore_errors=True)
         graph = None
     if graph is not None:
+        touch(folder)  # its last use, for `embedtune cache prune --older-than`
         return graph
     source = None
     if precision == "int8":  # quantised from the checked fp32 graph, which is cached too

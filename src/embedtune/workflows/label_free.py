@@ -53,6 +53,7 @@ from embedtune.index.codecs import PRECISIONS, Precision
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import PLAN_FILE, write_plan
 from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
+from embedtune.locks import exclusive_lock
 from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
@@ -63,6 +64,7 @@ from embedtune.workflows.plan import (
     PEER_MAX_BYTES,
     PROBE_ROWS,
     QUANTISER_PEERS,
+    SWEEP_LOCK,
     Candidate,
     QuerySet,
     candidate_for,
@@ -472,84 +474,84 @@ def run_label_free_plan(
     if work is None:  # shared by label-free plans on the same corpus; each fit is keyed by its documents and candidate
         work = default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", digest=docs_digest).name, "doc_ids": sha256_json(doc_ids)})
     work = Path(work)
+    with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
+        def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
+            rows = score_precisions(query_set, doc_ids, docs, compressor, specs, rounds=rounds, labels=extra, prebuilt=prebuilt,
+                                    progress=bar.update if bar is not None else None, per_query_metric=per_query)
+            for row in rows:
+                row["objective"] = row[field]
+            return rows
 
-    def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
-        rows = score_precisions(query_set, doc_ids, docs, compressor, specs, rounds=rounds, labels=extra, prebuilt=prebuilt,
-                                progress=bar.update if bar is not None else None, per_query_metric=per_query)
+        cache_dir = faiss_cache_dir(work, digest=docs_digest)
+        probe = docs[:PROBE_ROWS]
+        frozen_indexes = load_faiss_cache(cache_dir, probe)
+        frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
+        budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
+        factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                                   len(doc_ids))]
+        quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
+        rows: list[dict[str, Any]] = []
+        with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "label-free plan 1/3, frozen vectors and peers",
+                          unit="index") as bar:
+            rows += score(None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, bar=bar)
+            rows += score(None, [f"faiss:{f}" for f in factories], {"method": "frozen", "family": "FAISS PQ/OPQ"}, frozen_indexes, bar)
+            rows += score(None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, bar=bar)
+        save_faiss_cache(cache_dir, frozen_indexes, probe)
         for row in rows:
-            row["objective"] = row[field]
-        return rows
-
-    cache_dir = faiss_cache_dir(work, digest=docs_digest)
-    probe = docs[:PROBE_ROWS]
-    frozen_indexes = load_faiss_cache(cache_dir, probe)
-    frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
-    budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-    factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                               len(doc_ids))]
-    quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
-    rows: list[dict[str, Any]] = []
-    with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "label-free plan 1/3, frozen vectors and peers",
-                      unit="index") as bar:
-        rows += score(None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, bar=bar)
-        rows += score(None, [f"faiss:{f}" for f in factories], {"method": "frozen", "family": "FAISS PQ/OPQ"}, frozen_indexes, bar)
-        rows += score(None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, bar=bar)
-    save_faiss_cache(cache_dir, frozen_indexes, probe)
-    for row in rows:
-        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
-        row["candidate"] = None
-    reference = next(r["objective"] for r in rows if r["precision"] == "float32")
-    sweep = [(method, dim) for method in methods if method != "frozen" for dim in dims]
-    # A projection fitted on the corpus (PCA, and DIVE from its PCA start) has at most as many
-    # directions as fitting documents; a small corpus leaves those dims out instead of failing.
-    too_few = [(m, d) for m, d in sweep if m not in CORPUS_FREE_METHODS and d > len(validation.fit_doc_ids)]
-    if too_few:
-        logger.info("label-free plan: %d fitting documents, so %s are left out (a projection fitted on them has at most %d directions)",
-                    len(validation.fit_doc_ids), ", ".join(f"{m}-{d}" for m, d in too_few), len(validation.fit_doc_ids))
-        sweep = [cell for cell in sweep if cell not in too_few]
-    with progress_bar(len(sweep), "label-free plan 2/3, fitting (no labels) and scoring the sweep", unit="fit") as bar:
-        for method, dim in sweep:
-            candidate = candidate_for(method, dim)
-            bar.set_postfix_str(candidate.name, refresh=False)
-            compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part, fit_docs_digest)
-            for row in score(compressor, precisions, {"method": method, "variant": "default", "family": method, "candidate": candidate.name,
-                                                      "fit_s": fit_s}):
-                row["setting"] = f"{candidate.name}/{row['precision']}"
-                rows.append(row)
-            bar.update(1)
-    chosen = dict(choose(rows, budget_bytes, target_retention, reference, y="objective"))
-    frontier = {r["setting"] for r in pareto_frontier(rows, y="objective")}
-    out.mkdir(parents=True, exist_ok=True)
-    plot_frontier(rows, out / "frontier.png", f"{experiment.dataset.name}: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} "
-                  f"{query_set.part} vs bytes per vector (no labels)", y="objective", chosen=chosen)
-    logger.info("label-free plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on every document" if chosen.get("candidate")
-                else f"chose {chosen['setting']} (no fit)", out)
-    if chosen.get("candidate"):
-        candidate = candidate_for(chosen["method"], int(chosen["dim"]))
-        compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all", docs_digest)
-    else:
-        frozen = get_compressor_class("frozen")
-        compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))
-    public = lambda row: {k: v for k, v in row.items() if k != "per_query"}  # noqa: E731
-    reuse = None if chosen.get("candidate") else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-    plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
-        "embedtune_version": __version__,
-        **(labels or {}),
-        "dataset": experiment.dataset.name,
-        "seed": seed,
-        "budget_bytes": budget_bytes,
-        "target_retention": target_retention,
-        "objective": validation.record,
-        "chosen": public(chosen),
-        "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
-        "reference": {"setting": f"frozen-{input_dim}/float32", "objective": reference, "queries": query_set.part},
-        "validation": {"rule": f"label-free: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} {query_set.part}",
-                       "n_queries": len(query_set.ids)},
-        "retention": chosen["objective"] / reference if reference > 0 else None,
-        "frontier": [public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
-        "sweep": [public(r) for r in rows],
-    })
-    if final:
-        plan["test"] = score_plan(experiment, out, "test")
-        write_json_with_digest(out / PLAN_FILE, plan)
-    return plan
+            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+            row["candidate"] = None
+        reference = next(r["objective"] for r in rows if r["precision"] == "float32")
+        sweep = [(method, dim) for method in methods if method != "frozen" for dim in dims]
+        # A projection fitted on the corpus (PCA, and DIVE from its PCA start) has at most as many
+        # directions as fitting documents; a small corpus leaves those dims out instead of failing.
+        too_few = [(m, d) for m, d in sweep if m not in CORPUS_FREE_METHODS and d > len(validation.fit_doc_ids)]
+        if too_few:
+            logger.info("label-free plan: %d fitting documents, so %s are left out (a projection fitted on them has at most %d directions)",
+                        len(validation.fit_doc_ids), ", ".join(f"{m}-{d}" for m, d in too_few), len(validation.fit_doc_ids))
+            sweep = [cell for cell in sweep if cell not in too_few]
+        with progress_bar(len(sweep), "label-free plan 2/3, fitting (no labels) and scoring the sweep", unit="fit") as bar:
+            for method, dim in sweep:
+                candidate = candidate_for(method, dim)
+                bar.set_postfix_str(candidate.name, refresh=False)
+                compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part, fit_docs_digest)
+                for row in score(compressor, precisions, {"method": method, "variant": "default", "family": method, "candidate": candidate.name,
+                                                          "fit_s": fit_s}):
+                    row["setting"] = f"{candidate.name}/{row['precision']}"
+                    rows.append(row)
+                bar.update(1)
+        chosen = dict(choose(rows, budget_bytes, target_retention, reference, y="objective"))
+        frontier = {r["setting"] for r in pareto_frontier(rows, y="objective")}
+        out.mkdir(parents=True, exist_ok=True)
+        plot_frontier(rows, out / "frontier.png", f"{experiment.dataset.name}: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} "
+                      f"{query_set.part} vs bytes per vector (no labels)", y="objective", chosen=chosen)
+        logger.info("label-free plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on every document" if chosen.get("candidate")
+                    else f"chose {chosen['setting']} (no fit)", out)
+        if chosen.get("candidate"):
+            candidate = candidate_for(chosen["method"], int(chosen["dim"]))
+            compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all", docs_digest)
+        else:
+            frozen = get_compressor_class("frozen")
+            compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))
+        public = lambda row: {k: v for k, v in row.items() if k != "per_query"}  # noqa: E731
+        reuse = None if chosen.get("candidate") else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
+            "embedtune_version": __version__,
+            **(labels or {}),
+            "dataset": experiment.dataset.name,
+            "seed": seed,
+            "budget_bytes": budget_bytes,
+            "target_retention": target_retention,
+            "objective": validation.record,
+            "chosen": public(chosen),
+            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
+            "reference": {"setting": f"frozen-{input_dim}/float32", "objective": reference, "queries": query_set.part},
+            "validation": {"rule": f"label-free: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} {query_set.part}",
+                           "n_queries": len(query_set.ids)},
+            "retention": chosen["objective"] / reference if reference > 0 else None,
+            "frontier": [public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+            "sweep": [public(r) for r in rows],
+        })
+        if final:
+            plan["test"] = score_plan(experiment, out, "test")
+            write_json_with_digest(out / PLAN_FILE, plan)
+        return plan

@@ -50,6 +50,7 @@ from embedtune.io import (
     verify_sha256,
     write_json_with_digest,
 )
+from embedtune.locks import exclusive_lock
 from embedtune.result_files import find_results, results_details
 from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
@@ -469,6 +470,8 @@ def score_precisions(
 
 #: The sweeps' shared home under the user cache (``$EMBEDTUNE_CACHE`` overrides it): one folder per data.
 SWEEP_CACHE = "plan-sweeps"
+#: The lock file in a sweep folder: one plan at a time sweeps there; a second waits, then reuses its fits.
+SWEEP_LOCK = ".lock"
 
 
 def default_sweep_dir(fingerprint: Mapping[str, Any]) -> Path:
@@ -636,88 +639,89 @@ def run_plan(
     rows: list[dict[str, Any]] = []
     data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
     work = Path(work) if work is not None else default_sweep_dir(data)
-    fitted, (experiment, validation) = experiment, selection_view(experiment)  # score on `experiment`, fit on `fitted`
-    cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
-    probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
-    frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
-    frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
-    budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-    factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                               len(experiment.embeddings.doc_ids))]
-    quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
-    # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS PQ/OPQ peers
-    # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
-    reused = sum(f"faiss:{f}" in frozen_indexes for f in factories)
-    with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers",
-                      unit="index",
-                      postfix=f"{reused} cached" if reused else None) as bar:
-        frozen_rows = precision_rows(experiment, "val", None, frozen_precisions, rounds=rounds,
-                                     labels={"method": "frozen", "family": "frozen (quantised)"}, progress=bar.update)
-        peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
-                                   labels={"method": "frozen", "family": "FAISS PQ/OPQ"}, progress=bar.update)
-        if quantiser_peers:  # FAISS RaBitQ / TurboQuant / SQ4 of the frozen vectors (issue 30)
-            peer_rows += precision_rows(experiment, "val", None, quantiser_peers, rounds=rounds,
-                                        labels={"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, progress=bar.update)
-    save_faiss_cache(cache_dir, frozen_indexes, probe)
-    for row in frozen_rows + peer_rows:
-        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
-        row["candidate"] = None
-    rows += frozen_rows + peer_rows
-    if "csr" in peers:  # CSR, a learned peer fitted on the corpus alone (issue 30): compared, never chosen
-        rows += csr_peer_rows(fitted, experiment, budgets, seed, work, data, rounds)
-    reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
-    # Phase 2 of 3: fit (or reuse from WORK) every candidate on the train queries, score it at every precision.
-    sweep = [(method, dim, variant) for method in methods if method != "frozen" for dim in dims
-             for variant in ["default", *(v for v in variants if variant_applies(method, v))]]
-    with progress_bar(len(sweep), "plan 2/3, fitting and scoring the sweep", unit="fit") as bar:
-        for method, dim, variant in sweep:
-            candidate = candidate_for(method, dim, variant)
-            bar.set_postfix_str(candidate.name, refresh=False)
-            compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
-            family = method if variant == "default" else f"{method}+{variant}"
-            for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
-                                      labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
-                                              "fit_s": fit_s}):
-                row["setting"] = _row_setting(candidate, row["precision"], dim)
-                rows.append(row)
-            bar.update(1)
-    chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference))
-    frontier = [r["setting"] for r in pareto_frontier(rows)]
-    title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
-    out.mkdir(parents=True, exist_ok=True)
-    plot_frontier(rows, out / "frontier.png", title, chosen=chosen)
-    # Phase 3 of 3: refit the choice on train+val (what compress train --final does) and write the folder.
-    candidate = None
-    logger.info("plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on the train and validation queries"
-                if chosen.get("candidate") else f"chose {chosen['setting']} (no fit)", out)
-    if chosen.get("candidate"):
-        candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
-        compressor, _ = fit_or_load(fitted, candidate, seed, final=True, work=work, data=data)
-    else:
-        frozen = get_compressor_class("frozen")
-        compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(fitted, "train"))
-    reuse = None if candidate is not None else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-    plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, prebuilt=reuse, plan={
-        "embedtune_version": __version__,
-        **(labels or {}),
-        "dataset": experiment.dataset.name,
-        "split_seed": experiment.split.seed if experiment.split is not None else None,
-        "seed": seed,
-        "budget_bytes": budget_bytes,
-        "target_retention": target_retention,
-        "chosen": _public(chosen),
-        # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
-        "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
-        "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
-        "validation": validation,
-        "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
-        "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
-        "sweep": [_public(r) for r in rows],
-    })
-    if final:
-        plan["test"] = score_plan(fitted, out, "test")
-        write_json_with_digest(out / PLAN_FILE, plan)
-    return plan
+    with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
+        fitted, (experiment, validation) = experiment, selection_view(experiment)  # score on `experiment`, fit on `fitted`
+        cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
+        probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
+        frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
+        frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
+        budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
+        factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                                   len(experiment.embeddings.doc_ids))]
+        quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
+        # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS PQ/OPQ peers
+        # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
+        reused = sum(f"faiss:{f}" in frozen_indexes for f in factories)
+        with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers",
+                          unit="index",
+                          postfix=f"{reused} cached" if reused else None) as bar:
+            frozen_rows = precision_rows(experiment, "val", None, frozen_precisions, rounds=rounds,
+                                         labels={"method": "frozen", "family": "frozen (quantised)"}, progress=bar.update)
+            peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
+                                       labels={"method": "frozen", "family": "FAISS PQ/OPQ"}, progress=bar.update)
+            if quantiser_peers:  # FAISS RaBitQ / TurboQuant / SQ4 of the frozen vectors (issue 30)
+                peer_rows += precision_rows(experiment, "val", None, quantiser_peers, rounds=rounds,
+                                            labels={"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, progress=bar.update)
+        save_faiss_cache(cache_dir, frozen_indexes, probe)
+        for row in frozen_rows + peer_rows:
+            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+            row["candidate"] = None
+        rows += frozen_rows + peer_rows
+        if "csr" in peers:  # CSR, a learned peer fitted on the corpus alone (issue 30): compared, never chosen
+            rows += csr_peer_rows(fitted, experiment, budgets, seed, work, data, rounds)
+        reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
+        # Phase 2 of 3: fit (or reuse from WORK) every candidate on the train queries, score it at every precision.
+        sweep = [(method, dim, variant) for method in methods if method != "frozen" for dim in dims
+                 for variant in ["default", *(v for v in variants if variant_applies(method, v))]]
+        with progress_bar(len(sweep), "plan 2/3, fitting and scoring the sweep", unit="fit") as bar:
+            for method, dim, variant in sweep:
+                candidate = candidate_for(method, dim, variant)
+                bar.set_postfix_str(candidate.name, refresh=False)
+                compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
+                family = method if variant == "default" else f"{method}+{variant}"
+                for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
+                                          labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
+                                                  "fit_s": fit_s}):
+                    row["setting"] = _row_setting(candidate, row["precision"], dim)
+                    rows.append(row)
+                bar.update(1)
+        chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference))
+        frontier = [r["setting"] for r in pareto_frontier(rows)]
+        title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
+        out.mkdir(parents=True, exist_ok=True)
+        plot_frontier(rows, out / "frontier.png", title, chosen=chosen)
+        # Phase 3 of 3: refit the choice on train+val (what compress train --final does) and write the folder.
+        candidate = None
+        logger.info("plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on the train and validation queries"
+                    if chosen.get("candidate") else f"chose {chosen['setting']} (no fit)", out)
+        if chosen.get("candidate"):
+            candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
+            compressor, _ = fit_or_load(fitted, candidate, seed, final=True, work=work, data=data)
+        else:
+            frozen = get_compressor_class("frozen")
+            compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(fitted, "train"))
+        reuse = None if candidate is not None else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+        plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, prebuilt=reuse, plan={
+            "embedtune_version": __version__,
+            **(labels or {}),
+            "dataset": experiment.dataset.name,
+            "split_seed": experiment.split.seed if experiment.split is not None else None,
+            "seed": seed,
+            "budget_bytes": budget_bytes,
+            "target_retention": target_retention,
+            "chosen": _public(chosen),
+            # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
+            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
+            "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
+            "validation": validation,
+            "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
+            "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+            "sweep": [_public(r) for r in rows],
+        })
+        if final:
+            plan["test"] = score_plan(fitted, out, "test")
+            write_json_with_digest(out / PLAN_FILE, plan)
+        return plan
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
