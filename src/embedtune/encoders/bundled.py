@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from embedtune.encoders.paths import cache_root
+from embedtune.locks import touch
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def _mpnet_path() -> Path:
     key = hashlib.sha256("|".join(f"{p.name}:{p.stat().st_size}" for p in parts).encode()).hexdigest()[:16]
     target = cache_root() / "models" / f"all-mpnet-base-v2-{key}"
     if (target / "modules.json").is_file() and (target / ".complete").is_file():
+        touch(target / ".complete")  # its last use, for `embedtune cache prune --older-than`
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("assembling all-mpnet-base-v2 from %d parts into %s", len(parts), target)
