@@ -60,6 +60,15 @@ _ENTRY_FILES = ("model.onnx", "meta.json")
 #: The int8 graph must keep every probe text's embedding this close (cosine) to the fp32 graph's. MiniLM's int8
 #: graph keeps about 0.98-0.99 on real sentences; a broken quantisation scores near 0.
 MIN_INT8_COSINE = 0.95
+#: int8 recipes, tried in order until one passes the probe check. The first is ONNX Runtime's usual
+#: dynamic quantisation (MiniLM keeps cosine 0.98-0.99 with it). all-mpnet-base-v2 lost the model with
+#: it on this project's x86 CPU (cosine about 0, likely int16 saturation of u8 x s8 products on large
+#: activations); 7-bit weights (reduce_range) with the FFN output projections kept in fp32 gave it
+#: 0.978 on the probe texts (benchmarks/RESULTS.md, "int8 recipes for mpnet").
+INT8_RECIPES: tuple[dict[str, Any], ...] = (
+    {"name": "per-channel", "reduce_range": False, "down_projections_fp32": False},
+    {"name": "per-channel, 7-bit weights, FFN output projections in fp32", "reduce_range": True, "down_projections_fp32": True},
+)
 
 
 class OnnxExportError(EmbedtuneError):
@@ -286,9 +295,10 @@ def build_int8_graph(source: OnnxGraph, out: Path, model_path: str, model_name: 
     """Dynamic int8 quantisation of the fp32 graph ``source`` into ``out/model.onnx``, checked against ``source``.
 
     The check embeds the probe texts (tokenised by the model at ``model_path``) with both graphs (masked mean of the token
-    embeddings) and refuses the int8 graph when any cosine falls below :data:`MIN_INT8_COSINE`: on some
-    models and CPUs dynamic int8 loses the model entirely (all-mpnet-base-v2 on this project's x86 VM gave
-    cosines near 0), and nothing downstream would notice.
+    embeddings) and keeps the graph of the first of :data:`INT8_RECIPES` whose smallest cosine is at least
+    :data:`MIN_INT8_COSINE`; when none is, it refuses: on some models and CPUs dynamic int8 loses the model
+    entirely (all-mpnet-base-v2 on this project's x86 VM gave cosines near 0 with the usual recipe), and
+    nothing downstream would notice. Every recipe tried and its cosine are recorded in the entry's meta.
     """
     require_onnxruntime()
     import onnx
@@ -297,23 +307,45 @@ def build_int8_graph(source: OnnxGraph, out: Path, model_path: str, model_name: 
     # The fused ops (Attention, SkipLayerNormalization) are in the com.microsoft domain, where ONNX
     # shape inference cannot type their outputs: DefaultTensorType says they are float.
     # The quantiser logs a line per tensor (and a pre-processing hint) on the root logger: hidden while it runs.
-    saved = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        quantize_dynamic(str(source.path), str(out / "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    finally:
-        logging.disable(saved)
+    tried = []
+    for recipe in INT8_RECIPES:
+        options: dict[str, Any] = {"weight_type": QuantType.QInt8, "per_channel": True, "reduce_range": recipe["reduce_range"],
+                                   "extra_options": {"DefaultTensorType": onnx.TensorProto.FLOAT}}
+        if recipe["down_projections_fp32"]:
+            options["nodes_to_exclude"] = down_projection_matmuls(onnx.load(str(source.path), load_external_data=False))
+        saved = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            quantize_dynamic(str(source.path), str(out / "model.onnx"), **options)
+        finally:
+            logging.disable(saved)
+        cosine = _int8_probe_cosine(source, out / "model.onnx", model_path)
+        tried.append({"recipe": recipe["name"], "min_cosine_with_fp32": cosine, "fp32_nodes": len(options.get("nodes_to_exclude", []))})
+        if cosine >= MIN_INT8_COSINE:
+            break
+    else:
+        found = "; ".join(f"{t['recipe']}: {t['min_cosine_with_fp32']:.3f}" for t in tried)
+        raise OnnxExportError(f"model {model_name or model_path}: its int8 graphs give embeddings far from the fp32 graph's on the probe "
+                              f"texts (smallest cosine per recipe: {found}; at least {MIN_INT8_COSINE} expected), so no int8 graph is "
+                              "used. Use --backend onnx (fp32) or --backend torch.")
     meta = {"input_names": source.input_names, "output_name": source.meta["output_name"], "precision": "int8",
             "fused": source.meta.get("fused", False), "quantized_from": source.meta["sha256"],
-            "quantization": {"method": "quantize_dynamic", "weight_type": "QInt8", "per_channel": True}}
-    cosine = _int8_probe_cosine(source, out / "model.onnx", model_path)
-    meta["check"] = {"probe_texts": list(PROBE_TEXTS), "min_cosine_with_fp32": cosine, "threshold": MIN_INT8_COSINE}
-    if not cosine >= MIN_INT8_COSINE:
-        raise OnnxExportError(f"model {model_name or model_path}: its int8 graph gives embeddings with cosine {cosine:.3f} to the fp32 "
-                              f"graph's on the probe texts (at least {MIN_INT8_COSINE} expected), so the int8 graph is not used. "
-                              "Use --backend onnx (fp32) or --backend torch.")
+            "quantization": {"method": "quantize_dynamic", "weight_type": "QInt8", "per_channel": True, "recipe": recipe["name"],
+                             "reduce_range": recipe["reduce_range"], "fp32_nodes": tried[-1]["fp32_nodes"]}}
+    meta["check"] = {"probe_texts": list(PROBE_TEXTS), "min_cosine_with_fp32": cosine, "threshold": MIN_INT8_COSINE, "recipes_tried": tried}
     return meta
+
+
+def down_projection_matmuls(model: Any) -> list[str]:
+    """Names of the MatMul nodes whose constant weight maps a wider input to a narrower output (the FFN output projections)."""
+    shapes = {init.name: list(init.dims) for init in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in shapes:
+            dims = shapes[node.input[1]]
+            if len(dims) == 2 and dims[0] > dims[1]:
+                names.append(node.name)
+    return names
 
 
 def _int8_probe_cosine(source: OnnxGraph, int8_path: Path, model_path: str) -> float:
