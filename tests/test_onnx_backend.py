@@ -96,8 +96,27 @@ def test_backends_and_precisions():
 def test_the_torch_recipe_is_unchanged_so_old_and_bundled_entries_stay_valid(tiny_bert_dir):
     torch_recipe = SentenceEncoder(str(tiny_bert_dir)).recipe("document")
     assert "backend" not in torch_recipe and "precision" not in torch_recipe
-    int8_recipe = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8").recipe("document")
-    assert int8_recipe == {**torch_recipe, "backend": "onnx-int8", "precision": "int8", "batch_size": 64}
+    int8_encoder = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8")
+    int8_recipe = int8_encoder.recipe("document")
+    assert int8_recipe == {**torch_recipe, "backend": "onnx-int8", "precision": "int8", "batch_size": 64,
+                           "int8_graph_sha256": int8_encoder.model.graph.meta["sha256"]}
+
+
+def test_vectors_of_an_int8_graph_that_was_rebuilt_are_never_served(tiny_bert_dir, tmp_path, monkeypatch):
+    # 2026-12-04: SciFact mpnet int8 vectors encoded by the refused graph were served from the cache after the graph was
+    # rebuilt with another recipe, because the key named only the backend and batch size. The graph's sha256 keys them now.
+    import shutil
+
+    root = tmp_path / "graphs"
+    monkeypatch.setattr(onnx_export, "onnx_cache_root", lambda: root)
+    first = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8")
+    before = first.recipe("document")
+    shutil.rmtree(first.model.graph.folder)  # as when an unchecked entry is rebuilt
+    cosines = iter([0.03, 0.97])  # now the usual recipe fails and the conservative one is used
+    monkeypatch.setattr(onnx_export, "_int8_probe_cosine", lambda *args: next(cosines))
+    after = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8").recipe("document")
+    assert after["int8_graph_sha256"] != before["int8_graph_sha256"]
+    assert cache_key({"recipe": after}) != cache_key({"recipe": before})
 
 
 def test_int8_entries_are_keyed_by_batch_size_and_the_others_are_not(tiny_bert_dir):

@@ -123,6 +123,9 @@ class SentenceEncoder:
         bundled for them) stay valid. ``onnx-int8`` also adds ``batch_size``: its dynamic
         quantisation sets each activation's int8 range from the whole batch, so the same text gets
         other vectors in other batches, and an entry made at one batch size must not serve another.
+        It adds the sha256 of the int8 graph too: which quantisation recipe passed the graph's check
+        (and what ONNX Runtime made of it) changes the vectors, and vectors encoded by a graph that
+        has since been refused or rebuilt must never be served for the new one.
         """
         recipe: dict[str, object] = {
             "kind": kind,
@@ -135,7 +138,15 @@ class SentenceEncoder:
             recipe.update(backend=self.backend, precision=backend_precision(self.backend))
         if self.backend == "onnx-int8":
             recipe["batch_size"] = self.batch_size
+            recipe["int8_graph_sha256"] = self.int8_graph_sha256
         return recipe
+
+    @cached_property
+    def int8_graph_sha256(self) -> str:
+        """sha256 of the cached int8 graph of this model (built and checked on first use, as encoding would)."""
+        from embedtune.encoders.onnx_export import exported_graph
+
+        return str(exported_graph(self.model_path, self.fingerprint, "int8", self.model_name).meta["sha256"])
 
     def encode(self, texts: list[str], kind: TextKind = "document", progress: Callable[[int], object] | None = None) -> np.ndarray:
         """Embed ``texts`` as ``kind``: float32 ``(len(texts), d)``, unit rows when ``normalize``.
