@@ -16,6 +16,7 @@ import numpy as np
 
 from embedtune.encoders.bundled import resolve_model_path
 from embedtune.encoders.onnx_backend import OnnxSentenceModel, backend_precision, check_backend
+from embedtune.encoders.onnx_export import exported_graph
 from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__name__)
@@ -144,8 +145,6 @@ class SentenceEncoder:
     @cached_property
     def int8_graph_sha256(self) -> str:
         """sha256 of the cached int8 graph of this model (built and checked on first use, as encoding would)."""
-        from embedtune.encoders.onnx_export import exported_graph
-
         return str(exported_graph(self.model_path, self.fingerprint, "int8", self.model_name).meta["sha256"])
 
     def encode(self, texts: list[str], kind: TextKind = "document", progress: Callable[[int], object] | None = None) -> np.ndarray:
