@@ -157,11 +157,35 @@ def encode(args: argparse.Namespace) -> None:
     from embedtune.runtime import set_threads
 
     set_threads(args.threads[0])
+    if set(args.kinds) != {"document", "query"}:
+        return _encode_kinds(args)
     for backend in args.backends:
         start = time.perf_counter()
         experiment = _load(args, backend)
         print(json.dumps({"backend": backend, "data": args.data, "model": args.model, "seconds": time.perf_counter() - start,
                           "cache_hits": experiment.embeddings.cache_hits, "encode_seconds": experiment.embeddings.timings}), flush=True)
+
+
+def _encode_kinds(args: argparse.Namespace) -> None:
+    """Fill the cache entries of only ``--kinds`` (the same keys ``quality`` reads), so the queries
+    of a long corpus can be encoded on one core while its documents encode on the other."""
+    from embedtune.data.beir import document_text, load_beir
+    from embedtune.encoders import EmbeddingCache, SentenceEncoder
+    from embedtune.encoders.dataset import cache_parts
+
+    dataset = load_beir(args.data or "scifact", "test")
+    cache = EmbeddingCache()
+    for backend in args.backends:
+        options = {"batch_size": args.batch_size, **({"backend": backend} if backend != "torch" else {})}
+        encoder = SentenceEncoder(args.model, **options)
+        for kind in args.kinds:
+            source = dataset.corpus if kind == "document" else dataset.queries
+            ids = list(source)
+            texts = [document_text(d) for d in source.values()] if kind == "document" else list(source.values())
+            start = time.perf_counter()
+            _, hit = cache.get_or_compute(cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind))
+            print(json.dumps({"backend": backend, "kind": kind, "rows": len(ids), "cache_hit": hit, "seconds": time.perf_counter() - start}),
+                  flush=True)
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -213,6 +237,8 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=256)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--kinds", nargs="+", default=["document", "query"], choices=["document", "query"],
+                        help="encode: which entries to fill (default both)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--vectors-out", default=None, help=argparse.SUPPRESS)
