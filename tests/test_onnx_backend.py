@@ -20,7 +20,7 @@ from embedtune.encoders import onnx_export
 from embedtune.encoders.cache import cache_key
 from embedtune.encoders.dataset import cache_parts
 from embedtune.encoders.onnx_backend import BACKENDS, backend_precision
-from embedtune.encoders.ray_encode import encode_sharded
+from embedtune.encoders.ray_encode import RUN_RECORD, ShardEncoder, encode_sharded, pending_shards
 from embedtune.errors import EmbedtuneError
 
 onnxruntime = pytest.importorskip("onnxruntime")
@@ -343,3 +343,32 @@ def test_pooling_and_the_modules_after_it_follow_the_model(mode, tiny_bert_dir, 
     got = SentenceEncoder(str(tmp_path / mode), batch_size=4, normalize=False, backend="onnx", show_progress=False).encode(texts)
     assert got.shape == expected.shape == (9, 5)
     assert np.abs(got - expected).max() <= 1e-5
+
+
+def test_an_int8_shard_folder_resumes_only_with_its_own_graph_and_batch_size(tiny_bert_dir, tmp_path):
+    # The embedding cache keys int8 vectors by graph and batch size; a resumable embed-corpus folder must hold them to the same rule.
+    ids, texts = [f"d{i}" for i in range(12)], [f"document number {i} about topic {i % 3}" for i in range(12)]
+    out = tmp_path / "shards"
+    encode_sharded(ids, texts, str(tiny_bert_dir), out, shard_size=5, backend="onnx-int8", batch_size=4, show_progress=False)
+    record = json.loads((out / RUN_RECORD).read_text())
+    graph = SentenceEncoder(str(tiny_bert_dir), backend="onnx-int8").int8_graph_sha256
+    assert record["int8_graph"] == {"sha256": graph, "batch_size": 4}
+    before = (out / "shard-00000.npy").stat().st_mtime_ns
+    encode_sharded(ids, texts, str(tiny_bert_dir), out, shard_size=5, backend="onnx-int8", batch_size=4, show_progress=False)
+    assert (out / "shard-00000.npy").stat().st_mtime_ns == before  # the same graph and batch size resume
+    with pytest.raises(ValueError, match="another int8 graph or batch size.*new --out"):
+        encode_sharded(ids, texts, str(tiny_bert_dir), out, shard_size=5, backend="onnx-int8", batch_size=8, show_progress=False)
+
+    # A folder from before the graph was recorded: which graph made its shards is unknown, so it is not resumed.
+    older = dict(record)
+    del older["int8_graph"]
+    (out / RUN_RECORD).write_text(json.dumps(older))
+    (out / "shard-00001.json").unlink()
+    with pytest.raises(ValueError, match="made before embedtune recorded which int8 graph"):
+        encode_sharded(ids, texts, str(tiny_bert_dir), out, shard_size=5, backend="onnx-int8", batch_size=4, show_progress=False)
+    assert pending_shards(out, len(texts), 5) == [1]  # nothing was written by the refused run
+
+    # A worker whose int8 graph is not the folder's (another onnxruntime on a Ray node) refuses to write.
+    (out / RUN_RECORD).write_text(json.dumps({**record, "int8_graph": {"sha256": "0" * 64, "batch_size": 4}}))
+    with pytest.raises(EmbedtuneError, match="int8 graph 000000000000.*--backend onnx"):
+        ShardEncoder(str(tiny_bert_dir), out, backend="onnx-int8", batch_size=4)

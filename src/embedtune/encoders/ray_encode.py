@@ -137,23 +137,48 @@ def _claim(out: Path, ids: Sequence[str], texts: Sequence[str], model: str, kind
     """Record what this folder's shards are made of; refuse to resume a folder made with other settings.
 
     Resuming with another model, shard size or corpus (its ids, or the texts under the same ids)
-    would mix two encodings in one matrix.
+    would mix two encodings in one matrix. So would another int8 graph (a new quantisation recipe,
+    another onnxruntime) or, for int8, another batch size (activation ranges are set per batch):
+    an ``onnx-int8`` folder records both, and one made before they were recorded is not resumed.
     """
     record = {"model": model, "kind": kind, "shard_size": shard_size, "rows": len(ids), "ids_sha256": sha256_json([str(i) for i in ids]),
               "texts_sha256": sha256_json([str(t) for t in texts]),
               "encoder_options": {k: v for k, v in sorted(encoder_options.items()) if k in ("max_seq_length", "normalize", "prompt")
                                   or (k == "backend" and v != "torch")}}  # torch: folders made before backends resume
+    if encoder_options.get("backend") == "onnx-int8":
+        record["int8_graph"] = _int8_graph(model, encoder_options)
     path = out / RUN_RECORD
     if path.is_file():
         previous = json.loads(path.read_text(encoding="utf-8"))
         # A folder from before texts were recorded has no texts_sha256: what it does record must agree.
         changed = sorted(k for k in record if (k in previous or k != "texts_sha256") and previous.get(k) != record[k])
         if changed:
-            raise ValueError(f"{out}: its shards were made with other settings ({', '.join(f'{k}: {previous.get(k)!r} -> {record[k]!r}' for k in changed if k not in ('ids_sha256', 'texts_sha256'))}"
-                             f"{'; another corpus' if 'ids_sha256' in changed else ''}{'; other texts' if 'texts_sha256' in changed else ''}). "
+            shown = ", ".join(f"{k}: {previous.get(k)!r} -> {record[k]!r}" for k in changed if k not in ("ids_sha256", "texts_sha256", "int8_graph"))
+            notes = [*(["another corpus"] if "ids_sha256" in changed else []), *(["other texts"] if "texts_sha256" in changed else [])]
+            if "int8_graph" in changed:
+                notes.append("made before embedtune recorded which int8 graph encoded a folder, so it cannot be resumed safely"
+                             if "int8_graph" not in previous else
+                             f"another int8 graph or batch size: {previous['int8_graph']!r} -> {record['int8_graph']!r}")
+            raise ValueError(f"{out}: its shards were made with other settings ({'; '.join(filter(None, [shown, *notes]))}). "
                              f"Fix: write to a new --out folder, or delete {out}.")
         return
     atomic_write_json(path, record)
+
+
+def _int8_graph(model: str, encoder_options: dict[str, Any]) -> dict[str, Any]:
+    """What makes an int8 encoding: its graph's sha256 (built and checked now, as encoding would) and the batch size."""
+    encoder = SentenceEncoder(model, show_progress=False, **encoder_options)
+    return {"sha256": encoder.int8_graph_sha256, "batch_size": encoder.batch_size}
+
+
+def _check_int8_graph(out: Path, encoder: SentenceEncoder) -> None:
+    """Refuse to write shards with another int8 graph than the folder's (a Ray worker on a node with another onnxruntime)."""
+    path = out / RUN_RECORD
+    claimed = json.loads(path.read_text(encoding="utf-8")).get("int8_graph") if path.is_file() else None
+    if claimed is not None and claimed["sha256"] != encoder.int8_graph_sha256:
+        raise EmbedtuneError(f"{path}: this folder's shards were encoded by int8 graph {claimed['sha256'][:12]}, but this worker built "
+                             f"{encoder.int8_graph_sha256[:12]} (another onnxruntime or quantisation recipe); mixing them would "
+                             "mix two encodings in one matrix. Fix: the same embedtune and onnxruntime on every worker, or --backend onnx.")
 
 
 class ShardEncoder:
@@ -174,6 +199,8 @@ class ShardEncoder:
             torch.set_num_threads(threads)
         self.encoder = SentenceEncoder(model, show_progress=False, **encoder_options)
         self.out, self.kind = Path(out), kind
+        if self.encoder.backend == "onnx-int8":
+            _check_int8_graph(self.out, self.encoder)
 
     def encode_shard(self, index: int, ids: Sequence[str], texts: Sequence[str], progress: Callable[[int], object] | None = None) -> int:
         """Encode and write shard ``index``; ``progress`` is called with each finished batch's size."""
