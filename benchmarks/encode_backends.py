@@ -183,9 +183,40 @@ def _encode_kinds(args: argparse.Namespace) -> None:
             ids = list(source)
             texts = [document_text(d) for d in source.values()] if kind == "document" else list(source.values())
             start = time.perf_counter()
+            if args.tail_from is not None:
+                _encode_tail(cache, cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind), args.tail_from)
+                print(json.dumps({"backend": backend, "kind": kind, "tail_from": args.tail_from, "seconds": time.perf_counter() - start}),
+                      flush=True)
+                continue
             _, hit = cache.get_or_compute(cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind))
             print(json.dumps({"backend": backend, "kind": kind, "rows": len(ids), "cache_hit": hit, "seconds": time.perf_counter() - start}),
                   flush=True)
+
+
+def _encode_tail(cache, parts: dict, ids: list[str], compute, first_row: int, shard_size: int = 2048) -> None:
+    """Write the cache's ``partial/`` shards from row ``first_row`` on, the last shard first.
+
+    A second core's share of one long entry: the process that holds the entry's lock encodes from
+    row 0 and, reaching a shard this wrote, loads it instead (``EmbeddingCache._compute`` looks for
+    each shard's file when it gets there). Each shard is the same ``compute(lo, hi)`` call on the
+    same rows, so the entry is what one process would have made; a shard already there is skipped.
+    """
+    from embedtune.encoders.cache import cache_key
+    from embedtune.io import atomic_save_npy
+
+    if first_row % shard_size:
+        raise SystemExit(f"--tail-from must be a multiple of the cache's shard size ({shard_size})")
+    key = cache_key(parts)
+    if cache.load(key, expected_ids=ids, remove_bad=False) is not None:
+        return
+    partial = cache.entry(key) / "partial"
+    partial.mkdir(parents=True, exist_ok=True)
+    for lo in reversed(range(first_row, len(ids), shard_size)):
+        hi = min(lo + shard_size, len(ids))
+        path = partial / f"{lo:010d}-{hi:010d}.npy"
+        if not path.is_file():
+            atomic_save_npy(path, np.ascontiguousarray(compute(lo, hi), dtype=np.float32))
+        print(json.dumps({"shard": [lo, hi], "written": str(path)}), flush=True)
 
 
 def quality(args: argparse.Namespace) -> None:
@@ -239,6 +270,8 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--kinds", nargs="+", default=["document", "query"], choices=["document", "query"],
                         help="encode: which entries to fill (default both)")
+    parser.add_argument("--tail-from", type=int, default=None,
+                        help="encode: write only the partial shards from this row on (last first), for a second core to share one entry")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--vectors-out", default=None, help=argparse.SUPPRESS)
