@@ -13,7 +13,10 @@ outside the timed part, the ONNX export is done (and cached) before any cell run
 Quality: nDCG@10 over every test query of a BEIR dataset for each backend (the whole corpus
 encoded by each; torch's SciFact MiniLM vectors come from the bundled cache entry), paired
 permutation tests against torch, and how far the document vectors moved (max abs difference,
-mean and minimum cosine to torch's).
+mean and minimum cosine to torch's). Without torch among ``--backends``, the first backend named is
+the reference (``--backends onnx onnx-int8``: int8 against fp32 ONNX). ``--scores-out FILE`` keeps
+each backend's per-query nDCG@10; ``--reference-scores FILE`` pairs a later run with them, so a
+session that lost one backend's vectors need not encode them again.
 
     .venv/bin/python benchmarks/encode_backends.py quality --data scifact --model minilm --threads 1
 
@@ -219,41 +222,82 @@ def _encode_tail(cache, parts: dict, ids: list[str], compute, first_row: int, sh
         print(json.dumps({"shard": [lo, hi], "written": str(path)}), flush=True)
 
 
+def _read_scores(path: str, args: argparse.Namespace) -> dict:
+    """Per-query nDCG@10 that an earlier ``quality --scores-out`` run wrote for the same model,
+    data and batch size (refused otherwise: scores of another recipe are not a pairing)."""
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"--reference-scores {path}: cannot read it as JSON ({error}). Fix: pass a file written by quality --scores-out.")
+    for field in ("model", "data", "batch_size"):
+        if saved.get(field) != getattr(args, field):
+            raise SystemExit(f"--reference-scores {path}: field {field!r} is {saved.get(field)!r}, this run's is "
+                             f"{getattr(args, field)!r}. Fix: pass the scores of the same --model, --data and --batch-size.")
+    return saved["backends"]
+
+
+def _write_scores(path: str, args: argparse.Namespace, backend: str, aggregate: float, per_query: dict, encoder: dict) -> None:
+    from embedtune.io import atomic_write_json
+
+    target = Path(path)
+    saved = json.loads(target.read_text()) if target.is_file() else {"model": args.model, "data": args.data, "batch_size": args.batch_size,
+                                                                       "backends": {}}
+    saved["backends"][backend] = {"ndcg@10": aggregate, "written": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+                                  "encoder": encoder, "per_query": per_query}
+    atomic_write_json(target, saved)
+
+
 def quality(args: argparse.Namespace) -> None:
     from embedtune.runtime import set_threads
     from embedtune.workflows.significance import paired_test
 
     set_threads(args.threads[0])
-    if "torch" not in args.backends:
-        raise SystemExit("quality compares with torch: keep torch among --backends")
-    backends = ["torch", *[b for b in args.backends if b != "torch"]]
+    saved = _read_scores(args.reference_scores, args) if args.reference_scores else {}
+    # torch is the reference where it is at hand (encoded here or in the scores file); otherwise the
+    # first backend named, so that int8 can still be paired with fp32 ONNX when torch's vectors are gone.
+    named = [*dict.fromkeys(args.backends), *[b for b in saved if b not in args.backends]]
+    reference = "torch" if "torch" in named else named[0]
+    backends = [reference, *[b for b in named if b != reference]]
     print(f"{platform.node()}, {os.cpu_count()} cores, {args.threads[0]} thread(s), {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
           f"{args.model} on {args.data}, all test queries, batch {args.batch_size}", flush=True)
     per_query, docs = {}, {}
     for backend in backends:  # each row is printed as soon as its backend is done (a long run can be cut short)
-        start = time.perf_counter()
-        experiment = _load(args, backend)
-        scored = experiment.evaluate("all")
-        per_query[backend] = {qid: values["ndcg@10"] for qid, values in scored.per_query.items()}
-        docs[backend] = np.asarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
-        print(json.dumps({"backend": backend, "ndcg@10": scored.aggregate["ndcg@10"], "n_queries": len(per_query[backend]),
-                          "seconds": time.perf_counter() - start, "cache_hits": experiment.embeddings.cache_hits,
-                          "encode_seconds": experiment.embeddings.timings}), flush=True)
-        qids = sorted(per_query["torch"])
-        base = np.array([per_query["torch"][q] for q in qids])
+        label = backend
+        if backend in args.backends:
+            start = time.perf_counter()
+            experiment = _load(args, backend)
+            scored = experiment.evaluate("all")
+            per_query[backend] = {qid: values["ndcg@10"] for qid, values in scored.per_query.items()}
+            docs[backend] = np.asarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+            print(json.dumps({"backend": backend, "ndcg@10": scored.aggregate["ndcg@10"], "n_queries": len(per_query[backend]),
+                              "seconds": time.perf_counter() - start, "cache_hits": experiment.embeddings.cache_hits,
+                              "encode_seconds": experiment.embeddings.timings}), flush=True)
+            if args.scores_out:
+                _write_scores(args.scores_out, args, backend, scored.aggregate["ndcg@10"], per_query[backend],
+                              experiment.embeddings.model)
+        else:
+            per_query[backend] = saved[backend]["per_query"]
+            label = f"{backend} (scores of {saved[backend]['written']})"
+        qids = sorted(per_query[reference])
+        if sorted(per_query[backend]) != qids:
+            raise SystemExit(f"{backend} was scored on other queries than {reference}: the two cannot be paired.")
+        base = np.array([per_query[reference][q] for q in qids])
         scores = np.array([per_query[backend][q] for q in qids])
-        if backend == "torch":
-            print("| backend | nDCG@10 | Δ vs torch | paired p | 95 % CI | doc vectors vs torch: max abs diff | cosine mean / min |", flush=True)
+        if backend == reference:
+            print(f"| backend | nDCG@10 | Δ vs {reference} | paired p | 95 % CI | doc vectors vs {reference}: max abs diff | cosine mean / min |",
+                  flush=True)
             print("|---|---|---|---|---|---|---|")
-            print(f"| torch | {scores.mean():.4f} | | | | | |", flush=True)
+            print(f"| {label} | {scores.mean():.4f} | | | | | |", flush=True)
             continue
         test = paired_test(scores, base)
-        diff = np.abs(docs[backend] - docs["torch"]).max()
-        sims = (docs[backend] * docs["torch"]).sum(1)
-        print(f"| {backend} | {scores.mean():.4f} | {scores.mean() - base.mean():+.4f} | {test.p_value:.3g} | "
-              f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {diff:.2e} | {sims.mean():.4f} / {sims.min():.4f} |", flush=True)
-    if "onnx" in per_query and "onnx-int8" in per_query:
-        qids = sorted(per_query["torch"])
+        moved = "not at hand | not at hand"
+        if backend in docs and reference in docs:
+            sims = (docs[backend] * docs[reference]).sum(1)
+            moved = f"{np.abs(docs[backend] - docs[reference]).max():.2e} | {sims.mean():.4f} / {sims.min():.4f}"
+        print(f"| {label} | {scores.mean():.4f} | {scores.mean() - base.mean():+.4f} | {test.p_value:.3g} | "
+              f"[{test.ci_low:+.4f}, {test.ci_high:+.4f}] | {moved} |", flush=True)
+    if reference != "onnx" and "onnx" in per_query and "onnx-int8" in per_query:
+        qids = sorted(per_query[reference])
         test = paired_test(np.array([per_query["onnx-int8"][q] for q in qids]), np.array([per_query["onnx"][q] for q in qids]))
         print(f"onnx-int8 - onnx: {test.mean_difference:+.4f} (p {test.p_value:.3g}, {len(qids)} queries)")
 
@@ -273,6 +317,11 @@ def main() -> None:
     parser.add_argument("--tail-from", type=int, default=None,
                         help="encode: write only the partial shards from this row on (last first), for a second core to share one entry")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--scores-out", default=None,
+                        help="quality: write each backend's per-query nDCG@10 to this JSON file (merged into it if it exists)")
+    parser.add_argument("--reference-scores", default=None,
+                        help="quality: per-query scores from an earlier --scores-out of the same model, data and batch size; "
+                             "its backends that are not in --backends are paired without being encoded again")
     parser.add_argument("--backend", default="torch", help=argparse.SUPPRESS)
     parser.add_argument("--vectors-out", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default="/tmp/embedtune-encode-backends")
