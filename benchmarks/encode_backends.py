@@ -187,8 +187,10 @@ def _encode_kinds(args: argparse.Namespace) -> None:
             texts = [document_text(d) for d in source.values()] if kind == "document" else list(source.values())
             start = time.perf_counter()
             if args.tail_from is not None:
-                _encode_tail(cache, cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind), args.tail_from)
-                print(json.dumps({"backend": backend, "kind": kind, "tail_from": args.tail_from, "seconds": time.perf_counter() - start}),
+                _encode_tail(cache, cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind), args.tail_from,
+                             args.tail_to)
+                print(json.dumps({"backend": backend, "kind": kind, "tail_from": args.tail_from, "tail_to": args.tail_to,
+                                  "seconds": time.perf_counter() - start}),
                       flush=True)
                 continue
             _, hit = cache.get_or_compute(cache_parts(encoder, dataset, kind), ids, lambda lo, hi: encoder.encode(texts[lo:hi], kind))
@@ -196,25 +198,28 @@ def _encode_kinds(args: argparse.Namespace) -> None:
                   flush=True)
 
 
-def _encode_tail(cache, parts: dict, ids: list[str], compute, first_row: int, shard_size: int = 2048) -> None:
-    """Write the cache's ``partial/`` shards from row ``first_row`` on, the last shard first.
+def _encode_tail(cache, parts: dict, ids: list[str], compute, first_row: int, end_row: int | None = None, shard_size: int = 2048) -> None:
+    """Write the cache's ``partial/`` shards from row ``first_row`` on (up to ``end_row``), the last shard first.
 
     A second core's share of one long entry: the process that holds the entry's lock encodes from
     row 0 and, reaching a shard this wrote, loads it instead (``EmbeddingCache._compute`` looks for
     each shard's file when it gets there). Each shard is the same ``compute(lo, hi)`` call on the
     same rows, so the entry is what one process would have made; a shard already there is skipped.
+    Two cores can also each write a disjoint range (``--tail-from 0 --tail-to 4096`` beside
+    ``--tail-from 4096``), and a final ``encode`` then only gathers the shards.
     """
     from embedtune.encoders.cache import cache_key
     from embedtune.io import atomic_save_npy
 
-    if first_row % shard_size:
-        raise SystemExit(f"--tail-from must be a multiple of the cache's shard size ({shard_size})")
+    if first_row % shard_size or (end_row is not None and end_row % shard_size and end_row < len(ids)):
+        raise SystemExit(f"--tail-from and --tail-to must be multiples of the cache's shard size ({shard_size})")
+    end_row = len(ids) if end_row is None else min(end_row, len(ids))
     key = cache_key(parts)
     if cache.load(key, expected_ids=ids, remove_bad=False) is not None:
         return
     partial = cache.entry(key) / "partial"
     partial.mkdir(parents=True, exist_ok=True)
-    for lo in reversed(range(first_row, len(ids), shard_size)):
+    for lo in reversed(range(first_row, end_row, shard_size)):
         hi = min(lo + shard_size, len(ids))
         path = partial / f"{lo:010d}-{hi:010d}.npy"
         if not path.is_file():
@@ -316,6 +321,7 @@ def main() -> None:
                         help="encode: which entries to fill (default both)")
     parser.add_argument("--tail-from", type=int, default=None,
                         help="encode: write only the partial shards from this row on (last first), for a second core to share one entry")
+    parser.add_argument("--tail-to", type=int, default=None, help="encode, with --tail-from: stop before this row")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--scores-out", default=None,
                         help="quality: write each backend's per-query nDCG@10 to this JSON file (merged into it if it exists)")
