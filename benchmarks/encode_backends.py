@@ -227,26 +227,31 @@ def _encode_tail(cache, parts: dict, ids: list[str], compute, first_row: int, en
         print(json.dumps({"shard": [lo, hi], "written": str(path)}), flush=True)
 
 
-def _read_scores(path: str, args: argparse.Namespace) -> dict:
-    """Per-query nDCG@10 that an earlier ``quality --scores-out`` run wrote for the same model,
-    data and batch size (refused otherwise: scores of another recipe are not a pairing)."""
+def _saved_scores(path: str, args: argparse.Namespace) -> dict:
+    """A ``quality --scores-out`` file, refused unless it holds the same model, data and batch size
+    as this run (scores of another recipe are not a pairing, and must not be merged into one file)."""
     try:
         saved = json.loads(Path(path).read_text())
     except (OSError, ValueError) as error:
-        raise SystemExit(f"--reference-scores {path}: cannot read it as JSON ({error}). Fix: pass a file written by quality --scores-out.")
+        raise SystemExit(f"{path}: cannot read it as JSON ({error}). Fix: pass a file written by quality --scores-out.")
+    if not isinstance(saved.get("backends"), dict):
+        raise SystemExit(f"{path}: no field 'backends'. Fix: pass a file written by quality --scores-out.")
     for field in ("model", "data", "batch_size"):
         if saved.get(field) != getattr(args, field):
-            raise SystemExit(f"--reference-scores {path}: field {field!r} is {saved.get(field)!r}, this run's is "
-                             f"{getattr(args, field)!r}. Fix: pass the scores of the same --model, --data and --batch-size.")
-    return saved["backends"]
+            raise SystemExit(f"{path}: field {field!r} is {saved.get(field)!r}, this run's is {getattr(args, field)!r}. "
+                             "Fix: pass the scores of the same --model, --data and --batch-size, or another file.")
+    for backend, entry in saved["backends"].items():
+        if not np.isfinite(np.fromiter(entry["per_query"].values(), dtype=float)).all():
+            raise SystemExit(f"{path}: backend {backend!r} has a non-finite per-query score. Fix: score it again with --scores-out.")
+    return saved
 
 
 def _write_scores(path: str, args: argparse.Namespace, backend: str, aggregate: float, per_query: dict, encoder: dict) -> None:
     from embedtune.io import atomic_write_json
 
     target = Path(path)
-    saved = json.loads(target.read_text()) if target.is_file() else {"model": args.model, "data": args.data, "batch_size": args.batch_size,
-                                                                       "backends": {}}
+    saved = _saved_scores(path, args) if target.is_file() else {"model": args.model, "data": args.data, "batch_size": args.batch_size,
+                                                                 "backends": {}}
     saved["backends"][backend] = {"ndcg@10": aggregate, "written": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
                                   "encoder": encoder, "per_query": per_query}
     atomic_write_json(target, saved)
@@ -257,7 +262,7 @@ def quality(args: argparse.Namespace) -> None:
     from embedtune.workflows.significance import paired_test
 
     set_threads(args.threads[0])
-    saved = _read_scores(args.reference_scores, args) if args.reference_scores else {}
+    saved = _saved_scores(args.reference_scores, args)["backends"] if args.reference_scores else {}
     # torch is the reference where it is at hand (encoded here or in the scores file); otherwise the
     # first backend named, so that int8 can still be paired with fp32 ONNX when torch's vectors are gone.
     named = [*dict.fromkeys(args.backends), *[b for b in saved if b not in args.backends]]

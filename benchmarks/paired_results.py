@@ -24,6 +24,8 @@ def _per_query(path: Path) -> tuple[dict[str, float], dict[str, list[str]], str]
     if "per_query" not in results:
         raise SystemExit(f"{path}: no field 'per_query'. Fix: pass the results.json a `compress train` run wrote.")
     scores = {qid: values["ndcg_at_10"] for qid, values in results["per_query"].items()}
+    if not np.isfinite(list(scores.values())).all():
+        raise SystemExit(f"{path}: field 'per_query' holds a non-finite ndcg_at_10. Fix: rerun the `compress train` that wrote it.")
     return scores, results.get("subsets", {}).get("query_ids", {}), results.get("subsets", {}).get("main", "main method")
 
 
