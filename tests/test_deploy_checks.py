@@ -275,10 +275,20 @@ def test_index_build_plan_refuses_edited_int8_ranges_or_precision(int8_plan, tmp
     with pytest.raises(IntegrityError, match=r"calibration\.safetensors: sha256 mismatch"):
         build_planned_index(files["doc"][0], tmp_path / "index", out, ids=files["doc"][1])
     plan, _ = read_json_verified(out / "plan.json", "")
+    precision, _ = read_json_verified(out / "precision.json", "")
+    # precision.json records the calibration's sha256 too: an edit that updates plan.json alone is still refused.
     _rewrite_plan(out, files_sha256={**plan["files_sha256"], "calibration.safetensors": sha256_file(out / "calibration.safetensors")})
+    with pytest.raises(IntegrityError, match=r"calibration\.safetensors: sha256 mismatch"):
+        build_planned_index(files["doc"][0], tmp_path / "index", out, ids=files["doc"][1])
+    # With both digests rewritten, the two calibration files still have to agree.
+    write_json_with_digest(out / "precision.json", {**precision, "files_sha256": {
+        **precision["files_sha256"], "calibration.safetensors": sha256_file(out / "calibration.safetensors")}})
+    _rewrite_plan(out, files_sha256={**plan["files_sha256"], "calibration.safetensors": sha256_file(out / "calibration.safetensors"),
+                                     "precision.json": sha256_file(out / "precision.json")})
     with pytest.raises(IntegrityError, match=r"calibration\.safetensors: its ranges differ from .*calibration\.json"):
         build_planned_index(files["doc"][0], tmp_path / "index", out, ids=files["doc"][1])
     original.save(out / "calibration.safetensors")
+    write_json_with_digest(out / "precision.json", precision)
     _rewrite_plan(out, files_sha256=plan["files_sha256"])
     (out / "precision.json").write_text((out / "precision.json").read_text().replace('"int8"', '"float32"'))
     with pytest.raises(IntegrityError, match=r"precision\.json: sha256 mismatch"):

@@ -1,4 +1,4 @@
-"""compress plan --label-free (issue 30 §2): chosen without labels, on a slice of the bundled SciFact MiniLM vectors.
+"""compress plan --label-free: chosen without labels, on a slice of the bundled SciFact MiniLM vectors.
 
 Agreement (recall@10 of the exact float32 top-10 on held-out documents, or on unlabelled queries)
 and pseudo-queries (the held-out documents' titles, each retrieving its own document) choose
@@ -118,7 +118,7 @@ def test_exact_top_k_against_brute_force_and_never_itself():
 
 
 def test_uncentred_pca_is_in_the_label_free_sweep(scifact_slice, tmp_path):
-    """Uncentred PCA must be swept: on held-out data it was the setting validation preferred at 16 B (issue 30 §2)."""
+    """Uncentred PCA must be swept: on held-out data it was the setting validation preferred at 16 B."""
     assert {"truncate", "pca", "pca-uncentred"} <= set(LABEL_FREE_METHODS)
     assert inspect.signature(run_label_free_plan).parameters["methods"].default == LABEL_FREE_METHODS
     plan = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", budget_bytes=16, methods=FAST_METHODS, **SWEEP,
@@ -210,7 +210,7 @@ def test_cli_label_free_plan_reads_only_the_corpus_and_refuses_conflicting_flags
 
 
 def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_slice, tmp_path, caplog):
-    """Issue 29 (the README in order): 120 documents, 108 fitting, swept at 384 dims failed in PCA; now those cells are left out."""
+    """The README in order: 120 documents, 108 fitting, swept at 384 dims failed in PCA; now those cells are left out."""
     dataset, embeddings, encoder = scifact_slice
     keep = embeddings.doc_ids[:120]
     small = DatasetEmbeddings(keep, embeddings.doc_embeddings[:120], embeddings.query_ids, embeddings.query_embeddings, {}, {})
@@ -241,13 +241,13 @@ def test_the_corpus_is_hashed_once_per_plan_not_once_per_candidate(scifact_slice
     monkeypatch.setattr(label_free, "vectors_sha256", counting)
     monkeypatch.setattr(plan_module, "vectors_sha256", counting)
     held: list[tuple[str, bool]] = []
-    real_lock = label_free.exclusive_lock
+    real_lock = plan_module.exclusive_lock
 
     def recording_lock(path, waiting=None):
         held.append((str(path), bool(waiting)))
         return real_lock(path, waiting)
 
-    monkeypatch.setattr(label_free, "exclusive_lock", recording_lock)
+    monkeypatch.setattr(plan_module, "exclusive_lock", recording_lock)  # the one sweep engine takes the sweep folder's lock
     kwargs = dict(budget_bytes=16, methods=["pca", "pca-uncentred", "truncate"], **SWEEP)
     first = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", work=tmp_path / "work", **kwargs)
     assert sorted(hashed) == [N_DOCS - 40, N_DOCS]  # six fits and the FAISS cache, two hashes

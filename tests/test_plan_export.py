@@ -8,6 +8,8 @@ then gives the codes the plan scored, batch by batch with the same parameters, a
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from embedtune.index.codecs import CODEC_FILE, PRECISION_SUBFOLDER, Calibration,
 from embedtune.index.plan_export import export_plan, plan_codec
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.index.planned import build_planned_index
-from embedtune.io import IntegrityError, read_json_verified, write_json_with_digest
+from embedtune.io import IntegrityError, read_json_verified, sha256_file, write_json_with_digest
 
 TEXTS = [f"document number {i} about topic" for i in range(40)]
 NEW_TEXTS = ["what title 3", "topic 12 number", "about what document 7", "title"]
@@ -106,8 +108,11 @@ def test_export_plan_cli_and_refusals(tmp_path, corpus, tiny_bert_dir, capsys):
     np.testing.assert_array_equal(pq.encode(compressor.transform(docs[:3])), plan_codec(faiss_plan).encode(compressor.transform(docs[:3])))
     # A plan written before plans kept a PQ peer's tables: refused with the fix, nothing exported.
     (faiss_plan / CODEC_FILE).unlink()
+    old_precision, _ = read_json_verified(faiss_plan / "precision.json", "")
+    (faiss_plan / "precision.json").write_text(json.dumps({k: v for k, v in old_precision.items() if k != "files_sha256"}))
     info, _ = read_json_verified(faiss_plan / PLAN_FILE, "")
-    write_json_with_digest(faiss_plan / PLAN_FILE, {**info, "files_sha256": {k: v for k, v in info["files_sha256"].items() if k != CODEC_FILE}})
+    write_json_with_digest(faiss_plan / PLAN_FILE, {**info, "files_sha256": {
+        **{k: v for k, v in info["files_sha256"].items() if k != CODEC_FILE}, "precision.json": sha256_file(faiss_plan / "precision.json")}})
     with pytest.raises(FileNotFoundError, match=r"needs codec\.faiss .*write the plan again"):
         export_plan(faiss_plan, str(tiny_bert_dir), tmp_path / "m4")
     assert not (tmp_path / "m4").exists()

@@ -1,9 +1,10 @@
-"""Label-free planning (issue 30 §2): choose a compressed setting with no relevance labels.
+"""Label-free planning: choose a compressed setting with no relevance labels.
 
 ``compress plan --label-free OBJECTIVE`` sweeps what needs no labels (the unsupervised
 compressors of :data:`LABEL_FREE_METHODS`, uncentred PCA among them, at every precision, and the
 FAISS peers on the uncompressed vectors) and scores each setting on one of two label-free
-objectives:
+objectives (each a :class:`LabelFreeObjective`: what differs from a labelled plan in the one sweep
+engine both run, :func:`embedtune.workflows.plan.run_sweep`):
 
 - ``agreement``: recall@10 of the uncompressed float32 model's exact top-10, the measure FAISS
   users tune by. The queries are held-out corpus documents (a query document's own row is never
@@ -49,34 +50,19 @@ from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, v
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
-from embedtune.index.codecs import PRECISIONS, Precision
-from embedtune.index.deployment import deployment_recipe
-from embedtune.index.plan_format import PLAN_FILE, write_plan
+from embedtune.index.codecs import PRECISIONS
 from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
-from embedtune.locks import exclusive_lock
-from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
-from embedtune.workflows.frontier_plot import plot_frontier
-from embedtune.workflows.pareto import choose, pareto_frontier
 from embedtune.workflows.plan import (
     DEFAULT_PEERS,
-    PEER_MAX_BYTES,
-    PROBE_ROWS,
-    QUANTISER_PEERS,
-    SWEEP_LOCK,
     Candidate,
+    PlanObjective,
     QuerySet,
-    candidate_for,
     default_sweep_dir,
     faiss_cache_dir,
-    load_faiss_cache,
     method_settings,
-    peer_factories,
-    save_faiss_cache,
-    score_plan,
-    score_precisions,
-    sweep_dims,
+    run_sweep,
     vectors_sha256,
 )
 from embedtune.workflows.pseudo_queries import build_pseudo_queries
@@ -96,13 +82,15 @@ __all__ = [
     "check_label_free_method",
     "encode_unlabelled_queries",
     "label_free_validation",
+    "LabelFreeValidation",
+    "LabelFreeObjective",
     "run_label_free_plan",
 ]
 
 #: The label-free objectives: rank agreement with the uncompressed model, or pseudo-queries from the documents' own text.
 LABEL_FREE_OBJECTIVES = ("agreement", "pseudo-queries")
 #: The compressors a label-free sweep fits by default: they read corpus vectors only. Uncentred PCA must be
-#: among them: on held-out data it was the setting validation preferred at 16 B (issue 30 §2). DIVE fits
+#: among them: on held-out data it was the setting validation preferred at 16 B. DIVE fits
 #: its ``unsupervised`` preset (neighbour-rank distillation on the corpus), the slow one (minutes a fit).
 LABEL_FREE_METHODS = ("truncate", "pca", "pca-uncentred", "dive")
 #: Label-free methods that fit no projection on the corpus, so any dimension up to the input's works.
@@ -415,6 +403,67 @@ def label_free_validation(
     return LabelFreeValidation(objective, query_set, fit_ids, held_out, record)
 
 
+class LabelFreeObjective(PlanObjective):
+    """A label-free plan's objective for :func:`~embedtune.workflows.plan.run_sweep`: a :class:`LabelFreeValidation`'s queries and fits.
+
+    Every row's ``objective`` is the validation's field (agreement: recall@10 of the uncompressed
+    top-10; pseudo-queries: nDCG@10). The sweep's candidates are fitted by :func:`fit_label_free`
+    on the documents the validation fits on (all but the held-out ones), the choice on every
+    document; a projection needs at least as many fitting documents as dimensions.
+    """
+
+    name = "label-free plan"
+    y = "objective"
+    refit_on = "every document"
+
+    def __init__(self, experiment: Experiment, validation: LabelFreeValidation) -> None:
+        self.experiment = experiment
+        self.validation = validation
+        self.queries = validation.queries
+        self.metric = validation.field
+        self.doc_ids = list(experiment.embeddings.doc_ids)
+        self.docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+        position = {doc_id: row for row, doc_id in enumerate(self.doc_ids)}
+        self.fit_docs = self.docs[[position[d] for d in validation.fit_doc_ids]]
+        self.fit_part = "all" if not validation.held_out else f"held-out-{validation.record['held_out_sha256'][:12]}"
+        # Once: the sweep folder, the FAISS cache and every fit on all documents are keyed by it.
+        self.docs_digest = vectors_sha256(self.docs)
+        self.fit_docs_digest = self.docs_digest if len(self.fit_docs) == len(self.docs) else vectors_sha256(self.fit_docs)
+
+    def fit(self, candidate: Candidate, seed: int, work: Path | None, final: bool) -> tuple[Compressor, float]:
+        if final:
+            return fit_label_free(candidate, self.doc_ids, self.docs, seed, work, "all", self.docs_digest)
+        return fit_label_free(candidate, self.validation.fit_doc_ids, self.fit_docs, seed, work, self.fit_part, self.fit_docs_digest)
+
+    def fit_frozen(self) -> Compressor:
+        frozen = get_compressor_class("frozen")
+        return frozen(frozen.config_class(dim=self.docs.shape[1])).fit_unsupervised(TrainingData.corpus_only(self.docs, self.doc_ids))
+
+    def default_work(self) -> Path:
+        # Shared by label-free plans on the same corpus; each fit is keyed by its documents and candidate.
+        return default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", digest=self.docs_digest).name,
+                                  "doc_ids": sha256_json(self.doc_ids)})
+
+    def plot_title(self) -> str:
+        return (f"{self.experiment.dataset.name}: {OBJECTIVE_NAMES[self.validation.objective]} on {len(self.queries.ids)} "
+                f"{self.queries.part} vs bytes per vector (no labels)")
+
+    def record(self) -> dict[str, Any]:
+        return {"objective": self.validation.record,
+                "validation": {"rule": f"label-free: {OBJECTIVE_NAMES[self.validation.objective]} on {len(self.queries.ids)} "
+                                       f"{self.queries.part}", "n_queries": len(self.queries.ids)}}
+
+    def candidates(self, cells: list[Candidate]) -> list[Candidate]:
+        # A projection fitted on the corpus (PCA, and DIVE from its PCA start) has at most as many
+        # directions as fitting documents; a small corpus leaves those dims out instead of failing.
+        n_fit = len(self.validation.fit_doc_ids)
+        too_few = [c for c in cells if c.method not in CORPUS_FREE_METHODS and c.dim > n_fit]
+        if too_few:
+            logger.info("label-free plan: %d fitting documents, so %s are left out (a projection fitted on them has at most %d directions)",
+                        n_fit, ", ".join(c.name for c in too_few), n_fit)
+        return [c for c in cells if c not in too_few]
+
+
 def run_label_free_plan(
     experiment: Experiment,
     out: str | Path,
@@ -439,10 +488,13 @@ def run_label_free_plan(
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
+    :func:`~embedtune.workflows.plan.run_sweep` with a :class:`LabelFreeObjective`.
+
     Args mirror :func:`embedtune.workflows.plan.run_plan`; the differences:
         objective: ``agreement`` or ``pseudo-queries`` (see the module docstring).
         methods: unsupervised compressors only (a method that needs labels is an error).
         precisions: every precision by default (RaBitQ, TurboQuant and int4 on each compressor's output too).
+        peers: as in ``run_plan``; ``csr`` fits CSR on the documents the other compressors fit on.
         target_retention: the share of the uncompressed float32 vectors' objective to keep (agreement: of 1.0).
         held_out_fraction, max_held_out: the documents withheld from fitting to validate on (hashed by ``seed``).
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
@@ -452,106 +504,9 @@ def run_label_free_plan(
     Returns:
         The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
     """
-    out = Path(out)
     for method in methods:
         check_label_free_method(method)
     validation = label_free_validation(experiment, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
                                        encoder, cache)
-    query_set, field = validation.queries, validation.field
-    per_query = "recall@10" if objective == "agreement" else "ndcg@10"
-    input_dim = experiment.embeddings.dim
-    dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
-    too_wide = [d for d in dims if d > input_dim]
-    if too_wide:
-        raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
-    doc_ids = list(experiment.embeddings.doc_ids)
-    docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
-    position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
-    fit_docs = docs[[position[d] for d in validation.fit_doc_ids]]
-    fit_part = "all" if not validation.held_out else f"held-out-{validation.record['held_out_sha256'][:12]}"
-    docs_digest = vectors_sha256(docs)  # once: the sweep folder, the FAISS cache and every fit on all documents are keyed by it
-    fit_docs_digest = docs_digest if len(fit_docs) == len(docs) else vectors_sha256(fit_docs)
-    if work is None:  # shared by label-free plans on the same corpus; each fit is keyed by its documents and candidate
-        work = default_sweep_dir({"label_free_corpus": faiss_cache_dir(".", digest=docs_digest).name, "doc_ids": sha256_json(doc_ids)})
-    work = Path(work)
-    with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
-        def score(compressor: Compressor | None, specs: Sequence[str], extra: Mapping[str, Any], prebuilt=None, bar=None) -> list[dict[str, Any]]:
-            rows = score_precisions(query_set, doc_ids, docs, compressor, specs, rounds=rounds, labels=extra, prebuilt=prebuilt,
-                                    progress=bar.update if bar is not None else None, per_query_metric=per_query)
-            for row in rows:
-                row["objective"] = row[field]
-            return rows
-
-        cache_dir = faiss_cache_dir(work, digest=docs_digest)
-        probe = docs[:PROBE_ROWS]
-        frozen_indexes = load_faiss_cache(cache_dir, probe)
-        frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
-        budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-        factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                                   len(doc_ids))]
-        quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
-        rows: list[dict[str, Any]] = []
-        with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "label-free plan 1/3, frozen vectors and peers",
-                          unit="index") as bar:
-            rows += score(None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, bar=bar)
-            rows += score(None, [f"faiss:{f}" for f in factories], {"method": "frozen", "family": "FAISS PQ/OPQ"}, frozen_indexes, bar)
-            rows += score(None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, bar=bar)
-        save_faiss_cache(cache_dir, frozen_indexes, probe)
-        for row in rows:
-            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
-            row["candidate"] = None
-        reference = next(r["objective"] for r in rows if r["precision"] == "float32")
-        sweep = [(method, dim) for method in methods if method != "frozen" for dim in dims]
-        # A projection fitted on the corpus (PCA, and DIVE from its PCA start) has at most as many
-        # directions as fitting documents; a small corpus leaves those dims out instead of failing.
-        too_few = [(m, d) for m, d in sweep if m not in CORPUS_FREE_METHODS and d > len(validation.fit_doc_ids)]
-        if too_few:
-            logger.info("label-free plan: %d fitting documents, so %s are left out (a projection fitted on them has at most %d directions)",
-                        len(validation.fit_doc_ids), ", ".join(f"{m}-{d}" for m, d in too_few), len(validation.fit_doc_ids))
-            sweep = [cell for cell in sweep if cell not in too_few]
-        with progress_bar(len(sweep), "label-free plan 2/3, fitting (no labels) and scoring the sweep", unit="fit") as bar:
-            for method, dim in sweep:
-                candidate = candidate_for(method, dim)
-                bar.set_postfix_str(candidate.name, refresh=False)
-                compressor, fit_s = fit_label_free(candidate, validation.fit_doc_ids, fit_docs, seed, work, fit_part, fit_docs_digest)
-                for row in score(compressor, precisions, {"method": method, "variant": "default", "family": method, "candidate": candidate.name,
-                                                          "fit_s": fit_s}):
-                    row["setting"] = f"{candidate.name}/{row['precision']}"
-                    rows.append(row)
-                bar.update(1)
-        chosen = dict(choose(rows, budget_bytes, target_retention, reference, y="objective"))
-        frontier = {r["setting"] for r in pareto_frontier(rows, y="objective")}
-        out.mkdir(parents=True, exist_ok=True)
-        plot_frontier(rows, out / "frontier.png", f"{experiment.dataset.name}: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} "
-                      f"{query_set.part} vs bytes per vector (no labels)", y="objective", chosen=chosen)
-        logger.info("label-free plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on every document" if chosen.get("candidate")
-                    else f"chose {chosen['setting']} (no fit)", out)
-        if chosen.get("candidate"):
-            candidate = candidate_for(chosen["method"], int(chosen["dim"]))
-            compressor, _ = fit_label_free(candidate, doc_ids, docs, seed, work, "all", docs_digest)
-        else:
-            frozen = get_compressor_class("frozen")
-            compressor = frozen(frozen.config_class(dim=input_dim)).fit_unsupervised(TrainingData.corpus_only(docs, doc_ids))
-        public = lambda row: {k: v for k, v in row.items() if k != "per_query"}  # noqa: E731
-        reuse = None if chosen.get("candidate") else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
-            "embedtune_version": __version__,
-            **(labels or {}),
-            "dataset": experiment.dataset.name,
-            "seed": seed,
-            "budget_bytes": budget_bytes,
-            "target_retention": target_retention,
-            "objective": validation.record,
-            "chosen": public(chosen),
-            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
-            "reference": {"setting": f"frozen-{input_dim}/float32", "objective": reference, "queries": query_set.part},
-            "validation": {"rule": f"label-free: {OBJECTIVE_NAMES[objective]} on {len(query_set.ids)} {query_set.part}",
-                           "n_queries": len(query_set.ids)},
-            "retention": chosen["objective"] / reference if reference > 0 else None,
-            "frontier": [public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
-            "sweep": [public(r) for r in rows],
-        })
-        if final:
-            plan["test"] = score_plan(experiment, out, "test")
-            write_json_with_digest(out / PLAN_FILE, plan)
-        return plan
+    return run_sweep(LabelFreeObjective(experiment, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
+                     final, work, labels, rounds)

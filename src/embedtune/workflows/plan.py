@@ -9,10 +9,14 @@ The library engine behind ``embedtune compress plan`` and ``benchmarks/frontier.
   search latency, all precisions timed side by side in the same rounds;
 - :mod:`embedtune.workflows.pareto` reads the rows (the frontier, the best within a budget, the
   choice), and :mod:`embedtune.workflows.frontier_plot` draws them;
-- :func:`run_plan` evaluates the sweep on validation queries only, picks the cheapest setting
-  meeting a retention target (or the best within a byte budget), refits it on train+val and
-  writes a deployable folder (the format: :mod:`embedtune.index.plan_format`; the codecs it
-  scores with are the deployed ones, :mod:`embedtune.index.codecs`).
+- :func:`run_sweep` is the one sweep engine of a plan: the frozen vectors and their peers, every
+  compressor at every precision, the choice (the cheapest setting meeting a retention target, or
+  the best within a byte budget), the refit of the choice and a deployable folder (the format:
+  :mod:`embedtune.index.plan_format`; the codecs it scores with are the deployed ones,
+  :mod:`embedtune.index.codecs`). What it scores on and how it fits is a :class:`PlanObjective`;
+- :func:`run_plan` is the engine with the labelled objective (:class:`LabelledObjective`): fitted
+  on the train queries, chosen on the validation queries only, refitted on train+val. The
+  label-free objective is :class:`embedtune.workflows.label_free.LabelFreeObjective`.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import shutil
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +43,7 @@ from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
 from embedtune.encoders.paths import cache_root
-from embedtune.errors import EmbedtuneError
-from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.index.codecs import Precision, QuantizedIndex, factory_code_bytes
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.io import (
@@ -75,8 +79,18 @@ __all__ = [
     "precision_rows",
     "QuerySet",
     "score_precisions",
+    "part_queries",
     "peer_factories",
+    "additive_factory",
+    "ADDITIVE_PEERS",
+    "PEER_KINDS",
+    "csr_candidates",
     "csr_peer_rows",
+    "PlanObjective",
+    "LabelledObjective",
+    "sweep_rows",
+    "sweep_csr_rows",
+    "run_sweep",
     "faiss_cache_dir",
     "load_faiss_cache",
     "save_faiss_cache",
@@ -92,8 +106,9 @@ QUANTISER_PEERS: dict[str, tuple[str, ...]] = {
     "int4": ("int4",),
 }
 # The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
-# rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B.
-PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32}
+# rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B; the additive
+# quantisers train one codebook after another (RQ) or re-encode the corpus at every step (LSQ), slower still.
+PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32, "rq": 32, "lsq": 16}
 #: The learned peer kind: CSR (sentence-transformers' sparse autoencoder), fitted on the corpus alone, at the budgets
 #: between these bytes that its k (index, fp16 value) pairs fill. Not a default peer: each budget is one fit.
 CSR_PEER_BYTES = (16, 128)
@@ -152,8 +167,35 @@ def method_settings(method: str, dim: int, input_dim: int) -> dict[str, Any]:
     return dict(wide) if wide and 2 * dim > input_dim else {}
 
 
-#: Fewer training points than this per centroid and a plan leaves out the 8-bit PQ/OPQ peers (FAISS itself warns below 39).
+#: Fewer training points than this per centroid and a plan leaves out the 8-bit PQ/OPQ and additive peers (FAISS itself warns below 39).
 MIN_POINTS_PER_CENTROID = 4
+#: Peer kinds that are FAISS additive quantisers of the uncompressed vectors, ``budget`` codebooks of 256 codewords
+#: (8 bits) each: residual (``RQ{m}x8``) and local-search (``LSQ{m}x8``). Not default peers: they train for minutes
+#: (RQ32x8 took 144 s, LSQ8x8 76 s, on 5,183 MiniLM vectors on one CPU thread).
+ADDITIVE_PEERS = {"rq": "RQ{m}x8", "lsq": "LSQ{m}x8"}
+#: The peer kinds that train 256 centroids per codebook, so need :data:`MIN_POINTS_PER_CENTROID` times that many points.
+EIGHT_BIT_PEERS = ("pq", "opq", *ADDITIVE_PEERS)
+PEER_KINDS = ("pq", "opq", "pq-fs", "ivf-pq-fs", *ADDITIVE_PEERS, *QUANTISER_PEERS, "csr")
+
+
+def additive_factory(kind: str, input_dim: int, budget: int) -> str | None:
+    """The ``index_factory`` string of additive peer ``kind`` whose code is ``budget`` bytes, or None when there is none.
+
+    A string is kept only when FAISS's own code size for inner-product search (``sa_code_size``, the
+    metric every plan index uses) and the codecs' byte accounting
+    (:func:`embedtune.index.codecs.factory_code_bytes`, what the rows report) both say ``budget``:
+    an L2 additive index stores each vector's norm beside its codes (a ``_N...`` suffix), an
+    inner-product one needs none, and a string the accounting cannot count is never scored.
+    """
+    import faiss
+
+    factory = ADDITIVE_PEERS[kind].format(m=budget)
+    try:
+        counted = factory_code_bytes(factory, input_dim)
+    except ValueError:
+        return None
+    stored = faiss.index_factory(input_dim, factory, faiss.METRIC_INNER_PRODUCT).sa_code_size()
+    return factory if counted == stored == budget else None
 
 
 def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] = DEFAULT_PEERS, n_train: int | None = None) -> list[str]:
@@ -161,18 +203,22 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
 
     ``pq``: ``PQm`` (m bytes, 8 bits per sub-quantizer); ``opq``: ``OPQm,PQm``; ``pq-fs``:
     ``PQ{2m}x4fs`` (fast-scan, 4 bits); ``ivf-pq-fs``: ``IVFn,PQ{2m}x4fs`` with ``n`` fitted to
-    ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM). With
-    ``n_train``, the 8-bit codes (``pq``, ``opq``: 256 centroids per sub-quantizer) are left out
-    below :data:`MIN_POINTS_PER_CENTROID` training points per centroid: such a codebook is mostly
-    cells of one point, and OPQ spent over 9 CPU-minutes per plan fitting them on 400 documents
-    (4-bit fast-scan codes, 16 centroids, stay).
+    ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM); ``rq`` and
+    ``lsq``: the additive quantisers ``RQmx8`` and ``LSQmx8`` (:func:`additive_factory`; any
+    dimension). With ``n_train``, the 8-bit codes (:data:`EIGHT_BIT_PEERS`: 256 centroids per
+    codebook) are left out below :data:`MIN_POINTS_PER_CENTROID` training points per centroid:
+    such a codebook is mostly cells of one point, and OPQ spent over 9 CPU-minutes per plan fitting
+    them on 400 documents (4-bit fast-scan codes, 16 centroids, stay).
     """
+    unknown = [kind for kind in kinds if kind not in PEER_KINDS]
+    if unknown:
+        raise ValueError(f"unknown peer kind {unknown[0]!r}; valid: {', '.join(PEER_KINDS)}.")
     factories = []
     for budget in budgets:
         for kind in kinds:
             if kind in QUANTISER_PEERS or kind == "csr":  # precisions or codes of their own bytes, not factory strings
                 continue
-            if kind in ("pq", "opq") and n_train is not None and n_train < MIN_POINTS_PER_CENTROID * 256:
+            if kind in EIGHT_BIT_PEERS and n_train is not None and n_train < MIN_POINTS_PER_CENTROID * 256:
                 continue
             if kind in ("pq", "opq") and input_dim % budget == 0:
                 factories.append(f"PQ{budget}" if kind == "pq" else f"OPQ{budget},PQ{budget}")
@@ -181,37 +227,35 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
             elif kind == "ivf-pq-fs" and budget > 8 and input_dim % (2 * (budget - 8)) == 0:
                 nlist = max(1, min(1024, (n_train or 39 * 64) // 39))
                 factories.append(f"IVF{nlist},PQ{2 * (budget - 8)}x4fs")
-            elif kind not in ("pq", "opq", "pq-fs", "ivf-pq-fs"):
-                raise ValueError(f"unknown peer kind {kind!r}; valid: pq, opq, pq-fs, ivf-pq-fs, {', '.join(QUANTISER_PEERS)}, csr.")
+            elif kind in ADDITIVE_PEERS and (factory := additive_factory(kind, input_dim, budget)) is not None:
+                factories.append(factory)
     return factories
+
+
+def csr_candidates(input_dim: int, budgets: Sequence[int]) -> list[tuple[Candidate, int]]:
+    """The CSR peers of a sweep, with their code bytes: one per budget of :data:`CSR_PEER_BYTES` that k (index, fp16 value) pairs fill.
+
+    The latent width is :data:`CSR_LATENT_MULTIPLE` times ``input_dim``; CSR's top-4k term needs at least 4k latents.
+    """
+    latent_dim = CSR_LATENT_MULTIPLE * input_dim
+    pair_bytes = sparse_code_bytes(1, latent_dim)
+    peers = []
+    for budget in sorted(set(budgets)):
+        active = budget // pair_bytes
+        if CSR_PEER_BYTES[0] <= budget <= CSR_PEER_BYTES[1] and not budget % pair_bytes and 4 * active <= latent_dim:
+            peers.append((Candidate("csr", latent_dim, f"k{active}", (("active", active),)), sparse_code_bytes(active, latent_dim)))
+    return peers
 
 
 def csr_peer_rows(fitted: Experiment, experiment: Experiment, budgets: Sequence[int], seed: int = 2027, work: str | Path | None = None,
                   data: Mapping[str, Any] | None = None, rounds: int = 3) -> list[dict[str, Any]]:
     """CSR, fitted on ``fitted``'s corpus without labels, at each budget of :data:`CSR_PEER_BYTES` its codes fill, scored on ``experiment``'s val.
 
-    A row's bytes are the sparse code's, ``k × (index bytes + 2)`` (:func:`embedtune.compress.csr.sparse_code_bytes`),
-    and its search is exact over the densified k-sparse codes, the documents' values at fp16 (``SQfp16``): the
-    ranking a sparse store of those pairs gives. The rows are peers on the frontier, never the plan's choice
-    (``choosable`` False): the deployed index has no sparse store yet, so a chosen CSR would not hold its bytes.
+    The rows of a labelled plan's ``csr`` peers (:func:`run_sweep` with a :class:`LabelledObjective`);
+    see :func:`sweep_csr_rows` for what a row holds.
     """
-    latent_dim = CSR_LATENT_MULTIPLE * experiment.embeddings.dim
-    pair_bytes = sparse_code_bytes(1, latent_dim)
-    rows: list[dict[str, Any]] = []
-    for budget in sorted(set(budgets)):
-        active = budget // pair_bytes
-        if not CSR_PEER_BYTES[0] <= budget <= CSR_PEER_BYTES[1] or budget % pair_bytes or 4 * active > latent_dim:
-            continue
-        candidate = Candidate("csr", latent_dim, f"k{active}", (("active", active),))
-        compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
-        for row in precision_rows(experiment, "val", compressor, ["float16"], rounds=rounds,
-                                  labels={"method": "csr", "variant": candidate.variant, "family": "CSR (learned peer)",
-                                          "candidate": candidate.name, "fit_s": fit_s}):
-            code_bytes = sparse_code_bytes(active, latent_dim)
-            row.update(precision="sparse-fp16", setting=f"{candidate.name}/sparse-fp16", ram_bytes=code_bytes, disk_bytes=code_bytes,
-                       choosable=False)
-            rows.append(row)
-    return rows
+    objective = LabelledObjective(fitted, data, scored=experiment)
+    return sweep_csr_rows(objective, budgets, seed, Path(work) if work is not None else None, rounds)
 
 
 # -- fitting ---------------------------------------------------------------------------------
@@ -356,12 +400,9 @@ def precision_rows(
     receives the ones built here. ``progress`` is called with 1 after each index is built or reused
     (e.g. the ``update`` of a bar over a larger job).
     """
-    ids = experiment.part_ids(part)
-    qrels = experiment.qrels_for(ids)
-    ids = [qid for qid in ids if qrels.get(qid)]
-    queries = QuerySet(ids, experiment.embeddings.queries(ids), qrels, part)
-    return score_precisions(queries, experiment.embeddings.doc_ids, experiment.embeddings.doc_embeddings, compressor, precisions,
-                            top_k=top_k, rounds=rounds, time_reference=time_reference, labels=labels, prebuilt=prebuilt, progress=progress)
+    return score_precisions(part_queries(experiment, part), experiment.embeddings.doc_ids, experiment.embeddings.doc_embeddings, compressor,
+                            precisions, top_k=top_k, rounds=rounds, time_reference=time_reference, labels=labels, prebuilt=prebuilt,
+                            progress=progress)
 
 
 @dataclass(frozen=True)
@@ -384,6 +425,14 @@ class QuerySet:
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.vectors):
             raise ValueError(f"{len(self.ids)} query ids but {len(self.vectors)} query vectors.")
+
+
+def part_queries(experiment: Experiment, part: str) -> QuerySet:
+    """The judged queries of ``part`` (``val``, ``test``...) of ``experiment``, with their qrels: what a labelled sweep scores on."""
+    ids = experiment.part_ids(part)
+    qrels = experiment.qrels_for(ids)
+    ids = [qid for qid in ids if qrels.get(qid)]
+    return QuerySet(ids, experiment.embeddings.queries(ids), qrels, part)
 
 
 def score_precisions(
@@ -577,12 +626,254 @@ def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedInde
 PROBE_ROWS = 16
 
 
-# -- the plan --------------------------------------------------------------------------------
-def _row_setting(candidate: Candidate | None, precision: str, dim: int) -> str:
-    base = candidate.name if candidate is not None else f"frozen-{dim}"
-    return f"{base}/{precision}"
+# -- the sweep engine ------------------------------------------------------------------------
+class PlanObjective(ABC):
+    """What a plan's sweep is chosen by: the one part a labelled plan and a label-free plan differ in.
+
+    :func:`run_sweep` does the rest the same way for both (the frozen vectors, the peers, the fits
+    at every precision, the choice, the frontier, the refit and the plan folder). An objective says:
+
+    - ``queries``: the :class:`QuerySet` that scores every row, against ``experiment``'s whole corpus;
+    - ``metric``: the row field the objective is (``ndcg@10`` or ``recall@10``; also each row's ``per_query``);
+    - ``y``: the row field the choice, the frontier and the reference read: ``metric`` itself, or
+      another name that every row also holds ``metric``'s value under (a label-free plan's ``objective``);
+    - :meth:`fit`: how a candidate is fitted for the sweep and refitted for the plan;
+    - :meth:`record`: what ``plan.json`` records about the validation.
+    """
+
+    #: What the progress bars and log lines call the run ("plan", "label-free plan").
+    name: str = "plan"
+    metric: str = "ndcg@10"
+    y: str = "ndcg@10"
+    #: Where the chosen setting is refitted, in words for the log ("the train and validation queries").
+    refit_on: str = ""
+    experiment: Experiment
+    queries: QuerySet
+    #: :func:`vectors_sha256` of the corpus when the objective has it already (hashing a large corpus takes seconds).
+    docs_digest: str | None = None
+
+    @abstractmethod
+    def fit(self, candidate: Candidate, seed: int, work: Path | None, final: bool) -> tuple[Compressor, float]:
+        """``(compressor, fit seconds)`` of ``candidate``, kept under ``work`` (None: not kept): for the sweep, or (``final``) for the plan."""
+
+    @abstractmethod
+    def fit_frozen(self) -> Compressor:
+        """The uncompressed vectors' compressor, fitted as the plan ships it when the choice is a frozen or peer setting."""
+
+    @abstractmethod
+    def default_work(self) -> Path:
+        """The sweep folder when the caller gives none: shared by every plan on the same data (:func:`default_sweep_dir`)."""
+
+    @abstractmethod
+    def plot_title(self) -> str:
+        """The title of ``frontier.png``."""
+
+    @abstractmethod
+    def record(self) -> dict[str, Any]:
+        """What ``plan.json`` records about the validation: its ``validation`` field (and any of the objective's own)."""
+
+    def candidates(self, cells: list[Candidate]) -> list[Candidate]:
+        """The candidates of ``cells`` (methods x dims x variants) this objective can fit; all of them unless it says otherwise."""
+        return cells
 
 
+class LabelledObjective(PlanObjective):
+    """A labelled plan's objective: nDCG@10 on the validation queries, each candidate fitted on the train queries (:func:`fit_or_load`).
+
+    The scored view is :func:`selection_view` of ``experiment`` (the validation queries whose
+    positives are no training query's) unless ``scored`` gives it; the refit is on train+val.
+    """
+
+    name = "plan"
+    refit_on = "the train and validation queries"
+
+    def __init__(self, experiment: Experiment, data: Mapping[str, Any] | None = None, scored: Experiment | None = None) -> None:
+        self.experiment = experiment
+        if scored is None:
+            scored, self.validation = selection_view(experiment)
+        else:
+            self.validation = {"rule": "the validation queries of the given view"}
+        self.queries = part_queries(scored, "val")
+        # Every cached fit is keyed by it (a rerun on other vectors refits).
+        self.data = dict(data) if data is not None else experiment_fingerprint(experiment)
+
+    def fit(self, candidate: Candidate, seed: int, work: Path | None, final: bool) -> tuple[Compressor, float]:
+        return fit_or_load(self.experiment, candidate, seed, final=final, work=work, data=self.data)
+
+    def fit_frozen(self) -> Compressor:
+        frozen = get_compressor_class("frozen")
+        return frozen(frozen.config_class(dim=self.experiment.embeddings.dim)).fit(training_data(self.experiment, "train"))
+
+    def default_work(self) -> Path:
+        return default_sweep_dir(self.data)
+
+    def plot_title(self) -> str:
+        return f"{self.experiment.dataset.name}: nDCG@10 on {len(self.queries.ids)} validation queries vs bytes per vector"
+
+    def record(self) -> dict[str, Any]:
+        return {"validation": self.validation}
+
+
+def sweep_rows(objective: PlanObjective, compressor: Compressor | None, precisions: Sequence[str | Precision], labels: Mapping[str, Any],
+               rounds: int = 3, prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
+               progress: Callable[[int], object] | None = None) -> list[dict[str, Any]]:
+    """:func:`score_precisions` of ``compressor``'s space on ``objective``'s queries, each row with its ``y`` field set."""
+    embeddings = objective.experiment.embeddings
+    rows = score_precisions(objective.queries, embeddings.doc_ids, embeddings.doc_embeddings, compressor, precisions, rounds=rounds,
+                            labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric)
+    if objective.y != objective.metric:
+        for row in rows:
+            row[objective.y] = row[objective.metric]
+    return rows
+
+
+def sweep_csr_rows(objective: PlanObjective, budgets: Sequence[int], seed: int, work: Path | None, rounds: int = 3) -> list[dict[str, Any]]:
+    """The ``csr`` peer rows: CSR fitted by ``objective`` at each of :func:`csr_candidates`, scored on its queries.
+
+    A row's bytes are the sparse code's, ``k × (index bytes + 2)`` (:func:`embedtune.compress.csr.sparse_code_bytes`),
+    and its search is exact over the densified k-sparse codes, the documents' values at fp16 (``SQfp16``): the
+    ranking a sparse store of those pairs gives. The rows are peers on the frontier, never the plan's choice
+    (``choosable`` False): the deployed index has no sparse store yet, so a chosen CSR would not hold its bytes.
+    """
+    rows: list[dict[str, Any]] = []
+    for candidate, code_bytes in csr_candidates(objective.experiment.embeddings.dim, budgets):
+        compressor, fit_s = objective.fit(candidate, seed, work, final=False)
+        for row in sweep_rows(objective, compressor, ["float16"], rounds=rounds,
+                              labels={"method": "csr", "variant": candidate.variant, "family": "CSR (learned peer)",
+                                      "candidate": candidate.name, "fit_s": fit_s}):
+            row.update(precision="sparse-fp16", setting=f"{candidate.name}/sparse-fp16", ram_bytes=code_bytes, disk_bytes=code_bytes,
+                       choosable=False)
+            rows.append(row)
+    return rows
+
+
+def run_sweep(
+    objective: PlanObjective,
+    out: str | Path,
+    budget_bytes: float | None = None,
+    target_retention: float | None = None,
+    methods: Sequence[str] = ("truncate", "pca", "dive"),
+    dims: Sequence[int] | None = None,
+    precisions: Sequence[str] = DEFAULT_PRECISIONS,
+    peers: Sequence[str] = DEFAULT_PEERS,
+    seed: int = 2027,
+    final: bool = False,
+    work: str | Path | None = None,
+    labels: Mapping[str, Any] | None = None,
+    rounds: int = 3,
+    variants: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
+
+    Phase 1: the uncompressed vectors at float32 and every precision, the FAISS peers
+    (:func:`peer_factories`, reused from ``WORK/frozen-faiss`` when cached), the quantiser peers
+    (:data:`QUANTISER_PEERS`) and, with ``csr`` among ``peers``, CSR's sparse codes
+    (:func:`sweep_csr_rows`). Phase 2: every method x dimension x variant the objective can fit,
+    fitted (or reused from ``work``) and scored at every precision. Then the choice
+    (:func:`~embedtune.workflows.pareto.choose` on ``objective.y``, relative to the uncompressed
+    float32 row), the frontier and ``frontier.png``; phase 3 refits the choice (the objective's
+    final fit) and writes the plan folder (:func:`~embedtune.index.plan_format.write_plan`).
+    ``final``: also score the choice once on the experiment's labelled test queries. The other
+    arguments are :func:`run_plan`'s.
+
+    Returns:
+        The plan (also ``OUT/plan.json``).
+    """
+    out = Path(out)
+    experiment = objective.experiment
+    input_dim = experiment.embeddings.dim
+    dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
+    too_wide = [d for d in dims if d > input_dim]
+    if too_wide:
+        raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
+    docs = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    work = Path(work) if work is not None else objective.default_work()
+    name, y = objective.name, objective.y
+    with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
+        cache_dir = faiss_cache_dir(work, docs, digest=objective.docs_digest)
+        probe = docs[:PROBE_ROWS]
+        frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
+        frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
+        budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
+        factories = {family: [f"faiss:{f}" for kind in peers if (kind in ADDITIVE_PEERS) == additive
+                              for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                      len(experiment.embeddings.doc_ids))]
+                     for family, additive in (("FAISS PQ/OPQ", False), ("FAISS RQ/LSQ", True))}
+        n_factories = sum(map(len, factories.values()))
+        quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
+        # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS peers
+        # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
+        reused = sum(f in frozen_indexes for specs in factories.values() for f in specs)
+        with progress_bar(len(frozen_precisions) + n_factories + len(quantiser_peers), f"{name} 1/3, frozen vectors and FAISS PQ/OPQ peers",
+                          unit="index", postfix=f"{reused} cached" if reused else None) as bar:
+            rows = sweep_rows(objective, None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
+                              progress=bar.update)
+            for family, specs in factories.items():
+                if specs:
+                    rows += sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
+                                       progress=bar.update)
+            if quantiser_peers:
+                rows += sweep_rows(objective, None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
+                                   progress=bar.update)
+        save_faiss_cache(cache_dir, frozen_indexes, probe)
+        for row in rows:
+            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+            row["candidate"] = None
+        reference = next(r[y] for r in rows if r["precision"] == "float32")
+        if "csr" in peers:  # a learned peer fitted on the corpus alone: compared, never chosen
+            rows += sweep_csr_rows(objective, budgets, seed, work, rounds)
+        # Phase 2 of 3: fit (or reuse from WORK) every candidate, score it at every precision.
+        sweep = objective.candidates([candidate_for(method, dim, variant) for method in methods if method != "frozen" for dim in dims
+                                      for variant in ["default", *(v for v in variants if variant_applies(method, v))]])
+        with progress_bar(len(sweep), f"{name} 2/3, fitting and scoring the sweep", unit="fit") as bar:
+            for candidate in sweep:
+                bar.set_postfix_str(candidate.name, refresh=False)
+                compressor, fit_s = objective.fit(candidate, seed, work, final=False)
+                family = candidate.method if candidate.variant == "default" else f"{candidate.method}+{candidate.variant}"
+                for row in sweep_rows(objective, compressor, precisions, {"method": candidate.method, "variant": candidate.variant,
+                                                                          "family": family, "candidate": candidate.name, "fit_s": fit_s},
+                                      rounds):
+                    row["setting"] = f"{candidate.name}/{row['precision']}"
+                    rows.append(row)
+                bar.update(1)
+        chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference, y=y))
+        frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
+        out.mkdir(parents=True, exist_ok=True)
+        plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
+        # Phase 3 of 3: refit the choice (a labelled plan: on train+val, what compress train --final does) and write the folder.
+        logger.info("%s 3/3, %s, writing %s", name, f"refitting {chosen['setting']} on {objective.refit_on}" if chosen.get("candidate")
+                    else f"chose {chosen['setting']} (no fit)", out)
+        if chosen.get("candidate"):
+            candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
+            compressor, _ = objective.fit(candidate, seed, work, final=True)
+            reuse = None
+        else:
+            compressor = objective.fit_frozen()
+            reuse = frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
+            "embedtune_version": __version__,
+            **(labels or {}),
+            "dataset": experiment.dataset.name,
+            "split_seed": experiment.split.seed if experiment.split is not None else None,
+            "seed": seed,
+            "budget_bytes": budget_bytes,
+            "target_retention": target_retention,
+            "chosen": _public(chosen),
+            # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
+            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
+            "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
+            **objective.record(),
+            "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
+            "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+            "sweep": [_public(r) for r in rows],
+        })
+        if final:
+            plan["test"] = score_plan(experiment, out, "test")
+            write_json_with_digest(out / PLAN_FILE, plan)
+        return plan
+
+
+# -- the labelled plan -----------------------------------------------------------------------
 def run_plan(
     experiment: Experiment,
     out: str | Path,
@@ -601,6 +892,8 @@ def run_plan(
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
+    :func:`run_sweep` with a :class:`LabelledObjective`.
+
     Args:
         experiment: a dataset with a query-disjoint split (train / val / test).
         out: the plan folder.
@@ -609,10 +902,10 @@ def run_plan(
         methods: compressors to sweep (``frozen`` needs no fit; supervised ones train on the train queries).
         dims: dimensions (default :func:`sweep_dims`: d, d/2, d/3, d/6, d/12).
         precisions: precisions of every compressed space.
-        peers: FAISS PQ/OPQ families on the uncompressed vectors (see :func:`peer_factories`), at
+        peers: FAISS PQ/OPQ and additive families on the uncompressed vectors (see :func:`peer_factories`), at
             the byte sizes the precisions reach, and the quantiser peers :data:`QUANTISER_PEERS`
             (RaBitQ, TurboQuant, SQ4 on the uncompressed vectors, at their own bytes); ``csr`` adds
-            CSR's sparse codes at the budgets in :data:`CSR_PEER_BYTES` (:func:`csr_peer_rows`).
+            CSR's sparse codes at the budgets in :data:`CSR_PEER_BYTES` (:func:`sweep_csr_rows`).
         seed: training seed.
         final: also score the chosen setting once on the held-out test queries.
         work: where the sweep's fits are kept (reused by a later run); default
@@ -624,104 +917,14 @@ def run_plan(
     Returns:
         The plan (also ``OUT/plan.json``).
     """
-    out = Path(out)
     for method in methods:
         get_compressor_class(method)  # fail fast on a typo
     for variant in variants:
         _check_variant(variant)
         if not any(variant_applies(m, variant) for m in methods):
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
-    input_dim = experiment.embeddings.dim
-    dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
-    too_wide = [d for d in dims if d > input_dim]
-    if too_wide:
-        raise ValueError(f"--dims {too_wide} exceed the input dimension {input_dim}.")
-    rows: list[dict[str, Any]] = []
-    data = experiment_fingerprint(experiment)  # every cached fit is keyed by it (a rerun on other vectors refits)
-    work = Path(work) if work is not None else default_sweep_dir(data)
-    with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
-        fitted, (experiment, validation) = experiment, selection_view(experiment)  # score on `experiment`, fit on `fitted`
-        cache_dir = faiss_cache_dir(work, experiment.embeddings.doc_embeddings)
-        probe = np.ascontiguousarray(experiment.embeddings.doc_embeddings[:PROBE_ROWS], dtype=np.float32)
-        frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
-        frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
-        budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-        factories = [f for kind in peers for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                                   len(experiment.embeddings.doc_ids))]
-        quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
-        # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS PQ/OPQ peers
-        # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
-        reused = sum(f"faiss:{f}" in frozen_indexes for f in factories)
-        with progress_bar(len(frozen_precisions) + len(factories) + len(quantiser_peers), "plan 1/3, frozen vectors and FAISS PQ/OPQ peers",
-                          unit="index",
-                          postfix=f"{reused} cached" if reused else None) as bar:
-            frozen_rows = precision_rows(experiment, "val", None, frozen_precisions, rounds=rounds,
-                                         labels={"method": "frozen", "family": "frozen (quantised)"}, progress=bar.update)
-            peer_rows = precision_rows(experiment, "val", None, [f"faiss:{f}" for f in factories], rounds=rounds, prebuilt=frozen_indexes,
-                                       labels={"method": "frozen", "family": "FAISS PQ/OPQ"}, progress=bar.update)
-            if quantiser_peers:  # FAISS RaBitQ / TurboQuant / SQ4 of the frozen vectors (issue 30)
-                peer_rows += precision_rows(experiment, "val", None, quantiser_peers, rounds=rounds,
-                                            labels={"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, progress=bar.update)
-        save_faiss_cache(cache_dir, frozen_indexes, probe)
-        for row in frozen_rows + peer_rows:
-            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
-            row["candidate"] = None
-        rows += frozen_rows + peer_rows
-        if "csr" in peers:  # CSR, a learned peer fitted on the corpus alone (issue 30): compared, never chosen
-            rows += csr_peer_rows(fitted, experiment, budgets, seed, work, data, rounds)
-        reference = next(r["ndcg@10"] for r in frozen_rows if r["precision"] == "float32")
-        # Phase 2 of 3: fit (or reuse from WORK) every candidate on the train queries, score it at every precision.
-        sweep = [(method, dim, variant) for method in methods if method != "frozen" for dim in dims
-                 for variant in ["default", *(v for v in variants if variant_applies(method, v))]]
-        with progress_bar(len(sweep), "plan 2/3, fitting and scoring the sweep", unit="fit") as bar:
-            for method, dim, variant in sweep:
-                candidate = candidate_for(method, dim, variant)
-                bar.set_postfix_str(candidate.name, refresh=False)
-                compressor, fit_s = fit_or_load(fitted, candidate, seed, final=False, work=work, data=data)
-                family = method if variant == "default" else f"{method}+{variant}"
-                for row in precision_rows(experiment, "val", compressor, precisions, rounds=rounds,
-                                          labels={"method": method, "variant": variant, "family": family, "candidate": candidate.name,
-                                                  "fit_s": fit_s}):
-                    row["setting"] = _row_setting(candidate, row["precision"], dim)
-                    rows.append(row)
-                bar.update(1)
-        chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference))
-        frontier = [r["setting"] for r in pareto_frontier(rows)]
-        title = f"{experiment.dataset.name}: nDCG@10 on {rows[0]['n_queries']} validation queries vs bytes per vector"
-        out.mkdir(parents=True, exist_ok=True)
-        plot_frontier(rows, out / "frontier.png", title, chosen=chosen)
-        # Phase 3 of 3: refit the choice on train+val (what compress train --final does) and write the folder.
-        candidate = None
-        logger.info("plan 3/3, %s, writing %s", f"refitting {chosen['setting']} on the train and validation queries"
-                    if chosen.get("candidate") else f"chose {chosen['setting']} (no fit)", out)
-        if chosen.get("candidate"):
-            candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
-            compressor, _ = fit_or_load(fitted, candidate, seed, final=True, work=work, data=data)
-        else:
-            frozen = get_compressor_class("frozen")
-            compressor = frozen(frozen.config_class(dim=input_dim)).fit(training_data(fitted, "train"))
-        reuse = None if candidate is not None else frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-        plan = write_plan(out, compressor, Precision(chosen["precision"]), experiment.embeddings.doc_embeddings, prebuilt=reuse, plan={
-            "embedtune_version": __version__,
-            **(labels or {}),
-            "dataset": experiment.dataset.name,
-            "split_seed": experiment.split.seed if experiment.split is not None else None,
-            "seed": seed,
-            "budget_bytes": budget_bytes,
-            "target_retention": target_retention,
-            "chosen": _public(chosen),
-            # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
-            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
-            "reference": {"setting": f"frozen-{input_dim}/float32", "ndcg@10": reference, "queries": "val"},
-            "validation": validation,
-            "retention": chosen["ndcg@10"] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
-            "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
-            "sweep": [_public(r) for r in rows],
-        })
-        if final:
-            plan["test"] = score_plan(fitted, out, "test")
-            write_json_with_digest(out / PLAN_FILE, plan)
-        return plan
+    return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
+                     labels, rounds, variants)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
@@ -732,7 +935,7 @@ def selection_view(experiment: Experiment) -> tuple[Experiment, dict[str, Any]]:
     """The experiment whose ``val`` part holds only the validation queries with no positive among the train part's.
 
     Choosing on validation queries whose relevant documents are training positives rewards a
-    compressor that learned where this corpus's popular documents lie (issue 27); choosing on
+    compressor that learned where this corpus's popular documents lie; choosing on
     the others rewards what carries over to documents the fit never saw. With fewer than
     :data:`MIN_UNSEEN_VALIDATION` such queries the plan keeps every validation query and says so
     (the stated fallback). Returns the view and what ``plan.json`` records about it.
@@ -768,7 +971,7 @@ def score_plan(experiment: Experiment, directory: str | Path, part: str = "test"
     index = QuantizedIndex.build(xb, precision, calibration=calibration)
     D, I = index.search(xq, 101)
     metrics = evaluate_run(qrels, run_from_topk(ids, D, I, experiment.embeddings.doc_ids, 100, True), ("ndcg@10", "recall@10"))
-    # Seen and unseen (issue 27), relative to the train+val labels the plan fitted and chose on.
+    # Seen and unseen, relative to the train+val labels the plan fitted and chose on.
     groups = query_subsets(qrels, training_positives(experiment.qrels_for(experiment.part_ids("train+val"))))
     subsets = subset_means(metrics.per_query, groups)
     return {"queries": part, "ndcg@10": metrics["ndcg@10"], "recall@10": metrics["recall@10"], "n_queries": metrics.n_queries,

@@ -86,6 +86,10 @@ from embedtune.index.codecs.quantized_index import (
     read_codec_index,
 )
 from embedtune.index.codecs.deployed import PRECISION_SUBFOLDER, DeployedCodec
+from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_report, gap_db, gaussian_bound, water_level
+from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
+from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltRQ
+from embedtune.index.codecs.textbook import KltSQ
 
 __all__ = [
     "PRECISIONS",
@@ -119,4 +123,18 @@ __all__ = [
     "read_codec_index",
     "DeployedCodec",
     "PRECISION_SUBFOLDER",
+    "CodecFamily",
+    "register_codec",
+    "registered_codecs",
+    "codec_family",
+    "is_registered_codec",
+    "KltPQ",
+    "KltPQ4",
+    "KltRQ",
+    "KltSQ",
+    "corpus_spectrum",
+    "water_level",
+    "gaussian_bound",
+    "gap_db",
+    "distortion_report",
 ]

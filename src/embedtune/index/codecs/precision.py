@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from embedtune.index.codecs.faiss_codes import factory_code_bytes
+from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, registered_codecs
 
 __all__ = ["PRECISIONS", "FAISS_PRECISIONS", "FLOAT_RESCORED", "FACTORY_PREFIX", "Precision", "bytes_per_vector"]
 
@@ -19,7 +20,8 @@ FAISS_PRECISIONS = {
     "turboquant4": "SQtqmse4",
 }
 PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore", *FAISS_PRECISIONS)
-"""The built-in precisions; ``faiss:<index_factory string>`` names any FAISS index as well."""
+"""The built-in precisions; ``faiss:<index_factory string>`` names any FAISS index as well, and ``<family>:<bytes>`` any
+registered codec (:mod:`embedtune.index.codecs.registry`, e.g. ``klt-pq:32``)."""
 #: Precisions that rescore their candidates against the float32 vectors kept on disk.
 FLOAT_RESCORED = ("binary-rescore", "rabitq1-rescore")
 FACTORY_PREFIX = "faiss:"
@@ -40,8 +42,10 @@ class Precision:
     nprobe: int | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in PRECISIONS and not self.name.startswith(FACTORY_PREFIX):
-            raise ValueError(f"unknown precision {self.name!r}; valid: {', '.join(PRECISIONS)}, or faiss:<index_factory string>.")
+        if self.name not in PRECISIONS and not self.name.startswith(FACTORY_PREFIX) and not is_registered_codec(self.name):
+            codecs = ", ".join(f"{family}:<bytes>" for family in sorted(registered_codecs()))
+            raise ValueError(f"unknown precision {self.name!r}; valid: {', '.join(PRECISIONS)}, a registered codec ({codecs}), "
+                             "or faiss:<index_factory string>.")
         if self.is_faiss:
             factory_code_bytes(self.factory, 64 * 12)  # fail fast on a string we cannot account for
         if isinstance(self.candidates, bool) or not isinstance(self.candidates, int) or self.candidates < 1:
@@ -53,9 +57,20 @@ class Precision:
         return self.name.startswith(FACTORY_PREFIX)
 
     @property
+    def is_codec(self) -> bool:
+        """A registered codec (``<family>:<bytes>``, :mod:`embedtune.index.codecs.registry`)."""
+        return is_registered_codec(self.name)
+
+    @property
+    def codec(self) -> CodecFamily:
+        """The registered codec's family (an error for the other precisions)."""
+        return codec_family(self.name)
+
+    @property
     def uses_factory(self) -> bool:
-        """Stored as a FAISS ``index_factory`` index: ``faiss:`` strings and :data:`FAISS_PRECISIONS`."""
-        return self.is_faiss or self.name in FAISS_PRECISIONS
+        """Stored as a trained FAISS index (``codec.faiss``): ``faiss:`` strings, :data:`FAISS_PRECISIONS`, and the
+        deployable registered codecs."""
+        return self.is_faiss or self.name in FAISS_PRECISIONS or (self.is_codec and self.codec.deployable)
 
     @property
     def rescores_float(self) -> bool:
@@ -68,7 +83,10 @@ class Precision:
 
     @property
     def factory(self) -> str:
-        """The FAISS ``index_factory`` string that stores vectors at this precision (binary: ``BFlat``)."""
+        """The FAISS ``index_factory`` string that stores vectors at this precision (binary: ``BFlat``; a registered
+        codec: its name, since its FAISS index is fitted on the corpus and travels as ``codec.faiss``)."""
+        if self.is_codec:
+            return self.name
         if self.is_faiss:
             return self.name[len(FACTORY_PREFIX):]
         if self.name in FAISS_PRECISIONS:
@@ -77,6 +95,8 @@ class Precision:
 
     def ram_bytes(self, dim: int) -> int:
         """Bytes per vector held in memory to search (binary-rescore, rabitq1-rescore: the codes only)."""
+        if self.is_codec:
+            return self.codec.code_size(dim)
         if self.uses_factory:
             return factory_code_bytes(self.factory, dim)
         if self.is_binary:

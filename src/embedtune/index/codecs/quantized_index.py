@@ -8,7 +8,6 @@ scored and the served codes are the same. :meth:`QuantizedIndex.save_precision` 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,10 @@ from embedtune.index.codecs.binary import binary_codes, binary_index, binary_sea
 from embedtune.index.codecs.faiss_codes import new_factory_index
 from embedtune.index.codecs.int8 import Calibration, sq8_index
 from embedtune.index.codecs.precision import Precision
-from embedtune.io import atomic_write, atomic_write_json
+from embedtune.io import IntegrityError, atomic_write, read_json_verified, sha256_file, verify_sha256, write_json_with_digest
 from embedtune.runtime import native_chatter_filtered
 
-__all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
+__all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "read_precision_json", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
 
 PRECISION_FILE = "precision.json"
 CALIBRATION_FILE = "calibration.safetensors"
@@ -84,6 +83,10 @@ class QuantizedIndex:
             index = sq8_index(d, calibration)
             index.add(xb)
             return cls(precision, d, index, n, calibration=calibration)
+        if precision.is_codec:  # a registered codec: fitted on the corpus (a sample of it) by its family
+            index = precision.codec.train(as_rows(train, "train") if train is not None else xb)
+            index.add(xb)
+            return cls(precision, d, index, n)
         index = new_factory_index(d, precision.factory, precision.name if not precision.is_faiss else None)
         if not index.is_trained:
             with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
@@ -106,6 +109,8 @@ class QuantizedIndex:
         """Bytes that do not grow with the corpus: int8 ranges, or a FAISS index's tables (codebooks, rotations)."""
         if self.calibration is not None:
             return 8 * self.dim
+        if self.precision.is_codec and not self.precision.uses_factory:
+            return int(self.backend.fixed_bytes())
         if self.precision.uses_factory:
             import faiss
 
@@ -148,15 +153,24 @@ class QuantizedIndex:
         deployment never refits them."""
         import faiss
 
+        if self.precision.is_codec and not self.precision.uses_factory:
+            raise ValueError(f"codec {self.precision.name!r} is a reference codec, scored beside the others but not deployable "
+                             "(it is not a FAISS index); choose a deployable precision.")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        written = []
         if self.calibration is not None:
             self.calibration.save(directory / CALIBRATION_FILE)
             self.calibration.to_json(directory / CALIBRATION_JSON)
+            written += [CALIBRATION_FILE, CALIBRATION_JSON]
         if self.precision.uses_factory and self.backend is not None:
             trained = self.trained_copy() if self.backend.ntotal else self.backend
             atomic_write(directory / CODEC_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
-        atomic_write_json(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory})
+            written.append(CODEC_FILE)
+        # Every file beside precision.json is recorded by its sha256, and precision.json by its own: a flipped byte or
+        # a swapped file is refused on load instead of silently changing the deployed codes.
+        write_json_with_digest(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory,
+                                                            "files_sha256": {name: sha256_file(directory / name) for name in written}})
         return directory
 
 
@@ -166,7 +180,7 @@ def load_precision(directory: str | Path) -> tuple[Precision, Calibration | None
     path = directory / PRECISION_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: no {PRECISION_FILE}; write it with QuantizedIndex.save_precision or `compress plan`.")
-    values = json.loads(path.read_text(encoding="utf-8"))
+    values = read_precision_json(directory)
     precision = Precision.from_dict({k: v for k, v in values.items() if k in ("name", "candidates", "nprobe")})
     calibration = Calibration.load(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
     if precision.name == "int8" and calibration is None:
@@ -174,11 +188,43 @@ def load_precision(directory: str | Path) -> tuple[Precision, Calibration | None
     return precision, calibration
 
 
+_PRECISION_FIX = "Write it again with `embedtune compress plan` (or QuantizedIndex.save_precision)."
+
+
+def read_precision_json(directory: str | Path) -> dict[str, Any]:
+    """``precision.json``, its own digest checked, and the sha256 of every file it lists (``files_sha256``) verified.
+
+    A file written before embedtune recorded digests (no ``content_sha256``) is read as it is, except
+    for a registered codec, whose files were always recorded.
+    """
+    directory = Path(directory)
+    values, verified = read_json_verified(directory / PRECISION_FILE, _PRECISION_FIX)
+    recorded = values.get("files_sha256")
+    if verified and not isinstance(recorded, dict):
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'files_sha256' is missing. {_PRECISION_FIX}")
+    if not verified and isinstance(values.get("name"), str) and Precision.from_dict({"name": values["name"]}).is_codec:
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'content_sha256' is missing, which a registered codec's "
+                             f"precision.json always has. {_PRECISION_FIX}")
+    for name, digest in sorted((recorded or {}).items()):
+        if name not in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE) or not isinstance(digest, str):
+            raise IntegrityError(f"{directory / PRECISION_FILE}: field 'files_sha256' lists {name!r}, which is not a precision file. "
+                                 f"{_PRECISION_FIX}")
+        verify_sha256(directory / name, digest, _PRECISION_FIX)
+    if verified:
+        for name in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE):
+            if (directory / name).is_file() and name not in recorded:
+                raise IntegrityError(f"{directory / name}: not listed in {directory / PRECISION_FILE} field 'files_sha256', so it is "
+                                     f"not this precision's. {_PRECISION_FIX}")
+    return values
+
+
 def read_codec_index(directory: str | Path, precision: Precision, dim: int) -> Any:
     """The trained, empty FAISS index :meth:`QuantizedIndex.save_precision` wrote (``codec.faiss``), checked against the precision."""
     import faiss
 
     path = Path(directory) / CODEC_FILE
+    if (Path(directory) / PRECISION_FILE).is_file():
+        read_precision_json(directory)  # the codec file's digest, recorded when it was written
     if not path.is_file():
         raise FileNotFoundError(f"{Path(directory)}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), "
                                 "which plans written before embedtune kept them lack; write the plan again with `embedtune compress plan`.")

@@ -1,0 +1,200 @@
+"""The textbook transform coder, ``klt-sq:B``: KLT, reverse water-filling of the bits, one Lloyd-Max quantiser per axis.
+
+The reference every other codec of :mod:`embedtune.index.codecs.transform` is measured against
+(Huang & Schultheiss 1963; Gersho & Gray, *Vector Quantization and Signal Compression*, §8.3):
+
+1. rotate the documents onto their principal axes (the KLT, fitted on the corpus);
+2. split the ``8B`` bits over the axes by reverse water-filling with integer bits: each extra bit
+   goes to the axis whose distortion, ``λ_i · 4^(-b_i)``, is largest (at most 8 bits an axis);
+3. quantise each axis with its own Lloyd-Max scalar quantiser (1-D k-means on the corpus's values);
+4. score the float query against the dequantised documents.
+
+The codes are bit-packed (``ceil(Σ b_i / 8) = B`` bytes per vector). It is a *reference* codec
+(``deployable = False``): FAISS has no index type for per-axis quantisers of unequal bits, so a
+plan scores it beside the others but never chooses it; its index searches in numpy.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.transform import fit_klt, training_sample
+from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
+
+__all__ = ["KltSQ", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
+
+MAX_BITS_PER_AXIS = 8
+LLOYD_ITERATIONS = 30
+_SEARCH_BLOCK = 32_768
+
+
+def water_filling_bits(eigenvalues: np.ndarray, bits: int, cap: int = MAX_BITS_PER_AXIS) -> np.ndarray:
+    """Integer bits per axis: each of ``bits`` goes to the axis with the largest ``λ_i 4^(-b_i)`` (at most ``cap`` each)."""
+    lam = np.asarray(eigenvalues, dtype=np.float64)
+    if bits > cap * len(lam):
+        raise ValueError(f"{bits} bits do not fit {len(lam)} axes of at most {cap} bits.")
+    allocation = np.zeros(len(lam), dtype=np.int64)
+    heap = [(-float(value), axis) for axis, value in enumerate(lam)]
+    heapq.heapify(heap)
+    for _ in range(int(bits)):
+        value, axis = heapq.heappop(heap)
+        allocation[axis] += 1
+        if allocation[axis] < cap:
+            heapq.heappush(heap, (value / 4.0, axis))
+    return allocation
+
+
+def lloyd_max(values: np.ndarray, levels: int, iterations: int = LLOYD_ITERATIONS) -> np.ndarray:
+    """The ``levels`` reconstruction points of a 1-D Lloyd-Max quantiser fitted on ``values`` (ascending)."""
+    values = np.sort(np.asarray(values, dtype=np.float64))
+    points = np.quantile(values, (np.arange(levels) + 0.5) / levels)
+    for _ in range(iterations):
+        cells = np.searchsorted((points[1:] + points[:-1]) / 2, values)
+        sums = np.bincount(cells, values, levels)
+        counts = np.bincount(cells, None, levels)
+        updated = np.where(counts > 0, sums / np.maximum(counts, 1), points)
+        if np.allclose(updated, points):
+            break
+        points = updated
+    return np.sort(points)
+
+
+class ScalarTransformIndex:
+    """The ``klt-sq`` index: the FAISS index interface (``add``, ``search``, ``sa_encode``, ``sa_decode``...) in numpy.
+
+    Attributes:
+        d: input dimension.
+        mean: ``(d,)`` the corpus centre.
+        axes: ``(d, r)`` the principal axes that get bits.
+        bits: ``(r,)`` bits per axis (1 to 8).
+        points: ``(r, 256)`` each axis's reconstruction points (the first ``2^bits`` are used).
+        codes: ``(ntotal, code_size)`` the bit-packed codes added.
+    """
+
+    is_trained = True
+
+    def __init__(self, mean: np.ndarray, axes: np.ndarray, bits: np.ndarray, points: np.ndarray) -> None:
+        self.mean = np.ascontiguousarray(mean, dtype=np.float32)
+        self.axes = np.ascontiguousarray(axes, dtype=np.float32)
+        self.bits = np.asarray(bits, dtype=np.int64)
+        self.points = np.ascontiguousarray(points, dtype=np.float32)
+        self.d = int(self.axes.shape[0])
+        self._mask = np.arange(8)[None, :] >= (8 - self.bits)[:, None]  # (r, 8): the low `bits` of each axis's byte
+        self.codes = np.zeros((0, self.sa_code_size()), dtype=np.uint8)
+
+    @property
+    def ntotal(self) -> int:
+        return len(self.codes)
+
+    def sa_code_size(self) -> int:
+        return int((self.bits.sum() + 7) // 8)
+
+    def fixed_bytes(self) -> int:
+        """Bytes that do not grow with the corpus: the axes, the centre and the reconstruction points (float32)."""
+        return int(4 * (self.axes.size + self.mean.size + int((2 ** self.bits).sum())))
+
+    def sa_encode(self, x: np.ndarray) -> np.ndarray:
+        y = (np.asarray(x, dtype=np.float32) - self.mean) @ self.axes
+        cells = np.empty(y.shape, dtype=np.uint8)
+        for axis, count in enumerate(self.bits):
+            points = self.points[axis, : 2 ** int(count)]
+            cells[:, axis] = np.searchsorted((points[1:] + points[:-1]) / 2, y[:, axis])
+        unpacked = np.unpackbits(cells[:, :, None], axis=2)  # (n, r, 8)
+        return np.packbits(unpacked[:, self._mask], axis=1)
+
+    def _cells(self, codes: np.ndarray) -> np.ndarray:
+        total = int(self.bits.sum())
+        flat = np.unpackbits(np.asarray(codes, dtype=np.uint8), axis=1)[:, :total]
+        unpacked = np.zeros((len(codes), len(self.bits), 8), dtype=np.uint8)
+        unpacked[:, self._mask] = flat
+        return np.packbits(unpacked, axis=2)[:, :, 0]
+
+    def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
+        cells = self._cells(codes)
+        return np.take_along_axis(self.points, cells.T.astype(np.int64), axis=1).T  # (n, r)
+
+    def sa_decode(self, codes: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self._decode_rotated(codes) @ self.axes.T + self.mean, dtype=np.float32)
+
+    def add(self, x: np.ndarray) -> None:
+        self.codes = np.concatenate([self.codes, self.sa_encode(x)])
+
+    def reset(self) -> None:
+        self.codes = self.codes[:0]
+
+    def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
+        xq = np.asarray(xq, dtype=np.float32)
+        rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ
+        k = min(int(k), self.ntotal)
+        best_d = np.full((len(xq), 0), -np.inf, dtype=np.float32)
+        best_i = np.zeros((len(xq), 0), dtype=np.int64)
+        for start in range(0, self.ntotal, _SEARCH_BLOCK):
+            scores = rotated @ self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]).T + offset[:, None]
+            ids = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
+            d_all, i_all = np.hstack([best_d, scores]), np.hstack([best_i, ids])
+            top = np.argsort(-d_all, axis=1, kind="stable")[:, :k]
+            best_d, best_i = np.take_along_axis(d_all, top, 1), np.take_along_axis(i_all, top, 1)
+        return best_d.astype(np.float32), best_i
+
+    def clone_empty(self) -> "ScalarTransformIndex":
+        return ScalarTransformIndex(self.mean, self.axes, self.bits, self.points)
+
+    def save(self, directory: str | Path) -> Path:
+        """``klt-sq.safetensors`` (the tables) and ``klt-sq.json`` (shapes and the tables' sha256)."""
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {"mean": self.mean, "axes": self.axes, "bits": self.bits, "points": self.points}
+        atomic_write(directory / "klt-sq.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write_json(directory / "klt-sq.json", {"d": self.d, "code_size": self.sa_code_size(),
+                                                      "sha256": sha256_file(directory / "klt-sq.safetensors")})
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "ScalarTransformIndex":
+        from safetensors.numpy import load_file
+
+        directory = Path(directory)
+        info = json.loads((directory / "klt-sq.json").read_text(encoding="utf-8"))
+        verify_sha256(directory / "klt-sq.safetensors", info["sha256"], "Save the codec again.")
+        tensors = load_file(str(directory / "klt-sq.safetensors"))
+        index = cls(tensors["mean"], tensors["axes"], tensors["bits"], tensors["points"])
+        if index.d != info["d"] or index.sa_code_size() != info["code_size"]:
+            raise ValueError(f"{directory / 'klt-sq.json'}: says {info['d']}-d, {info['code_size']} bytes; the tables give "
+                             f"{index.d}-d, {index.sa_code_size()} bytes. Save the codec again.")
+        return index
+
+
+@register_codec
+class KltSQ(CodecFamily):
+    family = "klt-sq"
+    summary = "textbook transform coder: KLT, integer reverse water-filling, a Lloyd-Max quantiser per axis (reference)"
+    deployable = False
+
+    def check_dim(self, dim: int) -> None:
+        if 8 * self.code_bytes > MAX_BITS_PER_AXIS * dim:
+            raise ValueError(f"codec {self.name!r}: {8 * self.code_bytes} bits do not fit {dim} axes of at most "
+                             f"{MAX_BITS_PER_AXIS} bits; use a budget of at most {dim} bytes.")
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        x = np.asarray(x)
+        self.check_dim(x.shape[1])
+        sample = training_sample(x, seed=seed)
+        eigenvalues, axes = fit_klt(sample)
+        bits = water_filling_bits(eigenvalues, 8 * self.code_bytes)
+        kept = np.nonzero(bits)[0]
+        mean = sample.mean(axis=0)
+        rotated = (sample - mean) @ axes[:, kept]
+        points = np.zeros((len(kept), 2 ** MAX_BITS_PER_AXIS), dtype=np.float32)
+        for column, axis in enumerate(kept):
+            levels = 2 ** int(bits[axis])
+            points[column, :levels] = lloyd_max(rotated[:, column], levels)
+        return ScalarTransformIndex(mean, axes[:, kept], bits[kept], points)

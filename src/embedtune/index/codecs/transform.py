@@ -1,0 +1,233 @@
+"""Transform coding: rotate onto the corpus's principal axes (the KLT), keep the axes worth bits, quantise them.
+
+The textbook recipe for a Gaussian-like source at a fixed rate (Huang & Schultheiss 1963; Gersho &
+Gray, *Vector Quantization and Signal Compression*, ch. 8) and the FAISS-backed codecs of this
+module:
+
+``klt-pq:B`` (``B`` bytes per vector)
+    the KLT (eigenvectors of the corpus covariance, as one FAISS ``LinearTransform`` with no bias,
+    so a float query is rotated exactly as the documents are), then ``r`` principal axes grouped
+    into ``B`` sub-spaces by eigenvalue allocation (Ge et al., *Optimized Product Quantization*,
+    2013: each sub-space gets a balanced product of eigenvalues) and product-quantised with 256
+    centroids each (8 bits). ``r`` is the number of axes whose reconstruction error on held-out
+    corpus rows is lowest; the axes left out cost no bits (reverse water-filling gives them none).
+``klt-pq4:B``
+    the same with 4-bit sub-quantisers (``2B`` of them, 16 centroids each) searched by FAISS's
+    fast-scan kernels: smaller tables (a corpus of a few thousand documents trains them well) and
+    the fastest scan.
+``klt-rq:B``
+    the KLT, then residual quantisation of the ``r`` axes (``B`` stages of 256 centroids, beam
+    search; Chen et al. 2010), scored by look-up tables. Lower error than ``klt-pq`` at the same
+    bytes; slower to encode (minutes per million vectors per core).
+
+Every codec takes the float query and scores it against the decoded documents, as FAISS's
+asymmetric distance computation does. The centre of the corpus is not subtracted in the transform:
+``q · (x - μ)`` and ``q · x`` differ by ``q · μ``, the same for every document, so rankings are
+those of the centred code, and the quantisers' centroids absorb the mean. Scores therefore differ
+from the float inner products by a per-query constant over the axes left out.
+
+The codecs are fitted on at most :data:`FIT_SAMPLE` rows of the corpus (a seeded sample), so
+their fit time stops growing with the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from embedtune.index.codecs.rate_distortion import water_level
+from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.runtime import native_chatter_filtered
+
+__all__ = ["FIT_SAMPLE", "fit_klt", "eigenvalue_allocation", "klt_transform", "KltPQ", "KltPQ4", "KltRQ", "training_sample"]
+
+#: Rows a transform codec is fitted on, at most (the KLT, the choice of axes and the quantisers' tables).
+FIT_SAMPLE = 65_536
+#: Share of the fit sample held out to choose how many axes to keep (at most :data:`MAX_HELD_OUT` rows).
+HELD_OUT_FRACTION = 0.1
+MAX_HELD_OUT = 5_000
+
+
+def training_sample(x: np.ndarray, limit: int = FIT_SAMPLE, seed: int = 0) -> np.ndarray:
+    """At most ``limit`` rows of ``x`` (a seeded random sample, in row order), as contiguous float32."""
+    x = np.asarray(x)
+    if len(x) > limit:
+        x = x[np.sort(np.random.default_rng(seed).choice(len(x), size=limit, replace=False))]
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def fit_klt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigenvalues (d,), axes (d, d))`` of the covariance of ``x``'s rows, descending; ``axes[:, i]`` is axis ``i``."""
+    x64 = np.asarray(x, dtype=np.float64)
+    centred = x64 - x64.mean(axis=0)
+    eigenvalues, axes = np.linalg.eigh(centred.T @ centred / max(1, len(centred)))
+    order = np.argsort(-eigenvalues, kind="stable")
+    axes = axes[:, order]
+    # A fixed sign per axis (largest component positive), so the same corpus always gives the same transform.
+    signs = np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(axes.shape[1])])
+    return np.clip(eigenvalues[order], 0.0, None), axes * np.where(signs == 0, 1.0, signs)
+
+
+def eigenvalue_allocation(eigenvalues: np.ndarray, r: int, m: int) -> np.ndarray:
+    """The first ``r`` axes in ``m`` groups of ``r / m``, each group's product of eigenvalues balanced (Ge et al. 2013).
+
+    Returns the permutation: group ``j`` is ``perm[j * r/m : (j + 1) * r/m]``. Axes are dealt in
+    decreasing variance, each to the non-full group with the smallest log-product so far.
+    """
+    if r % m:
+        raise ValueError(f"{r} axes do not split into {m} equal groups.")
+    size = r // m
+    groups: list[list[int]] = [[] for _ in range(m)]
+    log_product = np.zeros(m)
+    for axis in range(r):
+        open_groups = [j for j in range(m) if len(groups[j]) < size]
+        empty = [j for j in open_groups if not groups[j]]
+        j = empty[0] if empty else min(open_groups, key=lambda g: (log_product[g], g))
+        groups[j].append(axis)
+        log_product[j] += math.log(max(float(eigenvalues[axis]), 1e-30))
+    return np.array([axis for group in groups for axis in group], dtype=np.int64)
+
+
+def klt_transform(axes: np.ndarray) -> Any:
+    """A FAISS ``LinearTransform`` ``y = axesᵀ x`` (no bias), marked orthonormal so ``sa_decode`` rotates back."""
+    import faiss
+
+    d_in, d_out = axes.shape
+    transform = faiss.LinearTransform(int(d_in), int(d_out), False)
+    faiss.copy_array_to_vector(np.ascontiguousarray(axes.T, dtype=np.float32).ravel(), transform.A)
+    transform.is_trained = True
+    transform.set_is_orthonormal()
+    return transform
+
+
+def _held_out_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    held = min(MAX_HELD_OUT, max(1, int(n * HELD_OUT_FRACTION)))
+    order = np.random.default_rng(seed + 1).permutation(n)
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+class _KltCodec(CodecFamily):
+    """Shared by the KLT codecs: fit the KLT, choose the axes on held-out rows, train the quantiser on the rest."""
+
+    #: Axes per sub-quantiser the choice tries (``r = groups × this``).
+    axes_per_group: ClassVar[tuple[int, ...]] = (1, 2, 3, 4, 6, 8, 12)
+
+    def groups(self) -> int:
+        """Sub-quantisers (or stages) the budget pays for."""
+        return self.code_bytes
+
+    def quantiser(self, r: int) -> Any:
+        raise NotImplementedError
+
+    def candidate_axes(self, eigenvalues: np.ndarray) -> list[int]:
+        """The numbers of axes worth trying: multiples of :meth:`groups` up to ``d``, near the water-filling count."""
+        d, m = len(eigenvalues), self.groups()
+        active = int((eigenvalues > water_level(eigenvalues, self.bits(d))).sum())
+        options = sorted({m * k for k in self.axes_per_group if m * k <= d})
+        if not options:
+            raise ValueError(f"codec {self.name!r}: {m} sub-quantisers need at least {m} dimensions; the vectors have {d}.")
+        # Those from about a third of the active axes to all of them (and the nearest above): PQ codes spend few
+        # bits per axis, so the best r is below the Gaussian water-filling count, never far above it.
+        lower = [r for r in options if r <= active]
+        keep = [r for r in lower if r >= active / 3] or lower[-1:]
+        above = [r for r in options if r > active][:1]
+        return keep + above
+
+    def check_dim(self, dim: int) -> None:
+        super().check_dim(dim)
+        if self.groups() > dim:
+            raise ValueError(f"codec {self.name!r}: {self.groups()} sub-quantisers need at least {self.groups()} dimensions; "
+                             f"the vectors have {dim}. Use a smaller budget, or int8 / float16 at this dimension.")
+
+    def _index(self, axes: np.ndarray, r: int, perm: np.ndarray | None) -> Any:
+        import faiss
+
+        chosen = axes[:, :r] if perm is None else axes[:, perm]
+        return faiss.IndexPreTransform(klt_transform(chosen), self.quantiser(r))
+
+    def _permutation(self, eigenvalues: np.ndarray, r: int) -> np.ndarray | None:
+        return eigenvalue_allocation(eigenvalues, r, self.groups())
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        x = np.asarray(x)
+        if x.ndim != 2:
+            raise ValueError(f"codec {self.name!r}: expected a (n, d) matrix; got shape {x.shape}.")
+        self.check_dim(x.shape[1])
+        sample = training_sample(x, seed=seed)
+        eigenvalues, axes = fit_klt(sample)
+        candidates = self.candidate_axes(eigenvalues)
+        if len(candidates) > 1 and len(sample) >= 20:
+            fit_rows, held_rows = _held_out_split(len(sample), seed)
+            errors = {}
+            for r in candidates:
+                index = self._index(axes, r, self._permutation(eigenvalues, r))
+                with native_chatter_filtered():
+                    index.train(sample[fit_rows])
+                held = sample[held_rows]
+                decoded = index.sa_decode(index.sa_encode(held))
+                residual = held - decoded
+                residual -= residual.mean(axis=0)  # the left-out axes' mean: a per-query constant, no ranking change
+                errors[r] = float(np.mean(np.sum(residual.astype(np.float64) ** 2, axis=1)))
+            r = min(candidates, key=lambda c: (errors[c], c))
+        else:
+            r = candidates[0]
+        index = self._index(axes, r, self._permutation(eigenvalues, r))
+        with native_chatter_filtered():
+            index.train(sample)
+        return index
+
+
+@register_codec
+class KltPQ(_KltCodec):
+    family = "klt-pq"
+    summary = "KLT, then 8-bit product quantisation of the principal axes (eigenvalue allocation)"
+
+    def quantiser(self, r: int) -> Any:
+        import faiss
+
+        return faiss.IndexPQ(int(r), self.groups(), 8, faiss.METRIC_INNER_PRODUCT)
+
+
+@register_codec
+class KltPQ4(_KltCodec):
+    family = "klt-pq4"
+    summary = "KLT, then 4-bit fast-scan product quantisation of the principal axes (eigenvalue allocation)"
+
+    def groups(self) -> int:
+        return 2 * self.code_bytes
+
+    def quantiser(self, r: int) -> Any:
+        import faiss
+
+        return faiss.IndexPQFastScan(int(r), self.groups(), 4, faiss.METRIC_INNER_PRODUCT)
+
+
+@register_codec
+class KltRQ(_KltCodec):
+    family = "klt-rq"
+    summary = "KLT, then 8-bit residual quantisation of the principal axes (beam search, look-up-table scoring)"
+    #: Residual stages span every kept axis, so any r works; the choice tries these shares of the water-filling count.
+    axes_shares: ClassVar[tuple[float, ...]] = (0.35, 0.5, 0.7)
+    #: Beam width of the residual encoder (FAISS's default is 5).
+    beam: ClassVar[int] = 5
+
+    def candidate_axes(self, eigenvalues: np.ndarray) -> list[int]:
+        d = len(eigenvalues)
+        active = int((eigenvalues > water_level(eigenvalues, self.bits(d))).sum())
+        return sorted({min(d, max(8, int(round(active * share / 8)) * 8)) for share in self.axes_shares})
+
+    def _permutation(self, eigenvalues: np.ndarray, r: int) -> np.ndarray | None:
+        return None
+
+    def check_dim(self, dim: int) -> None:
+        CodecFamily.check_dim(self, dim)
+
+    def quantiser(self, r: int) -> Any:
+        import faiss
+
+        index = faiss.IndexResidualQuantizer(int(r), self.code_bytes, 8, faiss.METRIC_INNER_PRODUCT,
+                                             faiss.AdditiveQuantizer.ST_LUT_nonorm)
+        index.rq.max_beam_size = self.beam
+        return index

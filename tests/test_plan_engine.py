@@ -1,0 +1,197 @@
+"""The plan's one sweep engine: the labelled and the label-free plan differ only in their objective.
+
+Both ``run_plan`` and ``run_label_free_plan`` go through :func:`embedtune.workflows.plan.run_sweep`,
+so they record the same plan.json fields (``split_seed`` included), and both score the CSR peer
+when asked; the labelled plan's output keeps its structure. Also the opt-in FAISS additive
+quantiser peers (``rq``, ``lsq``) at exactly their byte budgets. Tiny synthetic data throughout.
+"""
+
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from conftest import write_beir
+from embedtune.cli import main
+from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.workflows import label_free
+from embedtune.workflows import plan as plan_module
+from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.label_free import LabelFreeObjective, load_corpus_experiment, run_label_free_plan
+from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObjective, peer_factories, run_plan
+
+D = 24
+#: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
+ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "chosen", "deployment",
+                 "reference", "validation", "retention", "frontier", "sweep"}
+#: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
+ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "ndcg@10", "recall@10",
+              "recall@100", "n_queries", "queries", "build_s", "latency_ms", "latency_queries", "latency_vs_reference"}
+FITTED_ROW_FIELDS = ROW_FIELDS | {"variant", "fit_s"}
+# The csr budget: float16 at 12 dims is 24 B, which k = 8 (uint8 index + fp16 value) of 4 × 24 = 96 latents fill.
+CSR_SWEEP = {"methods": ("truncate", "pca"), "dims": (12,), "precisions": ("float16", "int8"), "peers": ("csr",), "rounds": 0}
+
+
+@pytest.fixture
+def toy(tmp_path):
+    """60 unit docs, 40 queries each judged relevant to one doc, as a BEIR folder and .npy vectors with id files."""
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((60, D)).astype(np.float32)
+    targets = rng.permutation(60)[:40]
+    queries = docs[targets] + 0.6 * rng.standard_normal((40, D)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
+    root = write_beir(tmp_path / "toy", [{"_id": i, "text": i} for i in doc_ids], [{"_id": q, "text": q} for q in query_ids],
+                      [(q, doc_ids[t], 1) for q, t in zip(query_ids, targets)])
+    files = {}
+    for name, ids, vectors in (("doc", doc_ids, docs), ("query", query_ids, queries)):
+        np.save(tmp_path / f"{name}.npy", vectors)
+        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
+        files[name] = (tmp_path / f"{name}.npy", tmp_path / f"{name}.txt")
+    return root, files
+
+
+def _experiment(toy):
+    root, files = toy
+    return load_experiment(root, doc_embeddings=files["doc"][0], doc_ids=files["doc"][1],
+                           query_embeddings=files["query"][0], query_ids=files["query"][1])
+
+
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """Every (objective, plan fields) the engine hands to write_plan, and the ``y`` each choice was made on."""
+    calls: list[dict] = []
+    real_write, real_choose = plan_module.write_plan, plan_module.choose
+
+    def recording_write(out, compressor, precision, docs, plan, prebuilt=None):
+        calls[-1]["plan"] = dict(plan)
+        return real_write(out, compressor, precision, docs, plan, prebuilt=prebuilt)
+
+    def recording_choose(rows, budget_bytes=None, target_retention=None, reference=None, y="ndcg@10"):
+        calls.append({"y": y, "pool": [r["setting"] for r in rows]})
+        return real_choose(rows, budget_bytes, target_retention, reference, y=y)
+
+    monkeypatch.setattr(plan_module, "write_plan", recording_write)
+    monkeypatch.setattr(plan_module, "choose", recording_choose)
+    return calls
+
+
+def test_both_modes_go_through_the_one_engine_with_the_same_fields(toy, tmp_path, engine_calls):
+    """The same experiment, planned with labels and without: one engine, the same plan.json fields, csr rows in both, never chosen."""
+    experiment = _experiment(toy)
+    options = dict(budget_bytes=24, work=tmp_path / "work", labels={"model": "toy"}, **CSR_SWEEP)
+    labelled = run_plan(experiment, tmp_path / "labelled", **options)
+    free = run_label_free_plan(experiment, tmp_path / "free", "agreement", held_out_fraction=0.3, **options)
+    assert [call["y"] for call in engine_calls] == ["ndcg@10", "objective"]
+    labelled_fields, free_fields = set(engine_calls[0]["plan"]), set(engine_calls[1]["plan"])
+    assert labelled_fields == ENGINE_FIELDS and free_fields == ENGINE_FIELDS | {"objective"}
+    assert set(labelled) - labelled_fields == set(free) - free_fields  # write_plan's own fields, the same in both
+    for plan in (labelled, free):
+        assert plan["split_seed"] == experiment.split.seed
+        csr_rows = [r for r in plan["sweep"] if r["method"] == "csr"]
+        assert [(r["setting"], r["ram_bytes"], r["dim"], r["choosable"]) for r in csr_rows] == [("csr+k8-96/sparse-fp16", 24, 96, False)]
+        assert plan["chosen"]["method"] != "csr"
+    assert all("csr+k8-96/sparse-fp16" not in call["pool"] for call in engine_calls)  # never in the pool the choice is made from
+    # The label-free CSR is fitted like its other compressors: on the corpus without the held-out documents.
+    assert (tmp_path / "work" / "label-free").is_dir() and any((tmp_path / "work" / "label-free").rglob("csr"))
+    # The label-free module keeps no sweep of its own: the choice, the frontier, the bars and the folder are the engine's.
+    for name in ("write_plan", "choose", "pareto_frontier", "plot_frontier", "progress_bar", "exclusive_lock", "score_precisions"):
+        assert name not in vars(label_free), name
+
+
+def test_a_corpus_only_label_free_plan_records_no_split(toy, tmp_path):
+    _, files = toy
+    experiment = load_corpus_experiment(doc_embeddings=files["doc"][0], doc_ids=files["doc"][1])
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=24, held_out_fraction=0.3, work=tmp_path / "work",
+                               **CSR_SWEEP)
+    recorded = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert "split_seed" in recorded and recorded["split_seed"] is None and plan["split_seed"] is None
+    assert recorded["objective"]["labels_read"] is False
+    assert {r["setting"] for r in recorded["sweep"] if r["method"] == "csr"} == {"csr+k8-96/sparse-fp16"}
+    assert all(set(r) >= ROW_FIELDS | {"objective"} for r in recorded["sweep"])
+
+
+def test_the_labelled_plan_keeps_its_structure(toy, tmp_path, engine_calls):
+    """Fields, references, rows and the order of the sweep, as the labelled plan wrote them before the engine was shared."""
+    plan = run_plan(_experiment(toy), tmp_path / "plan", target_retention=0.9, methods=["truncate", "pca"], dims=[16, 8],
+                    precisions=["float32", "int8", "binary-rescore"], peers=["pq-fs", "int4"], final=True, rounds=0, work=tmp_path / "work",
+                    labels={"model": "toy"})
+    assert set(engine_calls[0]["plan"]) == ENGINE_FIELDS
+    folder_fields = {"precision", "dim", "faiss_factory", "ram_bytes", "disk_bytes", "index_kind", "compressor_state_sha256", "files_sha256"}
+    assert set(plan) == ENGINE_FIELDS | folder_fields | {"test"}
+    assert set(json.loads((tmp_path / "plan" / "plan.json").read_text())) == set(plan) | {"content_sha256"}
+    assert plan["reference"] == {"setting": "frozen-24/float32", "ndcg@10": plan["reference"]["ndcg@10"], "queries": "val"}
+    assert set(plan["validation"]) == {"rule", "n_val", "n_unseen_val"}
+    assert set(plan["test"]) == {"queries", "ndcg@10", "recall@10", "n_queries", "setting", "subsets"}
+    assert [r["setting"] for r in plan["sweep"]] == [
+        "frozen-24/float32", "frozen-24/int8", "frozen-24/binary-rescore", "frozen-24/faiss:PQ2x4fs", "frozen-24/faiss:PQ4x4fs",
+        "frozen-24/int4", "truncate-16/float32", "truncate-16/int8", "truncate-16/binary-rescore", "truncate-8/float32", "truncate-8/int8",
+        "truncate-8/binary-rescore", "pca-16/float32", "pca-16/int8", "pca-16/binary-rescore", "pca-8/float32", "pca-8/int8",
+        "pca-8/binary-rescore"]
+    for row in plan["sweep"]:
+        assert set(row) == (ROW_FIELDS if row["candidate"] is None else FITTED_ROW_FIELDS), row["setting"]
+        assert row["queries"] == "val"
+    assert plan["retention"] == plan["chosen"]["ndcg@10"] / plan["reference"]["ndcg@10"]
+    assert {r["setting"] for r in plan["frontier"]} <= {r["setting"] for r in plan["sweep"]}
+
+
+def test_objectives_say_what_differs(toy, tmp_path):
+    experiment = _experiment(toy)
+    labelled = LabelledObjective(experiment)
+    assert (labelled.metric, labelled.y, labelled.queries.part) == ("ndcg@10", "ndcg@10", "val")
+    assert set(labelled.queries.ids) <= set(experiment.split.val)
+    validation = label_free.label_free_validation(experiment, "agreement", held_out_fraction=0.3)
+    free = LabelFreeObjective(experiment, validation)
+    assert (free.metric, free.y) == ("recall@10", "objective") and free.queries is validation.queries
+    assert free.record()["objective"] == validation.record and "validation" in labelled.record()
+    # A projection wider than its fitting documents is left out by the label-free objective only.
+    cells = [plan_module.candidate_for("pca", len(validation.fit_doc_ids) + 1), plan_module.candidate_for("truncate", 12)]
+    assert free.candidates(cells) == cells[1:] and labelled.candidates(cells) == cells
+
+
+def test_additive_peers_are_opt_in_at_exactly_their_budget():
+    assert not set(ADDITIVE_PEERS) & set(DEFAULT_PEERS)  # minutes of training each: only when asked
+    assert peer_factories(384, [8, 16], ("rq", "lsq")) == ["RQ8x8", "LSQ8x8", "RQ16x8", "LSQ16x8"]
+    assert peer_factories(100, [7], ("rq",)) == ["RQ7x8"]  # no sub-vectors: any dimension
+    for factory, budget in (("RQ8x8", 8), ("LSQ16x8", 16)):
+        # Inner-product search (every plan index's metric) needs no stored norm, so the code is the budget.
+        assert faiss.index_factory(384, factory, faiss.METRIC_INNER_PRODUCT).sa_code_size() == budget
+        assert Precision(f"faiss:{factory}").ram_bytes(384) == budget
+    # 256 codewords per codebook: left out below 4 training points per codeword, as 8-bit PQ is.
+    assert peer_factories(384, [8], ("rq", "lsq", "pq-fs"), n_train=1023) == ["PQ16x4fs"]
+    with pytest.raises(ValueError, match="unknown peer kind 'prq'"):
+        peer_factories(384, [8], ("prq",))
+    with pytest.raises(ValueError, match="unknown peer kind"):
+        peer_factories(384, [], ("nope",))  # even with no budget to build at
+
+
+def test_a_residual_quantiser_peer_is_scored_at_its_bytes(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = rng.standard_normal((1100, D)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(len(docs))))
+    index = QuantizedIndex.build(docs, Precision("faiss:RQ3x8"))
+    assert index.backend.sa_code_size() == 3 == index.ram_bytes()
+    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=3, methods=["truncate"], dims=[D],
+                               precisions=["binary"], peers=["rq"], rounds=0, work=tmp_path / "work")
+    rq = next(r for r in plan["sweep"] if r["setting"] == "frozen-24/faiss:RQ3x8")
+    assert rq["ram_bytes"] == 3 and rq["family"] == "FAISS RQ/LSQ"
+
+
+def test_cli_label_free_plan_takes_the_csr_peer(toy, tmp_path, capsys):
+    """`compress plan --label-free agreement --peers csr`: the peer the label-free plan used to drop."""
+    _, files = toy
+    out = tmp_path / "plan"
+    assert main(["compress", "plan", "--doc-embeddings", str(files["doc"][0]), "--doc-ids", str(files["doc"][1]), "--label-free", "agreement",
+                 "--held-out-fraction", "0.3", "--methods", "truncate", "--dims", "12", "--precisions", "float16", "--peers", "csr",
+                 "--budget-bytes", "24", "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    assert "no labels read" in capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["split_seed"] is None and plan["chosen"]["method"] != "csr"
+    assert [r["setting"] for r in plan["sweep"] if r["method"] == "csr"] == ["csr+k8-96/sparse-fp16"]
