@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
-from embedtune.index.codecs.binary import binary_codes, binary_index, binary_search
+from embedtune.index.codecs.binary import binary_codes, binary_index, binary_search, sign_vectors
 from embedtune.index.codecs.faiss_codes import new_factory_index
 from embedtune.index.codecs.int8 import Calibration, sq8_index
 from embedtune.index.codecs.precision import Precision
@@ -117,6 +117,31 @@ class QuantizedIndex:
             serialized = faiss.serialize_index(self.backend).size
             return max(0, int(serialized) - self.ntotal * self.precision.ram_bytes(self.dim))
         return 0
+
+    def reconstruct(self, x: np.ndarray) -> np.ndarray | None:
+        """What the codes of ``x`` (rows in this index's space) decode to, for the distortion report; None where the
+        codes have no reconstruction the search scores against (binary Hamming codes, RaBitQ's estimator, FAISS types
+        without ``sa_decode``).
+
+        binary-asym scores the float query against ``±1`` signs, so its reconstruction is those signs scaled to the
+        rows' mean absolute value (the least-squares scale of a sign code).
+        """
+        x = as_rows(x, "x")
+        name = self.precision.name
+        if name == "float32":
+            return x
+        if name == "float16":
+            return x.astype(np.float16).astype(np.float32)
+        if self.precision.is_binary:
+            if name != "binary-asym":
+                return None
+            return sign_vectors(binary_codes(x), self.dim) * np.abs(x).mean(axis=1, keepdims=True)
+        if name.startswith("rabitq") or "RaBitQ" in self.precision.factory:
+            return None  # RaBitQ ranks by an unbiased inner-product estimator, not by a decoded vector
+        try:
+            return np.asarray(self.backend.sa_decode(self.backend.sa_encode(x)), dtype=np.float32)
+        except RuntimeError:  # a FAISS index type with no standalone decoder
+            return None
 
     def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)`` of the top ``k`` rows for each float query, ``D`` descending, ties by row."""
