@@ -1,0 +1,128 @@
+"""Tables of ``benchmarks/near_limit.py``'s rows: per corpus and budget, embedtune's pick against the textbook coder and the peers.
+
+    .venv/bin/python benchmarks/near_limit_report.py            # writes benchmarks/results/near-limit/REPORT.md and summary.json
+
+Every choice is made without labels, by the agreement objective (recall@10 of the float32 top-10,
+held-out corpus documents as queries), then scored on the judged test queries:
+
+* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``) that fits the budget;
+* **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
+  RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
+  before its codecs), ScaNN and extended RaBitQ;
+* **textbook** — ``klt-sq:B``, the textbook transform coder;
+* **disk tier** — the best setting that rescores its top 100 with float32 vectors read from disk
+  (RAM bytes as shown; ``+4d`` bytes per candidate read per query), a separate tier.
+
+"share" is nDCG@10 over the float32 model's on the same queries; Δ and p are paired (permutation
+test over queries, :func:`embedtune.workflows.significance.paired_test`) against embedtune's pick; dB
+is the pick's MSE above the Gaussian rate-distortion bound at ``8 B`` bits for that corpus's spectrum.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.io import atomic_write, atomic_write_json
+from embedtune.workflows.significance import align_by_query, paired_test
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "near-limit"
+BUDGETS = (16, 32, 48, 64, 128)
+OURS = {"embedtune codec", "embedtune learned + codec"}
+TEXTBOOK = {"textbook transform coder"}
+ORDER = ("scifact-minilm", "arguana-minilm", "npl-minilm", "cacm-minilm", "med-minilm", "scifact-mpnet", "arguana-mpnet")
+
+
+def load_rows(folder: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        if path.name == "meta.json":
+            continue
+        row = json.loads(path.read_text(encoding="utf-8"))
+        if "skipped" not in row:
+            rows.append(row)
+    return rows
+
+
+def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row with the highest agreement (ties: fewer bytes, then the name)."""
+    return max(rows, key=lambda r: (r["agreement"], -r["ram_bytes"], r["setting"]), default=None)
+
+
+def compare(ours: dict[str, Any], other: dict[str, Any] | None) -> str:
+    if other is None:
+        return "–"
+    a, b = align_by_query(ours["per_query"], other["per_query"])
+    test = paired_test(a, b)
+    return f"{-test.mean_difference:+.4f} (p {test.p_value:.3f})"
+
+
+def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    reference = next(r for r in rows if r["setting"] == "frozen/float32")
+    base = reference["ndcg@10"]
+    lines = [f"### {name}: {meta['n_docs']:,} documents, {meta['dim']}-d, {reference['n_queries']} test queries, "
+             f"float32 nDCG@10 {base:.4f}", "",
+             "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
+             "| textbook | share | Δ textbook − pick (p) | disk tier (RAM B) | share | fit s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary = []
+    for budget in BUDGETS:
+        fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
+        ours = pick([r for r in fits if r["family"] in OURS])
+        peer = pick([r for r in fits if r["family"] not in OURS | TEXTBOOK])
+        textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
+        disk = pick([r for r in rows if r.get("tier") == "disk-rescore" and r["ram_bytes"] <= budget])
+        if ours is None:
+            continue
+
+        def cell(row: dict[str, Any] | None) -> str:
+            if row is None:
+                return "–"
+            name = row["setting"].removeprefix("frozen/").removeprefix("peer/").removeprefix("disk/")
+            return f"`{name}`"
+
+        def share(row: dict[str, Any] | None) -> str:
+            return "–" if row is None else f"{100 * row['ndcg@10'] / base:.1f} %"
+
+        gap = "–" if ours.get("gap_db") is None else f"{ours['gap_db']:.2f}"
+        disk_bytes = "" if disk is None else f" ({disk['ram_bytes']})"
+        lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
+                     f"| {cell(textbook)} | {share(textbook)} | {compare(ours, textbook)} "
+                     f"| {cell(disk)}{disk_bytes} | {share(disk)} | {ours['fit_s']:.1f} |")
+        summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
+                        "pick_gap_db": ours.get("gap_db"), "peer": None if peer is None else peer["setting"],
+                        "peer_share": None if peer is None else peer["ndcg@10"] / base,
+                        "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
+                        "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
+    return lines, summary
+
+
+def main() -> int:
+    sections, summary = [], []
+    folders = sorted((p for p in RESULTS.iterdir() if p.is_dir()), key=lambda p: (ORDER.index(p.name) if p.name in ORDER else 99, p.name))
+    for folder in folders:
+        rows = load_rows(folder)
+        if not any(r["setting"] == "frozen/float32" for r in rows):
+            continue
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        lines, part = corpus_table(folder.name, rows, meta)
+        dates = sorted(r["date"] for r in rows if "date" in r)
+        lines += ["", f"Rows: `{folder.relative_to(HERE.parent)}/` ({len(rows)} settings, {dates[0]} to {dates[-1]}); "
+                      f"vectors `{meta['vectors']}`; machine {meta['machine'].get('cpu', meta['machine'])}; "
+                      f"command `.venv/bin/python benchmarks/near_limit.py --data {meta['data']} --model {meta['model']}`.", ""]
+        sections += lines
+        summary += part
+    text = "\n".join(["# In-RAM codes near the limit", "", (__doc__ or "").split("\n\n", 2)[2].strip(), "", *sections])
+    atomic_write(RESULTS / "REPORT.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
+    atomic_write_json(RESULTS / "summary.json", summary)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
