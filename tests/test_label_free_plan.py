@@ -37,8 +37,9 @@ from embedtune.workflows.label_free import (
 
 N_DOCS, N_QUERIES = 400, 30
 FAST_METHODS = [m for m in LABEL_FREE_METHODS if m != "dive"]  # DIVE's unsupervised fit takes minutes; its contract is tested elsewhere
+# One codec budget: the default codecs are in every sweep here, but their fits at four budgets would double these tests' time.
 SWEEP = {"dims": [64, 32], "precisions": ["float32", "int8", "binary", "binary-rescore", "rabitq1", "int4"], "peers": ["pq-fs", "turboquant"],
-         "rounds": 0}
+         "codec_budgets": (16,), "rounds": 0}
 
 
 class _TitleEncoder:
@@ -190,7 +191,7 @@ def test_cli_label_free_plan_reads_only_the_corpus_and_refuses_conflicting_flags
     corpus.write_text("".join(json.dumps({"_id": d, "title": dataset.corpus[d].get("title", ""), "text": dataset.corpus[d]["text"]}) + "\n"
                               for d in embeddings.doc_ids))
     common = ["compress", "plan", "--data", str(corpus), "--doc-embeddings", str(root / "docs.npy"), "--doc-ids", str(root / "docs.txt"),
-              "--budget-bytes", "16", "--dims", "32", "--precisions", "binary", "int4", "--peers", ""]
+              "--budget-bytes", "16", "--dims", "32", "--precisions", "binary", "int4", "--peers", "", "--codec-budgets", "16"]
     out = tmp_path / "plan"
     assert main([*common, "--label-free", "agreement", "--methods", "pca", "pca-uncentred", "--out", str(out)]) == 0
     printed = capsys.readouterr().out

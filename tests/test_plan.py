@@ -99,7 +99,7 @@ def test_plan_export_index_round_trip(toy, tmp_path, precision):
     experiment = _experiment(toy)
     out = tmp_path / "plan"
     plan = run_plan(experiment, out, budget_bytes=4 * D, methods=["truncate", "pca"], dims=[16, 8], precisions=[precision], peers=[],
-                    final=True, rounds=1)
+                    final=True, rounds=1, allow_disk=precision == "binary-rescore")  # a disk-rescore precision is chosen only when allowed
     assert plan["chosen"]["ram_bytes"] <= 4 * D and plan["precision"]["name"] in (precision, "float32")
     assert plan["test"]["n_queries"] == len(experiment.split.test)
     assert {r["queries"] for r in plan["sweep"]} == {"val"}  # the sweep never saw a test query

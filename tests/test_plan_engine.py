@@ -25,11 +25,12 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
-ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "chosen", "deployment",
-                 "reference", "validation", "retention", "frontier", "sweep"}
+ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "allow_disk", "codecs",
+                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
-ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "ndcg@10", "recall@10",
-              "recall@100", "n_queries", "queries", "build_s", "latency_ms", "latency_queries", "latency_vs_reference"}
+ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
+              "choosable", "mse", "score_mse", "bound_mse", "gap_db", "score_error", "ndcg@10", "recall@10", "recall@100", "n_queries", "queries",
+              "build_s", "latency_ms", "latency_queries", "latency_vs_reference"}
 FITTED_ROW_FIELDS = ROW_FIELDS | {"variant", "fit_s"}
 # The csr budget: float16 at 12 dims is 24 B, which k = 8 (uint8 index + fp16 value) of 4 × 24 = 96 latents fill.
 CSR_SWEEP = {"methods": ("truncate", "pca"), "dims": (12,), "precisions": ("float16", "int8"), "peers": ("csr",), "rounds": 0}
@@ -127,11 +128,13 @@ def test_the_labelled_plan_keeps_its_structure(toy, tmp_path, engine_calls):
     assert plan["reference"] == {"setting": "frozen-24/float32", "ndcg@10": plan["reference"]["ndcg@10"], "queries": "val"}
     assert set(plan["validation"]) == {"rule", "n_val", "n_unseen_val"}
     assert set(plan["test"]) == {"queries", "ndcg@10", "recall@10", "n_queries", "setting", "subsets"}
+    # The default codecs: on 60 documents neither klt-pq (256 codewords) nor klt-pq4 (16) has 4 training points a codeword,
+    # so only their textbook reference is scored, on the frozen vectors, after the peers.
     assert [r["setting"] for r in plan["sweep"]] == [
         "frozen-24/float32", "frozen-24/int8", "frozen-24/binary-rescore", "frozen-24/faiss:PQ2x4fs", "frozen-24/faiss:PQ4x4fs",
-        "frozen-24/int4", "truncate-16/float32", "truncate-16/int8", "truncate-16/binary-rescore", "truncate-8/float32", "truncate-8/int8",
-        "truncate-8/binary-rescore", "pca-16/float32", "pca-16/int8", "pca-16/binary-rescore", "pca-8/float32", "pca-8/int8",
-        "pca-8/binary-rescore"]
+        "frozen-24/int4", "frozen-24/klt-sq:16", "truncate-16/float32", "truncate-16/int8", "truncate-16/binary-rescore",
+        "truncate-8/float32", "truncate-8/int8", "truncate-8/binary-rescore", "pca-16/float32", "pca-16/int8", "pca-16/binary-rescore",
+        "pca-8/float32", "pca-8/int8", "pca-8/binary-rescore"]
     for row in plan["sweep"]:
         assert set(row) == (ROW_FIELDS if row["candidate"] is None else FITTED_ROW_FIELDS), row["setting"]
         assert row["queries"] == "val"

@@ -149,7 +149,8 @@ def test_plan_export_index_database_round_trip(tmp_path, tiny_bert_dir):
     experiment = load_experiment(root, doc_embeddings=tmp_path / "doc.npy", doc_ids=tmp_path / "doc.txt",
                                  query_embeddings=tmp_path / "query.npy", query_ids=tmp_path / "query.txt")
     plan = tmp_path / "plan"
-    info = run_plan(experiment, plan, budget_bytes=2, methods=["pca"], dims=[16], precisions=["binary-rescore"], peers=[], rounds=1)
+    info = run_plan(experiment, plan, budget_bytes=2, methods=["pca"], dims=[16], precisions=["binary-rescore"], peers=[], rounds=1,
+                    allow_disk=True)  # binary-rescore reads float32 vectors from disk: chosen only when allowed
     assert info["chosen"]["setting"] == "pca-16/binary-rescore" and info["deployment"]["lancedb"]["exact"]
     model_dir = export_plan(plan, str(tiny_bert_dir), tmp_path / "model")
     model = SentenceTransformer(str(model_dir), device="cpu")

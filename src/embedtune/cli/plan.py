@@ -14,7 +14,7 @@ from embedtune.cli.common import (
     print_json,
     print_table,
 )
-from embedtune.index.codecs import PRECISIONS
+from embedtune.index.codecs import PRECISIONS, registered_codecs
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.label_free import (
     DEFAULT_HELD_OUT_FRACTION,
@@ -25,12 +25,21 @@ from embedtune.workflows.label_free import (
     load_corpus_experiment,
     run_label_free_plan,
 )
-from embedtune.workflows.plan import DEFAULT_PEERS, DEFAULT_PRECISIONS, run_plan
+from embedtune.workflows.plan import (
+    CODEC_BUDGETS,
+    DEFAULT_CODECS,
+    DEFAULT_PEERS,
+    DEFAULT_PRECISIONS,
+    REFERENCE_CODEC,
+    check_codecs,
+    run_plan,
+)
 
 __all__ = ["register", "run_plan_command"]
 
-COLUMNS = ["setting", "ram_bytes", "disk_bytes", "ndcg@10", "recall@10", "latency_ms"]
-LABEL_FREE_COLUMNS = ["setting", "ram_bytes", "disk_bytes", "objective", "latency_ms"]
+# gap_db: dB above the Gaussian rate-distortion bound; tier: "disk-rescore" frontier rows are chosen only with --allow-disk-rescore.
+COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "ndcg@10", "recall@10", "latency_ms"]
+LABEL_FREE_COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "objective", "latency_ms"]
 SUPERVISED_METHODS = ["truncate", "pca", "dive"]
 
 
@@ -47,8 +56,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="sweep compressor x dimension x precision on validation queries, pick the cheapest setting meeting a target "
              "(or the best within a byte budget), fit it and write a deployable folder",
         description="Scores every compressor (--methods) at every dimension (--dims, default d, d/2, d/3, d/6, d/12) and "
-                    "precision (--precisions), plus FAISS PQ/OPQ, RaBitQ, TurboQuant and SQ4 on the uncompressed vectors (--peers), on "
-                    "the validation queries only; "
+                    "precision (--precisions), plus FAISS PQ/OPQ, RaBitQ, TurboQuant and SQ4 on the uncompressed vectors (--peers) "
+                    "and the registered codecs on every space (--codecs, --codec-budgets), on the validation queries only; "
+                    "chooses among settings served from RAM alone (--allow-disk-rescore adds those that rescore from disk); "
                     "prints the Pareto frontier of nDCG@10 against bytes per vector in RAM, writes frontier.png, and refits the "
                     "choice on train+val into OUT (compressor/, precision.json, int8 calibration, plan.json with the FAISS "
                     "factory string). `embedtune index build --plan OUT` builds exactly that index. --final scores the choice "
@@ -72,6 +82,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                   "sizes), rq, lsq (FAISS additive quantisers RQmx8, LSQmx8 at those sizes; minutes to train, so never a default), "
                   "rabitq (rabitq1, rabitq1-rescore, rabitq4), turboquant (turboquant1, turboquant4), int4; and csr (CSR's sparse codes, "
                   "fitted on the corpus like the sweep's compressors: compared, never chosen) ('' for none)")
+    add_list_flag(plan, "--codecs", default=list(DEFAULT_CODECS), help="registered codec families scored on the uncompressed vectors "
+                  f"and on every compressor's output at each --codec-budgets size that fits: {', '.join(sorted(registered_codecs()))} "
+                  f"(default: {' '.join(DEFAULT_CODECS)}; klt-pq fits for tens of seconds per budget and klt-rq for minutes: "
+                  "both opt-in); with any, the textbook transform coder "
+                  f"({REFERENCE_CODEC}) is scored on the uncompressed vectors as their reference, never chosen ('none' for none)")
+    add_list_flag(plan, "--codec-budgets", default=list(CODEC_BUDGETS), item_type=int, help="bytes per vector the codecs are scored at")
+    plan.add_argument("--allow-disk-rescore", action="store_true",
+                      help="let the choice be a setting that rescores its candidates with float32 vectors read from disk at query time "
+                           "(binary-rescore, rabitq1-rescore); by default the plan chooses among settings served from RAM alone")
     add_list_flag(plan, "--variants", default=[], help="named variants swept beside each method's default, where the method "
                   "has the option: qat-binary (DIVE trained for binary codes, straight-through sign), qat-int8")
     free = plan.add_argument_group("without labels (--label-free)")
@@ -125,6 +144,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.target_retention is not None and not 0 < args.target_retention <= 1.5:
         raise ValueError(f"--target-retention is a share of the uncompressed model's nDCG@10 (e.g. 0.97); got {args.target_retention}.")
     _check_label_free_flags(args)
+    codecs = [] if [c.lower() for c in args.codecs] == ["none"] else list(args.codecs)
+    check_codecs(codecs, args.codec_budgets)
     label_free = args.label_free is not None
     methods = args.methods if args.methods is not None else list(LABEL_FREE_METHODS if label_free else SUPERVISED_METHODS)
     precisions = args.precisions if args.precisions is not None else (list(PRECISIONS) if label_free else list(DEFAULT_PRECISIONS))
@@ -142,11 +163,13 @@ def run_plan_command(args: argparse.Namespace) -> int:
         plan = run_label_free_plan(experiment, args.out, args.label_free, budget_bytes=args.budget_bytes, target_retention=args.target_retention,
                                    methods=methods, dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed,
                                    final=args.final, work=args.work, labels=labels, held_out_fraction=args.held_out_fraction, queries=queries,
-                                   pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache)
+                                   pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
+                                   codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
-                        work=args.work, labels=labels, variants=args.variants)
+                        work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
+                        allow_disk=args.allow_disk_rescore)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
@@ -159,15 +182,31 @@ def run_plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gap(value: float | None) -> str | None:
+    """A row's ``gap_db`` as printed: dB above the Gaussian rate-distortion bound, one decimal (blank where not measurable)."""
+    return None if value is None else f"{value:+.1f}"
+
+
+def _frontier_rows(plan: dict) -> list[dict]:
+    return [{**row, "gap_db": _gap(row.get("gap_db"))} for row in plan["frontier"]]
+
+
+def _bytes_said(plan: dict) -> str:
+    """The choice's bytes, in words: in RAM, on disk, and its gap to the Gaussian bound where it has one."""
+    gap = _gap(plan["chosen"].get("gap_db"))
+    return (f"{plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk"
+            + (f"; {gap} dB from the Gaussian rate-distortion bound" if gap is not None else "") + ")")
+
+
 def _print_label_free(plan: dict) -> None:
     objective, reference = plan["objective"], plan["reference"]
     print(f"no labels read: {objective['metric']} on {objective['n_queries']} {objective['queries']}"
           + (f" (withheld from fitting; the compressors fit on the other {objective['fit_documents']} documents)"
              if objective.get("held_out_documents") else ""))
-    print(f"Pareto frontier (reference {reference['setting']}: {reference['objective']:.4f}):")
-    print_table(plan["frontier"], LABEL_FREE_COLUMNS)
+    print(f"Pareto frontier (reference {reference['setting']}: {reference['objective']:.4f}; gap_db: dB above the Gaussian bound):")
+    print_table(_frontier_rows(plan), LABEL_FREE_COLUMNS)
     chosen = plan["chosen"]
-    print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
+    print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference), refitted on every document; FAISS factory {plan['faiss_factory']!r}")
 
@@ -178,10 +217,11 @@ def _print_supervised(plan: dict) -> None:
     if validation.get("n_unseen_val") is not None:
         print(f"validation: {validation['rule']} ({plan['chosen']['n_queries']} of {validation['n_val']}), so the choice rewards "
               "what carries over to documents the fit never saw")
-    print(f"Pareto frontier on {plan['chosen']['n_queries']} validation queries (reference {reference['setting']}: nDCG@10 {reference['ndcg@10']:.4f}):")
-    print_table(plan["frontier"], COLUMNS)
+    print(f"Pareto frontier on {plan['chosen']['n_queries']} validation queries (reference {reference['setting']}: nDCG@10 "
+          f"{reference['ndcg@10']:.4f}; gap_db: dB above the Gaussian bound):")
+    print_table(_frontier_rows(plan), COLUMNS)
     chosen = plan["chosen"]
-    print(f"chosen: {chosen['setting']}: {plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk), "
+    print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); FAISS factory {plan['faiss_factory']!r}")
 

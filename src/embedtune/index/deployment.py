@@ -27,7 +27,14 @@ rabitq4           float32 × k                                no          ``IVF_
 int4, turboquant  float32 × k                                no          none in LanceDB: the nearest
                                                                          (``IVF_PQ`` / ``IVF_RQ``)
 faiss:…PQm[xb]    float32 × k                                no          ``IVF_PQ`` m sub-vectors, b bits
+family:B (codec)  float32 × k                                no          ``IVF_PQ`` B sub-vectors, 8 bits
+                                                                         (LanceDB's own codebooks)
 ================  =========================================  ==========  ===============================
+
+A registered codec (``klt-pq:32``, :mod:`embedtune.index.codecs.registry`) is a FAISS index fitted
+on the corpus, not an ``index_factory`` string: FAISS serves it by loading the plan's
+``codec.faiss`` (``faiss.read_index``) and adding the compressed vectors, which is what
+``index build --plan`` does; its ``factory`` and ``index_kind`` are the codec's name.
 
 LanceDB keeps the float32 vectors of an indexed column on disk, so its ``refine_factor``
 (rerank ``limit × refine_factor`` candidates with them) is the float rescoring of
@@ -41,7 +48,7 @@ import math
 import re
 from typing import Any
 
-from embedtune.index.codecs import Precision
+from embedtune.index.codecs import CODEC_FILE, Precision
 from embedtune.index.plan_format import index_kind
 
 __all__ = ["deployment_recipe", "faiss_recipe", "lancedb_recipe", "LANCEDB_MIN_INDEX_ROWS"]
@@ -54,8 +61,12 @@ _PQ = re.compile(r"^PQ(\d+)(?:x(\d+))?(?:fs|np)?$")
 
 def faiss_recipe(precision: Precision) -> dict[str, Any]:
     """The FAISS side: the factory string, the ``index build --kind``, and the rescoring of the candidates."""
-    return {"factory": precision.factory, "index_kind": index_kind(precision), "rescore": _RESCORE.get(precision.name),
-            "candidates": precision.candidates if precision.name in _RESCORE else None}
+    recipe = {"factory": precision.factory, "index_kind": index_kind(precision), "rescore": _RESCORE.get(precision.name),
+              "candidates": precision.candidates if precision.name in _RESCORE else None}
+    if precision.is_codec:
+        recipe["load"] = (f"load {CODEC_FILE} with faiss.read_index (the codec's tables, fitted on the corpus), then add the "
+                          "compressed vectors; `embedtune index build --plan` does both")
+    return recipe
 
 
 def lancedb_recipe(precision: Precision, dim: int, top_k: int = 10) -> dict[str, Any]:
@@ -95,6 +106,11 @@ def lancedb_recipe(precision: Precision, dim: int, top_k: int = 10) -> dict[str,
     elif name.startswith("turboquant"):
         recipe.update(index={"index_type": "IVF_RQ", "distance_type": "dot", "num_bits": 1 if name == "turboquant1" else 4},
                       note="no TurboQuant in LanceDB: RaBitQ (IVF_RQ) at the same bits per dimension")
+    elif precision.is_codec:
+        code_bytes = precision.ram_bytes(dim)
+        recipe.update(index={"index_type": "IVF_PQ", "distance_type": "dot", "num_sub_vectors": _divisor_near(dim, code_bytes), "num_bits": 8},
+                      note=f"LanceDB has no {precision.codec.family} codec: IVF_PQ at about the same bytes, and LanceDB trains its own "
+                           "codebooks (no KLT), not the plan's")
     else:  # faiss:<factory>
         parts = [p.strip() for p in precision.factory.split(",")]
         pq = _PQ.match(parts[-1])

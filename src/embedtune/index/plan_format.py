@@ -8,8 +8,9 @@ A plan folder::
     precision.json            the precision (name, rescoring candidates) and the dimension
     calibration.safetensors   int8 only: the per-dimension ranges, calibrated on the corpus
     calibration.json          the same ranges, readable
-    codec.faiss               int4, RaBitQ, TurboQuant and faiss:FACTORY (PQ/OPQ peers): their trained FAISS tables
-                              (an index holding no vectors), trained on the corpus the plan was made on
+    codec.faiss               int4, RaBitQ, TurboQuant, faiss:FACTORY (PQ/OPQ peers) and the registered codecs
+                              (klt-pq:32...): their trained FAISS tables (an index holding no vectors), trained on
+                              the corpus the plan was made on
     frontier.png              quality against bytes on the validation queries (not checked: a picture)
 
 The format lives here, below the workflows that plan, so that ``index build --plan`` and the
@@ -112,7 +113,11 @@ def plan_files(out: Path) -> list[str]:
 
 
 def index_kind(precision: Precision) -> str:
-    """What ``embedtune index build --kind`` builds for this precision."""
+    """What ``embedtune index build --kind`` builds for this precision.
+
+    A registered codec's kind is its name (``klt-pq:32``): no ``index_factory`` string makes it, so
+    only ``index build --plan`` builds it, from the plan's trained ``codec.faiss``.
+    """
     if precision.is_binary:
         return "binary"
     return {"float32": "flat", "int8": "sq8", "float16": "SQfp16"}.get(precision.name, precision.factory)

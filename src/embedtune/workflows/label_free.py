@@ -55,6 +55,8 @@ from embedtune.io import read_json_verified, sha256_file, sha256_json, write_jso
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
 from embedtune.workflows.plan import (
+    CODEC_BUDGETS,
+    DEFAULT_CODECS,
     DEFAULT_PEERS,
     Candidate,
     PlanObjective,
@@ -485,6 +487,9 @@ def run_label_free_plan(
     pseudo_query_source: str = "title",
     encoder: SentenceEncoder | None = None,
     cache: bool = True,
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    codec_budgets: Sequence[int] = CODEC_BUDGETS,
+    allow_disk: bool = False,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -500,6 +505,7 @@ def run_label_free_plan(
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
         final: also score the choice on the experiment's labelled test queries, after it is made.
+        codecs, codec_budgets, allow_disk: as in ``run_plan`` (the codecs are fitted on every document the index holds).
 
     Returns:
         The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
@@ -509,4 +515,4 @@ def run_label_free_plan(
     validation = label_free_validation(experiment, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
                                        encoder, cache)
     return run_sweep(LabelFreeObjective(experiment, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
-                     final, work, labels, rounds)
+                     final, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk)

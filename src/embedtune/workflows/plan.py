@@ -14,6 +14,12 @@ The library engine behind ``embedtune compress plan`` and ``benchmarks/frontier.
   the best within a byte budget), the refit of the choice and a deployable folder (the format:
   :mod:`embedtune.index.plan_format`; the codecs it scores with are the deployed ones,
   :mod:`embedtune.index.codecs`). What it scores on and how it fits is a :class:`PlanObjective`;
+- every row also says how far its codes are from the vectors they code and from the Gaussian
+  rate-distortion bound (``mse``, ``score_mse``, ``bound_mse``, ``gap_db``), how far its served
+  scores are from the uncompressed inner products (``score_error``), its bytes with the tables'
+  share (``amortized_bytes``) and its ``tier`` (in RAM, or rescored from disk: chosen only with
+  ``allow_disk``); the registered codecs (:data:`DEFAULT_CODECS` at :data:`CODEC_BUDGETS`) are
+  scored on every space beside the precisions, the textbook coder as their reference;
 - :func:`run_plan` is the engine with the labelled objective (:class:`LabelledObjective`): fitted
   on the train queries, chosen on the validation queries only, refitted on train+val. The
   label-free objective is :class:`embedtune.workflows.label_free.LabelFreeObjective`.
@@ -43,7 +49,14 @@ from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
 from embedtune.encoders.paths import cache_root
-from embedtune.index.codecs import Precision, QuantizedIndex, factory_code_bytes
+from embedtune.index.codecs import (
+    Precision,
+    QuantizedIndex,
+    corpus_spectrum,
+    distortion_report,
+    factory_code_bytes,
+    registered_codecs,
+)
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.io import (
@@ -67,6 +80,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_PRECISIONS",
     "DEFAULT_PEERS",
+    "DEFAULT_CODECS",
+    "CODEC_BUDGETS",
+    "REFERENCE_CODEC",
+    "check_codecs",
+    "codec_precisions",
+    "precision_tier",
     "QUANTISER_PEERS",
     "Candidate",
     "VARIANTS",
@@ -92,6 +111,7 @@ __all__ = [
     "sweep_csr_rows",
     "run_sweep",
     "faiss_cache_dir",
+    "space_cache_dir",
     "load_faiss_cache",
     "save_faiss_cache",
     "run_plan",
@@ -113,6 +133,24 @@ PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32, "rq": 32, "
 #: between these bytes that its k (index, fp16 value) pairs fill. Not a default peer: each budget is one fit.
 CSR_PEER_BYTES = (16, 128)
 CSR_LATENT_MULTIPLE = 4  # m = 4d latents, the width the CSR paper and s-t's examples use
+#: The registered codec families (:mod:`embedtune.index.codecs.registry`) a plan puts on every space by default: the
+#: one that fits in seconds (``klt-pq`` takes tens of seconds per budget and space, ``klt-rq`` minutes: both opt-in).
+DEFAULT_CODECS = ("klt-pq4",)
+#: The bytes per vector each codec family is scored at (where the dimension allows; see :func:`codec_precisions`).
+CODEC_BUDGETS = (16, 32, 48, 64)
+#: The textbook transform coder: scored on the uncompressed vectors beside the codecs, as the reference they are
+#: measured against, and never chosen (it is not a FAISS index, so a plan could not ship it).
+REFERENCE_CODEC = "klt-sq"
+#: Codewords per codebook of the built-in codec families, for the too-few-training-points rule of
+#: :func:`codec_precisions` (a family not listed is taken to train 256 codewords, the cautious guess).
+CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-sq": 0}
+#: Row labels (``family``) of codec rows: a deployable codec, and the reference codecs.
+CODEC_FAMILY_LABEL = "embedtune codec ({family})"
+REFERENCE_FAMILY_LABEL = "textbook transform coder (reference)"
+#: Corpus rows the distortion of a precision is measured on (a seeded sample beyond this; reconstruction is cheap, not free).
+DISTORTION_SAMPLE = 20_000
+#: Queries the inner-product error of the decoded corpus (``score_mse``) is measured with (a seeded sample beyond this).
+DISTORTION_QUERIES = 256
 _FIT_KEY = "key.json"
 
 
@@ -230,6 +268,64 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
             elif kind in ADDITIVE_PEERS and (factory := additive_factory(kind, input_dim, budget)) is not None:
                 factories.append(factory)
     return factories
+
+
+def check_codecs(codecs: Sequence[str], budgets: Sequence[int] = CODEC_BUDGETS) -> None:
+    """Raise unless every name of ``codecs`` is a registered codec family and every budget a positive byte count."""
+    known = registered_codecs()
+    unknown = [family for family in codecs if family not in known]
+    if unknown:
+        raise ValueError(f"--codecs: unknown codec family {unknown[0]!r}; registered: {', '.join(sorted(known))} "
+                         "(or `--codecs none` for none).")
+    bad = [b for b in budgets if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1]
+    if bad:
+        raise ValueError(f"--codec-budgets: bytes per vector must be positive integers; got {bad[0]!r}.")
+
+
+def codec_precisions(families: Sequence[str], budgets: Sequence[int], dim: int, n_train: int | None = None) -> list[str]:
+    """The codec precisions ``"{family}:{budget}"`` that fit ``dim``-d vectors, family by family, budgets ascending.
+
+    A budget is left out where the family refuses the dimension (:meth:`~embedtune.index.codecs.registry.CodecFamily.check_dim`:
+    more bytes than float32 of the vectors, more sub-quantisers than dimensions) and, with ``n_train``
+    (the documents a codec is trained on), where its codebooks would have fewer than
+    :data:`MIN_POINTS_PER_CENTROID` training points per codeword (:data:`CODEC_CODEWORDS`), the rule
+    the 8-bit FAISS peers follow: FAISS's k-means needs at least as many points as codewords.
+    """
+    names = []
+    for family in dict.fromkeys(families):
+        codewords = CODEC_CODEWORDS.get(family, 256)
+        if n_train is not None and n_train < MIN_POINTS_PER_CENTROID * codewords:
+            continue
+        for budget in sorted(set(int(b) for b in budgets)):
+            name = f"{family}:{budget}"
+            if budget > 4 * dim:  # more than float32 of the vectors: never worth a codec, whatever the family says
+                continue
+            try:
+                Precision(name).codec.check_dim(dim)
+            except ValueError:
+                continue
+            names.append(name)
+    return names
+
+
+def precision_tier(precision: Precision | str) -> str:
+    """``"disk-rescore"`` for a precision that rescores with float32 vectors read from disk at query time, else ``"ram"``."""
+    precision = Precision(precision) if isinstance(precision, str) else precision
+    return "disk-rescore" if precision.rescores_float else "ram"
+
+
+def _label_codec_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name each codec row's family (the codec's, or the reference's) and keep the reference codecs out of the choice."""
+    for row in rows:
+        precision = Precision(row["precision"])
+        if not precision.is_codec:
+            continue
+        if precision.uses_factory:
+            row["family"] = CODEC_FAMILY_LABEL.format(family=precision.codec.family)
+        else:
+            row["family"] = REFERENCE_FAMILY_LABEL
+            row["choosable"] = False  # not a FAISS index: a plan could not ship it
+    return rows
 
 
 def csr_candidates(input_dim: int, budgets: Sequence[int]) -> list[tuple[Candidate, int]]:
@@ -448,10 +544,29 @@ def score_precisions(
     prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
     progress: Callable[[int], object] | None = None,
     per_query_metric: str = "ndcg@10",
+    distortion: bool = True,
 ) -> list[dict[str, Any]]:
     """:func:`precision_rows` on any :class:`QuerySet` against the documents ``doc_ids`` (vectors ``doc_embeddings``).
 
-    ``per_query`` holds ``per_query_metric`` (``ndcg@10`` or ``recall@10``) by query id.
+    ``per_query`` holds ``per_query_metric`` (``ndcg@10`` or ``recall@10``) by query id. Every row
+    also holds:
+
+    - ``amortized_bytes``: ``ram_bytes + fixed_bytes / n_docs``, the tables' share of each vector;
+    - ``tier``: ``"ram"``, or ``"disk-rescore"`` for a precision that reads float32 vectors from
+      disk at query time (:func:`precision_tier`);
+    - with ``distortion``, how far the codes are from the compressed vectors they code, and from the
+      limit (:func:`~embedtune.index.codecs.rate_distortion.distortion_report` on a seeded sample of
+      at most :data:`DISTORTION_SAMPLE` documents of this space, at ``8 × ram_bytes`` bits):
+      ``mse`` (of the decoded vectors), ``score_mse`` (of their inner products with at most
+      :data:`DISTORTION_QUERIES` of the queries), ``bound_mse`` (the Gaussian rate-distortion bound
+      of the space's covariance spectrum) and ``gap_db`` (``10 log10(mse / bound_mse)``); None where
+      a precision's codes decode to nothing the search scores against (Hamming codes, RaBitQ);
+    - ``score_error``: measured from the search itself, what the index scored each query's top
+      ``top_k`` against the exact float32 inner products of the *uncompressed* query and documents,
+      each centred per query (an offset common to a query's scores ranks nothing), mean squared:
+      the compressor's and the codes' error together, as served. None for ``binary``, whose
+      scores are Hamming distances; scores on another scale than the inner product (binary-asym's
+      float query · ±1 signs) show as a large error, though they may rank well.
     """
     if per_query_metric not in ("ndcg@10", "recall@10"):
         raise ValueError(f"per_query_metric must be ndcg@10 or recall@10; got {per_query_metric!r}.")
@@ -462,6 +577,11 @@ def score_precisions(
     xq, xb = (compressor.transform(frozen_q), compressor.transform(frozen_b)) if compressor is not None else (frozen_q, frozen_b)
     dim = xb.shape[1]
     fetch = top_k + 1  # one extra: identical query/doc ids are dropped, as BEIR does
+    # The distortion sample and the space's spectrum, once for every precision of this space.
+    measured = distortion and len(xb) >= 2
+    sample_rows = _seeded_rows(len(xb), DISTORTION_SAMPLE) if measured else None
+    sample_q = xq[_seeded_rows(len(xq), DISTORTION_QUERIES)] if measured else None
+    spectrum = corpus_spectrum(xb) if measured else None
     indexes: list[tuple[str, QuantizedIndex | None, np.ndarray]] = []
     builds: dict[str, float] = {}
     for spec in precisions:
@@ -496,13 +616,23 @@ def score_precisions(
         D, I = results[name]
         metrics = evaluate_run(qrels, run_from_topk(ids, D, I, doc_ids, top_k, queries.ignore_identical_ids), ("ndcg@10", "recall@10", "recall@100"))
         latency = statistics.median(times[name]) * 1e3 if rounds else None
+        ram, fixed = index.ram_bytes(), index.fixed_bytes()  # type: ignore[union-attr]
+        report: dict[str, Any] = {"mse": None, "score_mse": None, "bound_mse": None, "gap_db": None}
+        if measured:
+            xs = xb[sample_rows]
+            full = distortion_report(xs, index.reconstruct(xs), 8 * ram, sample_q, spectrum)  # type: ignore[union-attr]
+            report = {key: full[key] for key in report}
         rows.append({
             **(labels or {}),
             "dim": dim,
             "precision": name,
-            "ram_bytes": index.ram_bytes(),  # type: ignore[union-attr]
+            "ram_bytes": ram,
             "disk_bytes": index.disk_bytes(),  # type: ignore[union-attr]
-            "fixed_bytes": index.fixed_bytes(),  # type: ignore[union-attr]
+            "fixed_bytes": fixed,
+            "amortized_bytes": ram + fixed / len(doc_ids) if doc_ids else None,
+            "tier": precision_tier(name),
+            **report,
+            "score_error": None if name == "binary" else _score_error(D[:, :top_k], I[:, :top_k], frozen_q, frozen_b),
             "ndcg@10": metrics["ndcg@10"],
             "recall@10": metrics["recall@10"],
             "recall@100": metrics["recall@100"],
@@ -515,6 +645,29 @@ def score_precisions(
             "per_query": {qid: round(values[per_query_metric], 6) for qid, values in metrics.per_query.items()},
         })
     return rows
+
+
+def _seeded_rows(n: int, limit: int, seed: int = 0) -> np.ndarray:
+    """All of ``range(n)``, or a seeded sample of ``limit`` of them in ascending order."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
+
+
+def _score_error(D: np.ndarray, I: np.ndarray, queries: np.ndarray, docs: np.ndarray, block: int = 256) -> float | None:
+    """Mean squared error of the returned scores ``D`` against the exact inner products of ``queries`` and ``docs`` rows ``I``,
+    both centred per query over the rows returned (FAISS's -1 padding left out); None when nothing was returned."""
+    total, count = 0.0, 0
+    for start in range(0, len(I), block):
+        rows, scores = I[start : start + block], np.asarray(D[start : start + block], dtype=np.float64)
+        valid = rows >= 0
+        exact = np.einsum("qd,qkd->qk", queries[start : start + block], docs[np.where(valid, rows, 0)], dtype=np.float64)
+        error = np.where(valid, scores - exact, 0.0)
+        per_query = valid.sum(axis=1)
+        mean = error.sum(axis=1) / np.maximum(per_query, 1)
+        total += float((np.where(valid, error - mean[:, None], 0.0) ** 2).sum())
+        count += int(per_query.sum())
+    return total / count if count else None
 
 
 #: The sweeps' shared home under the user cache (``$EMBEDTUNE_CACHE`` overrides it): one folder per data.
@@ -556,6 +709,17 @@ def faiss_cache_dir(work: str | Path, doc_embeddings: np.ndarray | None = None, 
     return Path(work) / "frozen-faiss" / digest[:16]
 
 
+def space_cache_dir(work: str | Path, docs_digest: str, compressor: Compressor) -> Path:
+    """Where the codecs fitted on one compressor's output of this corpus are kept: ``WORK/space-faiss/<sha256 of both>``.
+
+    Keyed by the corpus vectors' digest and the compressor's fitted state (:meth:`Compressor.state_sha256`), so a
+    later plan reusing the fit reuses its codecs too (an 8-bit ``klt-pq`` fits for tens of seconds on a few thousand
+    documents), and a refitted compressor never meets another fit's.
+    """
+    key = sha256_json({"docs": docs_digest, "method": compressor.method, "dim": compressor.output_dim, "state": compressor.state_sha256()})
+    return Path(work) / "space-faiss" / key[:16]
+
+
 def _probe_ids(index: QuantizedIndex, probe: np.ndarray | None) -> str | None:
     """sha256 of the top-5 rows the index returns for ``probe`` (a few corpus vectors): what it holds, not its bytes."""
     if probe is None or len(probe) == 0:
@@ -565,7 +729,9 @@ def _probe_ids(index: QuantizedIndex, probe: np.ndarray | None) -> str | None:
 
 
 def load_faiss_cache(folder: str | Path, probe: np.ndarray | None = None) -> dict[str, tuple[QuantizedIndex, float]]:
-    """The ``faiss:`` indexes saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU).
+    """The ``faiss:`` indexes and registered codecs saved by :func:`save_faiss_cache` (8-bit PQ/OPQ train for minutes on a small CPU).
+
+    A codec is reused only when the same embedtune release fitted it (its fit is embedtune's code).
 
     Each ``.faiss`` file is checked against the sha256 its ``.json`` recorded, the index against the
     precision, dimension and count recorded there, and, with ``probe`` (the first corpus vectors,
@@ -582,8 +748,11 @@ def load_faiss_cache(folder: str | Path, probe: np.ndarray | None = None) -> dic
         try:
             info, _ = read_json_verified(meta_path, "", require_digest=True)
             precision = Precision(info["precision"])
-            if not precision.is_faiss or meta_path.stem != _cache_stem(precision.name):
+            if not _cacheable(precision) or meta_path.stem != _cache_stem(precision.name):
                 raise ValueError(f"field 'precision' {info['precision']!r} is not the index this file name holds")
+            if precision.is_codec and info.get("embedtune_version") != __version__:
+                # A codec's fit is embedtune's own code (a FAISS factory string is FAISS's): another release may fit it otherwise.
+                raise ValueError(f"the codec was fitted by embedtune {info.get('embedtune_version')}, not {__version__}")
             verify_sha256(index_path, info["sha256"], "")
             backend = faiss.read_index(str(index_path))
             if backend.d != int(info["dim"]) or backend.ntotal != int(info["ntotal"]):
@@ -606,13 +775,19 @@ def _cache_stem(name: str) -> str:
     return name.replace(":", "_").replace(",", "+")
 
 
+def _cacheable(precision: Precision) -> bool:
+    """Indexes kept in the FAISS cache: ``faiss:`` factories and the deployable registered codecs (FAISS indexes fitted on the corpus)."""
+    return precision.is_faiss or (precision.is_codec and precision.uses_factory)
+
+
 def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]], probe: np.ndarray | None = None) -> None:
-    """Write every ``faiss:`` index of ``cache`` not saved yet: ``.faiss``, then a ``.json`` with its sha256 and probe answers."""
+    """Write every ``faiss:`` index and deployable codec of ``cache`` not saved yet: ``.faiss``, then a ``.json`` with its
+    sha256, its probe answers and the embedtune release that fitted it."""
     import faiss
 
     folder = Path(folder)
     for name, (index, build_s) in cache.items():
-        if not index.precision.is_faiss:
+        if not _cacheable(index.precision):
             continue
         stem = folder / _cache_stem(name)
         if not stem.with_suffix(".json").is_file():
@@ -620,7 +795,8 @@ def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedInde
             atomic_write(stem.with_suffix(".faiss"), lambda tmp, index=index: faiss.write_index(index.backend, str(tmp)))
             write_json_with_digest(stem.with_suffix(".json"), {
                 "precision": name, "dim": index.dim, "ntotal": int(index.backend.ntotal), "build_s": build_s,
-                "sha256": sha256_file(stem.with_suffix(".faiss")), "probe_sha256": _probe_ids(index, probe)})
+                "sha256": sha256_file(stem.with_suffix(".faiss")), "probe_sha256": _probe_ids(index, probe),
+                "embedtune_version": __version__})
 
 
 PROBE_ROWS = 16
@@ -741,8 +917,11 @@ def sweep_csr_rows(objective: PlanObjective, budgets: Sequence[int], seed: int, 
         for row in sweep_rows(objective, compressor, ["float16"], rounds=rounds,
                               labels={"method": "csr", "variant": candidate.variant, "family": "CSR (learned peer)",
                                       "candidate": candidate.name, "fit_s": fit_s}):
+            # The bytes are the sparse code's; the distortion measured was fp16's of the densified codes, not the
+            # sparse code's of the input, so it is not reported (score_error, against the uncompressed vectors, is).
             row.update(precision="sparse-fp16", setting=f"{candidate.name}/sparse-fp16", ram_bytes=code_bytes, disk_bytes=code_bytes,
-                       choosable=False)
+                       amortized_bytes=code_bytes + row["fixed_bytes"] / len(objective.experiment.embeddings.doc_ids),
+                       mse=None, score_mse=None, bound_mse=None, gap_db=None, choosable=False)
             rows.append(row)
     return rows
 
@@ -762,24 +941,31 @@ def run_sweep(
     labels: Mapping[str, Any] | None = None,
     rounds: int = 3,
     variants: Sequence[str] = (),
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    codec_budgets: Sequence[int] = CODEC_BUDGETS,
+    allow_disk: bool = False,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
     Phase 1: the uncompressed vectors at float32 and every precision, the FAISS peers
     (:func:`peer_factories`, reused from ``WORK/frozen-faiss`` when cached), the quantiser peers
-    (:data:`QUANTISER_PEERS`) and, with ``csr`` among ``peers``, CSR's sparse codes
-    (:func:`sweep_csr_rows`). Phase 2: every method x dimension x variant the objective can fit,
-    fitted (or reused from ``work``) and scored at every precision. Then the choice
+    (:data:`QUANTISER_PEERS`), the codecs (every family of ``codecs`` at every budget of
+    ``codec_budgets`` that fits, :func:`codec_precisions`; cached beside the FAISS peers) with the
+    textbook transform coder :data:`REFERENCE_CODEC` at the same budgets as their reference, and,
+    with ``csr`` among ``peers``, CSR's sparse codes (:func:`sweep_csr_rows`). Phase 2: every
+    method x dimension x variant the objective can fit, fitted (or reused from ``work``) and scored
+    at every precision and every codec that fits its dimension. Then the choice
     (:func:`~embedtune.workflows.pareto.choose` on ``objective.y``, relative to the uncompressed
-    float32 row), the frontier and ``frontier.png``; phase 3 refits the choice (the objective's
-    final fit) and writes the plan folder (:func:`~embedtune.index.plan_format.write_plan`).
-    ``final``: also score the choice once on the experiment's labelled test queries. The other
-    arguments are :func:`run_plan`'s.
+    float32 row) among the rows that are ``choosable``, the frontier and ``frontier.png``; phase 3
+    refits the choice (the objective's final fit) and writes the plan folder
+    (:func:`~embedtune.index.plan_format.write_plan`). ``final``: also score the choice once on the
+    experiment's labelled test queries. The other arguments are :func:`run_plan`'s.
 
     Returns:
         The plan (also ``OUT/plan.json``).
     """
     out = Path(out)
+    check_codecs(codecs, codec_budgets)
     experiment = objective.experiment
     input_dim = experiment.embeddings.dim
     dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
@@ -790,7 +976,8 @@ def run_sweep(
     work = Path(work) if work is not None else objective.default_work()
     name, y = objective.name, objective.y
     with exclusive_lock(work / SWEEP_LOCK, f"another plan is using the sweep folder {work}; waiting for it (its fits are then reused)"):
-        cache_dir = faiss_cache_dir(work, docs, digest=objective.docs_digest)
+        docs_digest = objective.docs_digest or vectors_sha256(docs)
+        cache_dir = faiss_cache_dir(work, digest=docs_digest)
         probe = docs[:PROBE_ROWS]
         frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
         frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
@@ -801,11 +988,18 @@ def run_sweep(
                      for family, additive in (("FAISS PQ/OPQ", False), ("FAISS RQ/LSQ", True))}
         n_factories = sum(map(len, factories.values()))
         quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
-        # Phase 1 of 3: the uncompressed vectors at every precision and the FAISS peers
+        n_docs = len(experiment.embeddings.doc_ids)
+        deployable = [family for family in codecs if Precision(f"{family}:1").uses_factory]
+        # The reference codecs (the textbook coder, and any other non-deployable family asked for) on the frozen vectors only:
+        # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
+        references = list(dict.fromkeys([REFERENCE_CODEC, *(f for f in codecs if f not in deployable)])) if codecs else []
+        frozen_codecs = [p for p in codec_precisions([*deployable, *references], codec_budgets, input_dim, n_docs)
+                         if p not in frozen_precisions]
+        # Phase 1 of 3: the uncompressed vectors at every precision, the FAISS peers and the codecs
         # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
-        reused = sum(f in frozen_indexes for specs in factories.values() for f in specs)
-        with progress_bar(len(frozen_precisions) + n_factories + len(quantiser_peers), f"{name} 1/3, frozen vectors and FAISS PQ/OPQ peers",
-                          unit="index", postfix=f"{reused} cached" if reused else None) as bar:
+        reused = sum(f in frozen_indexes for f in [*(f for specs in factories.values() for f in specs), *frozen_codecs])
+        with progress_bar(len(frozen_precisions) + n_factories + len(quantiser_peers) + len(frozen_codecs),
+                          f"{name} 1/3, frozen vectors, FAISS peers and codecs", unit="index", postfix=f"{reused} cached" if reused else None) as bar:
             rows = sweep_rows(objective, None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
                               progress=bar.update)
             for family, specs in factories.items():
@@ -815,6 +1009,9 @@ def run_sweep(
             if quantiser_peers:
                 rows += sweep_rows(objective, None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
                                    progress=bar.update)
+            if frozen_codecs:
+                rows += _label_codec_rows(sweep_rows(objective, None, frozen_codecs, {"method": "frozen", "family": "codec"}, rounds,
+                                                     prebuilt=frozen_indexes, progress=bar.update))
         save_faiss_cache(cache_dir, frozen_indexes, probe)
         for row in rows:
             row["setting"] = f"frozen-{input_dim}/{row['precision']}"
@@ -830,13 +1027,22 @@ def run_sweep(
                 bar.set_postfix_str(candidate.name, refresh=False)
                 compressor, fit_s = objective.fit(candidate, seed, work, final=False)
                 family = candidate.method if candidate.variant == "default" else f"{candidate.method}+{candidate.variant}"
-                for row in sweep_rows(objective, compressor, precisions, {"method": candidate.method, "variant": candidate.variant,
-                                                                          "family": family, "candidate": candidate.name, "fit_s": fit_s},
-                                      rounds):
+                space_codecs = [p for p in codec_precisions(deployable, codec_budgets, compressor.output_dim, n_docs) if p not in precisions]
+                # The codecs (and any faiss: precision) fitted on this compressor's output: reused by a later plan on the same fit.
+                space_dir, space_probe = space_cache_dir(work, docs_digest, compressor), compressor.transform(probe)
+                space_indexes = load_faiss_cache(space_dir, space_probe)
+                for row in _label_codec_rows(sweep_rows(objective, compressor, [*precisions, *space_codecs],
+                                                        {"method": candidate.method, "variant": candidate.variant, "family": family,
+                                                         "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes)):
                     row["setting"] = f"{candidate.name}/{row['precision']}"
                     rows.append(row)
+                save_faiss_cache(space_dir, space_indexes, space_probe)
+                del space_indexes  # every index of this space: freed before the next candidate's
                 bar.update(1)
-        chosen = dict(choose([r for r in rows if r.get("choosable", True)], budget_bytes, target_retention, reference, y=y))
+        for row in rows:
+            # A disk-rescore setting reads float32 vectors from disk for every query: another tier of serving, chosen only when asked.
+            row["choosable"] = row.get("choosable", True) and (allow_disk or row.get("tier", "ram") == "ram")
+        chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
         frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
         out.mkdir(parents=True, exist_ok=True)
         plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
@@ -858,6 +1064,9 @@ def run_sweep(
             "seed": seed,
             "budget_bytes": budget_bytes,
             "target_retention": target_retention,
+            "allow_disk": allow_disk,
+            "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
+                       "reference": REFERENCE_CODEC if codecs else None},
             "chosen": _public(chosen),
             # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
             "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
@@ -871,6 +1080,26 @@ def run_sweep(
             plan["test"] = score_plan(experiment, out, "test")
             write_json_with_digest(out / PLAN_FILE, plan)
         return plan
+
+
+def _choose_in_tier(rows: list[dict[str, Any]], budget_bytes: float | None, target_retention: float | None, reference: float,
+                    y: str, allow_disk: bool) -> dict[str, Any]:
+    """:func:`~embedtune.workflows.pareto.choose` among the ``choosable`` rows; when nothing qualifies but a disk-rescore
+    row would, the error says so and names the flag that allows it."""
+    try:
+        return dict(choose([r for r in rows if r["choosable"]], budget_bytes, target_retention, reference, y=y))
+    except ValueError as error:
+        if allow_disk:
+            raise
+        disk = [r for r in rows if r.get("tier") == "disk-rescore"]
+        try:
+            would = choose([r for r in rows if r["choosable"]] + disk, budget_bytes, target_retention, reference, y=y)
+        except ValueError:
+            raise error from None
+        if would.get("tier") != "disk-rescore":
+            raise
+        raise ValueError(f"{error} {would['setting']} would qualify, but it rescores with float32 vectors read from disk at query "
+                         "time; pass --allow-disk-rescore (allow_disk=True) to choose such a setting.") from None
 
 
 # -- the labelled plan -----------------------------------------------------------------------
@@ -889,6 +1118,9 @@ def run_plan(
     labels: Mapping[str, Any] | None = None,
     rounds: int = 3,
     variants: Sequence[str] = (),
+    codecs: Sequence[str] = DEFAULT_CODECS,
+    codec_budgets: Sequence[int] = CODEC_BUDGETS,
+    allow_disk: bool = False,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -913,6 +1145,15 @@ def run_plan(
         labels: JSON-safe fields for plan.json (dataset, model).
         variants: named variants (:data:`VARIANTS`, e.g. ``qat-binary``) swept beside each
             method's default, for the methods whose config has their fields.
+        codecs: registered codec families (:mod:`embedtune.index.codecs.registry`) scored on the
+            uncompressed vectors and on every compressor's output, at each of ``codec_budgets``
+            bytes per vector that fits the dimension (:func:`codec_precisions`); with any, the
+            textbook transform coder :data:`REFERENCE_CODEC` is scored on the uncompressed vectors
+            as their reference, never chosen. ``()`` for none.
+        codec_budgets: the codecs' bytes per vector.
+        allow_disk: let the choice be a precision that rescores with float32 vectors read from
+            disk at query time (``binary-rescore``, ``rabitq1-rescore``: rows of ``tier``
+            ``"disk-rescore"``); by default the plan chooses among settings served from RAM alone.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -924,7 +1165,7 @@ def run_plan(
         if not any(variant_applies(m, variant) for m in methods):
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
-                     labels, rounds, variants)
+                     labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
