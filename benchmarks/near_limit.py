@@ -20,7 +20,7 @@ every setting is fitted on the corpus's vectors alone and scored twice:
 The settings (every one on the frozen vectors unless named otherwise):
 
 * **embedtune's codecs** (:mod:`embedtune.index.codecs.transform`): ``klt-pq:B``, ``klt-pq4:B``,
-  ``klt-rq:B`` (up to 48 B: more residual stages take too long to train on this CPU);
+  ``klt-rq:B`` (up to 32 B: more residual stages take too long to train on this CPU);
 * with ``--learned``, **a label-free learned transform in front** (DIVE's unsupervised preset, fitted
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
   codecs on the plain vectors at equal bytes;
@@ -72,7 +72,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
 CODECS = ("klt-pq", "klt-pq4", "klt-rq")
-RQ_MAX_BYTES = 48
+RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32
 PCA_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 384)

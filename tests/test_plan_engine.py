@@ -159,15 +159,14 @@ def test_objectives_say_what_differs(toy, tmp_path):
 def test_additive_peers_are_opt_in_at_exactly_their_budget():
     assert not set(ADDITIVE_PEERS) & set(DEFAULT_PEERS)  # minutes of training each: only when asked
     assert peer_factories(384, [8, 16], ("rq", "lsq")) == ["RQ8x8", "LSQ8x8", "RQ16x8", "LSQ16x8"]
+    assert peer_factories(384, [8, 7], ("prq",)) == ["PRQ2x4x8"]  # two splits: an even budget only
     assert peer_factories(100, [7], ("rq",)) == ["RQ7x8"]  # no sub-vectors: any dimension
-    for factory, budget in (("RQ8x8", 8), ("LSQ16x8", 16)):
+    for factory, budget in (("RQ8x8", 8), ("LSQ16x8", 16), ("PRQ2x4x8", 8)):
         # Inner-product search (every plan index's metric) needs no stored norm, so the code is the budget.
         assert faiss.index_factory(384, factory, faiss.METRIC_INNER_PRODUCT).sa_code_size() == budget
         assert Precision(f"faiss:{factory}").ram_bytes(384) == budget
     # 256 codewords per codebook: left out below 4 training points per codeword, as 8-bit PQ is.
     assert peer_factories(384, [8], ("rq", "lsq", "pq-fs"), n_train=1023) == ["PQ16x4fs"]
-    with pytest.raises(ValueError, match="unknown peer kind 'prq'"):
-        peer_factories(384, [8], ("prq",))
     with pytest.raises(ValueError, match="unknown peer kind"):
         peer_factories(384, [], ("nope",))  # even with no budget to build at
 

@@ -79,7 +79,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_list_flag(plan, "--precisions", default=None, help=f"precisions of each compressed space: {', '.join(PRECISIONS)} "
                   f"(default: {' '.join(DEFAULT_PRECISIONS)}; with --label-free: all of them)")
     add_list_flag(plan, "--peers", default=list(DEFAULT_PEERS), help="FAISS peers on the uncompressed vectors: pq, opq, pq-fs, ivf-pq-fs (at the precisions' byte "
-                  "sizes), rq, lsq (FAISS additive quantisers RQmx8, LSQmx8 at those sizes; minutes to train, so never a default), "
+                  "sizes), rq, prq, lsq (FAISS additive quantisers RQmx8, PRQ2x(m/2)x8, LSQmx8 at those sizes; minutes to train, so never "
+                  "a default), "
                   "rabitq (rabitq1, rabitq1-rescore, rabitq4), turboquant (turboquant1, turboquant4), int4; and csr (CSR's sparse codes, "
                   "fitted on the corpus like the sweep's compressors: compared, never chosen) ('' for none)")
     add_list_flag(plan, "--codecs", default=list(DEFAULT_CODECS), help="registered codec families scored on the uncompressed vectors "

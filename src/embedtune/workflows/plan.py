@@ -128,7 +128,7 @@ QUANTISER_PEERS: dict[str, tuple[str, ...]] = {
 # The largest code each peer family is trained at: beyond 64 B int8 is lossless already; OPQ trains its
 # rotation with 8-bit PQ many times over (minutes per code on a small CPU), so only up to 32 B; the additive
 # quantisers train one codebook after another (RQ) or re-encode the corpus at every step (LSQ), slower still.
-PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32, "rq": 32, "lsq": 16}
+PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32, "rq": 32, "prq": 32, "lsq": 16}
 #: The learned peer kind: CSR (sentence-transformers' sparse autoencoder), fitted on the corpus alone, at the budgets
 #: between these bytes that its k (index, fp16 value) pairs fill. Not a default peer: each budget is one fit.
 CSR_PEER_BYTES = (16, 128)
@@ -208,9 +208,10 @@ def method_settings(method: str, dim: int, input_dim: int) -> dict[str, Any]:
 #: Fewer training points than this per centroid and a plan leaves out the 8-bit PQ/OPQ and additive peers (FAISS itself warns below 39).
 MIN_POINTS_PER_CENTROID = 4
 #: Peer kinds that are FAISS additive quantisers of the uncompressed vectors, ``budget`` codebooks of 256 codewords
-#: (8 bits) each: residual (``RQ{m}x8``) and local-search (``LSQ{m}x8``). Not default peers: they train for minutes
-#: (RQ32x8 took 144 s, LSQ8x8 76 s, on 5,183 MiniLM vectors on one CPU thread).
-ADDITIVE_PEERS = {"rq": "RQ{m}x8", "lsq": "LSQ{m}x8"}
+#: (8 bits) each: residual (``RQ{m}x8``), product residual over two halves of the dimensions (``PRQ2x{m/2}x8``) and
+#: local-search (``LSQ{m}x8``). Not default peers: they train for minutes (RQ32x8 took 144 s, LSQ8x8 76 s, on 5,183
+#: MiniLM vectors on one CPU thread).
+ADDITIVE_PEERS = {"rq": "RQ{m}x8", "prq": "PRQ2x{half}x8", "lsq": "LSQ{m}x8"}
 #: The peer kinds that train 256 centroids per codebook, so need :data:`MIN_POINTS_PER_CENTROID` times that many points.
 EIGHT_BIT_PEERS = ("pq", "opq", *ADDITIVE_PEERS)
 PEER_KINDS = ("pq", "opq", "pq-fs", "ivf-pq-fs", *ADDITIVE_PEERS, *QUANTISER_PEERS, "csr")
@@ -227,7 +228,9 @@ def additive_factory(kind: str, input_dim: int, budget: int) -> str | None:
     """
     import faiss
 
-    factory = ADDITIVE_PEERS[kind].format(m=budget)
+    if kind == "prq" and (budget % 2 or input_dim % 2):  # two splits: an even budget over an even dimension
+        return None
+    factory = ADDITIVE_PEERS[kind].format(m=budget, half=budget // 2)
     try:
         counted = factory_code_bytes(factory, input_dim)
     except ValueError:
@@ -241,9 +244,9 @@ def peer_factories(input_dim: int, budgets: Sequence[int], kinds: Sequence[str] 
 
     ``pq``: ``PQm`` (m bytes, 8 bits per sub-quantizer); ``opq``: ``OPQm,PQm``; ``pq-fs``:
     ``PQ{2m}x4fs`` (fast-scan, 4 bits); ``ivf-pq-fs``: ``IVFn,PQ{2m}x4fs`` with ``n`` fitted to
-    ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM); ``rq`` and
-    ``lsq``: the additive quantisers ``RQmx8`` and ``LSQmx8`` (:func:`additive_factory`; any
-    dimension). With ``n_train``, the 8-bit codes (:data:`EIGHT_BIT_PEERS`: 256 centroids per
+    ``n_train`` (39 training points per list at least; its 8-byte ids count as RAM); ``rq``, ``prq``
+    and ``lsq``: the additive quantisers ``RQmx8``, ``PRQ2x(m/2)x8`` and ``LSQmx8``
+    (:func:`additive_factory`). With ``n_train``, the 8-bit codes (:data:`EIGHT_BIT_PEERS`: 256 centroids per
     codebook) are left out below :data:`MIN_POINTS_PER_CENTROID` training points per centroid:
     such a codebook is mostly cells of one point, and OPQ spent over 9 CPU-minutes per plan fitting
     them on 400 documents (4-bit fast-scan codes, 16 centroids, stay).

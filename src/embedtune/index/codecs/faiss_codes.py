@@ -26,6 +26,8 @@ __all__ = [
 ]
 
 _PQ = re.compile(r"^(?:PQ|RQ|LSQ)(\d+)(?:x(\d+))?(fs|np)?$")
+# Product additive quantisers: PRQ / PLSQ <splits> x <codebooks per split> x <bits> (no norm suffix: inner product needs none).
+_PRODUCT_AQ = re.compile(r"^P(?:RQ|LSQ)(\d+)x(\d+)x(\d+)$")
 # RaBitQ (1 bit, or 2-9 bits: the sign bit plus extra bits), plain or fast-scan (fs).
 _RABITQ = re.compile(r"^RaBitQ(fs)?(\d*)(?:_\d+)?$")
 # TurboQuant scalar quantisers: MSE codes (SQtqmse<b>) or with the 1-bit QJL residual (SQtq<b>).
@@ -42,8 +44,8 @@ _SQ_BYTES = {"SQ8": 1.0, "SQ4": 0.5, "SQ6": 0.75, "SQfp16": 2.0, "SQbf16": 2.0, 
 def factory_code_bytes(factory: str, dim: int) -> int:
     """Bytes per vector an ``index_factory`` string keeps in RAM (FAISS's code size, + 8 ids for IVF).
 
-    Understands ``[OPQ.../PCA.../RR/HR ,][IVFn,](PQm[xb][fs] | SQ8 | SQ4 | SQfp16 | Flat | RaBitQ[fs][b]
-    | SQtqmse<b> | SQtq<b>)``; the pre-transforms store nothing per vector, an inverted file stores
+    Understands ``[OPQ.../PCA.../RR/HR ,][IVFn,](PQm[xb][fs] | RQm[xb] | LSQm[xb] | PRQsxmxb | PLSQsxmxb | SQ8
+    | SQ4 | SQfp16 | Flat | RaBitQ[fs][b] | SQtqmse<b> | SQtq<b>)``; the pre-transforms store nothing per vector, an inverted file stores
     an 8-byte id per vector. RaBitQ at ``b`` bits stores ``ceil(d/8)`` sign bits and two float32
     factors, plus, for ``b > 1``, ``ceil(d(b-1)/8)`` extra bits and three more float32 factors;
     TurboQuant ``SQtqmse<b>`` stores ``ceil(db/8)`` bytes, ``SQtq<b>`` ``b`` bit planes of
@@ -54,6 +56,8 @@ def factory_code_bytes(factory: str, dim: int) -> int:
     (16, 24)
     >>> factory_code_bytes("RaBitQ", 384), factory_code_bytes("RaBitQ4", 384), factory_code_bytes("SQtqmse1", 384)
     (56, 212, 48)
+    >>> factory_code_bytes("RQ32x8", 384), factory_code_bytes("PRQ4x8x8", 384)
+    (32, 32)
     """
     parts = [p.strip() for p in factory.split(",") if p.strip()]
     if not parts:
@@ -69,10 +73,13 @@ def factory_code_bytes(factory: str, dim: int) -> int:
         elif rotation and rotation.group(1):
             out_dim = int(rotation.group(1))
     match = _PQ.match(last)
-    rabitq, turboquant = _RABITQ.match(last), _TURBOQUANT.match(last)
+    rabitq, turboquant, product_aq = _RABITQ.match(last), _TURBOQUANT.match(last), _PRODUCT_AQ.match(last)
     if match:
         m, bits = int(match.group(1)), int(match.group(2) or 8)
         code = (m * bits + 7) // 8
+    elif product_aq:
+        splits, books, bits = (int(g) for g in product_aq.groups())
+        code = (splits * books * bits + 7) // 8
     elif rabitq:
         bits = int(rabitq.group(2) or 1)
         if not 1 <= bits <= 9:
@@ -93,7 +100,7 @@ def factory_code_bytes(factory: str, dim: int) -> int:
     elif last in _SQ_BYTES:
         code = int(np.ceil(out_dim * _SQ_BYTES[last]))
     else:
-        raise ValueError(f"cannot tell the code size of FAISS factory {factory!r}; use PQ, SQ, RaBitQ, SQtqmse or Flat codes.")
+        raise ValueError(f"cannot tell the code size of FAISS factory {factory!r}; use PQ, RQ, LSQ, PRQ, SQ, RaBitQ, SQtqmse or Flat codes.")
     return code + (8 if ivf else 0)
 
 
