@@ -283,7 +283,7 @@ def score(ds: dict[str, Any], searcher: Searcher, budget_bits: int) -> dict[str,
     return row
 
 
-def settings(d: int, budgets: tuple[int, ...], learned: bool = False) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
+def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
     """Every (setting name, budget, family, tier, builder) of the run, cheapest first."""
     out: list[tuple[str, int, str, str, Callable[..., Searcher | None]]] = []
     for name in ("float32", *FROZEN_PRECISIONS):
@@ -298,7 +298,7 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False) -> list[tu
                 out.append((f"pca-{k}/{precision}", ram, "PCA + quantiser", "ram", lambda ds, k=k, p=precision: pca_setting(ds, k, p)))
     for budget in budgets:
         for family in CODECS:
-            if family == "klt-rq" and budget > RQ_MAX_BYTES:
+            if family == "klt-rq" and budget > rq_max_bytes:
                 continue
             name = f"{family}:{budget}"
             out.append((f"frozen/{name}", budget, "embedtune codec", "ram", lambda ds, name=name: frozen_setting(ds, name)))
@@ -329,7 +329,7 @@ def cell_path(root: Path, setting: str) -> Path:
     return root / (setting.replace("/", "__").replace(":", "_").replace(",", "+") + ".json")
 
 
-def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learned: bool = False) -> Path:
+def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES) -> Path:
     root = RESULTS / f"{data}-{model}"
     root.mkdir(parents=True, exist_ok=True)
     ds = load(data, model)
@@ -338,7 +338,7 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learn
             "n_test_queries": len(ds["query_ids"]), "machine": machine_info(), "command": " ".join(sys.argv)}
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
-    for setting, ram, family, tier, build in settings(d, budgets, learned):
+    for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes):
         if only and only not in setting:
             continue
         path = cell_path(root, setting)
@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--learned", action="store_true",
                         help="also a label-free learned transform in front of a codec (DIVE unsupervised; minutes per fit)")
+    parser.add_argument("--rq-max-bytes", type=int, default=RQ_MAX_BYTES,
+                        help="klt-rq only up to this budget (its cross-fitted fit takes minutes per budget here)")
     parser.add_argument("--only", help="only settings whose name contains this")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
@@ -390,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     set_threads(args.threads)
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(HERE / "data" / "vectors"))
-    run(args.data, args.model, tuple(args.budgets), args.only, args.learned)
+    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes)
     return 0
 
 

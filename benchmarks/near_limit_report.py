@@ -71,7 +71,10 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
              "| textbook | share | its dB | Δ textbook − pick (p) | disk tier (RAM B) | share | fit s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = []
+    measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
+        if budget not in measured:  # the run has not reached this budget (or was not asked for it): no row rather than a stale pick
+            continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
         ours = pick([r for r in fits if r["family"] in OURS])
         peer = pick([r for r in fits if r["family"] not in OURS | TEXTBOOK])
@@ -130,9 +133,12 @@ def main() -> int:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         lines, part = corpus_table(folder.name, rows, meta)
         dates = sorted(r["date"] for r in rows if "date" in r)
+        peak = max((r.get("peak_rss_mb") or 0) for r in rows)
+        fit_total = sum(r.get("fit_s") or 0 for r in rows if r.get("tier", "ram") == "ram")
         lines += ["", f"Rows: `{folder.relative_to(HERE.parent)}/` ({len(rows)} settings, {dates[0]} to {dates[-1]}); "
+                      f"fitting every setting took {fit_total / 60:.0f} minutes on one thread (both halves, a shared machine), peak RSS {peak:.0f} MB; "
                       f"vectors `{meta['vectors']}`; machine {meta['machine'].get('cpu', meta['machine'])}; "
-                      f"command `.venv/bin/python benchmarks/near_limit.py --data {meta['data']} --model {meta['model']}`.", ""]
+                      f"command `.venv/bin/python {meta['command']}`.", ""]
         sections += lines
         summary += part
     text = "\n".join(["# In-RAM codes near the limit", "", (__doc__ or "").split("\n\n", 2)[2].strip(), "", *sections])
