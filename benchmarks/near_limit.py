@@ -334,8 +334,11 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learn
     root.mkdir(parents=True, exist_ok=True)
     ds = load(data, model)
     d = ds["docs"].shape[1]
+    command = " ".join(sys.argv)
+    earlier = json.loads((root / "meta.json").read_text(encoding="utf-8")).get("commands", []) if (root / "meta.json").is_file() else []
     meta = {"data": data, "model": model, "vectors": ds["vectors"], "n_docs": len(ds["docs"]), "dim": d,
-            "n_test_queries": len(ds["query_ids"]), "machine": machine_info(), "command": " ".join(sys.argv)}
+            "n_test_queries": len(ds["query_ids"]), "machine": machine_info(), "command": command,
+            "commands": list(dict.fromkeys([*earlier, command]))}  # every invocation that added rows here
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
     for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes):

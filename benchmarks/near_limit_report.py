@@ -138,7 +138,7 @@ def main() -> int:
         lines += ["", f"Rows: `{folder.relative_to(HERE.parent)}/` ({len(rows)} settings, {dates[0]} to {dates[-1]}); "
                       f"fitting every setting took {fit_total / 60:.0f} minutes on one thread (both halves, a shared machine), peak RSS {peak:.0f} MB; "
                       f"vectors `{meta['vectors']}`; machine {meta['machine'].get('cpu', meta['machine'])}; "
-                      f"command `.venv/bin/python {meta['command']}`.", ""]
+                      "commands " + ", ".join(f"`.venv/bin/python {c}`" for c in meta.get("commands", [meta["command"]])) + ".", ""]
         sections += lines
         summary += part
     text = "\n".join(["# In-RAM codes near the limit", "", (__doc__ or "").split("\n\n", 2)[2].strip(), "", *sections])
