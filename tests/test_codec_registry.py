@@ -151,3 +151,12 @@ def test_a_codec_file_of_another_fit_is_refused(corpus, tmp_path):
     (tmp_path / "a" / CODEC_FILE).write_bytes((tmp_path / "b" / CODEC_FILE).read_bytes())
     with pytest.raises(IntegrityError, match="sha256 mismatch"):
         DeployedCodec.load(tmp_path / "a")
+
+
+def test_a_codec_refuses_vectors_with_nan_or_inf(corpus):
+    docs, _ = corpus
+    broken = docs.copy()
+    broken[7, 3] = np.nan
+    for family in sorted(registered_codecs()):
+        with pytest.raises(ValueError, match="NaN or inf"):
+            QuantizedIndex.build(broken, f"{family}:8")

@@ -243,8 +243,8 @@ def _split_groups(root: Path, dataset: str, dataset_path: str, test_ids: list[st
 
 
 def subset_section(root: Path, main_groups: dict[tuple, list[dict]], n_resamples: int, summary: dict[str, Any]) -> list[str]:
-    """§1b: the main comparison on seen and unseen test queries (issue 27), with DIVE − method on unseen."""
-    out = ["## 1b. Main comparison by subset (issue 27): seen and unseen test queries\n",
+    """§1b: the main comparison on seen and unseen test queries, with DIVE − method on unseen."""
+    out = ["## 1b. Main comparison by subset: seen and unseen test queries\n",
            "Seen: every positive was a positive of a train or validation query; unseen: none was (mixed count in all only). "
            "nDCG@10, per-query means over seeds; Δ unseen: DIVE − method on the unseen queries, paired permutation p.\n"]
     cells = sorted({k[:3] for k in main_groups})

@@ -7,7 +7,7 @@ Two rules (``selection_holdout``):
   that share a relevant document are in one group, transitively) and whole groups are held out,
   so no held-out query has a positive that a fitting query has. The held-out score then rewards
   what carries over to documents the fit never saw as positives, and a map that only learns
-  where the popular documents lie cannot raise it (issue 27).
+  where the popular documents lie cannot raise it.
 - ``"random-queries"``: the first ``ceil(fraction · n)`` queries by hash, whatever their
   positives (the earlier rule; the ``static-corpus`` preset keeps it). When most positives are
   shared, this rewards memorising them.

@@ -98,7 +98,7 @@ def presets_from_config(config_class: type) -> dict[str, Preset]:
     return {name: Preset(name, overrides) for name, overrides in getattr(config_class, "PRESETS", {}).items()}
 
 
-#: The safety net's mining (issue 9 §6): drop hard negatives scoring above the query's lowest
+#: The safety net's mining: drop hard negatives scoring above the query's lowest
 #: positive minus 0.05 (likely unjudged positives) and keep at most 32 triplets per query.
 SAFETY_NET_MINING = MiningOptions(false_negative_margin=0.05, false_negative_reference="query-min", max_triplets_per_query=32)
 

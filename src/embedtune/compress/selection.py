@@ -1,6 +1,6 @@
 """The safety net for every trained supervised compressor: a PCA-rotated start and best-epoch selection.
 
-DIVE's robust recipe (issue 9 §6, ``tests/test_collapse.py``) does not collapse where the
+DIVE's robust recipe (``tests/test_collapse.py``) does not collapse where the
 paper's does because (a) it starts at the corpus PCA projection and (b) it keeps the best epoch
 on held-out training queries, epoch 0 included, so it can never end below its start. This module
 gives the same two options to the residual-adapter baselines (Matryoshka-Adaptor,

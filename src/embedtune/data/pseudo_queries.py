@@ -1,4 +1,4 @@
-"""Pseudo-queries made from the documents' own text (issue 27 §5): one per document, no labels.
+"""Pseudo-queries made from the documents' own text: one per document, no labels.
 
 Real training queries cite a few popular documents; a map trained on them learns where those
 documents lie. A pseudo-query per document (its title, or its first sentence) is a training

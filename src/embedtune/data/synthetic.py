@@ -2,7 +2,7 @@
 
 :func:`make_false_negative_dataset` models a held-out dataset with **many judged documents per
 query and incomplete judgements**, the setting in which hard negatives mined from the frozen
-top ranks are mostly false negatives (issue 9, §6):
+top ranks are mostly false negatives:
 
 - every query has its own topic direction and ``positives_per_query`` truly relevant documents
   close to it; only a ``judged_fraction`` of them (at least one) appears in ``qrels``;

@@ -1,6 +1,6 @@
 """A synthetic retrieval set where memorising popular documents pays on seen queries only.
 
-:func:`make_popular_documents_dataset` builds the situation found on SciFact (issue 27): most
+:func:`make_popular_documents_dataset` builds the situation found on SciFact: most
 training queries share a few **popular** relevant documents, so a map fitted on them can score
 well by pulling every query toward those documents, which ranks every other document lower.
 

@@ -112,7 +112,7 @@ __all__ = [
 # documents lie: its whole SciFact gain is on test queries whose positives were training positives
 # (seen +0.095 over frozen; unseen −0.011, p 0.59; ArguAna zero-shot −0.198; benchmarks/RESULTS.md,
 # "Seen and unseen"). The study kept no per-query validation, so no positive-disjoint validation can
-# re-decide among its runs; the stated rule for that case (issue 27 §3) is to keep the backbone's own
+# re-decide among its runs; the stated rule for that case is to keep the backbone's own
 # ranking rule (cosine), which the dot switch changes, and the paper's two-stage recipe otherwise.
 # Vision-language: the paper's recipe, which no study here has measured against its alternatives.
 DEFAULT_PRESETS: dict[str, str] = {"text": "no-dot", "vl": "pace"}

@@ -113,7 +113,7 @@ def _ranked_holdout(ids: Sequence[str], fraction: float, seed: int, qrels: dict[
     """About ``round(fraction · n)`` ids (at least 1, at most n − 1) held out for selection.
 
     With ``qrels``, whole groups of queries that share positives (:func:`~embedtune.compress.holdout.holdout_ids`),
-    so the held-out positives are never fitted and selection cannot reward memorising them (issue 27);
+    so the held-out positives are never fitted and selection cannot reward memorising them;
     without, the first by ``sha256(f"{seed}:{id}")``.
     """
     if not 0 < fraction < 1:

@@ -121,7 +121,7 @@ def _label(row: dict[str, Any]) -> str:
 
 
 def subset_comparisons(rows: list[dict[str, Any]], groups: dict[str, list[str]], n_resamples: int = 10_000) -> dict[str, Any]:
-    """:func:`paired_comparisons` restricted to the ``seen`` and to the ``unseen`` test queries (issue 27), with counts."""
+    """:func:`paired_comparisons` restricted to the ``seen`` and to the ``unseen`` test queries, with counts."""
     out: dict[str, Any] = {"definition": SUBSET_DEFINITION, "counts": {name: len(ids) for name, ids in groups.items()}}
     for subset in ("seen", "unseen"):
         keep = set(groups[subset])

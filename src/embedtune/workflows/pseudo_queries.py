@@ -1,4 +1,4 @@
-"""Build the training-only pseudo-queries of an experiment's corpus (issue 27 §5).
+"""Build the training-only pseudo-queries of an experiment's corpus.
 
 Each document of the fitting corpus gets one pseudo-query (its title or its first sentence, see
 :mod:`embedtune.data.pseudo_queries`), encoded as a query by the experiment's model and cached

@@ -38,7 +38,7 @@ _TRANSFORM_BATCH = 8192
 
 # The default recipe of `compress train`, `pipeline` and fit_compressor: DIVEConfig.PRESETS["robust"]
 # plus triplets without likely false negatives (score above the query's lowest positive - 0.05)
-# and at most 32 per query (benchmarks/RESULTS.md, issue 9 §6).
+# and at most 32 per query (benchmarks/RESULTS.md, "Beyond the paper").
 ROBUST = Preset(
     "robust",
     DIVEConfig.PRESETS["robust"],
@@ -46,7 +46,7 @@ ROBUST = Preset(
     help="'best' plus the stronger PCA start and the epoch, both selected on training queries whose positives the fit "
          "never sees, false-negative-filtered and capped triplets (the default)",
 )
-#: Today's robust recipe before issue 27, by name: it learns this corpus's popular documents.
+#: The robust recipe from before positive-disjoint selection, by name: it learns this corpus's popular documents.
 STATIC_CORPUS = Preset(
     "static-corpus",
     DIVEConfig.PRESETS["static-corpus"],

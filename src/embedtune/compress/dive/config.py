@@ -130,7 +130,7 @@ class DIVEConfig(CompressorConfig):
         # objective and margin, SciFact + ArguAna, MiniLM), then scored once on held-out test;
         # see benchmarks/RESULTS.md, "Beyond the paper".
         "best": {"init": "pca", "margin": 0.4},
-        # "best" plus the safety net of issue 9 §6: keep the best epoch (0 = the PCA projection)
+        # "best" plus the safety net (false-negative filter, triplet cap): keep the best epoch (0 = the PCA projection)
         # on half of the training queries, then refit. With ROBUST's false-negative filter and
         # triplet cap it does not collapse where the paper recipe does, and it costs nothing
         # significant on SciFact/ArguAna held-out test. The default (see ROBUST below).
@@ -141,14 +141,14 @@ class DIVEConfig(CompressorConfig):
         # before it starts trading new documents for popular ones (benchmarks/RESULTS.md, "Seen and unseen").
         "robust": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5, "geometry_weight": 100.0,
                    "pca_start": "stronger"},
-        # The robust recipe before issue 27: selection on hash-ranked training queries, whose
+        # The robust recipe from before positive-disjoint selection: selection on hash-ranked training queries, whose
         # positives the fit shares, and always the uncentred start. It learns where this corpus's
         # popular documents lie: better on queries for them, worse on documents added later.
         "static-corpus": {"init": "pca", "margin": 0.4, "epoch_selection": "best", "selection_fraction": 0.5,
                           "selection_holdout": "random-queries", "pca_start": "uncentred"},
         # No labels: neighbour-rank distillation on the corpus from the better PCA start, the
         # epoch (0 included) selected on held-out documents (benchmarks/RESULTS.md, "Unsupervised
-        # compression (issue 18)"). At most 50 corpus passes at lr 1e-3, batch 256 anchors,
+        # compression"). At most 50 corpus passes at lr 1e-3, batch 256 anchors,
         # stopping 5 epochs after the last improvement of the held-out signal.
         "unsupervised": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
                          "epochs": 50, "patience": 5, "batch_size": 256},

@@ -59,7 +59,11 @@ def training_sample(x: np.ndarray, limit: int = FIT_SAMPLE, seed: int = 0) -> np
     x = np.asarray(x)
     if len(x) > limit:
         x = x[np.sort(np.random.default_rng(seed).choice(len(x), size=limit, replace=False))]
-    return np.ascontiguousarray(x, dtype=np.float32)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if not np.isfinite(x).all():  # a NaN or inf row would poison the KLT and every codebook, silently
+        bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+        raise ValueError(f"the vectors to fit a codec on hold NaN or inf (sampled row {bad}); drop or re-encode those rows first.")
+    return x
 
 
 def fit_klt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
