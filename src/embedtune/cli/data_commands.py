@@ -29,7 +29,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Encode every document of --data into shard-0000i.npy + shard-0000i.ids.txt under --out. A rerun skips "
                     "complete shards. With --ray-actors N, N encoders run on Ray Data (one per GPU with --gpus-per-actor 1); "
                     "on a cluster, start it on a node with --ray-address auto and give an --out every node can write.")
-    corpus.add_argument("--data", required=True, help="a BEIR folder or a corpus.jsonl ({\"_id\", \"title\", \"text\"} per line)")
+    corpus.add_argument("--data", required=True, help="a BEIR folder or a corpus.jsonl ({\"_id\", \"title\", \"text\"} per line); "
+                        "with --kind query, a query file (JSONL {\"_id\", \"text\"} or TSV id<TAB>text)")
+    corpus.add_argument("--kind", default="document", choices=["document", "query"],
+                        help="encode documents, or the queries of a query log (unlabelled queries for a label-free plan)")
+    corpus.add_argument("--prompt", default="", help="text prepended to every text: the model's document prompt, or its query "
+                        "prompt with --kind query (e.g. 'query: ' for E5); recorded, so search uses the same")
     corpus.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
     corpus.add_argument("--out", required=True, help="shard folder (created; reused on a rerun)")
     corpus.add_argument("--shard-size", type=int, default=50_000, help="documents per shard (one encode call, one file)")
@@ -78,7 +83,7 @@ def run_embed_corpus(args: argparse.Namespace) -> int:
         options["max_seq_length"] = args.max_seq_length
     manifest = encode_corpus(args.data, args.model, args.out, shard_size=args.shard_size, ray_actors=args.ray_actors,
                              ray_address=args.ray_address, cpus_per_actor=args.cpus_per_actor, gpus_per_actor=args.gpus_per_actor,
-                             threads_per_actor=args.threads_per_actor, **options)
+                             threads_per_actor=args.threads_per_actor, kind=args.kind, prompt=args.prompt, **options)
     print_json({"out": args.out, **{k: v for k, v in manifest.items() if k != "shards"}, "shards": len(manifest["shards"])})
     return 0
 

@@ -143,7 +143,7 @@ def _claim(out: Path, ids: Sequence[str], texts: Sequence[str], model: str, kind
     """
     record = {"model": model, "kind": kind, "shard_size": shard_size, "rows": len(ids), "ids_sha256": sha256_json([str(i) for i in ids]),
               "texts_sha256": sha256_json([str(t) for t in texts]),
-              "encoder_options": {k: v for k, v in sorted(encoder_options.items()) if k in ("max_seq_length", "normalize", "prompt")
+              "encoder_options": {k: v for k, v in sorted(encoder_options.items()) if k in ("max_seq_length", "normalize", "prompt", "query_prompt", "document_prompt")
                                   or (k == "backend" and v != "torch")}}  # torch: folders made before backends resume
     if encoder_options.get("backend") == "onnx-int8":
         record["int8_graph"] = _int8_graph(model, encoder_options)
