@@ -216,3 +216,36 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
     return value
+
+
+def add_ray_flags(parser: argparse.ArgumentParser, actor: str, threads: str, gpus: bool = False) -> None:
+    """The Ray Data options, one declaration for every command that can run on an actor pool.
+
+    ``actor``: what one actor is (``"encoder"``); ``threads``: what its threads are (``"torch threads"``);
+    ``gpus``: offer ``--gpus-per-actor`` (only encoders use a GPU).
+    """
+    ray = parser.add_argument_group("Ray Data (pip install \"embedtune[ray]\")")
+    ray.add_argument("--ray-actors", type=int, default=0, help=f"{actor} actors; 0 runs in this process")
+    ray.add_argument("--ray-address", default=None,
+                     help="an existing cluster: 'auto' on one of its nodes, or ray://HOST:10001; default: a local Ray started for this run")
+    ray.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves")
+    if gpus:
+        ray.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs each actor reserves (1: one encoder per GPU)")
+    ray.add_argument("--threads-per-actor", type=int, default=None,
+                     help=f"{threads} in each actor (default: the CPUs it reserves, --cpus-per-actor, at least 1)")
+
+
+def ray_pool_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~embedtune.compress.ray_apply.RayPool` that :func:`add_ray_flags` describes, or None for ``--ray-actors 0``."""
+    if args.ray_actors < 0:
+        raise ValueError(f"--ray-actors must be 0 (run in this process) or more; got {args.ray_actors}.")
+    if args.ray_actors == 0:
+        if args.ray_address is not None:
+            raise ValueError("--ray-address needs --ray-actors N (N >= 1): how many actors to run on that cluster.")
+        return None
+    from embedtune.compress.ray_apply import RayPool  # Ray and the compressors only when a pool is asked for
+
+    pool = RayPool(actors=args.ray_actors, cpus_per_actor=args.cpus_per_actor, threads_per_actor=args.threads_per_actor,
+                   address=args.ray_address)
+    pool.check()
+    return pool

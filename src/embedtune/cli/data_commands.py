@@ -6,7 +6,7 @@ import argparse
 
 import numpy as np
 
-from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_split_flags, backend_options, experiment_from_args, print_json
+from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_ray_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
 from embedtune.encoders.recipe import EncoderRecipe, write_recipe
 from embedtune.io import atomic_save_npy, atomic_write_json
@@ -41,13 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     corpus.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     corpus.add_argument("--max-seq-length", type=int, default=None, help="token cap (default: the model's own)")
     add_backend_flag(corpus)
-    ray = corpus.add_argument_group("Ray Data (pip install \"embedtune[ray]\")")
-    ray.add_argument("--ray-actors", type=int, default=0, help="encoder actors; 0 encodes in this process")
-    ray.add_argument("--ray-address", default=None, help="an existing cluster ('auto' on one of its nodes); default: a local Ray")
-    ray.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs each actor reserves")
-    ray.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs each actor reserves (1: one encoder per GPU)")
-    ray.add_argument("--threads-per-actor", type=int, default=None,
-                     help="torch threads in each actor (default: the CPUs it reserves, --cpus-per-actor, at least 1)")
+    add_ray_flags(corpus, actor="encoder", threads="torch threads", gpus=True)
     corpus.set_defaults(handler=run_embed_corpus)
 
     split = commands.add_parser("split", help="write the query-disjoint train/val/test manifest", formatter_class=fmt,

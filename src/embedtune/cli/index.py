@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from embedtune.cli.common import add_backend_flag, add_data_flags, positive_int, print_json, print_table
+from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table, ray_pool_from_args
 from embedtune.data.beir import load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
@@ -28,7 +28,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     sub = index.add_subparsers(dest="index_command", metavar="ACTION", required=True)
     build = sub.add_parser("build", formatter_class=fmt, help="write index.faiss + ids.txt + manifest.json",
                            description="Streams the embeddings in chunks through the adapter (if any) into the index; "
-                           "only the index has to fit in memory.")
+                           "only the index has to fit in memory. With --ray-actors N and an adapter (or --plan), N actors of a "
+                           "Ray cluster transform ranges of a .npy through it (the same bits as here) and this process adds "
+                           "them to the index; on a cluster, --embeddings, the adapter and --out's folder must be on storage "
+                           "every node reaches.")
     build.add_argument("--embeddings", required=True, help="(n, d) float32/float16 .npy, or .parquet with an id column")
     build.add_argument("--ids", default=None, help="ids of the .npy rows (one per line, or a JSON list)")
     build.add_argument("--adapter", default=None,
@@ -48,6 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--id-column", default="id", help="parquet id column")
     build.add_argument("--vector-column", default="embedding", help="parquet vector column")
     build.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    add_ray_flags(build, actor="adapter", threads="transform threads (4096-row tiles side by side)")
     build.set_defaults(handler=run_index_build)
 
     search = commands.add_parser("search", formatter_class=fmt, help="encode queries and print or save the top hits of an index",
@@ -86,6 +90,7 @@ def run_index_build(args: argparse.Namespace) -> int:
     def prepare() -> None:
         prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs)
 
+    pool = ray_pool_from_args(args)
     if args.plan and (args.adapter or args.kind != "flat"):
         raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
     titles = None
@@ -95,11 +100,11 @@ def run_index_build(args: argparse.Namespace) -> int:
     if args.plan:
         out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
                                   backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
-                                  before_write=prepare)
+                                  before_write=prepare, ray=pool)
     else:
         out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
                           backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
-                          before_write=prepare)
+                          before_write=prepare, ray=pool)
     finish_output_dir(out, "index build")
     manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
     if args.json:

@@ -78,7 +78,7 @@ from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CompressorBatchFn", "RangeCompressor", "RayPool", "apply_compressor_ray", "compress_dataset", "ray_session", "row_ranges"]
+__all__ = ["CompressorBatchFn", "RangeCompressor", "RayPool", "apply_compressor_ray", "check_ray_apply_paths", "compress_dataset", "ray_session", "row_ranges"]
 
 
 @dataclass(frozen=True)
@@ -250,6 +250,22 @@ def _task_error(error: BaseException) -> BaseException:
     return error
 
 
+def check_ray_apply_paths(input_path: str | Path, output_path: str | Path, compressor: Compressor | None = None) -> tuple[Path, Path]:
+    """Refuse what the Ray apply cannot do before any Ray starts: it reads a ``.npy`` (of ``compressor``'s input width) and writes a ``.npy``."""
+    input_path, output_path = Path(input_path), Path(output_path)
+    if not input_path.is_file():
+        raise FileNotFoundError(f"{input_path}: embeddings file not found.")
+    if input_path.suffix != ".npy":
+        raise ValueError(f"{input_path}: the Ray apply (--ray-actors) reads a .npy file; convert the parquet to .npy "
+                         "(`embedtune compress apply` without --ray-actors writes one), or drop --ray-actors.")
+    if output_path.suffix != ".npy":
+        raise ValueError(f"{output_path}: the Ray apply (--ray-actors) writes a .npy file; give an --out ending in .npy, or drop --ray-actors.")
+    (n, d), _, _ = _npy_layout(input_path)  # a 2-D float C-order array, or an error naming the file
+    if compressor is not None and n and d != compressor.input_dim_:
+        raise ValueError(f"{input_path} has {d} columns but the compressor was fitted on {compressor.input_dim_}-d input.")
+    return input_path, output_path
+
+
 def apply_compressor_ray(
     adapter: str | Path | Compressor,
     input_path: str | Path,
@@ -260,7 +276,7 @@ def apply_compressor_ray(
 ) -> Path:
     """:func:`~embedtune.compress.streaming.apply_compressor_streaming` of a ``.npy`` on a Ray actor pool; the same bits.
 
-    Needs Ray initialised (:func:`ray_session`). ``adapter``: a fitted compressor or its folder
+    Runs on the Ray this process has initialised, or else in a :func:`ray_session` at ``pool.address``. ``adapter``: a fitted compressor or its folder
     (every node must reach it under that path; a compressor object is sent to the actors).
     ``input_path``: an ``(n, d)`` float32/float16/float64 ``.npy``; ``output_path``: the
     ``(n, k)`` float32 ``.npy``, written atomically. ``rows_per_range``: rows per Ray task, rounded
@@ -268,19 +284,14 @@ def apply_compressor_ray(
     """
     ray = _import_ray()
     pool.check()
-    input_path, output_path = Path(input_path), Path(output_path)
-    if input_path.suffix != ".npy" or not input_path.is_file():
-        raise FileNotFoundError(f"{input_path}: embeddings file not found.") if not input_path.is_file() else ValueError(
-            f"{input_path}: the Ray apply reads a .npy file; convert the parquet to .npy, or drop --ray-actors.")
-    if output_path.suffix != ".npy":
-        raise ValueError(f"{output_path}: the Ray apply writes a .npy file; give an --out ending in .npy, or drop --ray-actors.")
     compressor = adapter if isinstance(adapter, Compressor) else load_compressor(adapter)
     compressor._check_fitted()
+    input_path, output_path = check_ray_apply_paths(input_path, output_path, compressor)
     (n, d), _, _ = _npy_layout(input_path)
-    if n and d != compressor.input_dim_:
-        raise ValueError(f"{input_path} has {d} columns but the compressor was fitted on {compressor.input_dim_}-d input.")
     k = compressor.output_dim
-    ranges = row_ranges(n, rows_per_range)
+    # At least one range per actor (a small file too), and no actor without a range.
+    ranges = row_ranges(n, min(rows_per_range, -(-n // pool.actors))) if n else []
+    actors = max(1, min(pool.actors, len(ranges)))
     start_time = time.perf_counter()
 
     def write(tmp: Path) -> None:
@@ -299,12 +310,12 @@ def apply_compressor_ray(
                                    "data_offset": data_offset, "threads": pool.threads, "source": str(input_path)},
             batch_size=1,
             batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=pool.actors),
+            compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=pool.cpus_per_actor,
         )
         done: set[int] = set()
         try:
-            with _quiet_ray_data(ray), progress_bar(n, f"compressing {n} vectors on {pool.actors} Ray actors", unit="vec",
+            with _quiet_ray_data(ray), progress_bar(n, f"compressing {n} vectors on {actors} Ray actor{'s' if actors > 1 else ''}", unit="vec",
                                                      enabled=show_progress) as bar:
                 for row in mapped.iter_rows():
                     done.add(int(row["start"]))
@@ -319,7 +330,8 @@ def apply_compressor_ray(
             raise EmbedtuneError(f"{output_path}: the Ray actors returned without rows {missing[0]}.. ({len(missing)} ranges); "
                                  "nothing was written. Fix: run again.")
 
-    atomic_write(output_path, write)
+    with ray_session(pool.address):
+        atomic_write(output_path, write)
     seconds = time.perf_counter() - start_time
     logger.debug("apply_compressor_ray: %d x %d -> %d-d on %d actors in %.2fs", n, d, k, pool.actors, seconds)
     return output_path
@@ -344,14 +356,39 @@ def _stack_vectors(column: Any, name: str) -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
+def _arrow_vectors(column: Any, name: str) -> np.ndarray:
+    """An Arrow list, fixed-size list or tensor column of vectors as an ``(n, d)`` float32 matrix, without a Python object per row."""
+    import pyarrow as pa
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if isinstance(column.type, pa.ExtensionType):  # Ray's tensor column: (n, d) already
+        return _stack_vectors(column.to_numpy(), name)
+    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or pa.types.is_fixed_size_list(column.type)):
+        raise ValueError(f"column {name!r} must hold vectors (a list of floats); got {column.type}.")
+    if column.null_count:
+        raise ValueError(f"column {name!r} has {column.null_count} null vectors.")
+    n = len(column)
+    if n == 0:
+        return np.zeros((0, 0), np.float32)
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    d = len(values) // n
+    if len(values) % n or (not pa.types.is_fixed_size_list(column.type) and (np.diff(column.offsets.to_numpy()) != d).any()):
+        raise ValueError(f"column {name!r}: vectors have different lengths.")
+    return np.ascontiguousarray(values.reshape(n, d), dtype=np.float32)
+
+
 class CompressorBatchFn:
-    """Callable class for ``Dataset.map_batches(..., batch_format="numpy")``.
+    """Callable class for ``Dataset.map_batches``, with ``batch_format="pyarrow"`` (fastest) or ``"numpy"``.
 
     Args:
         adapter: a fitted :class:`Compressor`, or the folder it was saved to (loaded once per
             Ray actor).
         vector_column: the input column of ``(d,)`` vectors.
         output_column: where the ``(k,)`` vectors go; default replaces ``vector_column``.
+
+    An Arrow batch comes back as a table whose output column is a fixed-size list of float32 (a Ray
+    tensor column for a tensor column in); a numpy batch as a dict with an ``(n, k)`` array.
     """
 
     def __init__(self, adapter: str | Path | Compressor, vector_column: str = "embedding", output_column: str | None = None) -> None:
@@ -363,13 +400,35 @@ class CompressorBatchFn:
         self.vector_column = vector_column
         self.output_column = output_column or vector_column
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.vector_column not in batch:
-            raise ValueError(f"batch has no column {self.vector_column!r} (columns: {sorted(batch)}).")
-        vectors = _stack_vectors(batch[self.vector_column], self.vector_column)
-        out = dict(batch)
-        out[self.output_column] = transform_rows(self.compressor, vectors)  # (n, k) float32
-        return out
+    def __call__(self, batch: Any) -> Any:
+        if isinstance(batch, dict):
+            if self.vector_column not in batch:
+                raise ValueError(f"batch has no column {self.vector_column!r} (columns: {sorted(batch)}).")
+            vectors = _stack_vectors(batch[self.vector_column], self.vector_column)
+            out = dict(batch)
+            out[self.output_column] = self._transform(vectors)  # (n, k) float32
+            return out
+        import pyarrow as pa
+
+        if self.vector_column not in batch.column_names:
+            raise ValueError(f"batch has no column {self.vector_column!r} (columns: {sorted(batch.column_names)}).")
+        source = batch.column(self.vector_column)
+        compressed = self._transform(_arrow_vectors(source, self.vector_column))
+        if isinstance(source.type, pa.ExtensionType):  # a Ray tensor column in, a tensor column out (numpy readers keep working)
+            from ray.data.extensions import ArrowTensorArray
+
+            column = ArrowTensorArray.from_numpy(compressed)
+        else:
+            column = pa.FixedSizeListArray.from_arrays(pa.array(compressed.ravel()), self.compressor.output_dim)
+        if self.output_column in batch.column_names:
+            return batch.set_column(batch.column_names.index(self.output_column), self.output_column, column)
+        return batch.append_column(self.output_column, column)
+
+    def _transform(self, vectors: np.ndarray) -> np.ndarray:
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):  # one BLAS thread per tile, as the local apply: the same kernels, the same bits
+            return transform_rows(self.compressor, vectors)
 
 
 def compress_dataset(
@@ -377,20 +436,26 @@ def compress_dataset(
     adapter: str | Path | Compressor,
     vector_column: str = "embedding",
     output_column: str | None = None,
-    batch_size: int = 4096,
+    batch_size: int = 65536,
     concurrency: int | tuple[int, int] | None = None,
     **map_batches_kwargs: Any,
 ) -> Any:
-    """``ds.map_batches`` with :class:`CompressorBatchFn`, one compressor per actor.
+    """``ds.map_batches`` with :class:`CompressorBatchFn`, one compressor per actor, on Arrow batches.
 
-    ``ds`` is a ``ray.data.Dataset``; returns the lazily compressed dataset. Extra keyword
-    arguments go to ``map_batches`` (e.g. ``num_cpus=1``).
+    ``ds`` is a ``ray.data.Dataset``; returns the lazily compressed dataset. ``batch_size``: rows
+    per call, a multiple of 4096 (larger batches mean fewer calls; each is one block in and one
+    out). Extra keyword arguments go to ``map_batches`` (e.g. ``num_cpus=1``, or
+    ``batch_format="numpy"``).
     """
+    import ray
+
     kwargs: dict[str, Any] = {
         "fn_constructor_kwargs": {"adapter": adapter if isinstance(adapter, Compressor) else str(adapter), "vector_column": vector_column, "output_column": output_column},
         "batch_size": batch_size,
-        "batch_format": "numpy",
-        "concurrency": concurrency if concurrency is not None else 1,
+        "batch_format": "pyarrow",
+        "zero_copy_batch": True,
+        "compute": ray.data.ActorPoolStrategy(size=concurrency if concurrency is not None else 1)
+        if not isinstance(concurrency, tuple) else ray.data.ActorPoolStrategy(min_size=concurrency[0], max_size=concurrency[1]),
     }
     kwargs.update(map_batches_kwargs)
     return ds.map_batches(CompressorBatchFn, **kwargs)

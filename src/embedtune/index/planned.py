@@ -57,12 +57,13 @@ def build_planned_index(
     vector_column: str = "embedding",
     before_write: Callable[[], Any] | None = None,
     backend: str | None = None,
+    ray: Any = None,
 ) -> Path:
     """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet).
 
     Every file of the plan is checked against the digests ``plan.json`` recorded, and against the
     others, first (:func:`embedtune.index.plan_format.load_plan`): an edited index kind or int8 range
-    would build another index than the one planned and scored. ``before_write``: as in :func:`build_index`.
+    would build another index than the one planned and scored. ``before_write``, ``ray`` (a :class:`~embedtune.compress.ray_apply.RayPool`): as in :func:`build_index`.
     """
     plan = Path(plan)
     info, _, precision, calibration = load_plan(plan)
@@ -89,4 +90,4 @@ def build_planned_index(
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
                        model=model or _encoding_model(info), backend=backend, chunk_size=chunk_size, keep_vectors=precision.rescores_float,
                        id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write,
-                       trained_index=trained)
+                       trained_index=trained, ray=ray)

@@ -37,6 +37,7 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
+from embedtune.compress.ray_apply import RayPool, apply_compressor_ray, check_ray_apply_paths
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
 from embedtune.encoders.recipe import recipe_for_vectors
@@ -154,6 +155,7 @@ def build_index(
     before_write: Callable[[], Any] | None = None,
     trained_index: Any = None,
     backend: str | None = None,
+    ray: RayPool | None = None,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -180,6 +182,10 @@ def build_index(
             (the command line prepares ``--out`` there, so a failed build leaves it untouched).
         trained_index: an ``index_factory`` kind: a trained FAISS index holding no vectors to add
             them to instead of training on these vectors (a plan's ``codec.faiss``, the tables it scored).
+        ray: transform a ``.npy`` through ``adapter`` on this Ray actor pool
+            (:func:`~embedtune.compress.ray_apply.apply_compressor_ray`, the same bits as here) into a
+            file in the folder the index is built in, beside ``out``; the FAISS add stays in this
+            process. On a cluster, ``out``'s folder and the inputs must be on storage every node reaches.
     Returns the folder.
     """
     import faiss
@@ -199,6 +205,12 @@ def build_index(
         if d_in != compressor.input_dim_:
             raise ValueError(f"{embeddings} has {d_in} columns but the adapter was fitted on {compressor.input_dim_}-d input.")
     d = compressor.output_dim if compressor is not None else d_in
+    if ray is not None and compressor is None:
+        logger.warning("%s: no adapter, so there is nothing for the Ray actors to transform; the index is built in this process.", embeddings)
+        ray = None
+    if ray is not None:
+        ray.check()
+        check_ray_apply_paths(embeddings, out / "adapted.npy", compressor)  # a .npy: before anything runs
     if embeddings.suffix == ".npy":
         if ids is None:
             raise ValueError(f"{embeddings}: a .npy file carries no ids; pass ids (one per line or a JSON list).")
@@ -216,17 +228,22 @@ def build_index(
     else:
         index = new_index(kind, d, sq8_ranges)
 
+    source, transform = embeddings, compressor  # with a Ray pool: the actors' transformed file, read as it is
+
     def blocks(collect_ids: bool = False):
-        for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):
+        for start, block_ids, block in iter_embedding_blocks(source, chunk_size, id_column, vector_column, reuse_buffer=True):
             if collect_ids and block_ids is not None:
                 id_list.extend(block_ids)
-            yield start, (transform_rows(compressor, block) if compressor is not None else block)
+            yield start, (transform_rows(transform, block) if transform is not None else block)
 
     # Everything is built in a folder beside OUT and moved in at the end: a build that fails
     # (bad input, a FAISS error, a full disk) leaves OUT as it was.
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".building", dir=out.parent))
     try:
+        if ray is not None:
+            source = apply_compressor_ray(adapter, embeddings, staging / "adapted.npy", ray, rows_per_range=chunk_size)
+            transform = None
         if kind == "sq8" and sq8_ranges is None:
             # One extra pass for the per-dimension ranges, so the calibration sees every vector.
             index = sq8_index(d, Calibration.fit_blocks(blocks()))
