@@ -56,3 +56,100 @@ def test_ray_apply_equals_local_apply(fitted, rng, tmp_path):
     # Ray cuts batches inside its own blocks, so a row can sit at another position of its tile than
     # in the local apply; some BLAS kernels round by that position (see compress/streaming.py).
     np.testing.assert_allclose(ray_vectors, local_vectors, rtol=1e-5, atol=1e-6)
+
+
+def test_row_ranges_start_at_tile_multiples():
+    from embedtune.compress.ray_apply import row_ranges
+
+    assert row_ranges(10_000, 5000) == [(0, 8192), (8192, 10_000)]
+    assert row_ranges(0, 5000) == []
+    ranges = row_ranges(100_001, 65_536)
+    assert ranges == [(0, 65_536), (65_536, 100_001)]
+    assert all(start % 4096 == 0 for start, _ in row_ranges(50_000, 1))  # never a range inside a tile
+
+
+def test_batch_fn_on_arrow_batches_equals_numpy_batches(fitted, rng):
+    X = rng.normal(size=(77, 40)).astype(np.float32)
+    expected = CompressorBatchFn(fitted)({"embedding": X})["embedding"]
+    for vectors in (pa.array(list(X), pa.list_(pa.float32())), pa.FixedSizeListArray.from_arrays(pa.array(X.ravel()), 40)):
+        table = pa.table({"id": [f"d{i}" for i in range(77)], "embedding": vectors})
+        out = CompressorBatchFn(fitted)(table)
+        assert out.column_names == ["id", "embedding"] and out.column("embedding").type == pa.list_(pa.float32(), 10)
+        np.testing.assert_array_equal(np.stack(out.column("embedding").to_numpy(zero_copy_only=False)), expected)
+        assert CompressorBatchFn(fitted, output_column="small")(table).column_names == ["id", "embedding", "small"]
+    ragged = pa.table({"embedding": pa.array([[1.0] * 40, [1.0] * 39], pa.list_(pa.float32()))})
+    with pytest.raises(ValueError, match="different lengths"):
+        CompressorBatchFn(fitted)(ragged)
+
+
+def _cli(argv: list[str]) -> int:
+    from embedtune.cli import main
+
+    return main(argv)
+
+
+def test_ray_flags_refuse_what_the_ray_apply_cannot_do_before_ray_starts(fitted, rng, tmp_path, capsys):
+    fitted.save(tmp_path / "adapter")
+    X = rng.normal(size=(50, 40)).astype(np.float32)
+    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "embedding": pa.array(list(X), pa.list_(pa.float32()))}), tmp_path / "in.parquet")
+    np.save(tmp_path / "in.npy", X)
+    np.save(tmp_path / "wide.npy", np.zeros((5, 41), np.float32))
+    base = ["compress", "apply", "--adapter", str(tmp_path / "adapter")]
+    cases = [
+        (["--input", str(tmp_path / "in.parquet"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "2"], "reads a .npy file"),
+        (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.parquet"), "--ray-actors", "2"], "writes a .npy file"),
+        (["--input", str(tmp_path / "wide.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "2"], "41 columns"),
+        (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-address", "auto"], "--ray-address needs --ray-actors"),
+        (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "1", "--cpus-per-actor", "0"], "--cpus-per-actor"),
+    ]
+    for extra, message in cases:
+        assert _cli(base + extra) != 0
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.npy").exists() and not (tmp_path / "o.parquet").exists()
+    index = ["index", "build", "--embeddings", str(tmp_path / "in.parquet"), "--adapter", str(tmp_path / "adapter"),
+             "--out", str(tmp_path / "index"), "--ray-actors", "2"]
+    assert _cli(index) != 0
+    assert "reads a .npy file" in capsys.readouterr().err and not (tmp_path / "index").exists()
+
+
+def _index_bytes(folder) -> tuple[bytes, bytes]:
+    return (folder / "index.faiss").read_bytes(), (folder / "ids.txt").read_bytes()
+
+
+@pytest.mark.slow
+def test_compress_apply_and_index_build_on_ray_actors_equal_the_local_bits(fitted, rng, tmp_path, capsys):
+    """Row ranges start at multiples of 4096 (a --chunk-size of 5000 becomes 8192), so every row sits at its local tile position."""
+    ray = pytest.importorskip("ray")
+    fitted.save(tmp_path / "adapter")
+    n = 3 * 4096 + 1234
+    np.save(tmp_path / "in.npy", rng.normal(size=(n, 40)).astype(np.float32))
+    np.save(tmp_path / "half.npy", rng.normal(size=(n, 40)).astype(np.float16))
+    (tmp_path / "ids.txt").write_text("".join(f"doc-{i}\n" for i in range(n)), encoding="utf-8")
+    bad = np.load(tmp_path / "in.npy")
+    bad[9000, 3] = np.nan
+    np.save(tmp_path / "bad.npy", bad)
+    adapter = ["--adapter", str(tmp_path / "adapter")]
+    pool = ["--ray-actors", "2", "--cpus-per-actor", "0.5", "--chunk-size", "5000"]
+    for name in ("in", "half"):
+        assert _cli(["compress", "apply", *adapter, "--input", str(tmp_path / f"{name}.npy"), "--out", str(tmp_path / f"{name}-local.npy")]) == 0
+    build = ["index", "build", "--embeddings", str(tmp_path / "in.npy"), "--ids", str(tmp_path / "ids.txt"), *adapter]
+    assert _cli([*build, "--out", str(tmp_path / "index-local")]) == 0
+    assert _cli([*build, "--out", str(tmp_path / "sq8-local"), "--kind", "sq8"]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        for name in ("in", "half"):
+            assert _cli(["compress", "apply", *adapter, "--input", str(tmp_path / f"{name}.npy"), "--out", str(tmp_path / f"{name}-ray.npy"), *pool]) == 0
+        capsys.readouterr()
+        assert _cli(["compress", "apply", *adapter, "--input", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad-ray.npy"), *pool]) != 0
+        error = capsys.readouterr().err
+        assert _cli([*build, "--out", str(tmp_path / "index-ray"), *pool]) == 0
+        assert _cli([*build, "--out", str(tmp_path / "sq8-ray"), "--kind", "sq8", *pool]) == 0
+    finally:
+        ray.shutdown()
+    for name in ("in", "half"):
+        assert (tmp_path / f"{name}-ray.npy").read_bytes() == (tmp_path / f"{name}-local.npy").read_bytes()
+    assert "bad.npy: input vectors row 9000" in error and "Traceback" not in error
+    assert not (tmp_path / "bad-ray.npy").exists()
+    assert _index_bytes(tmp_path / "index-ray") == _index_bytes(tmp_path / "index-local")
+    assert _index_bytes(tmp_path / "sq8-ray") == _index_bytes(tmp_path / "sq8-local")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder or adapted.npy left

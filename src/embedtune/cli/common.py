@@ -234,18 +234,3 @@ def add_ray_flags(parser: argparse.ArgumentParser, actor: str, threads: str, gpu
     ray.add_argument("--threads-per-actor", type=int, default=None,
                      help=f"{threads} in each actor (default: the CPUs it reserves, --cpus-per-actor, at least 1)")
 
-
-def ray_pool_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`~embedtune.compress.ray_apply.RayPool` that :func:`add_ray_flags` describes, or None for ``--ray-actors 0``."""
-    if args.ray_actors < 0:
-        raise ValueError(f"--ray-actors must be 0 (run in this process) or more; got {args.ray_actors}.")
-    if args.ray_actors == 0:
-        if args.ray_address is not None:
-            raise ValueError("--ray-address needs --ray-actors N (N >= 1): how many actors to run on that cluster.")
-        return None
-    from embedtune.compress.ray_apply import RayPool  # Ray and the compressors only when a pool is asked for
-
-    pool = RayPool(actors=args.ray_actors, cpus_per_actor=args.cpus_per_actor, threads_per_actor=args.threads_per_actor,
-                   address=args.ray_address)
-    pool.check()
-    return pool

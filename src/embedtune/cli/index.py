@@ -7,10 +7,11 @@ import json
 import logging
 from pathlib import Path
 
-from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table, ray_pool_from_args
+from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table
 from embedtune.data.beir import load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
+from embedtune.compress.ray_apply import pool_from_flags
 from embedtune.index import build_index
 from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_texts
@@ -90,7 +91,7 @@ def run_index_build(args: argparse.Namespace) -> int:
     def prepare() -> None:
         prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs)
 
-    pool = ray_pool_from_args(args)
+    pool = pool_from_flags(args.ray_actors, args.ray_address, args.cpus_per_actor, args.threads_per_actor)
     if args.plan and (args.adapter or args.kind != "flat"):
         raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
     titles = None

@@ -78,7 +78,7 @@ from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CompressorBatchFn", "RangeCompressor", "RayPool", "apply_compressor_ray", "check_ray_apply_paths", "compress_dataset", "ray_session", "row_ranges"]
+__all__ = ["CompressorBatchFn", "RangeCompressor", "RayPool", "apply_compressor_ray", "check_ray_apply_paths", "compress_dataset", "pool_from_flags", "ray_session", "row_ranges"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,19 @@ class RayPool:
             raise ValueError(f"--cpus-per-actor must be above 0; got {self.cpus_per_actor}.")
         if self.threads_per_actor is not None and self.threads_per_actor < 1:
             raise ValueError(f"--threads-per-actor must be at least 1; got {self.threads_per_actor}.")
+
+
+def pool_from_flags(actors: int, address: str | None, cpus_per_actor: float = 1.0, threads_per_actor: int | None = None) -> RayPool | None:
+    """The pool that ``--ray-actors``, ``--ray-address``, ``--cpus-per-actor`` and ``--threads-per-actor`` describe; None for ``--ray-actors 0``."""
+    if actors < 0:
+        raise ValueError(f"--ray-actors must be 0 (run in this process) or more; got {actors}.")
+    if actors == 0:
+        if address is not None:
+            raise ValueError("--ray-address needs --ray-actors N (N >= 1): how many actors to run on that cluster.")
+        return None
+    pool = RayPool(actors=actors, cpus_per_actor=cpus_per_actor, threads_per_actor=threads_per_actor, address=address)
+    pool.check()
+    return pool
 
 
 def _import_ray() -> Any:
