@@ -134,7 +134,6 @@ def test_compress_apply_and_index_build_on_ray_actors_equal_the_local_bits(fitte
         assert _cli(["compress", "apply", *adapter, "--input", str(tmp_path / f"{name}.npy"), "--out", str(tmp_path / f"{name}-local.npy")]) == 0
     build = ["index", "build", "--embeddings", str(tmp_path / "in.npy"), "--ids", str(tmp_path / "ids.txt"), *adapter]
     assert _cli([*build, "--out", str(tmp_path / "index-local")]) == 0
-    assert _cli([*build, "--out", str(tmp_path / "sq8-local"), "--kind", "sq8"]) == 0
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         for name in ("in", "half"):
@@ -143,7 +142,6 @@ def test_compress_apply_and_index_build_on_ray_actors_equal_the_local_bits(fitte
         assert _cli(["compress", "apply", *adapter, "--input", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "bad-ray.npy"), *pool]) != 0
         error = capsys.readouterr().err
         assert _cli([*build, "--out", str(tmp_path / "index-ray"), *pool]) == 0
-        assert _cli([*build, "--out", str(tmp_path / "sq8-ray"), "--kind", "sq8", *pool]) == 0
     finally:
         ray.shutdown()
     for name in ("in", "half"):
@@ -151,5 +149,4 @@ def test_compress_apply_and_index_build_on_ray_actors_equal_the_local_bits(fitte
     assert "bad.npy: input vectors row 9000" in error and "Traceback" not in error
     assert not (tmp_path / "bad-ray.npy").exists()
     assert _index_bytes(tmp_path / "index-ray") == _index_bytes(tmp_path / "index-local")
-    assert _index_bytes(tmp_path / "sq8-ray") == _index_bytes(tmp_path / "sq8-local")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder or adapted.npy left

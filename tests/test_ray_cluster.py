@@ -62,7 +62,7 @@ def _stop(process: subprocess.Popen) -> None:
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(tree, timeout=15)
+    _, alive = psutil.wait_procs(tree, timeout=8)
     for proc in alive:
         try:
             proc.kill()
@@ -72,12 +72,18 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @pytest.fixture
-def two_node_cluster(tmp_path):
+def two_node_cluster(tmp_path, monkeypatch):
     """The GCS address of a running head node (1 CPU) joined by a second node (1 CPU)."""
     ray = pytest.importorskip("ray")
     pytest.importorskip("psutil")
     if ray.is_initialized():
         pytest.skip("this process already runs a Ray")
+    # A private cluster on 127.0.0.1: no token (Ray 2.60 turns token auth on where it finds one, and
+    # a node started by `ray start --address` then cannot join); this process's Ray settings follow.
+    from ray._raylet import Config
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    Config.initialize("")
     # Short socket paths: a Unix socket path must stay under 108 bytes.
     temp_dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(embedtune.__file__).parents[1]), os.environ.get("PYTHONPATH")])),
@@ -106,7 +112,7 @@ def two_node_cluster(tmp_path):
                 break
             time.sleep(0.5)
         if len(processes) < 2 or any(p.poll() is not None for p in processes) or "Ray runtime started" not in logs[1].read_text(errors="replace"):
-            tails = " | ".join(f"{log.name}: {log.read_text(errors='replace')[-400:]!r}" for log in logs if log.exists())
+            tails = " | ".join(f"{log.name}: {log.read_text(errors='replace')[-1500:]!r}" for log in logs if log.exists())
             pytest.skip(f"a two-node Ray cluster could not start on this machine within {START_SECONDS} s ({tails})")
         yield address
     finally:
@@ -114,6 +120,8 @@ def two_node_cluster(tmp_path):
             _stop(process)
         for folder in temp_dirs:
             subprocess.run(["rm", "-rf", folder], check=False)
+        monkeypatch.undo()
+        Config.initialize("")
 
 
 @pytest.mark.slow
