@@ -296,3 +296,83 @@ def test_a_marker_never_reaches_outside_its_folder(tmp_path):
     (out / "junk").write_text("y")  # something there, so --overwrite has work to do
     prepare_output_dir(out, overwrite=True, command="embed")
     assert (tmp_path / "precious.txt").read_text() == "x"
+
+
+# -- links and markers: nothing removed or written outside --out --------------------------------
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_refuses_a_subfolder_moved_away_and_linked_back(tmp_path):
+    out = prepare_output_dir(tmp_path / "out", command="compress train")
+    _adapter(out / "pca")
+    finish_output_dir(out, "compress train")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (out / "pca").rename(archive / "pca")
+    (out / "pca").symlink_to(archive / "pca", target_is_directory=True)
+    before = _tree(archive)
+    with pytest.raises(OutputExistsError, match=r"pca is a symbolic link to .*archive/pca, outside --out.*Remove the link"):
+        prepare_output_dir(out, overwrite=True, command="compress train")
+    assert _tree(archive) == before and (out / "pca").is_symlink()
+    with pytest.raises(OutputExistsError, match="symbolic link"):  # the refusal comes before any removal, check_only too
+        prepare_output_dir(out, overwrite=True, command="compress train", check_only=True)
+    (out / "pca").unlink()  # the fix the message names: the archive is kept
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert _tree(archive) == before
+
+
+def test_a_marker_naming_a_path_through_a_link_or_the_folder_itself_removes_nothing_outside(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("keep")
+    out = prepare_output_dir(tmp_path / "out", command="compress fit")
+    finish_output_dir(out, "compress fit")
+    (out / "notes.md").write_text("the user's")
+    marker = json.loads((out / MARKER_NAME).read_text())
+    marker["files"] = ["link/secret.txt"]
+    (out / MARKER_NAME).write_text(json.dumps(marker))
+    (out / "link").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutputExistsError, match="symbolic link"):
+        prepare_output_dir(out, overwrite=True, command="compress fit")
+    assert (outside / "secret.txt").read_text() == "keep"
+    # A link to a folder inside --out is not refused, but nothing is removed through it.
+    (out / "link").unlink()
+    (out / "inner").mkdir()
+    (out / "inner" / "secret.txt").write_text("the user's too")
+    (out / "link").symlink_to(out / "inner", target_is_directory=True)
+    prepare_output_dir(out, overwrite=True, command="compress fit")
+    assert (out / "inner" / "secret.txt").read_text() == "the user's too"
+    # A marker naming the folder itself, or a folder, never removes a tree.
+    for listed in (".", "inner", "inner/"):
+        marker = json.loads((out / MARKER_NAME).read_text())
+        marker["files"] = [listed]
+        (out / MARKER_NAME).write_text(json.dumps(marker))
+        prepare_output_dir(out, overwrite=True, command="compress fit")
+        assert (out / "notes.md").read_text() == "the user's" and (out / "inner" / "secret.txt").is_file()
+
+
+def test_an_owned_file_replaced_by_a_link_is_removed_as_a_link(tmp_path):
+    archive = tmp_path / "archive.npy"
+    archive.write_bytes(b"archived vectors")
+    out = prepare_output_dir(tmp_path / "out", command="embed")
+    atomic_write_bytes(out / "doc_embeddings.npy", b"x")
+    finish_output_dir(out, "embed")
+    (out / "doc_embeddings.npy").unlink()
+    (out / "doc_embeddings.npy").symlink_to(archive)
+    prepare_output_dir(out, overwrite=True, command="embed")
+    assert not (out / "doc_embeddings.npy").is_symlink() and archive.read_bytes() == b"archived vectors"
+
+
+def test_resuming_refuses_a_link_that_leaves_the_folder(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = prepare_output_dir(tmp_path / "out", command="compress plan")
+    atomic_write_bytes(out / "plan.json", b"{}")
+    finish_output_dir(out, "compress plan")
+    (out / "sweep").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutputExistsError, match="sweep is a symbolic link"):
+        prepare_output_dir(out, command="compress plan", resume=True)
+    (out / "sweep").unlink()
+    (out / "sweep").symlink_to(out / "plan.json")  # a link that stays inside is fine
+    assert prepare_output_dir(out, command="compress plan", resume=True) == out
