@@ -376,3 +376,35 @@ def test_resuming_refuses_a_link_that_leaves_the_folder(tmp_path):
     (out / "sweep").unlink()
     (out / "sweep").symlink_to(out / "plan.json")  # a link that stays inside is fine
     assert prepare_output_dir(out, command="compress plan", resume=True) == out
+
+
+def test_embed_corpus_prepares_its_out_like_every_writer(tiny_bert_dir, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
+    index = tmp_path / "index"
+    assert main(["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--ids", str(tmp_path / "ids.txt"), "--out", str(index)]) == 0
+    before = _tree(index)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(7)))
+    command = ["embed-corpus", "--data", str(corpus), "--model", str(tiny_bert_dir), "--shard-size", "4"]
+    capsys.readouterr()
+    assert main([*command, "--out", str(index)]) == 2
+    assert "an earlier `embedtune index build` run" in capsys.readouterr().err and _tree(index) == before
+    # Its own folder is resumed without --overwrite (a finished one, and one cut short), and --overwrite re-encodes it.
+    out = tmp_path / "vectors"
+    assert main([*command, "--out", str(out)]) == 0
+    assert read_marker(out)["command"] == "embed-corpus" and "shard-00001.npy" in read_marker(out)["files"]
+    kept = (out / "shard-00000.npy").stat().st_mtime_ns
+    (out / "shard-00001.json").unlink()
+    assert main([*command, "--out", str(out)]) == 0
+    assert (out / "shard-00000.npy").stat().st_mtime_ns == kept and (out / "shard-00001.json").is_file()
+    assert main([*command, "--out", str(out), "--shard-size", "3"]) == 2  # other settings: refused by the shards' own record
+    assert main([*command, "--out", str(out), "--shard-size", "3", "--overwrite"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["shard_size"] == 3 and (out / "shard-00002.json").is_file()
+    # A shard folder written before output markers is its own too.
+    (out / MARKER_NAME).unlink()
+    assert main([*command, "--out", str(out), "--shard-size", "3"]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text('{"user": "a file named run.json that is not a shard record"}')
+    assert main([*command, "--out", str(other)]) == 2
