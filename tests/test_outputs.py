@@ -408,3 +408,14 @@ def test_embed_corpus_prepares_its_out_like_every_writer(tiny_bert_dir, tmp_path
     other.mkdir()
     (other / "run.json").write_text('{"user": "a file named run.json that is not a shard record"}')
     assert main([*command, "--out", str(other)]) == 2
+
+
+def test_benchmark_index_never_replaces_an_existing_out_file_unasked(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    out.write_text('{"the user": "an earlier result"}')
+    command = ["benchmark", "index", "--data", "", "--synthetic", "200", "--synthetic-dim", "8", "--dims", "4", "--rounds", "1",
+               "--singles", "1", "--batch", "16", "--json", "--out", str(out)]
+    assert main(command) == 2
+    assert "already exists" in capsys.readouterr().err and out.read_text() == '{"the user": "an earlier result"}'
+    assert main([*command, "--overwrite"]) == 0
+    assert json.loads(out.read_text())["flat"]

@@ -20,6 +20,7 @@ from embedtune.encoders import resolve_model_path
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.io import atomic_write_json
 from embedtune.workflows.results import json_safe, write_results
+from embedtune.outputs import prepare_output_file
 
 DEPRECATED_NAME = "bench"
 
@@ -75,7 +76,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     # index_factory strings contain commas, so this list is space-separated only (';' still works).
     index.add_argument("--ann", nargs="*", default=[],
                        help="index_factory strings for approximate indexes, e.g. --ann IVF1024,Flat HNSW32")
-    index.add_argument("--out", default=None, help="write the full result as JSON here")
+    index.add_argument("--out", default=None, help="write the full result as JSON here (an existing file is refused unless --overwrite)")
+    index.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never one of the --data inputs)")
     index.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     index.set_defaults(handler=run_benchmark_index)
 
@@ -136,6 +138,8 @@ def run_benchmark_index(args: argparse.Namespace) -> int:
     unknown = set(args.engines) - {"faiss", "embedtune"}
     if unknown or not args.engines:
         raise ValueError(f"--engines takes faiss and/or embedtune; got {args.engines!r}.")
+    if args.out:  # refused before the (long) measurement, like every writer's --out
+        prepare_output_file(args.out, args.overwrite, inputs=args.data or ())
     result = run_index_benchmark(
         datasets=args.data,
         model=args.model,
