@@ -10,6 +10,7 @@ import numpy as np
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
+from embedtune.encoders.ray_encode import RUN_RECORD
 from embedtune.io import atomic_save_npy, atomic_write_json
 from embedtune.workflows.encode_corpus import encode_corpus
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
@@ -75,8 +76,6 @@ def run_embed(args: argparse.Namespace) -> int:
 
 def _shard_folder_before_markers(out: str) -> tuple[str, ...]:
     """``("run.json",)`` when ``out`` is a shard folder an embed-corpus wrote before output markers existed (resumed as its own)."""
-    from embedtune.encoders.ray_encode import RUN_RECORD
-
     record = Path(out) / RUN_RECORD
     try:
         previous = json.loads(record.read_text(encoding="utf-8")) if record.is_file() and not record.is_symlink() else None
