@@ -419,3 +419,23 @@ def test_benchmark_index_never_replaces_an_existing_out_file_unasked(tmp_path, c
     assert "already exists" in capsys.readouterr().err and out.read_text() == '{"the user": "an earlier result"}'
     assert main([*command, "--overwrite"]) == 0
     assert json.loads(out.read_text())["flat"]
+
+
+def test_benchmark_dive_prepares_its_results_folder(toy40, tiny_bert_dir, tmp_path, capsys):
+    config = tmp_path / "grid.toml"
+    config.write_text(f'[protocol]\nmethods = ["frozen"]\nstudies = ["main"]\nfinal_seeds = [1]\nthreads = 1\n'
+                      f'results_dir = "{(tmp_path / "grid").as_posix()}"\n\n[[datasets]]\nname = "toy"\npath = "{toy40.as_posix()}"\n\n'
+                      f'[[backbones]]\nname = "tiny"\nmodel = "{tiny_bert_dir.as_posix()}"\ndims = [8]\n')
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text('{"the user": "another tool\'s results"}')
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report", "--out", str(mine)]) == 2
+    assert "files embedtune did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["results.json"]
+    # Its own folder resumes without --overwrite; a folder from before markers (runs/, splits/) is its own too.
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
+    assert read_marker(tmp_path / "grid")["command"] == "benchmark dive" and read_marker(tmp_path / "grid")["complete"]
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
+    assert "1 runs finished" in capsys.readouterr().out
+    (tmp_path / "grid" / MARKER_NAME).unlink()
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
