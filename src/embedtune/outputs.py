@@ -69,7 +69,8 @@ __all__ = [
 MARKER_NAME = ".embedtune-output.json"
 MARKER_FORMAT = 2
 OVERWRITE_HELP = ("replace what an earlier embedtune run wrote in --out (files embedtune did not write are kept, "
-                  "and the inputs are never removed); without it, a non-empty --out is refused")
+                  "the inputs are never removed, and a symbolic link in --out that leaves it is refused); "
+                  "without it, a non-empty --out is refused")
 # Seconds between two marker rewrites while a run records its files (the rest is recorded on finish).
 _RECORD_INTERVAL = 0.5
 _RECORD_EACH = 256
