@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "check_finite"]
+__all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "NoSpaceError", "check_finite", "VECTORS_FIX"]
+
+#: The fix every reader of vector files names for a NaN or infinite value.
+VECTORS_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
 
 # Rows per isfinite() pass: bounded temporaries on a memory-mapped corpus of any size.
 _FINITE_BLOCK_BYTES = 64 << 20
@@ -53,6 +56,10 @@ class NonFiniteError(EmbedtuneError):
         The count is dropped: a padded or partial block cannot say how many rows of the whole are bad.
         """
         return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, 1, self.fix)
+
+
+class NoSpaceError(EmbedtuneError):
+    """A write failed because the disk is full (or a quota or size limit is met); the message names the file and the fix."""
 
 
 class NoQueriesError(EmbedtuneError):
