@@ -243,3 +243,120 @@ def test_a_query_file_with_a_byte_order_mark_reads_as_without(tmp_path, suffix, 
     path = tmp_path / f"queries{suffix}"
     path.write_bytes("\ufeff".encode("utf-8") + text.encode("utf-8"))
     assert read_query_file(path) == [("q1", "first query"), ("q2", "second query")]
+
+
+@pytest.mark.parametrize("fault", [_full_disk, _short_write])
+def test_every_atomic_write_names_its_file_on_a_full_disk(tmp_path, fault):
+    from embedtune.io import atomic_write
+
+    with pytest.raises(NoSpaceError, match=r"out\.bin: could not write it: the disk is full .*--out"):
+        atomic_write(tmp_path / "out.bin", fault)
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind
+
+
+def test_a_full_disk_during_compress_plan_names_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
+    from conftest import write_beir
+    from embedtune import io as embedtune_io
+
+    rng = np.random.default_rng(0)
+    docs = rng.normal(size=(60, 16)).astype(np.float32)
+    queries = docs[:30] + 0.3 * rng.normal(size=(30, 16)).astype(np.float32)
+    data = write_beir(tmp_path / "beir", [{"_id": f"d{i}", "text": ""} for i in range(60)], [{"_id": f"q{i}", "text": ""} for i in range(30)],
+                      [(f"q{i}", f"d{i}", 1) for i in range(30)])
+    for name, array, prefix in (("docs", docs, "d"), ("queries", queries, "q")):
+        np.save(tmp_path / f"{name}.npy", array)
+        (tmp_path / f"{name}.txt").write_text("".join(f"{prefix}{i}\n" for i in range(len(array))))
+    monkeypatch.setattr(embedtune_io, "current_umask", _full_disk)  # the last step of every atomic write
+    code = main(["compress", "plan", "--data", str(data), "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "docs.txt"),
+                 "--query-embeddings", str(tmp_path / "queries.npy"), "--query-ids", str(tmp_path / "queries.txt"),
+                 "--budget-bytes", "8", "--methods", "pca", "--dims", "8", "--precisions", "int8", "--out", str(tmp_path / "plan")])
+    err = _error(capsys)
+    assert code == 2
+    assert f"{tmp_path / 'plan'}" in err and "could not write it: the disk is full" in err and "--out" in err
+
+
+# -- an exported model's precision files -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def exported(tiny_bert_dir, tmp_path_factory):
+    """Two exports of the tiny model + PCA-16 with int8 codes, fitted on different vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedtune.compress import make_compressor
+    from embedtune.index.codecs import Precision
+    from embedtune.index.plan_export import export_plan
+    from embedtune.index.plan_format import write_plan
+
+    root = tmp_path_factory.mktemp("exported")
+    base = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    texts = [f"document number {i} about topic" for i in range(40)]
+    models = {}
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        docs = base.encode(texts)
+        docs = (docs + 0.5 * np.std(docs) * rng.standard_normal(docs.shape)).astype(np.float32)
+        compressor = make_compressor("pca", dim=16).fit_unsupervised(docs)
+        write_plan(root / f"plan{seed}", compressor, Precision("int8"), docs, {"chosen": {"setting": "pca-16/int8"}})
+        models[seed] = export_plan(root / f"plan{seed}", str(tiny_bert_dir), root / f"model{seed}")
+    vectors = np.random.default_rng(5).normal(size=(20, 16)).astype(np.float32)
+    return models, vectors
+
+
+def _copy_model(models, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(models[0], folder)
+    return folder, folder / "embedtune_precision"
+
+
+@pytest.mark.parametrize("damage", ["flip calibration.safetensors", "swap the two calibration files", "no digest",
+                                    "the other export's precision", "the other export's calibration, digests recomputed"])
+def test_an_exported_models_precision_files_are_checked(exported, tmp_path, damage):
+    from embedtune.index.codecs import DeployedCodec
+    from embedtune.io import read_json_verified, sha256_file, write_json_with_digest
+
+    models, vectors = exported
+    folder, precision = _copy_model(models, tmp_path)
+    reference = DeployedCodec.load(folder).encode(vectors)
+    if damage == "flip calibration.safetensors":
+        data = bytearray((precision / "calibration.safetensors").read_bytes())
+        data[-7] ^= 0x01
+        (precision / "calibration.safetensors").write_bytes(bytes(data))
+    elif damage == "swap the two calibration files":
+        a, b = (precision / "calibration.safetensors").read_bytes(), (precision / "calibration.json").read_bytes()
+        (precision / "calibration.safetensors").write_bytes(b)
+        (precision / "calibration.json").write_bytes(a)
+    elif damage == "no digest":
+        values = json.loads((precision / "precision.json").read_text())
+        (precision / "precision.json").write_text(json.dumps({k: v for k, v in values.items() if k not in ("content_sha256", "files_sha256")}))
+        data = bytearray((precision / "calibration.safetensors").read_bytes())
+        data[-7] ^= 0x01
+        (precision / "calibration.safetensors").write_bytes(bytes(data))
+    elif damage == "the other export's precision":
+        shutil.rmtree(precision)
+        shutil.copytree(models[1] / "embedtune_precision", precision)
+    else:
+        shutil.copyfile(models[1] / "embedtune_precision" / "calibration.safetensors", precision / "calibration.safetensors")
+        values, _ = read_json_verified(precision / "precision.json", "")
+        values["files_sha256"]["calibration.safetensors"] = sha256_file(precision / "calibration.safetensors")
+        write_json_with_digest(precision / "precision.json", values)
+    try:
+        codes = DeployedCodec.load(folder).encode(vectors)
+    except EmbedtuneError as error:
+        assert "embedtune_precision" in str(error) and "Fix" in str(error) or "Write it again" in str(error)
+        return
+    np.testing.assert_array_equal(codes, reference)  # only an intact result may come back
+    pytest.fail(f"{damage}: loaded without an error")
+
+
+def test_a_full_disk_during_compress_export_names_the_folder(exported, tmp_path, capsys, monkeypatch, tiny_bert_dir):
+    from sentence_transformers import SentenceTransformer
+
+    def full(*args, **kwargs):
+        raise RuntimeError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+
+    monkeypatch.setattr(SentenceTransformer, "save", full)
+    models, _ = exported
+    code = main(["compress", "export", "--plan", str(models[0].parent / "plan0"), "--model", str(tiny_bert_dir),
+                 "--out", str(tmp_path / "m")])
+    err = _error(capsys)
+    assert code == 2 and f"{tmp_path / 'm'}: could not write it: the disk is full" in err and "--out" in err
+    assert not (tmp_path / "m").exists()

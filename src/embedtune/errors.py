@@ -59,7 +59,18 @@ class NonFiniteError(EmbedtuneError):
 
 
 class NoSpaceError(EmbedtuneError):
-    """A write failed because the disk is full (or a quota or size limit is met); the message names the file and the fix."""
+    """A write failed because the disk is full (or a quota or size limit is met); the message names the file and the fix.
+
+    Attributes:
+        path: the file or folder being written.
+        reason: what was met (the disk full, the quota, a size limit).
+        detail: the operating system's or the writer's own words.
+        fix: what the user should do.
+    """
+
+    def __init__(self, path: str, reason: str, detail: str, fix: str) -> None:
+        self.path, self.reason, self.detail, self.fix = path, reason, detail, fix
+        super().__init__(f"{path}: could not write it: {reason} ({detail}); nothing was written there. Fix: {fix}")
 
 
 class NoQueriesError(EmbedtuneError):

@@ -136,9 +136,12 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
         # Some writers replace the file with their own (safetensors makes it 0600): set the mode last.
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
-        raise
+        named = no_space_error(error, path) if isinstance(error, Exception) else None
+        if named is None or named is error:
+            raise
+        raise named from error
     notify_written(path)
     return path
 
@@ -155,14 +158,15 @@ _NO_SPACE_TEXT = ("requested and", "os error 28", "os error 122", "no space left
 def no_space_error(error: BaseException, path: str | os.PathLike, fix: str = OUT_SPACE_FIX) -> NoSpaceError | None:
     """The :class:`~embedtune.errors.NoSpaceError` naming ``path`` when ``error`` is a full disk or quota, else None."""
     if isinstance(error, NoSpaceError):
-        return error
+        # Named already, by the write of one file: an enclosing block's own fix (e.g. EMBEDTUNE_CACHE) replaces the generic one.
+        return NoSpaceError(error.path, error.reason, error.detail, fix) if error.fix == OUT_SPACE_FIX and fix != OUT_SPACE_FIX else error
     code = getattr(error, "errno", None)
     text = str(error)
     if code not in _NO_SPACE_ERRNOS and not any(part in text.lower() for part in _NO_SPACE_TEXT):
         return None
     reason = {errno.EDQUOT: "the disk quota is reached", errno.EFBIG: "the file would exceed a size limit"}.get(code, "the disk is full")
     detail = getattr(error, "strerror", None) or text
-    return NoSpaceError(f"{path}: could not write it: {reason} ({detail}); nothing was written there. Fix: {fix}")
+    return NoSpaceError(str(path), reason, detail, fix)
 
 
 @contextlib.contextmanager
@@ -177,7 +181,7 @@ def writing(path: str | os.PathLike, fix: str = OUT_SPACE_FIX) -> Iterator[None]
         named = no_space_error(error, path, fix)
         if named is None or named is error:
             raise
-        raise named from error
+        raise named from error.__cause__ if isinstance(error, NoSpaceError) else error
 
 
 def notify_written(path: str | os.PathLike) -> None:
