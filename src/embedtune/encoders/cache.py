@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Callable
@@ -189,11 +190,12 @@ class EmbeddingCache:
         partial = self.entry(key) / "partial"
         with writing(partial, _CACHE_SPACE_FIX):
             partial.mkdir(parents=True, exist_ok=True)
+            run = self._partial_run(partial, key)
         shards = []
         for lo in range(0, len(ids), shard_size):
             hi = min(lo + shard_size, len(ids))
             shard_path = partial / f"{lo:010d}-{hi:010d}.npy"
-            shard = self._partial_shard(shard_path, ids[lo:hi])
+            shard = self._partial_shard(shard_path, ids[lo:hi], key, run)
             if shard is None:
                 shard = np.ascontiguousarray(compute(lo, hi), dtype=np.float32)
                 check_finite(shard, f"the encoder's output for rows {lo}-{hi} of embedding cache entry {key[:12]}", "vectors",
@@ -203,7 +205,8 @@ class EmbeddingCache:
                     record_path.unlink(missing_ok=True)  # an older shard's record no longer holds
                     atomic_save_npy(shard_path, shard)
                     write_json_with_digest(record_path, {"rows": int(shard.shape[0]), "dim": int(shard.shape[1]) if shard.ndim == 2 else 0,
-                                                         "sha256": sha256_file(shard_path), "ids_sha256": sha256_json(list(ids[lo:hi]))})
+                                                         "sha256": sha256_file(shard_path), "ids_sha256": sha256_json(list(ids[lo:hi])),
+                                                         "key": key, "run": run})
             shards.append(shard)
         embeddings = np.concatenate(shards) if shards else np.zeros((0, 0), np.float32)
         self.store(key, ids, embeddings, {"parts": parts})
@@ -211,8 +214,25 @@ class EmbeddingCache:
         return embeddings
 
     @staticmethod
-    def _partial_shard(shard_path: Path, ids: list[str]) -> np.ndarray | None:
-        """The finished shard at ``shard_path`` if its record is intact and it matches it (and ``ids``); else None, logged."""
+    def _partial_run(partial: Path, key: str) -> str:
+        """The token of the encode that owns ``partial/`` (``run.json``, made with the folder): shards of another encode carry another."""
+        path = partial / "run.json"
+        try:
+            record, _ = read_json_verified(path, _PARTIAL_FIX, require_digest=True)
+            if record.get("key") == key and isinstance(record.get("run"), str):
+                return record["run"]
+        except (OSError, ValueError):
+            pass
+        for stale in partial.iterdir():  # shards of an encode whose record is gone cannot be told from another encode's
+            if stale.is_file():
+                stale.unlink()
+        run = secrets.token_hex(16)
+        write_json_with_digest(path, {"key": key, "run": run})
+        return run
+
+    @staticmethod
+    def _partial_shard(shard_path: Path, ids: list[str], key: str, run: str) -> np.ndarray | None:
+        """The finished shard at ``shard_path`` if its record is intact and it matches it (and ``ids``, ``key``, ``run``); else None, logged."""
         record_path = shard_path.with_suffix(".json")
         if not shard_path.is_file() and not record_path.is_file():
             return None
@@ -222,6 +242,9 @@ class EmbeddingCache:
             record, _ = read_json_verified(record_path, _PARTIAL_FIX, require_digest=True)
             if record.get("ids_sha256") != sha256_json(list(ids)) or record.get("rows") != len(ids):
                 raise IntegrityError(f"{record_path}: records other rows than this entry's {len(ids)} ids at this place")
+            if record.get("key") != key or record.get("run") != run:
+                raise IntegrityError(f"{record_path}: written by another encode (entry {str(record.get('key'))[:12]}, run "
+                                     f"{str(record.get('run'))[:8]}), not the one this partial folder belongs to")
             if not shard_path.is_file() or sha256_file(shard_path) != record.get("sha256"):
                 raise IntegrityError(f"{shard_path}: missing, or its sha256 differs from the one {record_path.name} recorded")
             shard = np.load(shard_path, allow_pickle=False)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.compress import load_compressor
+from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER
 from embedtune.evaluate.search import as_rows
 from embedtune.io import IntegrityError
 from embedtune.index.codecs.binary import binary_codes
@@ -122,8 +124,6 @@ class DeployedCodec:
 
 def _check_model_compressor(model_folder: Path, directory: Path) -> None:
     """An exported model's precision was written for the compressor it ships (``embedtune_compressor/``): refuse another's."""
-    from embedtune.compress import load_compressor  # the compressor layer, only for an exported model folder
-    from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER
 
     recorded = json.loads((directory / PRECISION_FILE).read_text(encoding="utf-8")).get("compressor_state_sha256")
     compressor_dir = model_folder / COMPRESSOR_SUBFOLDER

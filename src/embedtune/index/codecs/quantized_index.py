@@ -221,6 +221,10 @@ def load_precision(directory: str | Path, require_digest: bool = False) -> tuple
     calibration = Calibration.load(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
     if precision.name == "int8" and calibration is None:
         raise FileNotFoundError(f"{directory}: precision int8 needs {CALIBRATION_FILE} (its per-dimension ranges).")
+    for name, used in ((CALIBRATION_FILE, precision.name == "int8"), (CODEC_FILE, precision.uses_factory)):
+        if (directory / name).is_file() and not used:  # the files say another precision than precision.json does
+            raise IntegrityError(f"{directory / PRECISION_FILE}: precision {precision.name!r} has no use for {directory / name}, which "
+                                 f"another precision wrote. {_PRECISION_FIX}")
     if calibration is not None:
         if isinstance(values.get("dim"), int) and calibration.dim != values["dim"]:
             raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges, but {PRECISION_FILE} field 'dim' is "
