@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import sys
 import time
@@ -97,7 +98,8 @@ def main() -> None:
     for trial in bad[:20]:
         print(f"NOT OK: {trial}")
     print(f"{len(trials)} file trials, {kill_report.kills if kill_report else 0} kills in {seconds:.0f}s")
-    command = "python " + " ".join(sys.argv)
+    threads = " ".join(f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if name in os.environ)
+    command = " ".join(filter(None, [threads, "python", *sys.argv]))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     record = {"machine": machine_info(), "command": command, "date": date, "seconds": seconds, "rows": rows, "table": table,
               "kills": asdict(kill_report) if kill_report else None, "not_ok": [asdict(trial) for trial in bad]}
