@@ -254,22 +254,35 @@ def test_every_atomic_write_names_its_file_on_a_full_disk(tmp_path, fault):
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
 
 
-def test_a_full_disk_during_compress_plan_names_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
+def _plan_inputs(tmp_path, nan_row: int | None = None) -> list[str]:
     from conftest import write_beir
-    from embedtune import io as embedtune_io
 
     rng = np.random.default_rng(0)
     docs = rng.normal(size=(60, 16)).astype(np.float32)
     queries = docs[:30] + 0.3 * rng.normal(size=(30, 16)).astype(np.float32)
+    if nan_row is not None:
+        docs[nan_row, 3] = np.nan
     data = write_beir(tmp_path / "beir", [{"_id": f"d{i}", "text": ""} for i in range(60)], [{"_id": f"q{i}", "text": ""} for i in range(30)],
                       [(f"q{i}", f"d{i}", 1) for i in range(30)])
     for name, array, prefix in (("docs", docs, "d"), ("queries", queries, "q")):
         np.save(tmp_path / f"{name}.npy", array)
         (tmp_path / f"{name}.txt").write_text("".join(f"{prefix}{i}\n" for i in range(len(array))))
+    return ["compress", "plan", "--data", str(data), "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "docs.txt"),
+            "--query-embeddings", str(tmp_path / "queries.npy"), "--query-ids", str(tmp_path / "queries.txt"),
+            "--budget-bytes", "8", "--methods", "pca", "--dims", "8", "--precisions", "int8", "--out", str(tmp_path / "plan")]
+
+
+def test_compress_plan_on_its_own_vectors_refuses_a_nan(tmp_path, capsys):
+    assert main(_plan_inputs(tmp_path, nan_row=17)) == 2
+    assert f"{tmp_path / 'docs.npy'}: vectors row 17 (0-based) holds nan at column 3" in _error(capsys)
+
+
+def test_a_full_disk_during_compress_plan_names_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
+    from embedtune import io as embedtune_io
+
+    command = _plan_inputs(tmp_path)
     monkeypatch.setattr(embedtune_io, "current_umask", _full_disk)  # the last step of every atomic write
-    code = main(["compress", "plan", "--data", str(data), "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "docs.txt"),
-                 "--query-embeddings", str(tmp_path / "queries.npy"), "--query-ids", str(tmp_path / "queries.txt"),
-                 "--budget-bytes", "8", "--methods", "pca", "--dims", "8", "--precisions", "int8", "--out", str(tmp_path / "plan")])
+    code = main(command)
     err = _error(capsys)
     assert code == 2
     assert f"{tmp_path / 'plan'}" in err and "could not write it: the disk is full" in err and "--out" in err

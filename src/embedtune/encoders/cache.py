@@ -7,7 +7,16 @@ last, so an entry without it is incomplete. A miss whose key parts match vectors
 package (:mod:`embedtune.encoders.bundled_vectors`, e.g. MiniLM on the bundled SciFact) is filled
 from them, after their checks, instead of encoding. ``meta.json`` records the sha256 of the array file
 and of the ids, and carries the digest of its own content, so a truncated, damaged or mismatched
-entry is detected on load (one flipped byte is enough), logged and rebuilt.
+entry is detected on load (one flipped byte is enough), logged and rebuilt. An entry's vectors
+must be finite: NaN or infinity from the encoder is refused before it is stored, and an entry
+holding them is rebuilt.
+
+An interrupted encode resumes from ``partial/``: each finished shard ``<lo>-<hi>.npy`` has a record
+``<lo>-<hi>.json`` (the sha256 of the array and of its ids, the entry key and the token of the
+encode in ``partial/run.json``, with its own content digest). A shard is reused only when all of
+that agrees; a damaged, truncated or foreign shard is encoded again, never sealed into the entry.
+A full disk is an error naming the entry and the fix (free space, or point ``EMBEDTUNE_CACHE``
+elsewhere).
 
 One process at a time computes an entry: :meth:`EmbeddingCache.get_or_compute` takes an
 exclusive ``fcntl.flock`` on ``<key>.lock`` next to the entry before encoding, so a second

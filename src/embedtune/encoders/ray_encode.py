@@ -4,9 +4,13 @@ The corpus is cut into shards of ``shard_size`` texts, in order. Shard ``i`` is 
 ``shard-0000i.npy`` (float32 ``(rows, d)``), ``shard-0000i.ids.txt`` and, last,
 ``shard-0000i.json`` (its rows, dimension and the sha256 of both files), each atomically. A shard
 is complete when its record is there and both files match it (their digests, and as many vector
-rows as ids as the corpus has for that shard); a rerun skips complete shards and encodes the rest,
-a damaged or truncated one included. ``manifest.json`` (written when every shard is there) lists the
-shards, the model and the rows; :func:`read_shards` checks every shard against its record again.
+rows as ids as the corpus has for that shard, and those ids the corpus's own); a rerun skips
+complete shards and encodes the rest, a damaged, truncated or foreign one included (a shard copied
+in from a run over another corpus holds other ids). ``manifest.json`` (written when every shard is
+there) lists the shards, their digests, the model, the rows and the digest of the corpus's ids;
+:func:`read_shards` checks every shard against its record again, every vector for NaN and
+infinity, and the ids against the corpus the folder was made for (``manifest.json`` and
+``run.json``).
 
 Single process::
 
