@@ -373,3 +373,14 @@ def test_a_full_disk_during_compress_export_names_the_folder(exported, tmp_path,
     err = _error(capsys)
     assert code == 2 and f"{tmp_path / 'm'}: could not write it: the disk is full" in err and "--out" in err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_full_disk_stays_an_os_error_for_best_effort_writes(tmp_path):
+    from embedtune.io import atomic_write
+
+    try:
+        atomic_write(tmp_path / "marker.json", _full_disk)
+    except OSError as error:  # a best-effort write (a marker, a log) tolerates it as before
+        assert isinstance(error, NoSpaceError) and error.errno == errno.ENOSPC
+    else:
+        pytest.fail("the write did not fail")

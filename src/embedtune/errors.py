@@ -11,6 +11,7 @@ metric or file is ever computed from a non-finite value.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import numpy as np
@@ -58,8 +59,11 @@ class NonFiniteError(EmbedtuneError):
         return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, 1, self.fix)
 
 
-class NoSpaceError(EmbedtuneError):
+class NoSpaceError(EmbedtuneError, OSError):
     """A write failed because the disk is full (or a quota or size limit is met); the message names the file and the fix.
+
+    An :class:`OSError` too (``errno`` is ``ENOSPC``), so code that tolerates a failed best-effort
+    write (``except OSError``) still does.
 
     Attributes:
         path: the file or folder being written.
@@ -71,6 +75,7 @@ class NoSpaceError(EmbedtuneError):
     def __init__(self, path: str, reason: str, detail: str, fix: str) -> None:
         self.path, self.reason, self.detail, self.fix = path, reason, detail, fix
         super().__init__(f"{path}: could not write it: {reason} ({detail}); nothing was written there. Fix: {fix}")
+        self.errno = errno.ENOSPC
 
 
 class NoQueriesError(EmbedtuneError):
