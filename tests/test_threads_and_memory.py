@@ -1,4 +1,4 @@
-"""Issue 29, items 2 and 3: thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
+"""Thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
 
 - ``default_threads``: the free cores (affinity, cgroup quota, minus the cores busy now), at least 1;
   ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
