@@ -18,6 +18,7 @@ import numpy as np
 from embedtune.data.beir import BeirDataset, read_utf8
 from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
+from embedtune.encoders.ray_encode import SHARD_MANIFEST, is_shard_folder, read_shards
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,17 @@ def judged_documents(dataset: BeirDataset) -> list[str]:
 
 
 def vector_fingerprints(*paths: str | Path | None) -> dict[str, str]:
-    """``{file name: sha256}`` of the given vector and id files (None entries are skipped)."""
-    return {Path(path).name: file_sha256(path) for path in paths if path is not None and Path(path).is_file()}
+    """``{file name: sha256}`` of the given vector and id files (None entries are skipped); an
+    ``embed-corpus`` folder is named by its shard manifest, which holds every shard's sha256."""
+    prints: dict[str, str] = {}
+    for path in paths:
+        if path is None:
+            continue
+        if is_shard_folder(path):
+            prints[Path(path).name + "/" + SHARD_MANIFEST] = file_sha256(Path(path) / SHARD_MANIFEST)
+        elif Path(path).is_file():
+            prints[Path(path).name] = file_sha256(path)
+    return prints
 
 
 _FINITE_FIX = VECTORS_FIX
@@ -128,6 +138,13 @@ def load_embeddings(
         unique: raise if an id repeats (naming the ids file and the id).
     """
     path = Path(path)
+    if is_shard_folder(path):  # an embed-corpus folder: its ids travel with its shards
+        if ids is not None:
+            raise ValueError(f"{path}: an embed-corpus folder carries its own ids (shard-*.ids.txt); drop the ids file.")
+        folder_ids, vectors = read_shards(path)
+        if unique:
+            check_unique_ids(folder_ids, path)
+        return folder_ids, vectors
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".npy":

@@ -60,7 +60,8 @@ from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "pending_shards", "read_shards", "SHARD_MANIFEST"]
+__all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "is_shard_folder", "pending_shards", "read_shards", "shard_files",
+           "SHARD_MANIFEST"]
 
 SHARD_MANIFEST = "manifest.json"
 _PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
@@ -368,15 +369,19 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
     return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, f"ray ({actors} actors)", ids)
 
 
-def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
-    """The ids and ``(n, d)`` vectors of a complete shard folder, in corpus order."""
+def shard_files(out: str | Path) -> tuple[list[tuple[Path, list[str]]], int]:
+    """The shards of a complete folder, each checked against its digests and the corpus, in corpus
+    order: ``([(shard .npy, its ids), ...], dim)``. Reads no vectors into memory (each shard is
+    hashed), so a folder larger than RAM can be streamed shard by shard.
+    """
     out = Path(out)
     path = out / SHARD_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{out}: no {SHARD_MANIFEST}; the encoding has not finished (run it again to resume).")
     manifest, _ = read_json_verified(path, SHARD_FIX, require_digest=True)
+    shards: list[tuple[Path, list[str]]] = []
     ids: list[str] = []
-    blocks = []
+    rows, dim = 0, int(manifest.get("dim") or 0)
     listed = manifest.get("shard_sha256")
     if not isinstance(listed, list) or len(listed) != len(manifest["shards"]):
         raise IntegrityError(f"{path}: field 'shard_sha256' is missing or does not list every shard. {SHARD_FIX}")
@@ -389,13 +394,13 @@ def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
                 problem = f"its digests are not the ones {path.name} field 'shard_sha256' recorded (a shard of another run?)"
         if problem is not None or npy != _shard_paths(out, index)[0]:
             raise IntegrityError(f"{npy}: {problem or 'not the shard manifest.json lists at this place'}. {SHARD_FIX}")
-        ids += npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
-        block = np.load(npy, allow_pickle=False)
-        check_finite(block, str(npy), "vectors", fix=VECTORS_FIX)
-        blocks.append(block)
-    vectors = np.concatenate(blocks) if blocks else np.zeros((0, manifest.get("dim") or 0), np.float32)
-    if len(ids) != len(vectors) or len(ids) != manifest["rows"]:
-        raise IntegrityError(f"{path}: field 'rows' is {manifest['rows']!r}, but its shards hold {len(ids)} ids and {len(vectors)} vectors. "
+        shard_ids = npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
+        rows, dim = rows + shape[0], shape[1]
+        shards.append((npy, shard_ids))
+        ids += shard_ids
+    if len(ids) != rows or len(ids) != manifest["rows"]:
+        raise IntegrityError(f"{path}: field 'rows' is {manifest['rows']!r}, but its shards hold {len(ids)} ids and {rows} vectors. "
                              f"{SHARD_FIX}")
     # The corpus the folder was made for (the manifest's record, else run.json's): another corpus's shards, each intact, differ here.
     run = read_run_record(out) or {}
@@ -403,4 +408,24 @@ def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
         if expected is not None and sha256_json(ids) != expected:
             raise IntegrityError(f"{source}: its shards hold other ids than the corpus this folder was made for (field 'ids_sha256'); "
                                  f"a shard of a run over another corpus was copied in? {SHARD_FIX}")
+    return shards, dim
+
+
+def is_shard_folder(path: str | Path) -> bool:
+    """True for a folder written by ``embed-corpus`` (it holds its run record, ``run.json``)."""
+    path = Path(path)
+    return path.is_dir() and (path / RUN_RECORD).is_file()
+
+
+def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
+    """The ids and ``(n, d)`` vectors of a complete shard folder, in corpus order."""
+    shards, dim = shard_files(out)
+    ids: list[str] = []
+    blocks = []
+    for npy, shard_ids in shards:
+        block = np.load(npy, allow_pickle=False)
+        check_finite(block, str(npy), "vectors", fix=VECTORS_FIX)
+        blocks.append(block)
+        ids += shard_ids
+    vectors = np.concatenate(blocks) if blocks else np.zeros((0, dim), np.float32)
     return ids, vectors

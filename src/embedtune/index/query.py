@@ -71,7 +71,7 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
     if recorded:
         recipe = EncoderRecipe.from_dict(recorded, str(index.path / MANIFEST))
         given = EncoderRecipe(model=model or recipe.model, backend=backend or recipe.backend,
-                              query_prompt=recipe.query_prompt if query_prompt is None else query_prompt,
+                              query_prompt=(recipe.query_prompt or "") if query_prompt is None else query_prompt,
                               max_seq_length=recipe.max_seq_length, document_prompt=recipe.document_prompt, normalize=recipe.normalize)
         if model and model != recipe.model:
             given = replace(given, model_sha256=EncoderRecipe.of(given.encoder()).model_sha256)
