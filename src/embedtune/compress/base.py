@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PseudoQueries", "TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
+__all__ = ["PseudoQueries", "TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize", "check_output_dim"]
 
 CONFIG_NAME = "config.json"
 _OUTPUT_FIX = ("the input rows are finite, so the compressor's weights hold NaN or infinity (a damaged file or a diverged fit); "
@@ -541,3 +541,10 @@ def _read_meta(directory: Path) -> tuple[dict[str, Any], bool]:
 def read_compressor_meta(directory: Path) -> dict[str, Any]:
     """The ``config.json`` of a saved compressor, its content digest checked (when it has one)."""
     return _read_meta(directory)[0]
+
+
+def check_output_dim(method: str, dim: int, input_dim: int, strict: bool = False) -> None:
+    """Raise if the output dimension ``dim`` cannot be cut from ``input_dim``-d input."""
+    if dim > input_dim or (strict and dim == input_dim):
+        relation = "smaller than" if strict else "at most"
+        raise ValueError(f"{method}: dim={dim} must be {relation} the input dimension {input_dim}.")

@@ -30,7 +30,6 @@ import numpy as np
 
 from embedtune.compress.base import Compressor
 from embedtune.compress.export_layers import ExportLayer, NormalizeLayer
-from embedtune.compress.residual_mlp import ACTIVATIONS
 from embedtune.io import current_umask
 from embedtune.outputs import OutputExistsError, finish_output_dir, prepare_output_dir
 
@@ -170,6 +169,8 @@ def builtin_modules(layers: Sequence[ExportLayer], input_is_normalized: bool) ->
     """
     import torch
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    from embedtune.compress.residual_mlp import ACTIVATIONS
 
     layers = list(layers)
     if input_is_normalized and layers and isinstance(layers[0], NormalizeLayer):
