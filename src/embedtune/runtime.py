@@ -14,6 +14,9 @@ What a person sees while a long job runs is decided here, once for every command
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import sys
@@ -73,9 +76,8 @@ def set_threads(threads: int) -> None:
     if threads < 1:
         raise ValueError(f"threads must be >= 1; got {threads}.")
     import faiss
-    import torch
 
-    torch.set_num_threads(threads)
+    _set_torch_threads(threads)
     faiss.omp_set_num_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
@@ -83,6 +85,46 @@ def set_threads(threads: int) -> None:
         threadpool_limits(limits=threads, user_api="blas")
     except ImportError:  # pragma: no cover - a dependency; without it BLAS keeps its own default
         pass
+
+
+class _TorchThreadsOnImport(importlib.abc.MetaPathFinder):
+    """Sets torch's thread count the moment torch is imported (torch takes ~1 s to import: a command
+    that never needs it, e.g. `index build` or `--help`, does not pay for it just to set its threads)."""
+
+    threads = 1
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # once: the real finders locate torch
+        spec = importlib.util.find_spec(fullname)
+        loader = None if spec is None else spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run_module = loader.exec_module
+        threads = self.threads
+
+        def exec_module(module: Any) -> None:
+            run_module(module)
+            module.set_num_threads(threads)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_torch_threads_on_import = _TorchThreadsOnImport()
+
+
+def _set_torch_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` now if torch is imported, else as it is imported."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(threads)
+        return
+    _torch_threads_on_import.threads = threads
+    if _torch_threads_on_import not in sys.meta_path:
+        sys.meta_path.insert(0, _torch_threads_on_import)
 
 
 def _cgroup_cpus() -> float | None:

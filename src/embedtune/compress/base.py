@@ -480,9 +480,9 @@ class Compressor(abc.ABC):
         estimator = cls(config)
         estimator.input_dim_ = input_dim
         estimator.input_normalization_ = normalization
-        tensors = load_weights(directory / WEIGHTS_NAME)
+        tensors = load_weights(directory / WEIGHTS_NAME, as_numpy=True)  # numpy: loading a PCA does not import torch
         try:
-            estimator._load_state_dict({key: value.numpy() for key, value in tensors.items()})
+            estimator._load_state_dict(dict(tensors))
         except (KeyError, ValueError, RuntimeError) as error:
             raise IntegrityError(
                 f"{directory / WEIGHTS_NAME}: weights do not match a {cls.method} compressor ({error}). "
