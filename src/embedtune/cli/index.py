@@ -9,17 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, positive_int, print_json, print_table
+from embedtune.data.beir import load_beir
+from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
+from embedtune.index import build_index
+from embedtune.index.planned import build_planned_index
+from embedtune.index.query import search_texts, search_vectors
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 __all__ = ["register", "run_index_build", "run_search", "search_texts"]
-
-
-def search_texts(*args: Any, **kwargs: Any) -> Any:
-    """:func:`embedtune.index.query.search_texts` (imported on call: the parser is built without the index stack)."""
-    from embedtune.index.query import search_texts as search
-
-    return search(*args, **kwargs)
 
 
 logger = logging.getLogger(__name__)
@@ -87,11 +85,6 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run_index_build(args: argparse.Namespace) -> int:
-    # Imported here, not at the top: the parser (every `--help`) is built without the index stack.
-    from embedtune.data.beir import load_beir
-    from embedtune.index import build_index
-    from embedtune.index.planned import build_planned_index
-
     inputs = [args.embeddings, args.ids, args.adapter, args.data, args.plan]
     # Refusals now; --out itself is prepared (and --overwrite applied) only once the index is built.
     prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs, check_only=True)
@@ -127,8 +120,6 @@ def run_search(args: argparse.Namespace) -> int:
         return _search_vectors(args)
     if args.query_ids is not None:
         raise ValueError("--query-ids names the rows of --query-vectors; give --query-vectors too (or drop --query-ids).")
-    from embedtune.data.query_files import read_query_file
-
     if args.queries and args.query:
         raise ValueError("give queries as arguments or as --queries FILE, not both.")
     if args.queries:
@@ -152,8 +143,6 @@ def run_search(args: argparse.Namespace) -> int:
 
 def _search_vectors(args: argparse.Namespace) -> int:
     """``search --query-vectors``: the hits of given query vectors, written and printed as text search's are."""
-    from embedtune.index.query import search_vectors
-
     given = [flag for flag, value in (("query text", args.query), ("--queries", args.queries), ("--model", args.model),
                                       ("--query-prompt", args.query_prompt)) if value]
     if given:

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress import load_compressor
+from embedtune.encoders import SentenceEncoder
+from embedtune.encoders.precomputed import load_embeddings
 from embedtune.index.store import MANIFEST, Index, check_adapter, load_index
 
 __all__ = ["search_texts", "search_vectors", "query_vectors"]
@@ -92,8 +94,6 @@ def search_vectors(index_dir: str | Path, vectors: str | Path, ids: str | Path |
 
     Returns ``(query_ids, hits)``, the hits as :func:`search_texts` gives them.
     """
-    from embedtune.encoders.precomputed import load_embeddings
-
     _check_top_k(top_k)
     index = load_index(index_dir)
     query_ids, matrix = load_embeddings(vectors, ids, unique=True)  # refuses NaN/inf and repeated ids, naming the file
@@ -124,8 +124,6 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
                          "the index's vectors came from (e.g. --model minilm), or record it with `index build --model`.")
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
-    from embedtune.encoders import SentenceEncoder  # the model stack: imported only where texts are encoded
-
     encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress, backend=backend)
     vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
     return _hits(index, vectors, top_k, rescore, query_ids, ignore_identical_ids)

@@ -305,6 +305,7 @@ def fit_on_all(
     info["path"] = path
     info["preset"] = chosen.name
     info["config"] = compressor.config.to_dict()
+    info["fit_details"] = compressor.fit_details()  # e.g. the rows a PCA was fitted on
     info["documents"] = n_docs
     info["input_dim"] = compressor.input_dim_
     info["fit_seconds"] = round(time.perf_counter() - start, 3)

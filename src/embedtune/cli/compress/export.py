@@ -6,6 +6,11 @@ import argparse
 
 from embedtune.cli.common import print_json
 from embedtune.cli.compress.flags import ADAPTER_HELP
+from embedtune.compress import load_compressor
+from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER, export_sentence_transformer
+from embedtune.encoders import resolve_model_path
+from embedtune.index.codecs import PRECISION_SUBFOLDER
+from embedtune.index.plan_export import export_plan
 from embedtune.outputs import OVERWRITE_HELP
 
 __all__ = ["register", "run_export"]
@@ -26,13 +31,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    # Imported here, not at the top: the parser (every `--help`) is built without the model stack.
-    from embedtune.compress import load_compressor
-    from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER, export_sentence_transformer
-    from embedtune.encoders import resolve_model_path
-    from embedtune.index.codecs import PRECISION_SUBFOLDER
-    from embedtune.index.plan_export import export_plan
-
     if args.plan is not None:
         path = export_plan(args.plan, resolve_model_path(args.model), args.out, overwrite=args.overwrite)
         compressor = load_compressor(path / COMPRESSOR_SUBFOLDER)
