@@ -164,7 +164,7 @@ def test_a_smaller_corpus_gets_its_own_cache_entry(tmp_path):
 
 
 def test_the_default_encoder_is_the_experiments_own_recipe(monkeypatch):
-    import embedtune.workflows.pseudo_queries as module
+    import embedtune.encoders.recipe as module
 
     seen = {}
 

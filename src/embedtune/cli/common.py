@@ -108,9 +108,18 @@ BACKEND_HELP = ("encoding runtime: torch (sentence-transformers), onnx (ONNX Run
                 "pip install \"embedtune[onnx]\"")
 
 
-def add_backend_flag(parser: Any) -> None:
-    """``--backend``, for every command that encodes text."""
-    parser.add_argument("--backend", default="torch", choices=BACKEND_CHOICES, help=BACKEND_HELP)
+def add_backend_flag(parser: Any, recorded: str | None = None) -> None:
+    """``--backend``, for every command that encodes text.
+
+    ``recorded`` names where the backend is read from when the flag is left out (an index's
+    manifest): the default is then None, and a given flag is checked against what was recorded.
+    """
+    if recorded is None:
+        parser.add_argument("--backend", default="torch", choices=BACKEND_CHOICES, help=BACKEND_HELP)
+    else:
+        parser.add_argument("--backend", default=None, choices=BACKEND_CHOICES,
+                            help=f"the backend that encoded the vectors; default: the one {recorded} records (torch when none). "
+                                 "A different one is refused: its vectors would not match.")
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:

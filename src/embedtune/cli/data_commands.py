@@ -8,6 +8,7 @@ import numpy as np
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
+from embedtune.encoders.recipe import EncoderRecipe, write_recipe
 from embedtune.io import atomic_save_npy, atomic_write_json
 from embedtune.workflows.encode_corpus import encode_corpus
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
@@ -62,6 +63,8 @@ def run_embed(args: argparse.Namespace) -> int:
     atomic_save_npy(out / "query_embeddings.npy", np.asarray(emb.query_embeddings, dtype=np.float32))
     atomic_write_json(out / "doc_ids.json", emb.doc_ids)
     atomic_write_json(out / "query_ids.json", emb.query_ids)
+    if emb.model:  # encoded here: the recipe travels with the vectors, so `index build` and `search` can check it
+        write_recipe(out, EncoderRecipe.from_dict(emb.model))
     finish_output_dir(out, "embed")
     print_json({"out": str(out), "docs": len(emb.doc_ids), "queries": len(emb.query_ids), "dim": emb.dim, "seconds": emb.timings})
     return 0

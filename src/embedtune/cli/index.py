@@ -42,7 +42,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="a `compress plan --out` folder: build exactly what it planned (its compressor, precision and int8 "
                             "calibration); replaces --adapter and --kind")
     add_data_flags(build, split=False, default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
-    build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default")
+    build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default "
+                       "(default: the one recorded beside the vectors by `embed` or `embed-corpus`; another one is refused)")
+    add_backend_flag(build, recorded="the vectors' encoder.json (or embed-corpus run.json)")
     build.add_argument("--chunk-size", type=int, default=65536, help="rows per chunk")
     build.add_argument("--id-column", default="id", help="parquet id column")
     build.add_argument("--vector-column", default="embedding", help="parquet vector column")
@@ -73,8 +75,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="encoder of the queries (default: the one the index manifest records; an index that records none needs it)")
     search.add_argument("--adapter", default=None, help="compressor folder; default: the index's own adapter")
     search.add_argument("--no-adapter", action="store_true", help="search with the raw model vectors")
-    search.add_argument("--query-prompt", default="", help="text prepended to the query (instruction models)")
-    add_backend_flag(search)
+    search.add_argument("--query-prompt", default=None,
+                        help="text prepended to the query (instruction models); default: the one the index's encoder recipe records")
+    add_backend_flag(search, recorded="the index's manifest")
     search.add_argument("--top-k", type=positive_int, default=10, help="hits per query (>= 1)")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--keep-identical-ids", action="store_true",
@@ -99,11 +102,11 @@ def run_index_build(args: argparse.Namespace) -> int:
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
     if args.plan:
         out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
-                                  chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
+                                  backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
                                   before_write=prepare)
     else:
         out = build_index(args.embeddings, args.out, ids=args.ids, adapter=args.adapter, kind=args.kind, titles=titles, model=args.model,
-                          chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
+                          backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
                           before_write=prepare)
     finish_output_dir(out, "index build")
     manifest = json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))
@@ -144,7 +147,7 @@ def run_search(args: argparse.Namespace) -> int:
 def _search_vectors(args: argparse.Namespace) -> int:
     """``search --query-vectors``: the hits of given query vectors, written and printed as text search's are."""
     given = [flag for flag, value in (("query text", args.query), ("--queries", args.queries), ("--model", args.model),
-                                      ("--query-prompt", args.query_prompt)) if value]
+                                      ("--query-prompt", args.query_prompt), ("--backend", args.backend)) if value]
     if given:
         raise ValueError(f"--query-vectors are searched as given, with no model: drop {', '.join(given)}.")
     inputs = [args.query_vectors, args.query_ids, args.index, args.adapter]

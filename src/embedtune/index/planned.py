@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.index.codecs import CODEC_FILE, read_codec_index
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
@@ -36,6 +37,12 @@ from embedtune.index.plan_format import load_plan
 __all__ = ["build_planned_index", "RESCORE_OF"]
 
 RESCORE_OF = {"binary-asym": "asym", "binary-rescore": "float", "rabitq1-rescore": "float"}
+
+
+def _encoding_model(info: dict[str, Any]) -> str | None:
+    """The model a plan's vectors came from, or None when they were the user's own (precomputed)."""
+    model = info.get("model")
+    return None if model in (None, PRECOMPUTED_MODEL) else str(model)
 
 
 def build_planned_index(
@@ -49,6 +56,7 @@ def build_planned_index(
     id_column: str = "id",
     vector_column: str = "embedding",
     before_write: Callable[[], Any] | None = None,
+    backend: str | None = None,
 ) -> Path:
     """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet).
 
@@ -79,6 +87,6 @@ def build_planned_index(
         ranges = (calibration.vmin, calibration.vmax)
         recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
-                       model=model or info.get("model"), chunk_size=chunk_size, keep_vectors=precision.rescores_float,
+                       model=model or _encoding_model(info), backend=backend, chunk_size=chunk_size, keep_vectors=precision.rescores_float,
                        id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write,
                        trained_index=trained)

@@ -11,6 +11,7 @@ is loaded.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from embedtune.compress import load_compressor
 from embedtune.encoders import SentenceEncoder
 from embedtune.encoders.precomputed import load_embeddings
+from embedtune.encoders.recipe import EncoderRecipe
 from embedtune.index.store import MANIFEST, Index, check_adapter, load_index
 
 __all__ = ["search_texts", "search_vectors", "query_vectors"]
@@ -104,26 +106,46 @@ def search_vectors(index_dir: str | Path, vectors: str | Path, ids: str | Path |
 
 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
-                 use_adapter: bool = True, top_k: int = 10, query_prompt: str = "", rescore: str | None = None,
+                 use_adapter: bool = True, top_k: int = 10, query_prompt: str | None = None, rescore: str | None = None,
                  show_progress: bool = False, query_ids: list[str] | None = None,
-                 ignore_identical_ids: bool = True, backend: str = "torch") -> list[list[dict[str, Any]]]:
+                 ignore_identical_ids: bool = True, backend: str | None = None) -> list[list[dict[str, Any]]]:
     """Encode ``queries`` with ``model`` (+ adapter) and return the hits of the index for each.
 
     With ``query_ids`` (real ids, e.g. from a BEIR queries file) and ``ignore_identical_ids``, a
     document whose id equals its query's id is dropped and the next one takes its place, as
     ``evaluate`` (and BEIR) score: on ArguAna every query is also a document. ``backend``: the
-    encoding runtime (:class:`~embedtune.encoders.SentenceEncoder`); queries are best encoded with
-    the backend the documents were.
+    encoding runtime (:class:`~embedtune.encoders.SentenceEncoder`). ``model``, ``backend`` and
+    ``query_prompt`` default to the encoder recipe the index records (``manifest.json``'s
+    ``encoder``); given ones must agree with it, since queries encoded another way than the
+    documents give wrong hits.
     """
     _check_top_k(top_k)
     index = load_index(index_dir)
+    recorded = index.manifest.get("encoder")
+    if recorded:
+        recipe = EncoderRecipe.from_dict(recorded, str(index.path / MANIFEST))
+        given = EncoderRecipe(model=model or recipe.model, backend=backend or recipe.backend,
+                              query_prompt=recipe.query_prompt if query_prompt is None else query_prompt,
+                              max_seq_length=recipe.max_seq_length, document_prompt=recipe.document_prompt, normalize=recipe.normalize)
+        if model and model != recipe.model:
+            given = replace(given, model_sha256=EncoderRecipe.of(given.encoder()).model_sha256)
+        else:
+            given = replace(given, model_sha256=recipe.model_sha256)
+        recipe.check_same(given, here=f"the index {index.path}", there="these queries (--model, --backend, --query-prompt)")
+        encoder = given.encoder(show_progress=show_progress)
+        return _search_encoded(index, encoder, queries, adapter, use_adapter, top_k, rescore, query_ids, ignore_identical_ids)
     model = model or index.manifest.get("model")
     if not model:
         # No silent default: queries encoded by another model than the documents' give wrong hits, with no error.
         raise ValueError(f"{index.path / MANIFEST} records no model, so the queries' encoder is unknown: pass --model, the model "
                          "the index's vectors came from (e.g. --model minilm), or record it with `index build --model`.")
+    encoder = SentenceEncoder(model, query_prompt=query_prompt or "", show_progress=show_progress, backend=backend or "torch")
+    return _search_encoded(index, encoder, queries, adapter, use_adapter, top_k, rescore, query_ids, ignore_identical_ids)
+
+
+def _search_encoded(index: Any, encoder: SentenceEncoder, queries: list[str], adapter: str | Path | None, use_adapter: bool,
+                    top_k: int, rescore: str | None, query_ids: list[str] | None, ignore_identical_ids: bool) -> list[list[dict[str, Any]]]:
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
-    encoder = SentenceEncoder(model, query_prompt=query_prompt, show_progress=show_progress, backend=backend)
     vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
     return _hits(index, vectors, top_k, rescore, query_ids, ignore_identical_ids)

@@ -39,6 +39,7 @@ from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
+from embedtune.encoders.recipe import recipe_for_vectors
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 from embedtune.index.codecs import (
@@ -155,6 +156,7 @@ def build_index(
     plan: dict[str, Any] | None = None,
     before_write: Callable[[], Any] | None = None,
     trained_index: Any = None,
+    backend: str | None = None,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -168,6 +170,9 @@ def build_index(
             string (approximate; trained on at most ``train_size`` leading rows).
         titles: ``{doc_id: title}`` to show in search results.
         model: the encoder the embeddings came from, recorded so ``search`` can default to it.
+        backend: the backend that encoded them (``torch`` unless given). The whole encoder recipe
+            recorded beside the vectors (``encoder.json`` of ``embed``, ``run.json`` of
+            ``embed-corpus``) is copied into the manifest, and ``model`` and ``backend`` must agree with it.
         keep_vectors: store the float32 vectors as ``vectors.npy`` (default: only for ``binary``,
             for float rescoring).
         sq8_ranges: ``sq8``: per-dimension ``(vmin, vmax)`` to use instead of calibrating on these
@@ -184,6 +189,7 @@ def build_index(
 
     start_time = time.perf_counter()
     embeddings, out = Path(embeddings), Path(out)
+    recipe = recipe_for_vectors(embeddings, model, backend)  # before any work: a wrong --model fails now
     n, d_in = embedding_file_shape(embeddings, vector_column)
     compressor = None
     adapter_info = None
@@ -295,7 +301,8 @@ def build_index(
                 {"method": compressor.method, "path": None, "input_dim": compressor.input_dim_, "output_dim": compressor.output_dim,
                  "input_normalization": compressor.input_normalization_, "state_sha256": compressor.state_sha256()}
                 if compressor is not None else None),
-            "model": model,
+            "model": recipe.model if recipe is not None else model,
+            "encoder": recipe.to_dict() if recipe is not None else None,
             "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
             "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
                       "vectors": VECTORS_FILE if keep_vectors else None},

@@ -20,9 +20,11 @@ from embedtune.data.pairs import labelled_dataset, read_labels
 from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
+from embedtune.encoders.recipe import EncoderRecipe
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, judged_documents, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.encoders.similarity import SimilarityChoice, resolve_similarity
+from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.evaluate.search import unit_rows
@@ -47,6 +49,21 @@ class Experiment:
     similarity: str = "cosine"
     #: Where the vectors came from, for reports: ``{"model": name or "precomputed", "vectors": {file: sha256}}``.
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    def encoder_recipe(self, what: str = "these queries") -> EncoderRecipe:
+        """The recipe that made the experiment's vectors, to encode more text the same way.
+
+        Raises:
+            EmbedtuneError: the vectors were precomputed, so no recipe is known; ``what`` names what needed one.
+        """
+        described = self.embeddings.model or {}
+        if not described or self.provenance.get("model") in (None, PRECOMPUTED_MODEL):
+            raise EmbedtuneError(f"{what} are encoded by the model that made the vectors, but these vectors were precomputed; "
+                                 "pass --model with the model's own data (the vectors are then encoded and cached), "
+                                 "or leave them out.")
+        # A description without a name (or normalisation) takes them from the experiment itself.
+        return EncoderRecipe.from_dict({"model": self.provenance["model"], "normalize": self.similarity != "dot", **described},
+                                       "the experiment's vectors")
 
     def qrels_for(self, query_ids: list[str]) -> dict[str, dict[str, int]]:
         return {qid: self.dataset.qrels[qid] for qid in query_ids if qid in self.dataset.qrels}

@@ -220,7 +220,8 @@ def load_corpus_experiment(
         encoded = embed_dataset(encoder, dataset, cache=cache)
         ids, docs = list(encoded.doc_ids), np.ascontiguousarray(encoded.doc_embeddings, dtype=np.float32)
         provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
-    embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {})
+    described = encoded.model if doc_embeddings is None else {}  # the recipe travels with the vectors
+    embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {}, described)
     return Experiment(dataset, embeddings, None, "cosine" if normalize else "dot", provenance)
 
 
@@ -233,12 +234,8 @@ def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder:
         EmbedtuneError: the experiment's vectors were precomputed and no encoder is given.
     """
     queries = read_query_file(path)
-    if encoder is None:
-        model = experiment.provenance.get("model")
-        if model in (None, PRECOMPUTED_MODEL):
-            raise EmbedtuneError("unlabelled queries are encoded by the model that made the vectors, but these vectors were "
-                                 "precomputed; pass --model with the model's own data, or give held-out documents as the queries.")
-        encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False)
+    if encoder is None:  # the recipe of the documents: backend, length and query prompt as they were encoded
+        encoder = experiment.encoder_recipe("unlabelled queries").encoder()
     ids, texts = [qid for qid, _ in queries], [text for _, text in queries]
     parts = {"model_sha256": encoder.fingerprint, "data_sha256": sha256_file(path), "recipe": {**encoder.recipe("query"), "unlabelled": True}}
     if cache:

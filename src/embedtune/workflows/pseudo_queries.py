@@ -61,16 +61,8 @@ def build_pseudo_queries(
         EmbedtuneError: the experiment's vectors were precomputed, so no encoder is known, and none was given.
     """
     mining = mining if mining is not None else MiningOptions()
-    model = experiment.provenance.get("model")
-    if encoder is None:
-        if model in (None, PRECOMPUTED_MODEL):
-            raise EmbedtuneError("pseudo-queries are encoded by the model that made the vectors, but these vectors were precomputed; "
-                                 "pass --model (or an encoder) or leave pseudo-queries off.")
-        # The experiment's own encoder recipe: the same backend, length and query prompt as its queries had.
-        made_by = experiment.embeddings.model or {}
-        encoder = SentenceEncoder(str(model), normalize=experiment.similarity != "dot", show_progress=False,
-                                  backend=made_by.get("backend", "torch"), max_seq_length=made_by.get("max_seq_length"),
-                                  query_prompt=made_by.get("query_prompt", ""))
+    if encoder is None:  # the experiment's own recipe: the same backend, length and query prompt as its queries had
+        encoder = experiment.encoder_recipe("pseudo-queries").encoder()
     corpus_ids = experiment.embeddings.doc_ids
     ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source)
     corpus_sha = experiment.dataset.fingerprints.get("corpus.jsonl", "")
