@@ -119,3 +119,17 @@ def test_torch_threads_are_set_when_torch_is_imported_later(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "3"
+
+
+def test_weights_saved_from_numpy_are_the_bytes_torch_saves(tmp_path):
+    # A PCA saves and loads its weights through numpy alone; the file must not depend on the path taken.
+    import torch
+
+    from embedtune.io import load_weights, save_weights
+
+    arrays = {"mean": np.arange(5, dtype=np.float32), "components": np.linspace(-1, 1, 10, dtype=np.float32).reshape(2, 5)}
+    save_weights(tmp_path / "numpy.safetensors", arrays, {"kind": "test"})
+    save_weights(tmp_path / "torch.safetensors", {name: torch.from_numpy(value) for name, value in arrays.items()}, {"kind": "test"})
+    assert (tmp_path / "numpy.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
+    loaded = load_weights(tmp_path / "numpy.safetensors", as_numpy=True)
+    assert all(isinstance(loaded[name], np.ndarray) and np.array_equal(loaded[name], arrays[name]) for name in arrays)

@@ -309,11 +309,11 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
 
         arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
 
-        def write(tmp: Path) -> None:
+        def write_arrays(tmp: Path) -> None:
             save_numpy(arrays, str(tmp), metadata=metadata)
             _sort_safetensors_header(tmp)
 
-        return atomic_write(path, write)
+        return atomic_write(path, write_arrays)
 
     import torch
     from safetensors.torch import save_file
@@ -323,7 +323,7 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
         for name, value in tensors.items()
     }
 
-    def write(tmp: Path) -> None:  # noqa: F811 (the torch path)
+    def write(tmp: Path) -> None:
         save_file(contiguous, str(tmp), metadata=metadata)
         _sort_safetensors_header(tmp)
 
