@@ -111,14 +111,18 @@ def test_every_method_agrees_with_its_catalogue_entry():
         assert describe_method(entry.method) == entry
 
 
-def test_torch_threads_are_set_when_torch_is_imported_later(tmp_path):
+def test_threads_are_set_when_torch_and_faiss_are_imported_later(tmp_path):
     code = ("import sys; from embedtune.runtime import set_threads; set_threads(1); set_threads(3); "
-            "assert 'torch' not in sys.modules; import torch; print(torch.get_num_threads())")
+            "assert 'torch' not in sys.modules and 'faiss' not in sys.modules; import faiss, torch; "
+            "from threadpoolctl import threadpool_info; "
+            "print(torch.get_num_threads(), faiss.omp_get_max_threads(), "
+            "sorted({p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'}))")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    env.pop("OMP_NUM_THREADS", None)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.pop(name, None)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "3"
+    assert done.stdout.strip() == "3 3 [3]"
 
 
 def test_weights_saved_from_numpy_are_the_bytes_torch_saves(tmp_path):
