@@ -8,7 +8,8 @@ the same way.
 Everything the CLI, the workflows and the protocol grid need to know about a method is a class
 trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``wide_output_settings``, ``help``,
 ``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``export_layers``), so a new
-method is one new module and nothing else.
+method is one new module (a built-in one also gets its line in :mod:`embedtune.compress.catalog`, which
+``--help`` reads without importing the module).
 """
 
 from __future__ import annotations
