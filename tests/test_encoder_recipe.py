@@ -111,3 +111,21 @@ def test_index_build_refuses_flags_that_contradict_the_recorded_recipe(tmp_path)
     (folder / "encoder.json").write_text((folder / "encoder.json").read_text().replace("onnx", "torch"))
     with pytest.raises(EmbedtuneError, match="encoder.json"):  # edited: its digest no longer matches
         recipe_for_vectors(folder / "doc_embeddings.npy")
+
+
+def test_embed_corpus_encodes_a_query_log_as_queries_with_the_query_prompt(tiny_bert_dir, tmp_path):
+    from embedtune.encoders.ray_encode import read_shards
+    from embedtune.encoders.recipe import recipe_beside
+
+    log = tmp_path / "log.tsv"
+    log.write_text("u1\twhat is topic 3\nu2\tnumber 7 please\n", encoding="utf-8")
+    out = tmp_path / "queries"
+    assert main(["embed-corpus", "--data", str(log), "--kind", "query", "--prompt", "query: ", "--model", str(tiny_bert_dir),
+                 "--out", str(out)]) == 0
+    ids, vectors = read_shards(out)
+    assert list(ids) == ["u1", "u2"]
+    expected = SentenceEncoder(str(tiny_bert_dir), query_prompt="query: ", show_progress=False).encode(
+        ["what is topic 3", "number 7 please"], "query")
+    np.testing.assert_allclose(vectors, expected, atol=1e-5)
+    recipe = recipe_beside(out / "shard-00000.npy")
+    assert recipe is not None and recipe.query_prompt == "query: " and recipe.document_prompt == ""

@@ -138,3 +138,15 @@ def test_cli_build_and_search(toy_beir, tiny_bert_dir, tmp_path, capsys):
     args = parser.parse_args(["search", "--index", str(tmp_path / "idx"), "document number 7"])
     assert args.handler(args) == 0
     assert "rank" in capsys.readouterr().out
+
+
+def test_index_build_takes_titles_from_a_bare_corpus_file(tmp_path):
+    from embedtune.cli import main
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"_id": "a", "title": "Alpha", "text": "x"}\n{"_id": "b", "title": "Beta", "text": "y"}\n', encoding="utf-8")
+    np.save(tmp_path / "v.npy", np.eye(2, 4, dtype=np.float32))
+    (tmp_path / "ids.txt").write_text("a\nb\n")
+    assert main(["index", "build", "--embeddings", str(tmp_path / "v.npy"), "--ids", str(tmp_path / "ids.txt"),
+                 "--data", str(corpus), "--out", str(tmp_path / "index")]) == 0
+    assert json.loads((tmp_path / "index" / "titles.json").read_text()) == ["Alpha", "Beta"]

@@ -177,3 +177,19 @@ def test_compressor_configs_use_the_same_helper():
     with pytest.warns(UserWarning, match="ignoring unknown config keys \\['later'\\]"):
         config = CompressorConfig.from_dict({"dim": 16, "seed": 1, "later": 2})
     assert dataclasses.asdict(config) == {"dim": 16, "seed": 1}
+
+
+def test_a_setting_the_preset_has_no_place_for_is_refused_not_dropped():
+    with pytest.raises(ValueError, match="--steps.*two stages.*--stage1-steps 3 --stage2-steps 3"):
+        preset_config("pace", steps=3)
+    with pytest.raises(ValueError, match="one stage.*--stage2-lr"):
+        preset_config("direct-dot-full", stage2_learning_rate=1e-5)
+    assert preset_config("direct-dot-full", steps=3).stage1.steps == 3  # the flag's own place still works
+
+
+def test_finetune_pace_steps_under_the_two_stage_preset_fails_before_any_work(tmp_path, capsys):
+    from embedtune.cli import main
+
+    assert main(["finetune", "pace", "--steps", "3", "--out", str(tmp_path / "run")]) != 0
+    assert "--stage1-steps" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

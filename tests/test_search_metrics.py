@@ -91,3 +91,19 @@ def test_evaluate_embeddings_end_to_end_and_identical_id_effect():
     with_rule = evaluate_embeddings(["q1"], query, doc_ids, docs, qrels)
     without = evaluate_embeddings(["q1"], query, doc_ids, docs, qrels, ignore_identical_ids=False)
     assert with_rule["p@1"] == 1.0 and without["p@1"] == 0.0
+
+
+def test_the_identical_id_rule_says_when_it_drops_a_judged_pair(caplog):
+    import logging
+
+    from embedtune.evaluate.retrieval import evaluate_embeddings
+
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((6, 4)).astype(np.float32)
+    # Queries and documents numbered independently: query "2" is judged relevant to document "2".
+    qrels = {"1": {"3": 1}, "2": {"2": 1}}
+    with caplog.at_level(logging.WARNING, logger="embedtune.evaluate.retrieval"):
+        dropped = evaluate_embeddings(["1", "2"], docs[[3, 2]], [str(i) for i in range(6)], docs, qrels, top_k=5)
+    assert "1 judged (query, document) pair(s) share an id" in caplog.text and "--keep-identical-ids" in caplog.text
+    kept = evaluate_embeddings(["1", "2"], docs[[3, 2]], [str(i) for i in range(6)], docs, qrels, top_k=5, ignore_identical_ids=False)
+    assert kept["ndcg@10"] > dropped["ndcg@10"]

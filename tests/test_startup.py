@@ -137,3 +137,13 @@ def test_weights_saved_from_numpy_are_the_bytes_torch_saves(tmp_path):
     assert (tmp_path / "numpy.safetensors").read_bytes() == (tmp_path / "torch.safetensors").read_bytes()
     loaded = load_weights(tmp_path / "numpy.safetensors", as_numpy=True)
     assert all(isinstance(loaded[name], np.ndarray) and np.array_equal(loaded[name], arrays[name]) for name in arrays)
+
+
+def test_the_option_names_configs_read_without_torch_are_the_implemented_ones():
+    from embedtune.compress import choices
+    from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
+    from embedtune.compress.quantization_aware import QUANTIZATION_AWARE
+    from embedtune.compress.residual_mlp import ACTIVATIONS
+
+    assert sorted(ACTIVATIONS) == sorted(choices.ACTIVATION_NAMES)
+    assert TRIPLET_KINDS == choices.TRIPLET_KINDS and QUANTIZATION_AWARE == choices.QUANTIZATION_AWARE

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, positive_int, print_json, print_table
-from embedtune.data.beir import load_beir
+from embedtune.data.beir import load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.index import build_index
@@ -41,7 +41,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--plan", default=None,
                        help="a `compress plan --out` folder: build exactly what it planned (its compressor, precision and int8 "
                             "calibration); replaces --adapter and --kind")
-    add_data_flags(build, split=False, default=None, help="BEIR dataset whose corpus titles to store for search results (e.g. scifact)")
+    add_data_flags(build, split=False, default=None,
+                   help="the corpus whose titles to store for search results: a corpus.jsonl, or a BEIR folder or name (e.g. scifact)")
     build.add_argument("--model", default=None, help="encoder the embeddings came from, recorded as the search default "
                        "(default: the one recorded beside the vectors by `embed` or `embed-corpus`; another one is refused)")
     add_backend_flag(build, recorded="the vectors' encoder.json (or embed-corpus run.json)")
@@ -99,7 +100,8 @@ def run_index_build(args: argparse.Namespace) -> int:
         raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
     titles = None
     if args.data:
-        titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir(args.data).corpus.items()}
+        # Only the corpus is read: a bare corpus.jsonl, or a BEIR folder whether or not it has qrels.
+        titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir_corpus(args.data).corpus.items()}
     if args.plan:
         out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
                                   backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from embedtune.data.beir import BeirDataset
+from embedtune.data.beir import BeirDataset, read_utf8
 from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
-from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
+from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +73,12 @@ def vector_fingerprints(*paths: str | Path | None) -> dict[str, str]:
     return {Path(path).name: file_sha256(path) for path in paths if path is not None and Path(path).is_file()}
 
 
-_FINITE_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
+_FINITE_FIX = VECTORS_FIX
 
 
 def _read_text(path: Path) -> str:
-    """UTF-8 text (a byte-order mark dropped); a bad byte is an error naming the file and line."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DataFormatError(str(path), f"not valid UTF-8 (byte 0x{data[error.start]:02x})", "save the file as UTF-8", line) from None
+    """UTF-8 text, a byte-order mark dropped (:func:`~embedtune.data.beir.read_utf8`)."""
+    return read_utf8(path)
 
 
 def _load_npy(path: Path, mmap: bool) -> np.ndarray:

@@ -182,7 +182,7 @@ def recipe_beside(vectors: str | os.PathLike) -> EncoderRecipe | None:
         prompt_field = "query_prompt" if record.get("kind") == "query" else "document_prompt"
         return EncoderRecipe.from_dict({"model": record["model"], "backend": options.get("backend", "torch"),
                                         "max_seq_length": options.get("max_seq_length"), "normalize": options.get("normalize", True),
-                                        prompt_field: options.get("prompt", "")}, str(run))
+                                        prompt_field: options.get(prompt_field, options.get("prompt", ""))}, str(run))
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import numpy as np
@@ -10,7 +11,10 @@ from embedtune.errors import NoQueriesError, check_finite
 from embedtune.evaluate.metrics import DEFAULT_METRICS, RetrievalMetrics, evaluate_run
 from embedtune.evaluate.search import search_ids, unit_rows
 
-__all__ = ["evaluate_embeddings", "SIMILARITIES"]
+__all__ = ["evaluate_embeddings", "identical_judged_pairs", "SIMILARITIES"]
+
+logger = logging.getLogger(__name__)
+_WARNED: set[tuple[int, tuple[str, ...]]] = set()
 
 SIMILARITIES = ("cosine", "dot")
 
@@ -52,8 +56,35 @@ def evaluate_embeddings(
     queries, docs = query_embeddings[wanted], doc_embeddings
     if similarity == "cosine":
         queries, docs = unit_rows(queries), unit_rows(docs)
+    if ignore_identical_ids:
+        warn_identical_judged_pairs(qrels, ids, doc_ids)
     run = search_ids(ids, queries, doc_ids, docs, top_k, ignore_identical_ids)
     return evaluate_run({qid: qrels[qid] for qid in ids}, run, metrics)
+
+
+def identical_judged_pairs(qrels: dict[str, dict[str, int]], query_ids: list[str], doc_ids: list[str]) -> list[str]:
+    """The queries judged relevant to a document with their own id: BEIR's identical-id rule drops that
+    document from every ranking, so such a pair can never be found and counts as a miss."""
+    documents = set(doc_ids)
+    return [qid for qid in query_ids if qrels.get(qid, {}).get(qid, 0) > 0 and qid in documents]
+
+
+def warn_identical_judged_pairs(qrels: dict[str, dict[str, int]], query_ids: list[str], doc_ids: list[str]) -> int:
+    """Log a warning naming the judged pairs the identical-id rule makes unreachable; returns their count.
+
+    The rule is right for BEIR data (on ArguAna every query is also a document, never judged
+    relevant to itself), but on data whose queries and documents are numbered independently it
+    silently turns real judgments into misses.
+    """
+    pairs = identical_judged_pairs(qrels, query_ids, doc_ids)
+    key = (len(pairs), tuple(pairs[:5]))
+    if pairs and key not in _WARNED:  # once per set of pairs, not once per evaluation of a training run
+        _WARNED.add(key)
+        logger.warning("%d judged (query, document) pair(s) share an id (e.g. query %r and document %r): BEIR's rule drops a hit "
+                       "whose id equals its query's, so they count as misses. If your queries and documents are numbered "
+                       "independently, score with `embedtune evaluate --keep-identical-ids` (and search with `search --keep-identical-ids`).",
+                       len(pairs), pairs[0], pairs[0])
+    return len(pairs)
 
 
 def _check_something_to_score(query_ids: list[str], scored: list[str], doc_ids: list[str], qrels: dict[str, dict[str, int]]) -> None:

@@ -201,7 +201,16 @@ def preset_config(
     stage1 = StageConfig(**_stage_values(PAPER_STAGE1, call=call), steps=stage1_steps)
     stage2: StageConfig | None = StageConfig(**_stage_values(PAPER_STAGE2, call=call), steps=stage2_steps)
     init = overrides.pop("stage2_init", DEFAULT_STAGE2_INIT)
+    # A setting the preset has no place for is refused, never dropped: a run that ignores it trains something else.
+    if not row.one_stage and steps is not None:
+        raise ValueError(f"--steps sets the schedule of a one-stage preset, but preset {name!r} has two stages: use --stage1-steps "
+                         f"and --stage2-steps (e.g. --stage1-steps {steps} --stage2-steps {steps}).")
     if row.one_stage:
+        ignored = [flag for flag, value in (("--stage2-lr", stage2_learning_rate), ("--stage2-temperature", stage2_temperature))
+                   if value is not None]
+        if ignored:
+            raise ValueError(f"preset {name!r} has one stage, so {' and '.join(ignored)} would be ignored; drop "
+                             f"{'them' if len(ignored) > 1 else 'it'}, or use --stage1-lr / --stage1-temperature.")
         length = _one_stage_steps(name, row, backbone, steps, stage1_steps, stage2_steps, init)
         epochs = {"epochs": row.text_epochs} if backbone == "text" and row.text_epochs is not None else {}
         stage1 = StageConfig(**_stage_values(PAPER_STAGE1, row.stage1, call=call), steps=length, **epochs)

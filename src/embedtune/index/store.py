@@ -40,7 +40,7 @@ from embedtune.compress.base import Compressor, read_compressor_meta
 from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
 from embedtune.encoders.recipe import recipe_for_vectors
-from embedtune.errors import EmbedtuneError
+from embedtune.errors import VECTORS_FIX, EmbedtuneError, check_finite
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
 from embedtune.index.codecs import (
     Calibration,
@@ -223,6 +223,8 @@ def build_index(
         for start, block_ids, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):
             if collect_ids and block_ids is not None:
                 id_list.extend(block_ids)
+            if compressor is None:  # the adapter's tiles check their input; raw vectors are checked here, as every reader does
+                check_finite(block, str(embeddings), "vectors", row_offset=start, fix=VECTORS_FIX, partial=True)
             yield start, (transform_rows(compressor, block) if compressor is not None else block)
 
     # Everything is built in a folder beside OUT and moved in at the end: a build that fails

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.data.beir import document_text, load_beir_corpus
+from embedtune.data.query_files import read_query_file
 from embedtune.encoders.ray_encode import encode_sharded, encode_sharded_ray
 from embedtune.runtime import verbose_enabled
 
@@ -24,6 +25,8 @@ def encode_corpus(
     cpus_per_actor: float = 1.0,
     gpus_per_actor: float = 0.0,
     threads_per_actor: int | None = None,
+    kind: str = "document",
+    prompt: str = "",
     **encoder_options: Any,
 ) -> dict[str, Any]:
     """Encode every document of ``data`` (a BEIR folder or a ``corpus.jsonl``) into shards under ``out``.
@@ -31,12 +34,24 @@ def encode_corpus(
     ``ray_actors=0`` encodes in this process; ``N > 0`` starts (or joins, with ``ray_address``,
     e.g. ``"auto"`` on a cluster node) Ray and runs an actor pool of ``N`` encoders. Either way a
     rerun skips complete shards. Returns the shard manifest (rows, shards, seconds, backend).
+
+    ``kind="query"``: ``data`` is a query file (JSONL ``{"_id", "text"}`` or TSV ``id<TAB>text``,
+    :func:`~embedtune.data.query_files.read_query_file`), encoded as queries. ``prompt`` is
+    prepended to every text: the model's query or document prompt, as ``kind`` says.
     """
-    corpus = load_beir_corpus(data).corpus
-    ids = list(corpus)
-    texts = [document_text(corpus[doc_id]) for doc_id in ids]
+    if kind not in ("document", "query"):
+        raise ValueError(f"kind must be 'document' or 'query'; got {kind!r}.")
+    if kind == "query":
+        queries = read_query_file(data)
+        ids, texts = [qid for qid, _ in queries], [text for _, text in queries]
+    else:
+        corpus = load_beir_corpus(data).corpus
+        ids = list(corpus)
+        texts = [document_text(corpus[doc_id]) for doc_id in ids]
+    if prompt:
+        encoder_options[f"{kind}_prompt"] = prompt
     if ray_actors <= 0:
-        return encode_sharded(ids, texts, model, out, shard_size=shard_size, **encoder_options)
+        return encode_sharded(ids, texts, model, out, shard_size=shard_size, kind=kind, **encoder_options)
     try:
         import ray
     except ImportError as error:  # the optional extra
@@ -47,7 +62,7 @@ def encode_corpus(
         quiet = not verbose_enabled()
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet, logging_level=logging.ERROR if quiet else logging.INFO)
     try:
-        return encode_sharded_ray(ids, texts, model, out, shard_size=shard_size, actors=ray_actors, num_cpus=cpus_per_actor,
+        return encode_sharded_ray(ids, texts, model, out, shard_size=shard_size, kind=kind, actors=ray_actors, num_cpus=cpus_per_actor,
                                   num_gpus=gpus_per_actor, threads_per_actor=threads_per_actor, **encoder_options)
     finally:
         if started_here:

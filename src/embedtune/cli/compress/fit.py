@@ -9,6 +9,7 @@ from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES
 from embedtune.cli.common import add_model_flags, encoder_options_from_args, print_json
 from embedtune.cli.compress.flags import (
     add_label_flags,
+    dive_field_help,
     finite_float_or_none,
     method_help,
     method_settings,
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
                      help="DIVE's training-only pseudo-queries, one per document (its title or its first sentence); "
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text)")
-    fit.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto')")
+    fit.add_argument("--heads", default=None, help=dive_field_help("heads"))
     fit.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     fit.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
     fit.add_argument("--fit-sample", type=_fit_sample, default=None, metavar="N",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
 from embedtune.compress import available_methods, describe_method
+from embedtune.compress.dive.config import DIVEConfig  # torch-free: the config alone, not the method
 
-__all__ = ["ADAPTER_HELP", "method_help", "preset_help", "parse_settings", "method_settings", "add_label_flags",
+__all__ = ["ADAPTER_HELP", "dive_field_help", "method_help", "preset_help", "parse_settings", "method_settings", "add_label_flags",
            "non_negative_int", "positive_int", "finite_float", "finite_float_or_none", "positive_int_or_none"]
 
 ADAPTER_HELP = "a fitted compressor's folder, or a `compress train --out` folder holding exactly one"
@@ -28,6 +30,13 @@ def preset_help() -> str:
             default = f", default {cls.default_preset}" if cls.default_preset else ""
             parts.append(f"{name}: {', '.join(cls.presets)}{default}")
     return "; ".join(parts)
+
+
+def dive_field_help(name: str) -> str:
+    """A DIVE config field's own help and default, so a flag that sets it says what the config does."""
+    field = {f.name: f for f in dataclasses.fields(DIVEConfig)}[name]
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    return f"{field.metadata.get('help', name).rstrip('.')} (DIVE's default: {default}; other methods: their own)"
 
 
 def _parse_value(text: str) -> Any:

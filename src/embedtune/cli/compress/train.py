@@ -18,6 +18,7 @@ from embedtune.cli.common import (
 )
 from embedtune.cli.compress.flags import (
     add_label_flags,
+    dive_field_help,
     finite_float_or_none,
     method_help,
     method_settings,
@@ -70,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--preset", default=None,
                        help="the method's named recipe (settings and triplet mining); default: the method's own (DIVE: robust). "
                        f"{preset_help()}. --heads/--epochs/--lr/--set and the mining flags override it")
-    train.add_argument("--heads", default=None, help="DIVE heads H (an integer or 'auto'); default: the config's 4")
+    train.add_argument("--heads", default=None, help=dive_field_help("heads"))
     train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
     train.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
