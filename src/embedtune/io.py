@@ -349,6 +349,18 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
 
     Equal tensors and metadata give byte-identical files.
     """
+    if all(isinstance(value, np.ndarray) for value in tensors.values()):
+        # numpy alone (the same bytes): saving a PCA does not import torch.
+        from safetensors.numpy import save_file as save_numpy
+
+        arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+
+        def write_arrays(tmp: Path) -> None:
+            save_numpy(arrays, str(tmp), metadata=metadata)
+            _sort_safetensors_header(tmp)
+
+        return atomic_write(path, write_arrays)
+
     import torch
     from safetensors.torch import save_file
 
@@ -364,15 +376,25 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
     return atomic_write(path, write)
 
 
-def load_weights(path: str | os.PathLike) -> dict[str, Any]:
-    """Load safetensors weights as torch tensors; a bad file gets an error naming it."""
+def load_weights(path: str | os.PathLike, as_numpy: bool = False) -> dict[str, Any]:
+    """Load safetensors weights as torch tensors (``as_numpy``: numpy arrays, without importing torch); a bad file gets an error naming it."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: weights file not found. Pass the folder written by `save(dir)`.")
     try:
+        if as_numpy:
+            from safetensors.numpy import load_file as load_numpy
+
+            try:
+                return load_numpy(str(path))
+            except TypeError:  # a dtype numpy lacks (bfloat16): read through torch, as float32
+                from safetensors.torch import load_file
+
+                return {name: value.float().numpy() for name, value in load_file(str(path)).items()}
+        from safetensors.torch import load_file
+
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(

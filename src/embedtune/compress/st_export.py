@@ -30,7 +30,6 @@ import numpy as np
 
 from embedtune.compress.base import Compressor
 from embedtune.compress.export_layers import ExportLayer, NormalizeLayer
-from embedtune.compress.residual_mlp import ACTIVATIONS
 from embedtune.io import OUT_SPACE_FIX, current_umask, writing
 from embedtune.outputs import OutputExistsError, finish_output_dir, prepare_output_dir
 
@@ -173,6 +172,8 @@ def builtin_modules(layers: Sequence[ExportLayer], input_is_normalized: bool) ->
     """
     import torch
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    from embedtune.compress.residual_mlp import ACTIVATIONS
 
     layers = list(layers)
     if input_is_normalized and layers and isinstance(layers[0], NormalizeLayer):
