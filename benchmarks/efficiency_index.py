@@ -4,7 +4,7 @@
         --synthetic 100000,1000000 --out benchmarks/results/efficiency/index.json
 
 Same code path as the CLI (:func:`embedtune.bench.efficiency.run_index_benchmark`); also prints
-the ratio table in Markdown for RESULTS.md.
+the ratio table in Markdown for benchmarks/results/efficiency.md.
 """
 
 from __future__ import annotations

@@ -36,11 +36,22 @@ def _entry(root: Path, kind: str, name: str, days: float, size: int = 100) -> Pa
     folder.mkdir(parents=True)
     (folder / "data.bin").write_bytes(b"x" * size)
     _age(folder / "data.bin", days)
+    # What the cache records when it writes an entry: its key in meta.json, or the unpacked model's .complete.
+    if kind in ("embeddings", "onnx"):
+        (folder / "meta.json").write_text(json.dumps({"key": name}))
+        _age(folder / "meta.json", days)
+    elif kind == "models":
+        (folder / ".complete").write_text(name.rsplit("-", 1)[1] + "\n")
+        _age(folder / ".complete", days)
     if lock is not None:
         lock.write_bytes(b"")
         _age(lock, days)
     _age(folder, days)
     return folder
+
+
+def _meta_bytes(root: Path) -> int:
+    return len(json.dumps({"key": "aa11"}))  # every fixture key has four characters
 
 
 @pytest.fixture
@@ -61,8 +72,8 @@ def cache(tmp_path, monkeypatch):
 def test_info_lists_every_kind_with_its_size_and_ages(cache):
     root, _ = cache
     rows = {row["kind"]: row for row in cache_usage()}
-    assert rows["embeddings"]["entries"] == 2 and rows["embeddings"]["bytes"] == 1500
-    assert rows["onnx"]["bytes"] == 2000 and rows["models"]["entries"] == 1
+    assert rows["embeddings"]["entries"] == 2 and rows["embeddings"]["bytes"] == 1500 + 2 * _meta_bytes(root)
+    assert rows["onnx"]["bytes"] == 2000 + _meta_bytes(root) and rows["models"]["entries"] == 1
     assert rows["plan-sweeps"]["oldest_use_days"] == pytest.approx(31, abs=0.2)
     assert rows["plan-sweeps"]["newest_use_days"] == pytest.approx(2, abs=0.2)
     assert [e.path.name for e in cache_entries()][0] == "cc33"  # oldest use first
@@ -70,10 +81,11 @@ def test_info_lists_every_kind_with_its_size_and_ages(cache):
 
 def test_prune_removes_what_was_not_used_and_keeps_the_rest(cache):
     root, folders = cache
-    removed, in_use = prune_cache(30, dry_run=True)
+    removed, in_use, foreign = prune_cache(30, dry_run=True)
     assert {e.path for e in removed} == {folders[k] for k in ("old-emb", "old-onnx", "old-sweep", "old-model")} and not in_use
+    assert not foreign
     assert all(p.exists() for p in folders.values())  # a dry run removes nothing
-    removed, _ = prune_cache(30, kinds=["embeddings"])
+    removed, _, _ = prune_cache(30, kinds=["embeddings"])
     assert [e.path for e in removed] == [folders["old-emb"]]
     assert not folders["old-emb"].exists() and not (folders["old-emb"].parent / "aa11.lock").exists()
     assert folders["new-emb"].exists() and folders["old-onnx"].exists()
@@ -90,7 +102,7 @@ def test_an_entry_in_use_is_never_pruned(cache):
         assert is_locked(lock)
         with lock_if_free(lock) as free:
             assert not free
-        removed, in_use = prune_cache(0)
+        removed, in_use, _ = prune_cache(0)
         assert [e.path for e in in_use] == [folders["old-onnx"]] and folders["old-onnx"].exists()
         assert folders["old-emb"] in {e.path for e in removed}
     assert not is_locked(lock)
@@ -170,3 +182,71 @@ def test_an_unpacked_model_records_its_use(tmp_path, monkeypatch):
     assert prune_cache(30, dry_run=True)[0]
     assert bundled._mpnet_path() == folder
     assert not prune_cache(30, dry_run=True)[0]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_prune_removes_only_what_the_cache_recorded_writing(cache, tmp_path, capsys):
+    root, folders = cache
+    # A user's own folder under models/, 90 days old: no record of embedtune writing it.
+    own = root / "models" / "my-finetuned-model"
+    own.mkdir()
+    (own / "model.safetensors").write_bytes(b"the user's weights")
+    _age(own / "model.safetensors", 90)
+    _age(own, 90)
+    # Folders that look like entries but are not the cache's: no meta.json naming their key, or a key of another folder.
+    stray = _entry(root, "embeddings", "ab12", 90)
+    (stray / "meta.json").unlink()
+    (stray / "notes.txt").write_text("mine")
+    _age(stray / "notes.txt", 90)
+    _age(stray, 90)
+    renamed = _entry(root, "onnx", "cd34", 90)
+    (renamed / "meta.json").write_text(json.dumps({"key": "cd99"}))
+    _age(renamed / "meta.json", 90)
+    _age(renamed, 90)
+    # Links: an entry, a prefix folder and a file inside a real entry that point outside the cache.
+    outside = tmp_path / "outside"
+    (outside / "ef" / "ef01").mkdir(parents=True)
+    (outside / "ef" / "ef01" / "meta.json").write_text(json.dumps({"key": "ef01"}))
+    (outside / "precious.bin").write_bytes(b"keep")
+    (root / "models" / "all-mpnet-base-v2-0123").symlink_to(outside / "ef" / "ef01", target_is_directory=True)
+    (root / "embeddings" / "ef").symlink_to(outside / "ef", target_is_directory=True)
+    (folders["old-emb"] / "link.bin").symlink_to(outside / "precious.bin")
+    (folders["old-sweep"] / "linked").symlink_to(outside, target_is_directory=True)
+    _age(folders["old-emb"], 40)
+    _age(folders["old-sweep"], 31)
+    for path in (root / "models" / "all-mpnet-base-v2-0123", root / "embeddings" / "ef"):
+        stamp = time.time() - 90 * DAY
+        os.utime(path, (stamp, stamp), follow_symlinks=False)
+    before = _tree(outside)
+
+    assert main(["cache", "prune", "--older-than", "30", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    kept = {e["path"]: e["why"] for e in report["entries"] if e["action"] == "kept: not written by embedtune"}
+    assert set(kept) == {str(own), str(stray), str(renamed), str(root / "models" / "all-mpnet-base-v2-0123"), str(root / "embeddings" / "ef")}
+    assert "no .complete record" in kept[str(own)] and "symbolic link" in kept[str(root / "embeddings" / "ef")]
+    assert "does not name this entry's key" in kept[str(renamed)]
+    assert (own / "model.safetensors").read_bytes() == b"the user's weights" and (stray / "notes.txt").is_file() and renamed.is_dir()
+    assert _tree(outside) == before  # nothing removed through a link
+    assert not folders["old-emb"].exists() and not folders["old-sweep"].exists() and not folders["old-model"].exists()
+    assert main(["cache", "prune", "--older-than", "30"]) == 0
+    printed = capsys.readouterr().out
+    assert f"kept {own}: it has no .complete record" in printed and "5 not written by embedtune, kept" in printed
+
+
+def test_an_entry_cut_short_is_the_caches_own(tmp_path):
+    store = EmbeddingCache(tmp_path / "embeddings", use_bundled=False)
+    parts = {"model": "m", "data": "d"}
+
+    def interrupted(lo, hi):
+        if lo >= 2:
+            raise KeyboardInterrupt
+        return np.ones((hi - lo, 4), dtype=np.float32)
+
+    with pytest.raises(KeyboardInterrupt):
+        store.get_or_compute(parts, ["a", "b", "c", "d"], interrupted, shard_size=2)
+    (entry,) = cache_entries(["embeddings"], tmp_path)
+    assert not (entry.path / "meta.json").exists() and not entry.foreign
+    assert prune_cache(0, root=tmp_path).removed == [entry] and not entry.path.exists()

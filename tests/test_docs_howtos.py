@@ -26,7 +26,8 @@ def howtos() -> list[tuple[str, str]]:
 
 
 def test_the_docs_have_tested_howtos():
-    assert any(name.startswith("codecs.md") for name, _ in howtos())
+    for page in ("codecs.md", "errors.md"):
+        assert any(name.startswith(page) for name, _ in howtos()), page
 
 
 @pytest.mark.parametrize("name,block", howtos(), ids=[name for name, _ in howtos()])
@@ -41,5 +42,8 @@ def test_a_docs_howto_runs_as_written(name, block, tmp_path, monkeypatch, capsys
     np.save(tmp_path / "queries.npy", queries.astype(np.float32))
     monkeypatch.chdir(tmp_path)
     exec(compile(block, name, "exec"), {})
+    printed = capsys.readouterr().out
     if name.startswith("codecs.md"):
-        assert "dB above the Gaussian bound" in capsys.readouterr().out
+        assert "dB above the Gaussian bound" in printed
+    if name.startswith("errors.md"):  # the error was raised, and it names the first bad row and column
+        assert printed.splitlines()[0] == "7 3 1" and "docs.npy: vectors row 7" in printed

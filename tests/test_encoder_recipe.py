@@ -128,4 +128,4 @@ def test_embed_corpus_encodes_a_query_log_as_queries_with_the_query_prompt(tiny_
         ["what is topic 3", "number 7 please"], "query")
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
     recipe = recipe_beside(out / "shard-00000.npy")
-    assert recipe is not None and recipe.query_prompt == "query: " and recipe.document_prompt == ""
+    assert recipe is not None and recipe.query_prompt == "query: " and recipe.document_prompt is None  # a query log says nothing of documents

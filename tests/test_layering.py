@@ -72,6 +72,13 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
                                                                         "(st_vl also builds on this module)",
     ("embedtune.cli.pipeline", "embedtune.workflows.pipeline"): "sentence-transformers and transformers (PACE training)",
     ("embedtune.cli.bench", "embedtune.bench.efficiency"): "faiss (a fifth of a second), only for `benchmark index`",
+    # torch (about a second to import): commands that need no model (`index build`, `compress apply` on a PCA,
+    # a label-free plan of PCA and truncation, every --help) must not load it (tests/test_startup.py).
+    ("embedtune.compress.st_export", "embedtune.compress.residual_mlp"): "torch, only when exporting a residual MLP",
+    ("embedtune.workflows.fit", "embedtune.compress.dive"): "torch (DIVE's module), only to warn when DIVE's static-corpus preset is chosen",
+    ("embedtune.workflows.train_compressor", "embedtune.compress.dive"): "torch (DIVE's module), only to warn when DIVE's "
+                                                                          "static-corpus preset is chosen",
+    ("embedtune.workflows.plan", "embedtune.compress.csr"): "torch (CSR's module), only when CSR peers are swept",
     # Each command's module loads its own stack; `import embedtune.cli.<command>` must not load them all.
     ("embedtune.cli", "embedtune.cli"): "every command's stack (PACE, VL, benchmarks), only when the parser is built",
 }

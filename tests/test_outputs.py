@@ -296,3 +296,146 @@ def test_a_marker_never_reaches_outside_its_folder(tmp_path):
     (out / "junk").write_text("y")  # something there, so --overwrite has work to do
     prepare_output_dir(out, overwrite=True, command="embed")
     assert (tmp_path / "precious.txt").read_text() == "x"
+
+
+# -- links and markers: nothing removed or written outside --out --------------------------------
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_overwrite_refuses_a_subfolder_moved_away_and_linked_back(tmp_path):
+    out = prepare_output_dir(tmp_path / "out", command="compress train")
+    _adapter(out / "pca")
+    finish_output_dir(out, "compress train")
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    (out / "pca").rename(archive / "pca")
+    (out / "pca").symlink_to(archive / "pca", target_is_directory=True)
+    before = _tree(archive)
+    with pytest.raises(OutputExistsError, match=r"pca is a symbolic link to .*archive/pca, outside --out.*Remove the link"):
+        prepare_output_dir(out, overwrite=True, command="compress train")
+    assert _tree(archive) == before and (out / "pca").is_symlink()
+    with pytest.raises(OutputExistsError, match="symbolic link"):  # the refusal comes before any removal, check_only too
+        prepare_output_dir(out, overwrite=True, command="compress train", check_only=True)
+    (out / "pca").unlink()  # the fix the message names: the archive is kept
+    prepare_output_dir(out, overwrite=True, command="compress train")
+    assert _tree(archive) == before
+
+
+def test_a_marker_naming_a_path_through_a_link_or_the_folder_itself_removes_nothing_outside(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("keep")
+    out = prepare_output_dir(tmp_path / "out", command="compress fit")
+    finish_output_dir(out, "compress fit")
+    (out / "notes.md").write_text("the user's")
+    marker = json.loads((out / MARKER_NAME).read_text())
+    marker["files"] = ["link/secret.txt"]
+    (out / MARKER_NAME).write_text(json.dumps(marker))
+    (out / "link").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutputExistsError, match="symbolic link"):
+        prepare_output_dir(out, overwrite=True, command="compress fit")
+    assert (outside / "secret.txt").read_text() == "keep"
+    # A link to a folder inside --out is not refused, but nothing is removed through it.
+    (out / "link").unlink()
+    (out / "inner").mkdir()
+    (out / "inner" / "secret.txt").write_text("the user's too")
+    (out / "link").symlink_to(out / "inner", target_is_directory=True)
+    prepare_output_dir(out, overwrite=True, command="compress fit")
+    assert (out / "inner" / "secret.txt").read_text() == "the user's too"
+    # A marker naming the folder itself, or a folder, never removes a tree.
+    for listed in (".", "inner", "inner/"):
+        marker = json.loads((out / MARKER_NAME).read_text())
+        marker["files"] = [listed]
+        (out / MARKER_NAME).write_text(json.dumps(marker))
+        prepare_output_dir(out, overwrite=True, command="compress fit")
+        assert (out / "notes.md").read_text() == "the user's" and (out / "inner" / "secret.txt").is_file()
+
+
+def test_an_owned_file_replaced_by_a_link_is_removed_as_a_link(tmp_path):
+    archive = tmp_path / "archive.npy"
+    archive.write_bytes(b"archived vectors")
+    out = prepare_output_dir(tmp_path / "out", command="embed")
+    atomic_write_bytes(out / "doc_embeddings.npy", b"x")
+    finish_output_dir(out, "embed")
+    (out / "doc_embeddings.npy").unlink()
+    (out / "doc_embeddings.npy").symlink_to(archive)
+    prepare_output_dir(out, overwrite=True, command="embed")
+    assert not (out / "doc_embeddings.npy").is_symlink() and archive.read_bytes() == b"archived vectors"
+
+
+def test_resuming_refuses_a_link_that_leaves_the_folder(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = prepare_output_dir(tmp_path / "out", command="compress plan")
+    atomic_write_bytes(out / "plan.json", b"{}")
+    finish_output_dir(out, "compress plan")
+    (out / "sweep").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(OutputExistsError, match="sweep is a symbolic link"):
+        prepare_output_dir(out, command="compress plan", resume=True)
+    (out / "sweep").unlink()
+    (out / "sweep").symlink_to(out / "plan.json")  # a link that stays inside is fine
+    assert prepare_output_dir(out, command="compress plan", resume=True) == out
+
+
+def test_embed_corpus_prepares_its_out_like_every_writer(tiny_bert_dir, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(10)))
+    index = tmp_path / "index"
+    assert main(["index", "build", "--embeddings", str(tmp_path / "x.npy"), "--ids", str(tmp_path / "ids.txt"), "--out", str(index)]) == 0
+    before = _tree(index)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(7)))
+    command = ["embed-corpus", "--data", str(corpus), "--model", str(tiny_bert_dir), "--shard-size", "4"]
+    capsys.readouterr()
+    assert main([*command, "--out", str(index)]) == 2
+    assert "an earlier `embedtune index build` run" in capsys.readouterr().err and _tree(index) == before
+    # Its own folder is resumed without --overwrite (a finished one, and one cut short), and --overwrite re-encodes it.
+    out = tmp_path / "vectors"
+    assert main([*command, "--out", str(out)]) == 0
+    assert read_marker(out)["command"] == "embed-corpus" and "shard-00001.npy" in read_marker(out)["files"]
+    kept = (out / "shard-00000.npy").stat().st_mtime_ns
+    (out / "shard-00001.json").unlink()
+    assert main([*command, "--out", str(out)]) == 0
+    assert (out / "shard-00000.npy").stat().st_mtime_ns == kept and (out / "shard-00001.json").is_file()
+    assert main([*command, "--out", str(out), "--shard-size", "3"]) == 2  # other settings: refused by the shards' own record
+    assert main([*command, "--out", str(out), "--shard-size", "3", "--overwrite"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["shard_size"] == 3 and (out / "shard-00002.json").is_file()
+    # A shard folder written before output markers is its own too.
+    (out / MARKER_NAME).unlink()
+    assert main([*command, "--out", str(out), "--shard-size", "3"]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "run.json").write_text('{"user": "a file named run.json that is not a shard record"}')
+    assert main([*command, "--out", str(other)]) == 2
+
+
+def test_benchmark_index_never_replaces_an_existing_out_file_unasked(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    out.write_text('{"the user": "an earlier result"}')
+    command = ["benchmark", "index", "--data", "", "--synthetic", "200", "--synthetic-dim", "8", "--dims", "4", "--rounds", "1",
+               "--singles", "1", "--batch", "16", "--json", "--out", str(out)]
+    assert main(command) == 2
+    assert "already exists" in capsys.readouterr().err and out.read_text() == '{"the user": "an earlier result"}'
+    assert main([*command, "--overwrite"]) == 0
+    assert json.loads(out.read_text())["flat"]
+
+
+def test_benchmark_dive_prepares_its_results_folder(toy40, tiny_bert_dir, tmp_path, capsys):
+    config = tmp_path / "grid.toml"
+    config.write_text(f'[protocol]\nmethods = ["frozen"]\nstudies = ["main"]\nfinal_seeds = [1]\nthreads = 1\n'
+                      f'results_dir = "{(tmp_path / "grid").as_posix()}"\n\n[[datasets]]\nname = "toy"\npath = "{toy40.as_posix()}"\n\n'
+                      f'[[backbones]]\nname = "tiny"\nmodel = "{tiny_bert_dir.as_posix()}"\ndims = [8]\n')
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text('{"the user": "another tool\'s results"}')
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report", "--out", str(mine)]) == 2
+    assert "files embedtune did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["results.json"]
+    # Its own folder resumes without --overwrite; a folder from before markers (runs/, splits/) is its own too.
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
+    assert read_marker(tmp_path / "grid")["command"] == "benchmark dive" and read_marker(tmp_path / "grid")["complete"]
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
+    assert "1 runs finished" in capsys.readouterr().out
+    (tmp_path / "grid" / MARKER_NAME).unlink()
+    assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0

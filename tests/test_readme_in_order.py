@@ -1,9 +1,9 @@
-"""Issue 29, item 5: the README's shell commands, run in README order in one fresh folder, on a slice of SciFact.
+"""The shell commands of the README and the docs pages, run in reading order in one fresh folder, on a slice of SciFact.
 
-The commands are read as tests/test_readme_commands.py reads them (every ```bash block, continuation
-lines joined, comments dropped) and run one after the other through ``embedtune.cli.main`` in a
-temporary folder, so a how-to that fails, or that breaks a later one (two commands writing the same
-``--out``), fails here. Only the bundled SciFact and the bundled MiniLM are used; ``../shared`` is
+The commands are read as tests/test_readme_commands.py reads them (every ```bash block of the README,
+then of the docs pages in its ``PAGES`` order, continuation lines joined, comments dropped) and run
+one after the other through ``embedtune.cli.main`` in a temporary folder, so a how-to that fails, or
+that breaks a later one (two commands writing the same ``--out``), fails here. Only the bundled SciFact and the bundled MiniLM are used; ``../shared`` is
 not needed.
 
 Rewrites, the whole list (everything else runs as written):
@@ -15,9 +15,10 @@ Rewrites, the whole list (everything else runs as written):
   ``queries.jsonl``, ``my-corpus.jsonl``, ``big.npy``, ``D.npy``/``D.txt``, ``Q.npy``/``Q.txt`` are
   made first from the slice and the bundled MiniLM vectors (no rewrite: they get those names).
 
-The quality-per-byte plans run as written too, on the slice: the second and third reuse the
-first one's sweep from the shared default sweep folder (no ``--work``), and ``index build --plan``
-and ``compress export --plan`` follow them.
+The quality-per-byte plans run as written too, on the slice: the README's quick path (a label-free
+plan, its corpus encoded, the planned index built and searched, the model exported), then the plans
+of docs/planning.md, where the second and third reuse the first one's sweep from the shared default
+sweep folder (no ``--work``), and ``index build --plan`` and ``compress export --plan`` follow them.
 
 Not run (each with its reason in :data:`NOT_RUN`): Ray and cluster encoding, the benchmark grids, fine-tuning and the pipeline (MiniLM fine-tuning takes minutes per
 step on a CPU; tests/test_pace_recipe.py and tests/test_pipeline.py run them with a tiny model), and
@@ -136,7 +137,7 @@ def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
         argv = rewrite(command, data)
         code = main(argv)
         printed = capsys.readouterr()
-        assert code == 0, f"the README's command failed (exit {code}) after {len(ran)} that ran before it:\n{command}\n{printed.err[-3000:]}"
+        assert code == 0, f"the documented command failed (exit {code}) after {len(ran)} that ran before it:\n{command}\n{printed.err[-3000:]}"
         ran.append(command)
     # The how-to chain ran: fit, apply, export, index, search, embed-corpus, evaluate, split, embed, train.
     for name in ("compress fit", "compress apply", "compress export", "index build", "search", "embed-corpus", "evaluate", "split",
@@ -144,4 +145,6 @@ def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
         assert any(command.startswith(f"embedtune {name} ") for command in ran), name
     assert (tmp_path / "runs" / "my-run" / "run.trec").is_file() and (tmp_path / "small.npy").is_file()
     assert (tmp_path / "my-plan" / "plan.json").is_file() and (tmp_path / "my-plan-48" / "plan.json").is_file()
+    # The README's quick path: a label-free plan, its planned index and the model that encodes into its codes.
+    assert (tmp_path / "my-index-32" / "manifest.json").is_file() and (tmp_path / "my-model-32" / "modules.json").is_file()
     assert all(re.match(r"embedtune [a-z-]+", command) for command, _ in skipped)

@@ -1,8 +1,9 @@
-"""Issue 29, item 5: the README's Python routes beside the CLI how-tos run, in README order.
+"""The Python routes beside the CLI how-tos (in the docs pages) run, in reading order.
 
-Every ```python block of README.md that starts with "# The same in Python" is run as written in
-one fresh folder, with only the model alias swapped for the tiny test BERT and the input files
-(``docs.npy``, ``pairs.jsonl``, ``my-corpus.jsonl``...) made from it first, so the blocks stay true.
+Every ```python block of the README and the docs pages (tests/test_readme_commands.py's ``PAGES``,
+in that order) that starts with "# The same in Python" is run as written in one fresh folder, with
+only the model alias swapped for the tiny test BERT and the input files (``docs.npy``,
+``pairs.jsonl``, ``my-corpus.jsonl``...) made from it first, so the blocks stay true.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from test_readme_commands import page_blocks
+
 MARKER = "# The same in Python"
 DOCS = [f"document number {i} about topic {i % 5}" for i in range(40)]
 QUERIES = [f"what about topic {i % 5} number {i}" for i in range(20)]
 
 
-def python_routes() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    return [block for block in blocks if block.startswith(MARKER)]
+def python_routes() -> list[tuple[Path, str]]:
+    return [(page, block) for page, block in page_blocks("python") if block.startswith(MARKER)]
 
 
 def test_the_readme_has_python_routes_for_the_cli_how_tos():
-    text = "\n".join(python_routes())
+    text = "\n".join(block for _, block in python_routes())
     for call in ("fit_on_all(", "apply_compressor_streaming(", "export_sentence_transformer(", "build_index(", "search_texts(",
                  "encode_corpus(", "run_plan(", "build_planned_index(", "run_label_free_plan("):
         assert call in text, f"no Python route calls {call}"
@@ -54,14 +55,14 @@ def test_readme_python_routes_run_in_order(folder, tiny_bert_dir, capsys, one_to
     blocks = python_routes()
     assert len(blocks) >= 3
     namespace: dict = {}
-    for block in blocks:
+    for page, block in blocks:
         code = block.replace('"minilm"', repr(str(tiny_bert_dir)))
         code = code.replace('fit_on_all("dive", 128,', 'fit_on_all("dive", 16, settings={"epochs": 2}, mining={"false_negative_margin": None},')
         # The plans: the cheap compressors only (test_plan.py and test_label_free_plan.py sweep the rest).
         code = code.replace('budget_bytes=48)', 'budget_bytes=48, methods=["truncate", "pca"], peers=[], rounds=1)')
         code = code.replace('"agreement", budget_bytes=32)', '"agreement", budget_bytes=32, methods=["truncate", "pca-uncentred"], dims=[16, 8], peers=[], rounds=1, '
                             'held_out_fraction=0.25)')  # 40 documents: 10 held out, the fewest a label-free plan validates on
-        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README's own code
+        exec(compile(code, str(page), "exec"), namespace)  # noqa: S102 - the docs' own code
     printed = capsys.readouterr().out
     assert "supervised" in printed and re.search(r"^1 [-0-9.e]+ d\d+$", printed, re.M)
     assert np.load(folder / "docs-128.npy").shape == (40, 16)

@@ -1,7 +1,7 @@
-"""Issue 18 acceptance 4: the README's own-vectors walkthrough, from a fresh folder, with no BEIR texts.
+"""The own-vectors walkthrough of the docs, from a fresh folder, with no BEIR texts.
 
-The README's how-tos ("Compress your own vectors, with labels", "Export to sentence-transformers",
-"Build a FAISS index and search it") run in this order:
+The how-tos docs/own-vectors.md, docs/export.md and docs/deployment.md ("A FAISS index, searched
+with text") run in this order:
 
     compress fit --doc-embeddings docs.npy --doc-ids docs.txt --query-embeddings queries.npy
                  --query-ids queries.txt --pairs pairs.jsonl --out my-dive
@@ -50,7 +50,7 @@ def test_readme_walkthrough_own_vectors_fit_export_index_search(own_vectors, tin
     vectors = ["--doc-embeddings", "docs.npy", "--doc-ids", "docs.txt", "--query-embeddings", "queries.npy", "--query-ids", "queries.txt"]
 
     # 1. compress fit: all 20 labelled queries, the supervised path, the safety net by default. The one
-    # flag the README lacks: the random tiny BERT maps every text to nearly the same vector, so the
+    # flag the how-to lacks: the random tiny BERT maps every text to nearly the same vector, so the
     # false-negative filter would (rightly) drop every candidate negative; the cap and epoch selection stay.
     assert main(["compress", "fit", "--method", "dive", "--dim", "8", *vectors, "--pairs", "pairs.jsonl", "--out", "my-dive",
                  "--false-negative-margin", "none", "--epochs", "3", "--set", "batch_size=16"]) == 0

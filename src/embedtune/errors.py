@@ -11,11 +11,15 @@ metric or file is ever computed from a non-finite value.
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import numpy as np
 
-__all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "check_finite"]
+__all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "NoSpaceError", "check_finite", "VECTORS_FIX"]
+
+#: The fix every reader of vector files names for a NaN or infinite value.
+VECTORS_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
 
 # Rows per isfinite() pass: bounded temporaries on a memory-mapped corpus of any size.
 _FINITE_BLOCK_BYTES = 64 << 20
@@ -53,6 +57,25 @@ class NonFiniteError(EmbedtuneError):
         The count is dropped: a padded or partial block cannot say how many rows of the whole are bad.
         """
         return NonFiniteError(source or self.source, what or self.what, self.row + offset, self.column, self.value, 1, self.fix)
+
+
+class NoSpaceError(EmbedtuneError, OSError):
+    """A write failed because the disk is full (or a quota or size limit is met); the message names the file and the fix.
+
+    An :class:`OSError` too (``errno`` is ``ENOSPC``), so code that tolerates a failed best-effort
+    write (``except OSError``) still does.
+
+    Attributes:
+        path: the file or folder being written.
+        reason: what was met (the disk full, the quota, a size limit).
+        detail: the operating system's or the writer's own words.
+        fix: what the user should do.
+    """
+
+    def __init__(self, path: str, reason: str, detail: str, fix: str) -> None:
+        self.path, self.reason, self.detail, self.fix = path, reason, detail, fix
+        super().__init__(f"{path}: could not write it: {reason} ({detail}); nothing was written there. Fix: {fix}")
+        self.errno = errno.ENOSPC
 
 
 class NoQueriesError(EmbedtuneError):

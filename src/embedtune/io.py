@@ -20,7 +20,9 @@ a newer major version).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -32,12 +34,12 @@ import types
 import typing
 import warnings
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from embedtune import __version__
-from embedtune.errors import EmbedtuneError
+from embedtune.errors import EmbedtuneError, NoSpaceError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_save_npy",
+    "writing",
+    "no_space_error",
+    "OUT_SPACE_FIX",
     "sha256_file",
     "sha256_json",
     "verify_sha256",
@@ -131,11 +136,52 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
         # Some writers replace the file with their own (safetensors makes it 0600): set the mode last.
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
-        raise
+        named = no_space_error(error, path) if isinstance(error, Exception) else None
+        if named is None or named is error:
+            raise
+        raise named from error
     notify_written(path)
     return path
+
+
+# -- a full disk, named ---------------------------------------------------------------------------
+#: The fix for a full disk under a command's ``--out``.
+OUT_SPACE_FIX = "free space on that disk, or point --out at another disk, and run again"
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# How the writers embedtune uses report a full disk without an errno: numpy's short write
+# ("N requested and M written"), Rust's io::Error inside safetensors ("os error 28"), torch's zip writer.
+_NO_SPACE_TEXT = ("requested and", "os error 28", "os error 122", "no space left", "disk quota", "file too large")
+
+
+def no_space_error(error: BaseException, path: str | os.PathLike, fix: str = OUT_SPACE_FIX) -> NoSpaceError | None:
+    """The :class:`~embedtune.errors.NoSpaceError` naming ``path`` when ``error`` is a full disk or quota, else None."""
+    if isinstance(error, NoSpaceError):
+        # Named already, by the write of one file: an enclosing block's own fix (e.g. EMBEDTUNE_CACHE) replaces the generic one.
+        return NoSpaceError(error.path, error.reason, error.detail, fix) if error.fix == OUT_SPACE_FIX and fix != OUT_SPACE_FIX else error
+    code = getattr(error, "errno", None)
+    text = str(error)
+    if code not in _NO_SPACE_ERRNOS and not any(part in text.lower() for part in _NO_SPACE_TEXT):
+        return None
+    reason = {errno.EDQUOT: "the disk quota is reached", errno.EFBIG: "the file would exceed a size limit"}.get(code, "the disk is full")
+    detail = getattr(error, "strerror", None) or text
+    return NoSpaceError(str(path), reason, detail, fix)
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, fix: str = OUT_SPACE_FIX) -> Iterator[None]:
+    """Turn a full disk or quota met inside the block into a :class:`~embedtune.errors.NoSpaceError` naming ``path`` and ``fix``.
+
+    Any other error passes unchanged. ``path``: the file or folder being written.
+    """
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - only a full disk is renamed; the rest passes unchanged
+        named = no_space_error(error, path, fix)
+        if named is None or named is error:
+            raise
+        raise named from error.__cause__ if isinstance(error, NoSpaceError) else error
 
 
 def notify_written(path: str | os.PathLike) -> None:
@@ -303,6 +349,18 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
 
     Equal tensors and metadata give byte-identical files.
     """
+    if all(isinstance(value, np.ndarray) for value in tensors.values()):
+        # numpy alone (the same bytes): saving a PCA does not import torch.
+        from safetensors.numpy import save_file as save_numpy
+
+        arrays = {name: np.ascontiguousarray(value) for name, value in tensors.items()}
+
+        def write_arrays(tmp: Path) -> None:
+            save_numpy(arrays, str(tmp), metadata=metadata)
+            _sort_safetensors_header(tmp)
+
+        return atomic_write(path, write_arrays)
+
     import torch
     from safetensors.torch import save_file
 
@@ -318,15 +376,25 @@ def save_weights(path: str | os.PathLike, tensors: dict[str, Any], metadata: dic
     return atomic_write(path, write)
 
 
-def load_weights(path: str | os.PathLike) -> dict[str, Any]:
-    """Load safetensors weights as torch tensors; a bad file gets an error naming it."""
+def load_weights(path: str | os.PathLike, as_numpy: bool = False) -> dict[str, Any]:
+    """Load safetensors weights as torch tensors (``as_numpy``: numpy arrays, without importing torch); a bad file gets an error naming it."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: weights file not found. Pass the folder written by `save(dir)`.")
     try:
+        if as_numpy:
+            from safetensors.numpy import load_file as load_numpy
+
+            try:
+                return load_numpy(str(path))
+            except TypeError:  # a dtype numpy lacks (bfloat16): read through torch, as float32
+                from safetensors.torch import load_file
+
+                return {name: value.float().numpy() for name, value in load_file(str(path)).items()}
+        from safetensors.torch import load_file
+
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as error:
         raise ValueError(

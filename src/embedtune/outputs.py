@@ -23,6 +23,15 @@ the user adds after a failed run is never taken for embedtune's.
 
 Markers written by embedtune before the per-file record (no ``files`` field) list top-level
 entries; for those the top-level rule of that version applies.
+
+Links. Nothing is removed or written through a symbolic link that leaves the folder: with
+``overwrite`` (or when resuming), a link anywhere inside ``--out`` whose target lies outside it
+(a moved-away subfolder linked back, a file linked to an archive) is refused with an error that
+names the link and its target, before anything is removed; the fix is to remove the link (what it
+points to is kept) or choose another ``--out``. A file embedtune wrote that has since been
+replaced by a link is removed as a link (its target is untouched). A marker names only relative
+paths of files inside its own folder: an entry that is absolute, holds ``..``, names the folder
+itself or a folder, or is reached through a link is never removed, and a warning names it.
 """
 
 from __future__ import annotations
@@ -60,7 +69,8 @@ __all__ = [
 MARKER_NAME = ".embedtune-output.json"
 MARKER_FORMAT = 2
 OVERWRITE_HELP = ("replace what an earlier embedtune run wrote in --out (files embedtune did not write are kept, "
-                  "and the inputs are never removed); without it, a non-empty --out is refused")
+                  "the inputs are never removed, and a symbolic link in --out that leaves it is refused); "
+                  "without it, a non-empty --out is refused")
 # Seconds between two marker rewrites while a run records its files (the rest is recorded on finish).
 _RECORD_INTERVAL = 0.5
 _RECORD_EACH = 256
@@ -111,11 +121,33 @@ def _names(values: Any) -> list[str]:
 
 
 def _safe_relative(directory: Path, rel: str) -> Path | None:
-    """``directory / rel`` when ``rel`` stays inside ``directory`` (a marker is never trusted to point outside)."""
-    candidate = directory / rel
-    if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+    """``directory / rel`` when ``rel`` names a path strictly inside ``directory`` (a marker is never trusted to point outside)."""
+    parts = Path(rel).parts
+    if not rel or Path(rel).is_absolute() or ".." in parts or not parts:
         return None
-    return candidate
+    return directory.joinpath(*parts)
+
+
+def _link_on_the_way(directory: Path, entry: Path) -> Path | None:
+    """The first folder between ``directory`` and ``entry`` (``entry`` itself excluded) that is a symbolic link, or None."""
+    current = directory
+    for part in entry.relative_to(directory).parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            return current
+    return None
+
+
+def _marker_entry_problem(directory: Path, rel: str, entry: Path | None) -> str | None:
+    """Why a per-file marker entry is not removed (None: it is a file or link inside the folder, reached without a link)."""
+    if entry is None:
+        return "it is not a relative path inside the folder"
+    link = _link_on_the_way(directory, entry)
+    if link is not None:
+        return f"it is reached through the link {link}"
+    if entry.is_dir() and not entry.is_symlink():
+        return "it names a folder (a marker lists files)"
+    return None
 
 
 def owned_files(directory: str | os.PathLike, marker: dict[str, Any] | None = None) -> list[Path]:
@@ -125,8 +157,17 @@ def owned_files(directory: str | os.PathLike, marker: dict[str, Any] | None = No
     if marker is None:
         return []
     if "files" in marker:  # per-file record
-        paths = [_safe_relative(directory, rel) for rel in _names(marker["files"])]
-        return [p for p in paths if p is not None and (p.exists() or p.is_symlink())]
+        owned = []
+        for rel in _names(marker["files"]):
+            entry = _safe_relative(directory, rel)
+            if entry is not None and not (entry.exists() or entry.is_symlink()) and _link_on_the_way(directory, entry) is None:
+                continue  # already gone
+            problem = _marker_entry_problem(directory, rel, entry)
+            if problem is not None:
+                logger.warning("%s: %s lists %r, which is never removed: %s", directory, MARKER_NAME, rel, problem)
+                continue
+            owned.append(entry)
+        return owned
     # A marker of an older embedtune: top-level entries.
     present = {entry.name for entry in directory.iterdir()} - {MARKER_NAME}
     if marker.get("complete") and isinstance(marker.get("written"), list):
@@ -228,12 +269,46 @@ def _check_inputs(directory: Path, owned: list[Path], inputs: Iterable[str | os.
                 )
 
 
+def _links_leaving(directory: Path) -> list[tuple[Path, str]]:
+    """Every symbolic link below ``directory`` (not followed) whose target lies outside it, with that target."""
+    real = directory.resolve()
+    found = []
+    for root, dirs, files in os.walk(directory):
+        base = Path(root)
+        for name in sorted(dirs + files):
+            path = base / name
+            if path.is_symlink() and not _is_within(Path(os.path.realpath(path)), real):
+                found.append((path, os.readlink(path)))
+    return found
+
+
+def _check_links(directory: Path, removed: Iterable[Path], flag: str) -> None:
+    """Refuse when a link inside ``directory`` leaves it (a write or removal through it would land outside).
+
+    Links among ``removed`` are removed as links (their targets are untouched), so they are not refused.
+    """
+    removed = set(removed)
+    leaving = [(path, target) for path, target in _links_leaving(directory) if path not in removed]
+    if leaving:
+        path, target = leaving[0]
+        more = f" (and {len(leaving) - 1} more: {_listing([str(p) for p, _ in leaving[1:]])})" if len(leaving) > 1 else ""
+        raise OutputExistsError(
+            f"{directory}: {path} is a symbolic link to {target}, outside {flag}{more}; embedtune never writes or removes "
+            f"through a link that leaves {flag}. Remove the link (what it points to is kept) or choose another {flag}."
+        )
+
+
 def _remove(directory: Path, owned: list[Path]) -> None:
     """Remove ``owned`` (files; whole entries of an old marker), then the folders that this left empty."""
     parents: set[Path] = set()
+    real = directory.resolve()
     for entry in owned:
+        # Checked again right before removing: the entry's folder must still be itself (no link on the way).
+        if _link_on_the_way(directory, entry) is not None or not _is_within(entry.parent.resolve(), real):
+            raise OutputExistsError(f"{directory}: {entry} is now reached through a symbolic link; nothing more is removed. "
+                                    f"Remove the link or choose another folder.")
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
+            shutil.rmtree(entry)  # a whole top-level entry of an older marker (rmtree removes links in it, never their targets)
         elif entry.exists() or entry.is_symlink():
             entry.unlink()
         parent = entry.parent
@@ -290,6 +365,7 @@ def prepare_output_dir(
         return directory
     if resume and not overwrite:
         if marker is not None and marker["command"] == command:
+            _check_links(directory, (), flag)
             if not check_only:
                 logger.info("%s: resuming the earlier `embedtune %s` run in this folder", directory, command)
                 if "files" in marker:
@@ -297,6 +373,7 @@ def prepare_output_dir(
             return directory
         legacy = [name for name in legacy_names if (directory / name).exists()]
         if marker is None and legacy:
+            _check_links(directory, (), flag)
             if not check_only:
                 logger.info("%s: resuming an earlier `embedtune %s` run (written before output markers; %s found)",
                             directory, command, legacy[0])
@@ -315,6 +392,7 @@ def prepare_output_dir(
             f"(it holds {_listing(foreign)}); remove it yourself or choose a new {flag}."
         )
     owned = owned_files(directory, marker)
+    _check_links(directory, [entry for entry in owned if entry.is_symlink()], flag)
     _check_inputs(directory, owned, inputs, flag)
     if check_only:
         return directory

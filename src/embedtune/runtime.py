@@ -14,6 +14,9 @@ What a person sees while a long job runs is decided here, once for every command
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import sys
@@ -72,17 +75,64 @@ def set_threads(threads: int) -> None:
     """
     if threads < 1:
         raise ValueError(f"threads must be >= 1; got {threads}.")
-    import faiss
-    import torch
+    _set_threads_of("torch", threads)
+    _set_threads_of("faiss", threads)
+    _limit_blas(threads)
 
-    torch.set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
+
+def _limit_blas(threads: int) -> None:
+    """Limit every BLAS loaded so far to ``threads`` threads."""
     try:
         from threadpoolctl import threadpool_limits
 
         threadpool_limits(limits=threads, user_api="blas")
     except ImportError:  # pragma: no cover - a dependency; without it BLAS keeps its own default
         pass
+
+
+class _ThreadsOnImport(importlib.abc.MetaPathFinder):
+    """Calls ``module.<setter>(threads)`` the moment ``module`` is imported.
+
+    torch takes about a second to import and FAISS a fifth: a command that never uses them (``--help``,
+    ``compress apply`` on a PCA) does not pay for them just to set their threads.
+    """
+
+    def __init__(self, module: str, setter: str) -> None:
+        self.module, self.setter, self.threads = module, setter, 1
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.module:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # once: the real finders locate the module
+        spec = importlib.util.find_spec(fullname)
+        loader = None if spec is None else spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run_module, setter, threads = loader.exec_module, self.setter, self.threads
+
+        def exec_module(module: Any) -> None:
+            run_module(module)
+            getattr(module, setter)(threads)
+            _limit_blas(threads)  # a BLAS the module brought along (FAISS bundles OpenBLAS) gets the same budget
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_ON_IMPORT = {"torch": _ThreadsOnImport("torch", "set_num_threads"), "faiss": _ThreadsOnImport("faiss", "omp_set_num_threads")}
+
+
+def _set_threads_of(module: str, threads: int) -> None:
+    """``<module>.<setter>(threads)`` now if ``module`` is imported, else as it is imported."""
+    hook = _ON_IMPORT[module]
+    loaded = sys.modules.get(module)
+    if loaded is not None and hasattr(loaded, hook.setter):
+        getattr(loaded, hook.setter)(threads)
+        return
+    hook.threads = threads
+    if hook not in sys.meta_path:
+        sys.meta_path.insert(0, hook)
 
 
 def _cgroup_cpus() -> float | None:

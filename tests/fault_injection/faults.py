@@ -720,7 +720,7 @@ def _write_shards(folder: Path, seed: int) -> None:
     for shard in range(3):
         rows = range(shard * 10, min(25, shard * 10 + 10))
         encoder.encode_shard(shard, [f"d{i}" for i in rows], [f"text {i}" for i in rows])
-    _write_manifest(folder, 25, 10, "stub", "document", 0.0, "local")
+    _write_manifest(folder, 25, 10, "stub", "document", 0.0, "local", [f"d{i}" for i in range(25)])
 
 
 class ShardArtefact:
@@ -765,6 +765,260 @@ class ShardArtefact:
                          f"{detail}: {type(error).__name__}: {error}")
         same = ids == self.reference[0] and np.array_equal(vectors, self.reference[1])
         return Trial(self.name, damage, seed, name, "identical" if same else "wrong", detail)
+
+
+# -- exported model folders (compress export --plan) --------------------------------------------------
+class ExportedModelArtefact:
+    """A ``compress export --plan`` folder (tiny BERT + PCA 32->16, int8): its ``embedtune_precision/`` files and compressor copy.
+
+    Judged by what a deployment computes from the folder: ``DeployedCodec.load(folder).encode`` of the
+    folder's compressor output (``embedtune_compressor/``) for fixed vectors.
+    """
+
+    files = ("embedtune_precision/precision.json", "embedtune_precision/calibration.safetensors", "embedtune_precision/calibration.json",
+             "embedtune_compressor/config.json", "embedtune_compressor/model.safetensors")
+    json_files = ("embedtune_precision/precision.json", "embedtune_precision/calibration.json", "embedtune_compressor/config.json")
+    name = "exported model"
+
+    def __init__(self, root: Path, model_dir: Path | None = None) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        from embedtune.compress import make_compressor
+        from embedtune.index.codecs import Precision
+        from embedtune.index.plan_export import export_plan
+        from embedtune.index.plan_format import write_plan
+
+        root = Path(root) / "exported"
+        model_dir = model_dir or make_tiny_model(root / "base")
+        base = SentenceTransformer(str(model_dir), device="cpu")
+        texts = [f"document number {i} about topic" for i in range(40)]
+        folders = {}
+        for label, seed in (("model", 0), ("other", 1)):  # "other": the same export fitted on other vectors, for swaps
+            rng = np.random.default_rng(seed)
+            docs = base.encode(texts)
+            docs = (docs + 0.5 * np.std(docs) * rng.standard_normal(docs.shape)).astype(np.float32)
+            compressor = make_compressor("pca", dim=16).fit_unsupervised(docs)
+            write_plan(root / f"plan-{label}", compressor, Precision("int8"), docs, {"chosen": {"setting": "pca-16/int8"}})
+            folders[label] = export_plan(root / f"plan-{label}", str(model_dir), root / label)
+        self.folder, self.other = folders["model"], folders["other"]
+        self.X = np.random.default_rng(7).normal(size=(30, base.get_embedding_dimension())).astype(np.float32)
+        self.reference = self.codes(self.folder)
+
+    def codes(self, folder: Path) -> np.ndarray:
+        from embedtune.compress import load_compressor
+        from embedtune.index.codecs import DeployedCodec
+
+        codec = DeployedCodec.load(folder)
+        return codec.encode(load_compressor(folder / "embedtune_compressor").transform(self.X))
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        from embedtune.io import sha256_file
+
+        rng = _rng(self.name, damage, seed)
+        folder = _fresh_copy(self.folder, Path(scratch) / "model")
+        choices = self.json_files if damage == "edit" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(folder / name, damage, rng)
+        else:
+            if damage == "edit":
+                detail = edit_json(folder / name, rng)
+            else:
+                shutil.copyfile(self.other / name, folder / name)
+                detail = "the other export's file"
+            if name == "embedtune_compressor/model.safetensors":  # the compressor's own record of its weights, recomputed
+                _resign(folder / "embedtune_compressor" / "config.json", {"weights_sha256": sha256_file(folder / name)})
+            if name.startswith("embedtune_precision/") and name != "embedtune_precision/precision.json":  # precision.json's digests
+                _resign(folder / "embedtune_precision" / "precision.json", {"files_sha256": {Path(name).name: sha256_file(folder / name)}})
+        try:
+            codes = self.codes(folder)
+        except Exception as error:  # noqa: BLE001
+            return Trial(self.name, damage, seed, name, classify_error(error, [Path(f).name for f in self.files] + list(self.files)
+                                                                       + ["embedtune_precision", "embedtune_compressor"]),
+                         f"{detail}: {type(error).__name__}: {error}")
+        return Trial(self.name, damage, seed, name, "identical" if np.array_equal(codes, self.reference) else "wrong", detail)
+
+
+# -- the embedding cache's partial shards -----------------------------------------------------------------
+class CachePartialArtefact:
+    """An interrupted embedding-cache encode: ``partial/`` holds 3 finished shards (``.npy`` + ``.json`` record) of 5.
+
+    Judged by the resumed encode: it must give the vectors an uninterrupted encode gives (a damaged
+    shard detected and encoded again counts as a clear error), never other vectors.
+    """
+
+    name = "cache partial shard"
+    shard_size = 4
+
+    def __init__(self, root: Path) -> None:
+        from embedtune.encoders.cache import EmbeddingCache, cache_key
+
+        root = Path(root) / "cache-partial"
+        self.parts = {"model": "fake", "data": "toy", "recipe": "partial shards"}
+        self.key = cache_key(self.parts)
+        self.ids = [f"doc-{i}" for i in range(18)]
+        self.full = np.random.default_rng(0).normal(size=(18, 12)).astype(np.float32)
+        other_full = np.random.default_rng(1).normal(size=(18, 12)).astype(np.float32)
+        self.root, other_root = root / "cache", root / "other"
+        for folder, vectors in ((self.root, self.full), (other_root, other_full)):
+            self._interrupt(EmbeddingCache(folder, use_bundled=False), vectors)
+        self.partial = EmbeddingCache(self.root).entry(self.key) / "partial"
+        self.other = EmbeddingCache(other_root).entry(self.key) / "partial"
+        self.files = sorted(p.name for p in self.partial.iterdir() if not p.name.startswith("."))
+
+    def _interrupt(self, cache: Any, vectors: np.ndarray) -> None:
+        def compute(lo: int, hi: int) -> np.ndarray:
+            if lo >= 3 * self.shard_size:
+                raise KeyboardInterrupt("killed mid-encode")
+            return vectors[lo:hi]
+
+        try:
+            cache.get_or_compute(self.parts, self.ids, compute, shard_size=self.shard_size)
+        except KeyboardInterrupt:
+            pass
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        from embedtune.encoders.cache import EmbeddingCache
+
+        rng = _rng(self.name, damage, seed)
+        root = _fresh_copy(self.root, Path(scratch) / "cache")
+        cache = EmbeddingCache(root, use_bundled=False)
+        partial = cache.entry(self.key) / "partial"
+        choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(partial / name, damage, rng)
+        elif damage == "edit":
+            detail = edit_json(partial / name, rng)
+        else:
+            # Another run's shard at this place, with its record: a record that agrees with its array, for other rows.
+            stem = name.rsplit(".", 1)[0]
+            for suffix in (".npy", ".json"):
+                if (self.other / f"{stem}{suffix}").is_file():
+                    shutil.copyfile(self.other / f"{stem}{suffix}", partial / f"{stem}{suffix}")
+            detail = "the other run's shard and record" if stem != "run" else "the other run's run.json"
+        encoded: list[int] = []
+
+        def compute(lo: int, hi: int) -> np.ndarray:
+            encoded.append(lo)
+            return self.full[lo:hi]
+
+        logging.getLogger("embedtune.encoders.cache").disabled = True  # the "encoded again" warning, once per trial
+        try:
+            vectors, _ = cache.get_or_compute(self.parts, self.ids, compute, shard_size=self.shard_size)
+        except Exception as error:  # noqa: BLE001
+            return Trial(self.name, damage, seed, name, classify_error(error, [name]), f"{detail}: {type(error).__name__}: {error}")
+        finally:
+            logging.getLogger("embedtune.encoders.cache").disabled = False
+        if not np.array_equal(np.asarray(vectors), self.full):
+            return Trial(self.name, damage, seed, name, "wrong", detail)
+        redone = [lo for lo in encoded if lo < 3 * self.shard_size]
+        return Trial(self.name, damage, seed, name, "clear error" if redone else "identical",
+                     f"{detail}: detected, rows {redone} encoded again" if redone else detail)
+
+
+# -- embed-corpus shard folders, resumed ---------------------------------------------------------------------
+class ShardResumeArtefact:
+    """An interrupted ``embed-corpus`` folder (3 of 4 shards finished, no manifest), resumed and read back.
+
+    ``swap`` copies a whole finished shard (array, ids and record) from a run over another corpus;
+    the resumed folder must hold this corpus's rows, encoded again where needed.
+    """
+
+    name = "embedding shards (resumed)"
+    shard_size = 8
+
+    def __init__(self, root: Path) -> None:
+        root = Path(root) / "shards-resumed"
+        self.ids = [f"d{i}" for i in range(30)]
+        self.texts = [f"text {i}" for i in range(30)]
+        other_ids = [f"e{i}" for i in range(30)]
+        self.folder, self.other = root / "shards", root / "other"
+        with _stub_sentence_encoder(0):
+            self._interrupted(self.folder, self.ids, self.texts)
+            self._interrupted(self.other, other_ids, [f"text {i}" for i in range(30, 60)])
+            self.reference = self._resume(_fresh_copy(self.folder, root / "reference"))
+        self.files = sorted(p.name for p in self.folder.iterdir() if p.name.startswith("shard-"))
+
+    def _interrupted(self, folder: Path, ids: list[str], texts: list[str]) -> None:
+        from embedtune.encoders.ray_encode import encode_sharded
+
+        encode_sharded(ids, texts, "stub", folder, shard_size=self.shard_size, show_progress=False)
+        for suffix in (".npy", ".ids.txt", ".json"):
+            (folder / f"shard-00003{suffix}").unlink()
+        (folder / "manifest.json").unlink()
+
+    def _resume(self, folder: Path) -> tuple[list[str], np.ndarray]:
+        from embedtune.encoders.ray_encode import encode_sharded, read_shards
+
+        encode_sharded(self.ids, self.texts, "stub", folder, shard_size=self.shard_size, show_progress=False)
+        return read_shards(folder)
+
+    def trial(self, damage: str, seed: int, scratch: Path) -> Trial:
+        rng = _rng(self.name, damage, seed)
+        folder = _fresh_copy(self.folder, Path(scratch) / "shards")
+        choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
+        name = choices[int(rng.integers(0, len(choices)))]
+        if damage in DAMAGE:
+            detail = damage_file(folder / name, damage, rng)
+        elif damage == "edit":
+            detail = edit_json(folder / name, rng)
+        else:
+            stem = name.split(".")[0]
+            for suffix in (".npy", ".ids.txt", ".json"):
+                shutil.copyfile(self.other / f"{stem}{suffix}", folder / f"{stem}{suffix}")
+            detail = "the whole shard of a run over another corpus"
+        logging.getLogger("embedtune.encoders.ray_encode").disabled = True  # the "encoded again" warning, once per trial
+        try:
+            with _stub_sentence_encoder(0) as encoded:
+                ids, vectors = self._resume(folder)
+        except Exception as error:  # noqa: BLE001
+            return Trial(self.name, damage, seed, name, classify_error(error, [name, name.split(".")[0], "manifest.json", "run.json"]),
+                         f"{detail}: {type(error).__name__}: {error}")
+        finally:
+            logging.getLogger("embedtune.encoders.ray_encode").disabled = False
+        if ids != self.reference[0] or not np.array_equal(vectors, self.reference[1]):
+            return Trial(self.name, damage, seed, name, "wrong", detail)
+        redone = sum(encoded) - (len(self.ids) - 3 * self.shard_size)  # beyond the one missing shard
+        return Trial(self.name, damage, seed, name, "clear error" if redone else "identical",
+                     f"{detail}: detected, {redone} rows encoded again" if redone else detail)
+
+
+class _StubSentenceEncoder:
+    """Stands in for the model in ``embed-corpus``: a text's vector depends on the text and the seed only."""
+
+    backend = "torch"
+    batch_size = 8
+    seed = 0
+    encoded: list[int] = []
+
+    def __init__(self, model: str, show_progress: bool = False, **options: Any) -> None:
+        pass
+
+    def encode(self, texts: list[str], kind: str = "document", progress=None) -> np.ndarray:
+        type(self).encoded.append(len(texts))
+        return _StubEncoder(self.seed).encode(texts, kind, progress)
+
+
+class _stub_sentence_encoder:
+    """``with _stub_sentence_encoder(seed) as encoded:`` ``embed-corpus`` encodes with the stub; ``encoded`` lists each call's rows."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __enter__(self) -> list[int]:
+        from embedtune.encoders import ray_encode
+
+        self.module, self.saved = ray_encode, ray_encode.SentenceEncoder
+        _StubSentenceEncoder.seed, _StubSentenceEncoder.encoded = self.seed, []
+        ray_encode.SentenceEncoder = _StubSentenceEncoder
+        return _StubSentenceEncoder.encoded
+
+    def __exit__(self, *exc: Any) -> None:
+        self.module.SentenceEncoder = self.saved
+
+
+NEW_ARTEFACTS = ("exported model", "cache partial shard", "embedding shards (resumed)")
 
 
 # -- running trials ---------------------------------------------------------------------------

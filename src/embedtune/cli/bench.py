@@ -20,6 +20,7 @@ from embedtune.encoders import resolve_model_path
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.io import atomic_write_json
 from embedtune.workflows.results import json_safe, write_results
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir, prepare_output_file
 
 DEPRECATED_NAME = "bench"
 
@@ -41,7 +42,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_list_flag(dive, "--final-seeds", default=None, item_type=int, help="override the final seeds")
     add_list_flag(dive, "--selection-seeds", default=None, item_type=int, help="override the validation-study seeds")
     dive.add_argument("--out", "--results", dest="results", default=None,
-                      help="results folder, read to resume and written (default: the config's results_dir)")
+                      help="results folder, read to resume and written (default: the config's results_dir); a folder an earlier "
+                           "benchmark dive wrote is resumed, any other non-empty folder refused")
+    dive.add_argument("--overwrite", action="store_true",
+                      help=OVERWRITE_HELP + " (re-running into the same folder resumes instead; --overwrite runs the grid again)")
     dive.add_argument("--no-report", action="store_true", help="skip building REPORT.md at the end")
     dive.add_argument("--protocol", default=None, choices=["paper", "beir-train"],
                       help="paper: 60/20/20 of the test qrels; beir-train: train on qrels/train.tsv, test on every test query")
@@ -75,7 +79,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     # index_factory strings contain commas, so this list is space-separated only (';' still works).
     index.add_argument("--ann", nargs="*", default=[],
                        help="index_factory strings for approximate indexes, e.g. --ann IVF1024,Flat HNSW32")
-    index.add_argument("--out", default=None, help="write the full result as JSON here")
+    index.add_argument("--out", default=None, help="write the full result as JSON here (an existing file is refused unless --overwrite)")
+    index.add_argument("--overwrite", action="store_true", help="replace an existing --out file (never one of the --data inputs)")
     index.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     index.set_defaults(handler=run_benchmark_index)
 
@@ -100,6 +105,10 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
         if missing:
             raise ValueError(f"--datasets {sorted(missing)} not in {config.source}; known: {[d.name for d in config.datasets]}.")
         config.datasets = [d for d in config.datasets if d.name in args.datasets]
+    # The results folder follows the --out rules of every writer: one an earlier `benchmark dive` wrote (by its marker, or
+    # its runs/ and splits/ from before markers) is resumed; any other non-empty folder is refused unless --overwrite.
+    prepare_output_dir(config.results_dir, args.overwrite, inputs=[args.config], command="benchmark dive", resume=True,
+                       legacy_names=("runs", "splits"), check_only=args.dry_run)
     if args.dry_run:
         for phase, plan in plan_protocol(config, rerun_changed=args.rerun_changed).items():
             print(f"{phase}: {plan.summary()}")
@@ -127,6 +136,7 @@ def run_benchmark_dive(args: argparse.Namespace) -> int:
     print(f"{len(records)} runs finished in {seconds:.1f}s; results: {path}")
     if not args.no_report:
         print(f"report: {build_report(config.results_dir, config.n_resamples)}")
+    finish_output_dir(config.results_dir, "benchmark dive")
     return 0
 
 
@@ -136,6 +146,8 @@ def run_benchmark_index(args: argparse.Namespace) -> int:
     unknown = set(args.engines) - {"faiss", "embedtune"}
     if unknown or not args.engines:
         raise ValueError(f"--engines takes faiss and/or embedtune; got {args.engines!r}.")
+    if args.out:  # refused before the (long) measurement, like every writer's --out
+        prepare_output_file(args.out, args.overwrite, inputs=args.data or ())
     result = run_index_benchmark(
         datasets=args.data,
         model=args.model,

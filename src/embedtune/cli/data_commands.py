@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import numpy as np
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_ray_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
+from embedtune.encoders.ray_encode import RUN_RECORD
 from embedtune.encoders.recipe import EncoderRecipe, write_recipe
 from embedtune.io import atomic_save_npy, atomic_write_json
 from embedtune.workflows.encode_corpus import encode_corpus
@@ -36,7 +39,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     corpus.add_argument("--prompt", default="", help="text prepended to every text: the model's document prompt, or its query "
                         "prompt with --kind query (e.g. 'query: ' for E5); recorded, so search uses the same")
     corpus.add_argument("--model", default="minilm", help="'minilm', 'mpnet', or a local sentence-transformers folder")
-    corpus.add_argument("--out", required=True, help="shard folder (created; reused on a rerun)")
+    corpus.add_argument("--out", required=True,
+                        help="shard folder: created, or re-entered when an earlier embed-corpus wrote it (a rerun resumes); "
+                             "any other non-empty folder is refused")
+    corpus.add_argument("--overwrite", action="store_true",
+                        help=OVERWRITE_HELP + " (re-running into the same --out resumes instead; --overwrite encodes every shard again)")
     corpus.add_argument("--shard-size", type=int, default=50_000, help="documents per shard (one encode call, one file)")
     corpus.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     corpus.add_argument("--max-seq-length", type=int, default=None, help="token cap (default: the model's own)")
@@ -69,15 +76,29 @@ def run_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard_folder_before_markers(out: str) -> tuple[str, ...]:
+    """``("run.json",)`` when ``out`` is a shard folder an embed-corpus wrote before output markers existed (resumed as its own)."""
+    record = Path(out) / RUN_RECORD
+    try:
+        previous = json.loads(record.read_text(encoding="utf-8")) if record.is_file() and not record.is_symlink() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return ()
+    return (RUN_RECORD,) if isinstance(previous, dict) and {"shard_size", "ids_sha256", "model"} <= set(previous) else ()
+
+
 def run_embed_corpus(args: argparse.Namespace) -> int:
     if args.shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1; got {args.shard_size}.")
+    # The same --out rules as every writer: a folder this command wrote is resumed, any other non-empty one refused.
+    prepare_output_dir(args.out, args.overwrite, command="embed-corpus", inputs=[args.data, args.model], resume=True,
+                       legacy_names=_shard_folder_before_markers(args.out))
     options = {"batch_size": args.batch_size, **backend_options(args)}
     if args.max_seq_length is not None:
         options["max_seq_length"] = args.max_seq_length
     manifest = encode_corpus(args.data, args.model, args.out, shard_size=args.shard_size, ray_actors=args.ray_actors,
                              ray_address=args.ray_address, cpus_per_actor=args.cpus_per_actor, gpus_per_actor=args.gpus_per_actor,
                              threads_per_actor=args.threads_per_actor, kind=args.kind, prompt=args.prompt, **options)
+    finish_output_dir(args.out, "embed-corpus")
     print_json({"out": args.out, **{k: v for k, v in manifest.items() if k != "shards"}, "shards": len(manifest["shards"])})
     return 0
 

@@ -17,7 +17,7 @@ from embedtune.cli.common import DeprecatedAlias, add_list_flag, command_config,
 from embedtune.data.beir import load_beir
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.finetune.config import DEFAULT_PRESETS, PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
-from embedtune.finetune.losses.focal_embedding import WEIGHTINGS
+from embedtune.finetune.loss_choices import WEIGHTINGS
 from embedtune.io import sha256_file
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.subset_report import finetune_subsets, subset_table_rows_line

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table
 from embedtune.data.beir import load_beir_corpus
@@ -14,10 +15,11 @@ from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.compress.ray_apply import pool_from_flags
 from embedtune.index import build_index
 from embedtune.index.planned import build_planned_index
-from embedtune.index.query import search_texts
+from embedtune.index.query import search_texts, search_vectors
+from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
 __all__ = ["register", "run_index_build", "run_search", "search_texts"]
-from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
+
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +57,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_ray_flags(build, actor="adapter", threads="transform threads (4096-row tiles side by side)")
     build.set_defaults(handler=run_index_build)
 
-    search = commands.add_parser("search", formatter_class=fmt, help="encode queries and print or save the top hits of an index",
+    search = commands.add_parser("search", formatter_class=fmt, help="encode queries (or take query vectors) and print or save the top hits of an index",
                                  description="Encodes the queries (arguments, or --queries FILE) with --model, applies --adapter "
                                  "(default: the one the index was built with, if its folder still exists), and searches the index. "
+                                 "--query-vectors FILE searches your own query vectors instead: no model is loaded, the vectors are "
+                                 "scored as given (inner product; normalise them as the index's vectors were), through the same adapter. "
                                  "--out writes the hits as a TREC run file (run.trec: 'qid Q0 docid rank score tag', for trec_eval, "
                                  "pytrec_eval, ranx) and as run.jsonl.")
     search.add_argument("query", nargs="*", help="query text (several arguments are several queries, ids 1, 2, ...)")
     search.add_argument("--queries", default=None, metavar="FILE",
                         help="query file: JSONL ({\"_id\" or \"query_id\", \"text\"} per line, e.g. BEIR's queries.jsonl) or TSV (id<TAB>text)")
+    search.add_argument("--query-vectors", default=None, metavar="FILE",
+                        help="(n, d) float32/float16 .npy of query vectors (with --query-ids), or .parquet with 'id' and 'embedding' "
+                             "columns, in the space the index was built from; instead of query texts, no model loaded. NaN or "
+                             "infinity, and vectors of another dimension, are refused")
+    search.add_argument("--query-ids", default=None, metavar="FILE",
+                        help="ids of the --query-vectors rows (.txt one per line, or a .json list), unique")
     search.add_argument("--out", default=None, metavar="DIR", help="write run.trec and run.jsonl there instead of printing tables")
     search.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     search.add_argument("--run-tag", default="embedtune", help="the TREC run file's last column")
@@ -77,7 +87,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--top-k", type=positive_int, default=10, help="hits per query (>= 1)")
     search.add_argument("--rescore", default=None, choices=["float", "asym"], help="binary index: rescore the top 100 candidates")
     search.add_argument("--keep-identical-ids", action="store_true",
-                        help="with --queries: keep a hit whose document id equals the query id (dropped by default, as "
+                        help="with --queries or --query-vectors: keep a hit whose document id equals the query id (dropped by default, as "
                              "`evaluate` and BEIR drop it)")
     search.add_argument("--json", action="store_true", help="print JSON instead of a table")
     search.set_defaults(handler=run_search)
@@ -117,6 +127,10 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 
 def run_search(args: argparse.Namespace) -> int:
+    if args.query_vectors is not None:
+        return _search_vectors(args)
+    if args.query_ids is not None:
+        raise ValueError("--query-ids names the rows of --query-vectors; give --query-vectors too (or drop --query-ids).")
     if args.queries and args.query:
         raise ValueError("give queries as arguments or as --queries FILE, not both.")
     if args.queries:
@@ -135,6 +149,25 @@ def run_search(args: argparse.Namespace) -> int:
                            query_ids=[qid for qid, _ in queries] if args.queries else None,
                            ignore_identical_ids=not args.keep_identical_ids, backend=args.backend)
     hits = {qid: found for (qid, _), found in zip(queries, results)}
+    return _report_hits(args, queries, hits, inputs)
+
+
+def _search_vectors(args: argparse.Namespace) -> int:
+    """``search --query-vectors``: the hits of given query vectors, written and printed as text search's are."""
+    given = [flag for flag, value in (("query text", args.query), ("--queries", args.queries), ("--model", args.model),
+                                      ("--query-prompt", args.query_prompt), ("--backend", args.backend)) if value]
+    if given:
+        raise ValueError(f"--query-vectors are searched as given, with no model: drop {', '.join(given)}.")
+    inputs = [args.query_vectors, args.query_ids, args.index, args.adapter]
+    if args.out:  # refusals now; --out is prepared once the hits are there
+        prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs, check_only=True)
+    query_ids, results = search_vectors(args.index, args.query_vectors, args.query_ids, args.adapter, not args.no_adapter, args.top_k,
+                                        args.rescore, ignore_identical_ids=not args.keep_identical_ids)
+    queries: list[tuple[str, Any]] = [(qid, None) for qid in query_ids]  # no text: run.jsonl's "query" is null
+    return _report_hits(args, queries, dict(zip(query_ids, results)), inputs)
+
+
+def _report_hits(args: argparse.Namespace, queries: list[tuple[str, Any]], hits: dict[str, Any], inputs: list[Any]) -> int:
     if args.out:
         out = prepare_output_dir(args.out, args.overwrite, command="search", inputs=inputs)
         trec = write_trec_run(out / "run.trec", hits, args.run_tag)
@@ -147,6 +180,6 @@ def run_search(args: argparse.Namespace) -> int:
         print(f"{len(queries)} queries, top {args.top_k} hits each: {trec} (TREC run), {jsonl}")
         return 0
     for qid, query in queries:
-        print(f"query {qid}: {query}")
+        print(f"query {qid}: {query}" if query is not None else f"query {qid}")
         print_table([{**hit, "title": (hit.get("title") or "")[:80]} for hit in hits[qid]], ["rank", "score", "id", "title"])
     return 0

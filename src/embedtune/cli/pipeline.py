@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from embedtune.cli.common import add_data_flags, add_list_flag, command_config, command_line, format_table, print_json
-from embedtune.compress import DIVECompressor
+from embedtune.compress import describe_method
 from embedtune.data.beir import load_beir
 from embedtune.encoders import resolve_model_path
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
@@ -49,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="PACE queries per batch")
     parser.add_argument("--max-seq-length", type=int, default=None, help="token cap for training and encoding")
     add_list_flag(parser, "--methods", default=["dive"], help="compressors, e.g. --methods dive pca")
-    parser.add_argument("--dive-preset", default=DIVECompressor.default_preset, choices=sorted(DIVECompressor.presets),
+    parser.add_argument("--dive-preset", default=describe_method("dive").default_preset, choices=sorted(describe_method("dive").presets),
                         help="DIVE preset for the compression step (settings and triplet mining)")
     parser.add_argument("--dim", type=int, default=128, help="compressed dimension k")
     parser.add_argument("--seeds", type=int, nargs="+", default=[2027], help="compressor seeds")

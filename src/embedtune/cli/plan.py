@@ -158,7 +158,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
     else:
         experiment = experiment_from_args(args)
     prepare_output_dir(args.out, args.overwrite, inputs=inputs, command="compress plan", resume=True)
-    labels = {"model": args.model, "protocol": args.protocol}
+    # The model that made the vectors: the one recorded with them, never --model's default for precomputed ones.
+    made_by = experiment.embeddings.model or {}
+    labels = {"model": made_by.get("model") or made_by.get("name") or experiment.provenance.get("model", args.model),
+              "protocol": args.protocol}
     if label_free:
         queries = encode_unlabelled_queries(experiment, args.unlabelled_queries, cache=not args.no_cache) if args.unlabelled_queries else None
         plan = run_label_free_plan(experiment, args.out, args.label_free, budget_bytes=args.budget_bytes, target_retention=args.target_retention,

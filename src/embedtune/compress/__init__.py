@@ -4,6 +4,7 @@ from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
 from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.registry import (
     available_methods,
+    describe_method,
     get_compressor_class,
     load_compressor,
     make_compressor,
@@ -12,9 +13,18 @@ from embedtune.compress.registry import (
     unsupervised_methods,
 )
 
-# Importing the method modules fills the registry, in the order `--method` lists them.
-from embedtune.compress import methods as _methods  # noqa: E402,F401
-from embedtune.compress.dive import ROBUST, DIVECompressor, DIVEConfig  # noqa: E402
+# The method modules (torch with most of them) are imported when a class is first asked for, not here:
+# `compress apply` on a PCA, `index build` and `--help` never import torch.
+_LAZY = {"DIVECompressor": "embedtune.compress.dive", "DIVEConfig": "embedtune.compress.dive", "ROBUST": "embedtune.compress.dive"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DIVECompressor",
@@ -26,6 +36,7 @@ __all__ = [
     "Preset",
     "TrainingData",
     "available_methods",
+    "describe_method",
     "get_compressor_class",
     "load_compressor",
     "make_compressor",

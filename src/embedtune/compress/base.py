@@ -8,7 +8,8 @@ the same way.
 Everything the CLI, the workflows and the protocol grid need to know about a method is a class
 trait here (``supervised``, ``supports_unsupervised``, ``seed_dependent``, ``wide_output_settings``, ``help``,
 ``lr_candidates``, ``presets``, ``default_preset``) or a hook (``fit_details``, ``export_layers``), so a new
-method is one new module and nothing else.
+method is one new module (a built-in one also gets its line in :mod:`embedtune.compress.catalog`, which
+``--help`` reads without importing the module).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PseudoQueries", "TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize"]
+__all__ = ["PseudoQueries", "TrainingData", "Compressor", "CompressorConfig", "as_float32_rows", "l2_normalize", "check_output_dim"]
 
 CONFIG_NAME = "config.json"
 _OUTPUT_FIX = ("the input rows are finite, so the compressor's weights hold NaN or infinity (a damaged file or a diverged fit); "
@@ -480,9 +481,9 @@ class Compressor(abc.ABC):
         estimator = cls(config)
         estimator.input_dim_ = input_dim
         estimator.input_normalization_ = normalization
-        tensors = load_weights(directory / WEIGHTS_NAME)
+        tensors = load_weights(directory / WEIGHTS_NAME, as_numpy=True)  # numpy: loading a PCA does not import torch
         try:
-            estimator._load_state_dict({key: value.numpy() for key, value in tensors.items()})
+            estimator._load_state_dict(dict(tensors))
         except (KeyError, ValueError, RuntimeError) as error:
             raise IntegrityError(
                 f"{directory / WEIGHTS_NAME}: weights do not match a {cls.method} compressor ({error}). "
@@ -541,3 +542,10 @@ def _read_meta(directory: Path) -> tuple[dict[str, Any], bool]:
 def read_compressor_meta(directory: Path) -> dict[str, Any]:
     """The ``config.json`` of a saved compressor, its content digest checked (when it has one)."""
     return _read_meta(directory)[0]
+
+
+def check_output_dim(method: str, dim: int, input_dim: int, strict: bool = False) -> None:
+    """Raise if the output dimension ``dim`` cannot be cut from ``input_dim``-d input."""
+    if dim > input_dim or (strict and dim == input_dim):
+        relation = "smaller than" if strict else "at most"
+        raise ValueError(f"{method}: dim={dim} must be {relation} the input dimension {input_dim}.")

@@ -10,6 +10,13 @@ in float64 blocks so the corpus never has to be copied whole (Quora's 523k × 40
 need 17 GB in float64); they equal the SVD's right singular vectors. Signs follow
 scikit-learn's ``svd_flip(u_based_decision=False)``: the largest-magnitude entry of every
 component is positive, so the fit is deterministic.
+
+A large corpus is fitted on a sample (:func:`fit_sample_rows`): ``min(N, max(65536, 100·d))``
+rows drawn with the config's seed, by default. The top axes of a d×d scatter matrix are settled
+long before millions of rows (the sample's retention matched the full fit's, see ``compress fit
+--help``), and the fit then costs the same at 3M rows as at 77k. ``fit_sample=0`` fits on every
+row, as before; every corpus up to the sample size is fitted on every row anyway (the fit then
+does not depend on the seed).
 """
 
 from __future__ import annotations
@@ -17,19 +24,49 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.base import Compressor, CompressorConfig, TrainingData, check_output_dim
 from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
-from embedtune.compress.training import check_output_dim
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PCAConfig", "PCACompressor", "UncentredPCAConfig", "UncentredPCACompressor", "flip_signs", "principal_axes"]
+__all__ = ["PCAConfig", "PCACompressor", "UncentredPCAConfig", "UncentredPCACompressor", "flip_signs", "principal_axes",
+           "fit_sample_rows", "FIT_SAMPLE_MIN_ROWS", "FIT_SAMPLE_ROWS_PER_DIM"]
 
 _BLOCK_ROWS = 16384
+#: The default sample: at least this many rows ...
+FIT_SAMPLE_MIN_ROWS = 65536
+#: ... and at least this many per input dimension (a d×d scatter matrix has d² / 2 entries to settle).
+FIT_SAMPLE_ROWS_PER_DIM = 100
+FIT_SAMPLE_HELP = (f"rows PCA is fitted on: 'auto' = min(N, max({FIT_SAMPLE_MIN_ROWS}, {FIT_SAMPLE_ROWS_PER_DIM}·d)) rows drawn "
+                   "with the seed; a number: that many (at most N); 0 or 'all': every row")
+
+
+def parse_fit_sample(value: int | str) -> int | str:
+    """``fit_sample`` as stored: ``"auto"``, or a row count (0 = every row; ``"all"`` is read as 0)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "all"):
+            return "auto" if text == "auto" else 0
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"fit_sample must be 'auto', 'all' or a row count >= 0; got {value!r}.") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"fit_sample must be 'auto', 'all' or a row count >= 0; got {value!r}.")
+    return value
+
+
+def fit_sample_rows(n: int, d: int, fit_sample: int | str = "auto") -> int:
+    """How many of ``n`` rows of ``d`` dimensions PCA is fitted on under the rule ``fit_sample``."""
+    rule = parse_fit_sample(fit_sample)
+    if rule == "auto":
+        return min(n, max(FIT_SAMPLE_MIN_ROWS, FIT_SAMPLE_ROWS_PER_DIM * d))
+    return n if rule == 0 else min(n, int(rule))
 
 
 @dataclass
@@ -42,10 +79,13 @@ class PCAConfig(CompressorConfig):
                   "the same axes: DIVE's init='pca' start, for unit-norm input."},
     )
 
+    fit_sample: int | str = field(default="auto", metadata={"help": FIT_SAMPLE_HELP})
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.center, bool):
             raise ValueError(f"center must be true or false; got {self.center!r}.")
+        self.fit_sample = parse_fit_sample(self.fit_sample)
 
 
 @dataclass
@@ -114,17 +154,30 @@ class PCACompressor(Compressor):
         self.mean_: np.ndarray | None = None
         self.components_: np.ndarray | None = None
         self.explained_variance_: np.ndarray | None = None
+        self.fit_rows_: int | None = None
 
     def _fit(self, train: TrainingData, val: TrainingData | None) -> None:
         check_output_dim(self.method, self.config.dim, train.dim)
         start = time.perf_counter()
-        mean, components, variance = principal_axes(train.doc_embeddings, self.config.dim)
+        rows = train.doc_embeddings
+        n = len(rows)
+        m = fit_sample_rows(n, train.dim, self.config.fit_sample)
+        if m < n:
+            # Sorted row numbers: a memory-mapped corpus is read front to back.
+            picked = np.sort(np.random.default_rng(self.config.seed).choice(n, size=m, replace=False))
+            rows = np.asarray(rows[picked])
+        self.fit_rows_ = m
+        mean, components, variance = principal_axes(rows, self.config.dim)
         # Uncentred: the same axes, applied to the raw vector (a zero mean keeps one transform and one export).
         self.mean_ = mean.astype(np.float32) if self.config.center else np.zeros_like(mean, dtype=np.float32)
         self.components_ = np.ascontiguousarray(components, dtype=np.float32)
         self.explained_variance_ = variance.astype(np.float32)
         n_docs, d = train.doc_embeddings.shape
-        logger.debug("pca: %d components of %d docs x %d-d in %.2fs", self.config.dim, n_docs, d, time.perf_counter() - start)
+        logger.debug("pca: %d components of %d of %d docs x %d-d in %.2fs", self.config.dim, m, n_docs, d, time.perf_counter() - start)
+
+    def fit_details(self) -> dict[str, Any]:
+        """The rows the axes were fitted on (``fit_sample``'s rule applied to this corpus)."""
+        return {} if self.fit_rows_ is None else {"fit_rows": int(self.fit_rows_), "fit_sample": self.config.fit_sample}
 
     def _transform(self, X: np.ndarray) -> np.ndarray:
         assert self.mean_ is not None and self.components_ is not None

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embedtune.compress.choices import QUANTIZATION_AWARE, check_quantization_aware  # noqa: F401 (re-exported)
 from embedtune.compress.losses import self_limiting_triplet_loss
 
 __all__ = [
@@ -43,13 +44,6 @@ __all__ = [
     "deployed_view",
 ]
 
-QUANTIZATION_AWARE = (None, "binary", "int8")
-
-
-def check_quantization_aware(value: object) -> None:
-    """Raise a clear error unless ``value`` is None, ``"binary"`` or ``"int8"``."""
-    if value not in QUANTIZATION_AWARE:
-        raise ValueError(f"quantization_aware must be None, 'binary' or 'int8'; got {value!r}.")
 
 
 def straight_through_sign(x: Tensor) -> Tensor:

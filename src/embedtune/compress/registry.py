@@ -1,26 +1,38 @@
 """Compressors by name, as used by ``--method``.
 
-Each method module registers its class with :func:`register`; importing
-``embedtune.compress`` imports them all. Everything else that lists methods (the CLI help, the
-protocol config, the report) reads this registry, so a new method is one module that ends with
-``@register`` on its class.
+Each method module registers its class with :func:`register`. A built-in method's module is
+imported when its class is first asked for (:func:`get_compressor_class`, :func:`load_compressor`),
+not before: a command that only applies a PCA never imports torch. What lists methods without
+their classes (the CLI help) reads :func:`describe_method`, served by
+:mod:`embedtune.compress.catalog` for a built-in method not yet imported. A new built-in method is
+its module ending with ``@register`` on its class plus one catalogue entry (a plug-in needs only
+the ``@register``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any
 
 from embedtune.compress.base import CONFIG_NAME, Compressor, read_compressor_meta
+from embedtune.compress.catalog import BUILTIN_METHODS, MethodEntry
 from embedtune.io import IntegrityError
 
 __all__ = [
     "register", "unregister", "get_compressor_class", "available_methods", "unsupervised_methods", "make_compressor",
-    "load_compressor", "find_compressor_dir",
+    "load_compressor", "find_compressor_dir", "describe_method", "load_all_methods",
 ]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
+_BUILTIN: dict[str, MethodEntry] = {entry.method: entry for entry in BUILTIN_METHODS}
+_UNREGISTERED: set[str] = set()  # built-in methods a caller removed: listed no more, imported no more
+
+
+def _entry_of(cls: type[Compressor]) -> MethodEntry:
+    return MethodEntry(cls.method, cls.__module__, cls.help, bool(cls.supervised), bool(cls.supports_unsupervised),
+                       tuple(cls.presets), cls.default_preset)
 
 
 def register(cls: type[Compressor]) -> type[Compressor]:
@@ -43,30 +55,55 @@ def register(cls: type[Compressor]) -> type[Compressor]:
         if unknown:
             raise ValueError(f"{cls.__name__}.wide_output_settings sets {unknown}, which are not fields of "
                              f"{cls.config_class.__name__}; its fields: {sorted(fields)}.")
+    builtin = _BUILTIN.get(method)
+    if builtin is not None and builtin.module == cls.__module__ and _entry_of(cls) != builtin:
+        raise ValueError(f"{cls.__name__} disagrees with its entry in embedtune.compress.catalog (what --help says without "
+                         f"importing it): the class says {_entry_of(cls)}, the catalogue {builtin}; make them agree.")
     _REGISTRY[method] = cls
+    _UNREGISTERED.discard(method)
     return cls
 
 
 def unregister(method: str) -> None:
     """Remove ``method`` from the registry (e.g. a plug-in or a test's toy method)."""
     _REGISTRY.pop(method, None)
+    if method in _BUILTIN:
+        _UNREGISTERED.add(method)
 
 
 def available_methods() -> list[str]:
-    """Registered method names, in registration order (the order reports list them)."""
-    return list(_REGISTRY)
+    """Method names: the built-in ones in catalogue order, then the others in registration order (the order reports list them)."""
+    names = [name for name in _BUILTIN if name not in _UNREGISTERED]
+    return names + [name for name in _REGISTRY if name not in _BUILTIN]
+
+
+def describe_method(method: str) -> MethodEntry:
+    """``method``'s help line and traits, without importing a built-in method's module that is not loaded yet."""
+    if method in _REGISTRY:
+        return _entry_of(_REGISTRY[method])
+    if method in _BUILTIN and method not in _UNREGISTERED:
+        return _BUILTIN[method]
+    raise ValueError(f"unknown compression method {method!r}; choose one of: {', '.join(available_methods())}.")
 
 
 def unsupervised_methods() -> list[str]:
-    """Registered methods that can fit on corpus vectors alone (``supports_unsupervised``)."""
-    return [name for name, cls in _REGISTRY.items() if cls.supports_unsupervised]
+    """Methods that can fit on corpus vectors alone (``supports_unsupervised``)."""
+    return [name for name in available_methods() if describe_method(name).supports_unsupervised]
 
 
 def get_compressor_class(method: str) -> type[Compressor]:
+    """The class registered as ``method``; a built-in method's module is imported on first use."""
+    if method not in _REGISTRY and method in _BUILTIN and method not in _UNREGISTERED:
+        importlib.import_module(_BUILTIN[method].module)
     try:
         return _REGISTRY[method]
     except KeyError:
-        raise ValueError(f"unknown compression method {method!r}; choose one of: {', '.join(_REGISTRY)}.") from None
+        raise ValueError(f"unknown compression method {method!r}; choose one of: {', '.join(available_methods())}.") from None
+
+
+def load_all_methods() -> dict[str, type[Compressor]]:
+    """Every available method's class (imports every built-in method's module, torch with them)."""
+    return {name: get_compressor_class(name) for name in available_methods()}
 
 
 def make_compressor(method: str, **config_values: Any) -> Compressor:

@@ -15,7 +15,7 @@ from torch import nn
 
 __all__ = ["ResidualMLP", "ACTIVATIONS"]
 
-ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}
+ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU, "tanh": nn.Tanh}  # keys: choices.ACTIVATION_NAMES
 
 
 class ResidualMLP(nn.Module):

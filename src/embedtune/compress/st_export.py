@@ -30,8 +30,7 @@ import numpy as np
 
 from embedtune.compress.base import Compressor
 from embedtune.compress.export_layers import ExportLayer, NormalizeLayer
-from embedtune.compress.residual_mlp import ACTIVATIONS
-from embedtune.io import current_umask
+from embedtune.io import OUT_SPACE_FIX, current_umask, writing
 from embedtune.outputs import OutputExistsError, finish_output_dir, prepare_output_dir
 
 if TYPE_CHECKING:
@@ -126,10 +125,13 @@ def export_sentence_transformer(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     staging.chmod(0o777 & ~current_umask())  # mkdtemp makes it 0700: the model would be unreadable to others
     try:
-        model.save(str(staging))
-        compressor.save(staging / COMPRESSOR_SUBFOLDER)
-        if extra_files is not None:
-            extra_files(staging)
+        # sentence-transformers and safetensors report a full disk in their own words (a SafetensorError, a
+        # RuntimeError): one error naming the folder and the fix instead.
+        with writing(out_dir, OUT_SPACE_FIX):
+            model.save(str(staging))
+            compressor.save(staging / COMPRESSOR_SUBFOLDER)
+            if extra_files is not None:
+                extra_files(staging)
         _umask_modes(staging)  # safetensors writes its weights 0600, whatever the umask
         if not out_dir.exists():
             os.replace(staging, out_dir)
@@ -170,6 +172,8 @@ def builtin_modules(layers: Sequence[ExportLayer], input_is_normalized: bool) ->
     """
     import torch
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize
+
+    from embedtune.compress.residual_mlp import ACTIVATIONS
 
     layers = list(layers)
     if input_is_normalized and layers and isinstance(layers[0], NormalizeLayer):

@@ -45,6 +45,7 @@ from typing import Iterator
 import numpy as np
 
 from embedtune.compress.base import Compressor, as_float32_rows
+from embedtune.encoders.ray_encode import is_shard_folder, shard_files
 from embedtune.errors import NonFiniteError
 from embedtune.io import atomic_write
 
@@ -303,8 +304,11 @@ def _iter_parquet(path: Path, chunk_size: int, id_column: str, vector_column: st
 
 
 def embedding_file_shape(path: str | Path, vector_column: str = "embedding") -> tuple[int, int]:
-    """``(n, d)`` of a ``.npy`` or parquet embeddings file, without reading the vectors."""
+    """``(n, d)`` of a ``.npy`` or parquet embeddings file, or an ``embed-corpus`` folder, without reading the vectors."""
     path = Path(path)
+    if is_shard_folder(path):
+        shards, dim = shard_files(path)
+        return sum(len(ids) for _, ids in shards), dim
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".parquet":
@@ -339,6 +343,8 @@ def iter_embedding_blocks(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}.")
     path = Path(path)
+    if is_shard_folder(path):
+        return _iter_shard_folder(path, chunk_size, reuse_buffer)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".parquet":
@@ -346,6 +352,16 @@ def iter_embedding_blocks(
     if path.suffix == ".npy":
         return _iter_npy(path, chunk_size, reuse_buffer)
     raise ValueError(f"{path}: unsupported extension {path.suffix!r}; use .npy or .parquet.")
+
+
+def _iter_shard_folder(path: Path, chunk_size: int, reuse_buffer: bool) -> Iterator[tuple[int, list[str] | None, np.ndarray]]:
+    """The blocks of an ``embed-corpus`` folder, shard after shard (each checked first), with their ids."""
+    shards, _ = shard_files(path)
+    offset = 0
+    for npy, ids in shards:
+        for start, _, block in _iter_npy(npy, chunk_size, reuse_buffer):
+            yield offset + start, ids[start : start + len(block)], block
+        offset += len(ids)
 
 
 # -- writers ---------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedtune.compress.base import CompressorConfig
+from embedtune.compress.base import CompressorConfig, check_output_dim  # noqa: F401  (re-exported; defined in base, torch-free)
 from embedtune.compress.residual_mlp import ACTIVATIONS
 from embedtune.runtime import progress_bar
 
@@ -109,13 +109,6 @@ class TrainedCompressorConfig(CompressorConfig):
 
     def hidden_width(self, input_dim: int) -> int:
         return self.hidden_dim if self.hidden_dim is not None else max(1, input_dim // 2)
-
-
-def check_output_dim(method: str, dim: int, input_dim: int, strict: bool = False) -> None:
-    """Raise if the output dimension ``dim`` cannot be cut from ``input_dim``-d input."""
-    if dim > input_dim or (strict and dim == input_dim):
-        relation = "smaller than" if strict else "at most"
-        raise ValueError(f"{method}: dim={dim} must be {relation} the input dimension {input_dim}.")
 
 
 def resolve_device(device: str) -> torch.device:

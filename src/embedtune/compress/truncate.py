@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
+from embedtune.compress.base import Compressor, CompressorConfig, TrainingData, check_output_dim
 from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
-from embedtune.compress.training import check_output_dim
 
 __all__ = ["TruncateConfig", "TruncateCompressor"]
 

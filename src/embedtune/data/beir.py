@@ -132,6 +132,15 @@ class _Source:
         return sorted(PurePosixPath(n).stem for n in names if n.startswith("qrels/") and n.endswith(".tsv"))
 
 
+def read_utf8(path: str | Path) -> str:
+    """The text of ``path``: UTF-8, a leading byte-order mark dropped (editors on Windows write one).
+
+    The one reader of every text input (corpus, queries, qrels, pairs, ids and query files); a bad
+    byte is a :class:`DataFormatError` naming the file, line and column.
+    """
+    return _decode(str(path), Path(path).read_bytes())
+
+
 def _decode(label: str, data: bytes) -> str:
     """``data`` as text: UTF-8, a leading byte-order mark dropped; an error names the line of a bad byte."""
     try:

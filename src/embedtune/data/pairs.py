@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from embedtune.data.beir import QRELS_HEADER, BeirDataset
+from embedtune.data.beir import QRELS_HEADER, BeirDataset, read_utf8
 from embedtune.data.errors import DataFormatError
 
 __all__ = ["read_pairs", "read_labels", "labelled_dataset", "file_sha256", "PAIR_FIELDS"]
@@ -100,14 +100,8 @@ def _read_tsv(path: Path, text: str) -> dict[str, dict[str, int]]:
 
 
 def _read_text(path: Path) -> str:
-    """The file as UTF-8 text, a leading byte-order mark dropped (editors on Windows write one); a bad byte names its line."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DataFormatError(str(path), f"not UTF-8 text (byte 0x{data[error.start]:02x} at offset {error.start})",
-                              "save the file as UTF-8", line) from None
+    """The file as UTF-8 text, a leading byte-order mark dropped (:func:`~embedtune.data.beir.read_utf8`)."""
+    return read_utf8(path)
 
 
 def read_pairs(path: str | Path) -> dict[str, dict[str, int]]:

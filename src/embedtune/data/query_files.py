@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from embedtune.data.beir import read_utf8
 from embedtune.data.errors import DataFormatError
 
 __all__ = ["read_query_file"]
@@ -40,7 +41,7 @@ def read_query_file(path: str | Path) -> list[tuple[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such query file. Pass a JSONL file ({{\"_id\", \"text\"}} per line) or a TSV file (id<TAB>text).")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_utf8(path).splitlines()  # a byte-order mark dropped, as for corpus, ids and pairs files
     first = next((line for line in lines if line.strip()), "")
     is_jsonl = path.suffix.lower() in (".jsonl", ".json") or (path.suffix.lower() not in (".tsv", ".txt") and first.lstrip().startswith("{"))
     queries: list[tuple[str, str]] = []

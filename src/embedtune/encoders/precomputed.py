@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from embedtune.data.beir import BeirDataset
+from embedtune.data.beir import BeirDataset, read_utf8
 from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
-from embedtune.errors import EmbedtuneError, NoQueriesError, check_finite
+from embedtune.encoders.ray_encode import SHARD_MANIFEST, is_shard_folder, read_shards
+from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -69,21 +70,25 @@ def judged_documents(dataset: BeirDataset) -> list[str]:
 
 
 def vector_fingerprints(*paths: str | Path | None) -> dict[str, str]:
-    """``{file name: sha256}`` of the given vector and id files (None entries are skipped)."""
-    return {Path(path).name: file_sha256(path) for path in paths if path is not None and Path(path).is_file()}
+    """``{file name: sha256}`` of the given vector and id files (None entries are skipped); an
+    ``embed-corpus`` folder is named by its shard manifest, which holds every shard's sha256."""
+    prints: dict[str, str] = {}
+    for path in paths:
+        if path is None:
+            continue
+        if is_shard_folder(path):
+            prints[Path(path).name + "/" + SHARD_MANIFEST] = file_sha256(Path(path) / SHARD_MANIFEST)
+        elif Path(path).is_file():
+            prints[Path(path).name] = file_sha256(path)
+    return prints
 
 
-_FINITE_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
+_FINITE_FIX = VECTORS_FIX
 
 
 def _read_text(path: Path) -> str:
-    """UTF-8 text (a byte-order mark dropped); a bad byte is an error naming the file and line."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise DataFormatError(str(path), f"not valid UTF-8 (byte 0x{data[error.start]:02x})", "save the file as UTF-8", line) from None
+    """UTF-8 text, a byte-order mark dropped (:func:`~embedtune.data.beir.read_utf8`)."""
+    return read_utf8(path)
 
 
 def _load_npy(path: Path, mmap: bool) -> np.ndarray:
@@ -133,6 +138,13 @@ def load_embeddings(
         unique: raise if an id repeats (naming the ids file and the id).
     """
     path = Path(path)
+    if is_shard_folder(path):  # an embed-corpus folder: its ids travel with its shards
+        if ids is not None:
+            raise ValueError(f"{path}: an embed-corpus folder carries its own ids (shard-*.ids.txt); drop the ids file.")
+        folder_ids, vectors = read_shards(path)
+        if unique:
+            check_unique_ids(folder_ids, path)
+        return folder_ids, vectors
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".npy":

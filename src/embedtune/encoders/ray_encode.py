@@ -4,9 +4,13 @@ The corpus is cut into shards of ``shard_size`` texts, in order. Shard ``i`` is 
 ``shard-0000i.npy`` (float32 ``(rows, d)``), ``shard-0000i.ids.txt`` and, last,
 ``shard-0000i.json`` (its rows, dimension and the sha256 of both files), each atomically. A shard
 is complete when its record is there and both files match it (their digests, and as many vector
-rows as ids as the corpus has for that shard); a rerun skips complete shards and encodes the rest,
-a damaged or truncated one included. ``manifest.json`` (written when every shard is there) lists the
-shards, the model and the rows; :func:`read_shards` checks every shard against its record again.
+rows as ids as the corpus has for that shard, and those ids the corpus's own); a rerun skips
+complete shards and encodes the rest, a damaged, truncated or foreign one included (a shard copied
+in from a run over another corpus holds other ids). ``manifest.json`` (written when every shard is
+there) lists the shards, their digests, the model, the rows and the digest of the corpus's ids;
+:func:`read_shards` checks every shard against its record again, every vector for NaN and
+infinity, and the ids against the corpus the folder was made for (``manifest.json`` and
+``run.json``).
 
 Single process::
 
@@ -28,6 +32,7 @@ bucket). :func:`read_shards` loads them back in order as one matrix.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -38,9 +43,11 @@ from typing import Any
 import numpy as np
 
 from embedtune.encoders.sentence_transformer import SentenceEncoder
-from embedtune.errors import EmbedtuneError
+from embedtune.errors import VECTORS_FIX, EmbedtuneError, check_finite
 from embedtune.io import (
     IntegrityError,
+    OUT_SPACE_FIX,
+    writing,
     atomic_save_npy,
     atomic_write,
     atomic_write_json,
@@ -53,7 +60,8 @@ from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "pending_shards", "read_shards", "SHARD_MANIFEST"]
+__all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "is_shard_folder", "pending_shards", "read_shards", "shard_files",
+           "SHARD_MANIFEST"]
 
 SHARD_MANIFEST = "manifest.json"
 _PLURAL = {"document": "documents", "query": "queries"}  # progress-bar labels
@@ -71,10 +79,17 @@ def _record_path(out: Path, index: int) -> Path:
 SHARD_FIX = "Run `embedtune embed-corpus` again with the same --out: a damaged or incomplete shard is encoded again."
 
 
-def shard_problem(out: str | Path, index: int, rows: int | None = None) -> str | None:
+def _ids_text_sha256(ids: Sequence[str]) -> str:
+    """sha256 of a shard's ids file holding ``ids`` (one per line), as :meth:`ShardEncoder.encode_shard` writes it."""
+    return hashlib.sha256("".join(f"{i}\n" for i in ids).encode("utf-8")).hexdigest()
+
+
+def shard_problem(out: str | Path, index: int, rows: int | None = None, ids: Sequence[str] | None = None) -> str | None:
     """Why shard ``index`` of ``out`` is not complete and intact (None when it is).
 
     ``rows``: how many texts the corpus has for this shard (None: take the record's word for it).
+    ``ids``: the corpus's ids for this shard; a shard holding others (copied in from a run over
+    another corpus, its record and all) is not this corpus's shard.
     """
     out = Path(out)
     npy, id_file = _shard_paths(out, index)
@@ -90,6 +105,8 @@ def shard_problem(out: str | Path, index: int, rows: int | None = None) -> str |
             return f"{path} is missing"
         if sha256_file(path) != record.get(key):
             return f"{path}: sha256 differs from the one {record_path.name} recorded (damaged or truncated)"
+    if ids is not None and record.get("ids_sha256") != _ids_text_sha256([str(i) for i in ids]):
+        return f"{id_file}: holds other ids than this corpus's {len(ids)} ids for shard {index} (a shard of a run over another corpus?)"
     try:
         vectors = np.load(npy, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -112,16 +129,18 @@ def _check(ids: Sequence[str], texts: Sequence[str], shard_size: int) -> None:
         raise ValueError(f"id {bad!r} contains a line break, which a shard's ids.txt cannot hold.")
 
 
-def pending_shards(out: str | Path, n: int, shard_size: int) -> list[int]:
+def pending_shards(out: str | Path, n: int, shard_size: int, ids: Sequence[str] | None = None) -> list[int]:
     """Indices of the shards of an ``n``-text corpus that are not complete and intact in ``out`` yet.
 
-    A shard that is there but damaged, truncated or of the wrong size is pending too (with a warning naming it).
+    A shard that is there but damaged, truncated, of the wrong size or (given the corpus's
+    ``ids``) holding other ids is pending too (with a warning naming it).
     """
     out = Path(out)
     n_shards = (n + shard_size - 1) // shard_size
     pending = []
     for i in range(n_shards):
-        problem = shard_problem(out, i, min(shard_size, n - i * shard_size))
+        shard_ids = None if ids is None else ids[i * shard_size : (i + 1) * shard_size]
+        problem = shard_problem(out, i, min(shard_size, n - i * shard_size), shard_ids)
         if problem is not None:
             if _shard_paths(out, i)[0].exists() or _shard_paths(out, i)[1].exists():
                 logger.warning("%s: shard %d is encoded again: %s", out, i, problem)
@@ -149,7 +168,7 @@ def _claim(out: Path, ids: Sequence[str], texts: Sequence[str], model: str, kind
         record["int8_graph"] = _int8_graph(model, encoder_options)
     path = out / RUN_RECORD
     if path.is_file():
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        previous = read_run_record(out)
         # A folder from before texts were recorded has no texts_sha256: what it does record must agree.
         changed = sorted(k for k in record if (k in previous or k != "texts_sha256") and previous.get(k) != record[k])
         if changed:
@@ -165,6 +184,22 @@ def _claim(out: Path, ids: Sequence[str], texts: Sequence[str], model: str, kind
     atomic_write_json(path, record)
 
 
+def read_run_record(out: str | Path) -> dict[str, Any] | None:
+    """``out``'s ``run.json`` (what its shards are made of), or None when there is none; a damaged one is an error naming it."""
+    path = Path(out) / RUN_RECORD
+    if not path.is_file():
+        return None
+    fix = f"Fix: write to a new --out folder, or delete {path} (the shards are then checked against the corpus again)."
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise IntegrityError(f"{path}: not a readable JSON file ({error}); the file is damaged. {fix}") from None
+    if not isinstance(record, dict):
+        raise IntegrityError(f"{path}: expected a JSON object (the settings the shards were made with), found a "
+                             f"{type(record).__name__}; the file is damaged or was replaced. {fix}")
+    return record
+
+
 def _int8_graph(model: str, encoder_options: dict[str, Any]) -> dict[str, Any]:
     """What makes an int8 encoding: its graph's sha256 (built and checked now, as encoding would) and the batch size."""
     encoder = SentenceEncoder(model, show_progress=False, **encoder_options)
@@ -174,7 +209,7 @@ def _int8_graph(model: str, encoder_options: dict[str, Any]) -> dict[str, Any]:
 def _check_int8_graph(out: Path, encoder: SentenceEncoder) -> None:
     """Refuse to write shards with another int8 graph than the folder's (a Ray worker on a node with another onnxruntime)."""
     path = out / RUN_RECORD
-    claimed = json.loads(path.read_text(encoding="utf-8")).get("int8_graph") if path.is_file() else None
+    claimed = (read_run_record(out) or {}).get("int8_graph")
     if claimed is not None and claimed["sha256"] != encoder.int8_graph_sha256:
         raise EmbedtuneError(f"{path}: this folder's shards were encoded by int8 graph {claimed['sha256'][:12]}, but this worker built "
                              f"{encoder.int8_graph_sha256[:12]} (another onnxruntime or quantisation recipe); mixing them would "
@@ -206,12 +241,15 @@ class ShardEncoder:
         """Encode and write shard ``index``; ``progress`` is called with each finished batch's size."""
         vectors = np.ascontiguousarray(self.encoder.encode(list(texts), kind=self.kind, progress=progress), dtype=np.float32)  # type: ignore[arg-type]
         npy, id_file = _shard_paths(self.out, index)
-        _record_path(self.out, index).unlink(missing_ok=True)  # an older shard's record no longer holds
-        atomic_save_npy(npy, vectors)
-        atomic_write(id_file, lambda tmp: tmp.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8"))
-        write_json_with_digest(_record_path(self.out, index), {  # last: marks it complete
-            "rows": int(len(vectors)), "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
-            "npy_sha256": sha256_file(npy), "ids_sha256": sha256_file(id_file)})
+        check_finite(vectors, f"the encoder's output for shard {index} ({npy.name})", "vectors",
+                     fix="the model produced NaN or infinity for these texts; check the model and its inputs")
+        with writing(npy, OUT_SPACE_FIX):
+            _record_path(self.out, index).unlink(missing_ok=True)  # an older shard's record no longer holds
+            atomic_save_npy(npy, vectors)
+            atomic_write(id_file, lambda tmp: tmp.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8"))
+            write_json_with_digest(_record_path(self.out, index), {  # last: marks it complete
+                "rows": int(len(vectors)), "dim": int(vectors.shape[1]) if vectors.ndim == 2 else 0,
+                "npy_sha256": sha256_file(npy), "ids_sha256": sha256_file(id_file)})
         return len(vectors)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -220,9 +258,10 @@ class ShardEncoder:
         return {"shard": np.array(shards, dtype=np.int64), "rows": np.array(rows, dtype=np.int64)}
 
 
-def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, seconds: float, backend: str) -> dict[str, Any]:
+def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, seconds: float, backend: str,
+                    ids: Sequence[str] | None = None) -> dict[str, Any]:
     n_shards = (n + shard_size - 1) // shard_size
-    missing = pending_shards(out, n, shard_size)
+    missing = pending_shards(out, n, shard_size, ids)
     if missing:
         raise EmbedtuneError(f"{_shard_paths(out, missing[0])[0]}: shards {missing[:5]} are missing or incomplete after encoding "
                              f"({shard_problem(out, missing[0])}). {SHARD_FIX}")
@@ -232,8 +271,11 @@ def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, s
                 "shards": [_shard_paths(out, i)[0].name for i in range(n_shards)], "dim": dims.pop() if len(dims) == 1 else None,
                 # Each shard's digests again: a shard swapped in from another run, its own record rewritten, still differs here.
                 "shard_sha256": [{"npy": r["npy_sha256"], "ids": r["ids_sha256"]} for r in records],
+                # The corpus's ids in order: shards that are each intact but hold another corpus's rows differ here.
+                **({"ids_sha256": sha256_json([str(i) for i in ids])} if ids is not None else {}),
                 "last_run": {"backend": backend, "seconds": seconds}}
-    write_json_with_digest(out / SHARD_MANIFEST, manifest)
+    with writing(out / SHARD_MANIFEST, OUT_SPACE_FIX):
+        write_json_with_digest(out / SHARD_MANIFEST, manifest)
     return manifest
 
 
@@ -252,7 +294,7 @@ def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: st
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _claim(out, ids, texts, model, kind, shard_size, encoder_options)
-    todo = pending_shards(out, len(texts), shard_size)
+    todo = pending_shards(out, len(texts), shard_size, ids)
     start = time.perf_counter()
     if todo:
         encoder = ShardEncoder(model, out, kind, **encoder_options)
@@ -263,7 +305,7 @@ def encode_sharded(ids: Sequence[str], texts: Sequence[str], model: str, out: st
             for item in items:
                 encoder.encode_shard(item["shard"], item["ids"], item["texts"], progress=bar.update)
                 logger.debug("encode_sharded: shard %d done", item["shard"])
-    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, "local")
+    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, "local", ids)
 
 
 def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out: str | Path, shard_size: int = 50_000,
@@ -285,7 +327,7 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     _claim(out, ids, texts, model, kind, shard_size, encoder_options)
-    todo = pending_shards(out, len(texts), shard_size)
+    todo = pending_shards(out, len(texts), shard_size, ids)
     start = time.perf_counter()
     if todo:
         # Ray Data's own bars and per-run log lines are replaced by one embedtune bar over the
@@ -324,18 +366,22 @@ def encode_sharded_ray(ids: Sequence[str], texts: Sequence[str], model: str, out
             for name, level in saved_levels.items():
                 logging.getLogger(name).setLevel(level)
         logger.debug("encode_sharded_ray: %d shards, %d rows", len(done), sum(int(r["rows"]) for r in done))
-    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, f"ray ({actors} actors)")
+    return _write_manifest(out, len(texts), shard_size, model, kind, time.perf_counter() - start, f"ray ({actors} actors)", ids)
 
 
-def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
-    """The ids and ``(n, d)`` vectors of a complete shard folder, in corpus order."""
+def shard_files(out: str | Path) -> tuple[list[tuple[Path, list[str]]], int]:
+    """The shards of a complete folder, each checked against its digests and the corpus, in corpus
+    order: ``([(shard .npy, its ids), ...], dim)``. Reads no vectors into memory (each shard is
+    hashed), so a folder larger than RAM can be streamed shard by shard.
+    """
     out = Path(out)
     path = out / SHARD_MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{out}: no {SHARD_MANIFEST}; the encoding has not finished (run it again to resume).")
     manifest, _ = read_json_verified(path, SHARD_FIX, require_digest=True)
+    shards: list[tuple[Path, list[str]]] = []
     ids: list[str] = []
-    blocks = []
+    rows, dim = 0, int(manifest.get("dim") or 0)
     listed = manifest.get("shard_sha256")
     if not isinstance(listed, list) or len(listed) != len(manifest["shards"]):
         raise IntegrityError(f"{path}: field 'shard_sha256' is missing or does not list every shard. {SHARD_FIX}")
@@ -348,10 +394,38 @@ def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
                 problem = f"its digests are not the ones {path.name} field 'shard_sha256' recorded (a shard of another run?)"
         if problem is not None or npy != _shard_paths(out, index)[0]:
             raise IntegrityError(f"{npy}: {problem or 'not the shard manifest.json lists at this place'}. {SHARD_FIX}")
-        ids += npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
-        blocks.append(np.load(npy))
-    vectors = np.concatenate(blocks) if blocks else np.zeros((0, manifest.get("dim") or 0), np.float32)
-    if len(ids) != len(vectors) or len(ids) != manifest["rows"]:
-        raise IntegrityError(f"{path}: field 'rows' is {manifest['rows']!r}, but its shards hold {len(ids)} ids and {len(vectors)} vectors. "
+        shard_ids = npy.with_name(npy.name.removesuffix(".npy") + ".ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        shape = np.load(npy, mmap_mode="r", allow_pickle=False).shape
+        rows, dim = rows + shape[0], shape[1]
+        shards.append((npy, shard_ids))
+        ids += shard_ids
+    if len(ids) != rows or len(ids) != manifest["rows"]:
+        raise IntegrityError(f"{path}: field 'rows' is {manifest['rows']!r}, but its shards hold {len(ids)} ids and {rows} vectors. "
                              f"{SHARD_FIX}")
+    # The corpus the folder was made for (the manifest's record, else run.json's): another corpus's shards, each intact, differ here.
+    run = read_run_record(out) or {}
+    for source, expected in ((path, manifest.get("ids_sha256")), (out / RUN_RECORD, run.get("ids_sha256"))):
+        if expected is not None and sha256_json(ids) != expected:
+            raise IntegrityError(f"{source}: its shards hold other ids than the corpus this folder was made for (field 'ids_sha256'); "
+                                 f"a shard of a run over another corpus was copied in? {SHARD_FIX}")
+    return shards, dim
+
+
+def is_shard_folder(path: str | Path) -> bool:
+    """True for a folder written by ``embed-corpus`` (it holds its run record, ``run.json``)."""
+    path = Path(path)
+    return path.is_dir() and (path / RUN_RECORD).is_file()
+
+
+def read_shards(out: str | Path) -> tuple[list[str], np.ndarray]:
+    """The ids and ``(n, d)`` vectors of a complete shard folder, in corpus order."""
+    shards, dim = shard_files(out)
+    ids: list[str] = []
+    blocks = []
+    for npy, shard_ids in shards:
+        block = np.load(npy, allow_pickle=False)
+        check_finite(block, str(npy), "vectors", fix=VECTORS_FIX)
+        blocks.append(block)
+        ids += shard_ids
+    vectors = np.concatenate(blocks) if blocks else np.zeros((0, dim), np.float32)
     return ids, vectors

@@ -52,8 +52,9 @@ class EncoderRecipe:
         model_sha256: the sha256 over the model folder's files ("" when unknown, e.g. a hand-written recipe).
         backend: ``torch``, ``onnx`` (fp32) or ``onnx-int8``.
         max_seq_length: the token cap in effect (``None``: the model's own).
-        query_prompt: text prepended to every query.
-        document_prompt: text prepended to every document.
+        query_prompt: text prepended to every query (``None``: not recorded, e.g. a folder of
+            documents alone, which says nothing about how its queries are to be encoded).
+        document_prompt: text prepended to every document (``None``: not recorded).
         normalize: unit rows (cosine); False keeps the raw dot product.
     """
 
@@ -61,8 +62,8 @@ class EncoderRecipe:
     model_sha256: str = ""
     backend: str = "torch"
     max_seq_length: int | None = None
-    query_prompt: str = ""
-    document_prompt: str = ""
+    query_prompt: str | None = ""
+    document_prompt: str | None = ""
     normalize: bool = True
 
     def __post_init__(self) -> None:
@@ -95,7 +96,7 @@ class EncoderRecipe:
             raise TypeError(f"{sorted(changing)} are part of the recipe; build another EncoderRecipe instead.")
         runtime.setdefault("show_progress", False)
         return SentenceEncoder(self.model, backend=self.backend, max_seq_length=self.max_seq_length,
-                               query_prompt=self.query_prompt, document_prompt=self.document_prompt,
+                               query_prompt=self.query_prompt or "", document_prompt=self.document_prompt or "",
                                normalize=self.normalize, **runtime)
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,7 +117,7 @@ class EncoderRecipe:
         try:
             return cls(model=str(model), model_sha256=str(data.get("model_sha256", data.get("fingerprint", "")) or ""),
                        backend=str(data.get("backend", "torch")), max_seq_length=data.get("max_seq_length"),
-                       query_prompt=str(data.get("query_prompt", "")), document_prompt=str(data.get("document_prompt", "")),
+                       query_prompt=_prompt(data, "query_prompt"), document_prompt=_prompt(data, "document_prompt"),
                        normalize=bool(data.get("normalize", True)))
         except EmbedtuneError as error:
             raise EmbedtuneError(f"{source}: {error}") from None
@@ -127,6 +128,7 @@ class EncoderRecipe:
 
         A side whose ``max_seq_length`` is None (the model's own) matches any: a recipe written by
         hand often leaves it out, and the model's default is the same model file on both sides.
+        So does a prompt that one side did not record (None).
         """
         out: list[str] = []
         if self.model_sha256 and other.model_sha256:
@@ -136,7 +138,7 @@ class EncoderRecipe:
             out.append(f"model: {self.model} != {other.model}")
         for name in _VECTOR_FIELDS:
             mine, theirs = getattr(self, name), getattr(other, name)
-            if name == "max_seq_length" and (mine is None or theirs is None):
+            if name in ("max_seq_length", "query_prompt", "document_prompt") and (mine is None or theirs is None):
                 continue
             if mine != theirs:
                 out.append(f"{name}: {mine!r} != {theirs!r}")
@@ -156,6 +158,12 @@ class EncoderRecipe:
                                  + "), or encode again with the one you want.")
 
 
+def _prompt(data: Mapping[str, Any], field: str) -> str | None:
+    """A prompt field: its text, "" when absent (older descriptions had none), None when recorded as unknown."""
+    value = data.get(field, "")
+    return None if value is None else str(value)
+
+
 def write_recipe(folder: str | os.PathLike, recipe: EncoderRecipe) -> Path:
     """Write ``recipe`` as ``folder/encoder.json`` (with its digest), beside the vectors it made."""
     return write_json_with_digest(Path(folder) / RECIPE_FILE, {"format": "embedtune-encoder-recipe", **recipe.to_dict()})
@@ -163,8 +171,9 @@ def write_recipe(folder: str | os.PathLike, recipe: EncoderRecipe) -> Path:
 
 def recipe_beside(vectors: str | os.PathLike) -> EncoderRecipe | None:
     """The recipe recorded beside a vectors file: ``encoder.json`` (written by ``embed``), or the
-    ``run.json`` of an ``embed-corpus`` shard folder. ``None`` when neither is there (own vectors)."""
-    folder = Path(vectors).parent
+    ``run.json`` of an ``embed-corpus`` shard folder (the folder itself may be given). ``None``
+    when neither is there (own vectors)."""
+    folder = Path(vectors) if Path(vectors).is_dir() else Path(vectors).parent
     path = folder / RECIPE_FILE
     fix = "Fix: encode the vectors again with `embedtune embed`, or delete the file if the vectors are your own."
     if path.is_file():
@@ -179,10 +188,12 @@ def recipe_beside(vectors: str | os.PathLike) -> EncoderRecipe | None:
         if not isinstance(record, dict) or "model" not in record or not isinstance(record.get("encoder_options", {}), dict):
             return None
         options = record.get("encoder_options", {})
-        prompt_field = "query_prompt" if record.get("kind") == "query" else "document_prompt"
+        # A folder of one kind records that kind's prompt only; the other stays unknown (None).
+        prompt_field, other = (("query_prompt", "document_prompt") if record.get("kind") == "query"
+                               else ("document_prompt", "query_prompt"))
         return EncoderRecipe.from_dict({"model": record["model"], "backend": options.get("backend", "torch"),
                                         "max_seq_length": options.get("max_seq_length"), "normalize": options.get("normalize", True),
-                                        prompt_field: options.get(prompt_field, options.get("prompt", ""))}, str(run))
+                                        prompt_field: options.get(prompt_field, options.get("prompt", "")), other: None}, str(run))
     return None
 
 

@@ -37,6 +37,7 @@ import contextlib
 import functools
 import logging
 import math
+import sys
 import threading
 import time
 import warnings
@@ -106,31 +107,40 @@ def faiss_knn_ip(
 
 
 @contextlib.contextmanager
-def _threads(n: int | None):
-    """Run with ``n`` torch and FAISS threads, then restore (both are process-wide settings)."""
+def _threads(n: int | None, torch_too: bool = True):
+    """Run with ``n`` FAISS threads (and torch's, with ``torch_too``), then restore (both are process-wide settings).
+
+    A FAISS kernel leaves torch alone: importing torch only to set its threads would cost a
+    torch-free command (a search on given vectors) a second of start-up.
+    """
     if n is None:
         yield
         return
     import faiss
-    import torch
+
+    torch = None
+    if torch_too:
+        import torch
 
     with _THREADS_LOCK:
-        torch_before, faiss_before = torch.get_num_threads(), faiss.omp_get_max_threads()
-        torch.set_num_threads(n)
+        torch_before, faiss_before = (torch.get_num_threads() if torch else None), faiss.omp_get_max_threads()
+        if torch:
+            torch.set_num_threads(n)
         faiss.omp_set_num_threads(n)
         try:
             yield
         finally:
-            torch.set_num_threads(torch_before)
+            if torch:
+                torch.set_num_threads(torch_before)
             faiss.omp_set_num_threads(faiss_before)
 
 
-def single_threaded(kernel: Kernel) -> Kernel:
-    """``kernel`` run with one torch/FAISS thread (no OpenMP barriers to wait on)."""
+def single_threaded(kernel: Kernel, uses_torch: bool = True) -> Kernel:
+    """``kernel`` run with one FAISS thread, and one torch thread when it ``uses_torch`` (no OpenMP barriers to wait on)."""
 
     @functools.wraps(kernel)
     def run(xq: np.ndarray, xb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        with _threads(1):
+        with _threads(1, torch_too=uses_torch):
             return kernel(xq, xb, k)
 
     return run
@@ -251,10 +261,10 @@ def numpy_blocked_topk(xq: np.ndarray, xb: np.ndarray, k: int, score_bytes: int 
 KERNELS: dict[str, Kernel] = {
     "faiss": faiss_knn_ip,
     "faiss-bs64k": functools.partial(faiss_knn_ip, database_block=65536),
-    "faiss-1t": single_threaded(faiss_knn_ip),
+    "faiss-1t": single_threaded(faiss_knn_ip, uses_torch=False),
     # BLAS from 20 queries on at every d (FAISS's rule before 1.15), 64k-row blocks for fewer barriers.
     "faiss-blas": functools.partial(faiss_knn_ip, database_block=65536, blas_min_queries=20),
-    "faiss-blas-1t": single_threaded(functools.partial(faiss_knn_ip, blas_min_queries=20)),
+    "faiss-blas-1t": single_threaded(functools.partial(faiss_knn_ip, blas_min_queries=20), uses_torch=False),
     "torch-16m": functools.partial(torch_blocked_topk, score_bytes=16 << 20),
     "torch-64m": functools.partial(torch_blocked_topk, score_bytes=64 << 20),
     "torch-1t": single_threaded(functools.partial(torch_blocked_topk, score_bytes=16 << 20)),
@@ -285,11 +295,11 @@ _choices_lock = threading.Lock()
 
 
 def search_threads() -> dict[str, int]:
-    """Threads the kernels use now: torch intra-op and FAISS OpenMP."""
+    """Threads the kernels use now: torch intra-op (0 while torch is not imported) and FAISS OpenMP."""
     import faiss
-    import torch
 
-    return {"torch": torch.get_num_threads(), "faiss": faiss.omp_get_max_threads()}
+    torch = sys.modules.get("torch")
+    return {"torch": torch.get_num_threads() if torch is not None else 0, "faiss": faiss.omp_get_max_threads()}
 
 
 def set_search_threads(n: int) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args
 
 from embedtune.data.vl_inputs import task_instruction
-from embedtune.finetune.losses.focal_embedding import NORMALIZATIONS, SIMILARITIES, WEIGHTINGS, Normalization, Similarity, Weighting
+from embedtune.finetune.loss_choices import NORMALIZATIONS, SIMILARITIES, WEIGHTINGS, Normalization, Similarity, Weighting
 from embedtune.io import config_from_dict, load_config, save_config
 
 __all__ = [

@@ -74,4 +74,5 @@ def export_plan(
     _, compressor, precision, calibration = load_plan(plan)
     codec = _codec(plan, compressor, precision, calibration)
     return export_sentence_transformer(compressor, base_model, out_dir, overwrite=overwrite, inputs=[*inputs, plan],
-                                       extra_files=lambda staging: codec.save(staging / PRECISION_SUBFOLDER))
+                                       extra_files=lambda staging: codec.save(staging / PRECISION_SUBFOLDER,
+                                                                              compressor_state_sha256=compressor.state_sha256()))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
+from embedtune.encoders.recipe import recipe_beside
 from embedtune.index.codecs import CODEC_FILE, read_codec_index
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
@@ -88,6 +89,6 @@ def build_planned_index(
         ranges = (calibration.vmin, calibration.vmax)
         recorded["calibration"] = {"vmin": calibration.vmin.tolist(), "vmax": calibration.vmax.tolist()}
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
-                       model=model or _encoding_model(info), backend=backend, chunk_size=chunk_size, keep_vectors=precision.rescores_float,
+                       model=model or (None if recipe_beside(embeddings) else _encoding_model(info)), backend=backend, chunk_size=chunk_size, keep_vectors=precision.rescores_float,
                        id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write,
                        trained_index=trained, ray=ray)

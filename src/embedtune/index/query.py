@@ -1,11 +1,12 @@
-"""Search an index folder with query texts: what ``embedtune search`` runs.
+"""Search an index folder with query texts, or with query vectors: what ``embedtune search`` runs.
 
 The queries are encoded with ``model``, else the model the index records (an index that records
 none needs ``model``: there is no silent default), mapped through the
 adapter the index was built with (or ``adapter``), and searched. The adapter is checked against
 the digests the manifest recorded at build time first: an adapter refitted or edited after
 ``index build`` would map the queries into another space than the documents, and every hit
-would be wrong with no error.
+would be wrong with no error. Query vectors (:func:`search_vectors`) skip the encoding: no model
+is loaded.
 """
 
 from __future__ import annotations
@@ -18,17 +19,20 @@ import numpy as np
 
 from embedtune.compress import load_compressor
 from embedtune.encoders import SentenceEncoder
+from embedtune.encoders.precomputed import load_embeddings
 from embedtune.encoders.recipe import EncoderRecipe
 from embedtune.index.store import MANIFEST, Index, check_adapter, load_index
 
-__all__ = ["search_texts", "query_vectors"]
+__all__ = ["search_texts", "search_vectors", "query_vectors"]
 
 
-def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None = None, use_adapter: bool = True) -> np.ndarray:
+def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None = None, use_adapter: bool = True,
+                  source: str | Path | None = None) -> np.ndarray:
     """``vectors`` (model space) mapped into the index's space: through ``adapter``, else the index's own adapter.
 
     Raises when the adapter is not the one the index was built with (its recorded digests), when
-    the index was built with an adapter whose folder is gone, or when the dimensions disagree.
+    the index was built with an adapter whose folder is gone, or when the dimensions disagree
+    (naming ``source``, the file the vectors came from, when given).
     """
     recorded = index.manifest.get("adapter") or {}
     if use_adapter and adapter is None and recorded:
@@ -39,15 +43,66 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
         if not Path(path).is_dir():
             raise FileNotFoundError(f"the index was built with the adapter {path}, which no longer exists; pass --adapter or --no-adapter.")
         adapter = path
+    where = f"{source}: " if source is not None else ""
     if not use_adapter or adapter is None:
+        if source is not None and vectors.ndim == 2 and vectors.shape[1] != index.dim:
+            raise ValueError(f"{where}the query vectors are {vectors.shape[1]}-d but the index {index.path} holds {index.dim}-d vectors: "
+                             "give query vectors from the model (and adapter) the index's vectors came from.")
         return vectors
     compressor = load_compressor(adapter)
     if recorded:
         check_adapter(index.manifest, index.path / MANIFEST, adapter, compressor)
     if vectors.ndim == 2 and vectors.shape[1] != compressor.input_dim_:
-        raise ValueError(f"the query vectors are {vectors.shape[1]}-d but the adapter {adapter} was fitted on {compressor.input_dim_}-d "
-                         "vectors: encode the queries with the model the index's vectors came from (--model).")
+        fix = ("give query vectors from the model the index's vectors came from" if source is not None
+               else "encode the queries with the model the index's vectors came from (--model)")
+        raise ValueError(f"{where}the query vectors are {vectors.shape[1]}-d but the adapter {adapter} was fitted on "
+                         f"{compressor.input_dim_}-d vectors: {fix}.")
     return compressor.transform(vectors)
+
+
+def _hits(index: Index, vectors: np.ndarray, top_k: int, rescore: str | None, query_ids: list[str] | None,
+          ignore_identical_ids: bool) -> list[list[dict[str, Any]]]:
+    """The index's top ``top_k`` hits per row of ``vectors``; with ``query_ids`` and ``ignore_identical_ids``, a hit whose id is its query's is dropped."""
+    drop = ignore_identical_ids and query_ids is not None
+    if drop and len(query_ids) != len(vectors):  # type: ignore[arg-type]
+        raise ValueError(f"{len(query_ids)} query ids for {len(vectors)} queries.")  # type: ignore[arg-type]
+    D, I = index.search(vectors, top_k + 1 if drop else top_k, rescore_with=rescore)  # one spare for a dropped hit
+    hits = index.hits(D, I)
+    if not drop:
+        return hits
+    kept = []
+    for qid, found in zip(query_ids, hits):  # type: ignore[arg-type]
+        rows = [hit for hit in found if hit["id"] != str(qid)][:top_k]
+        kept.append([{**hit, "rank": rank} for rank, hit in enumerate(rows, 1)])
+    return kept
+
+
+def _check_top_k(top_k: Any) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"--top-k must be an integer >= 1 (hits per query); got {top_k!r}.")
+
+
+def search_vectors(index_dir: str | Path, vectors: str | Path, ids: str | Path | None = None, adapter: str | Path | None = None,
+                   use_adapter: bool = True, top_k: int = 10, rescore: str | None = None,
+                   ignore_identical_ids: bool = True) -> tuple[list[str], list[list[dict[str, Any]]]]:
+    """The hits of the index for each query vector of a file; no model is loaded.
+
+    ``vectors`` is an ``(nq, d)`` ``.npy`` with ``ids`` (one per line, or a JSON list), or a
+    parquet file with an id column, as ``index build`` and ``--query-embeddings`` take them. The
+    vectors are scored as given (inner product: normalise them as the index's vectors were) after
+    the index's adapter (or ``adapter``), as text queries are. NaN or infinity, repeated ids and a
+    dimension that fits neither the adapter nor the index are refused, naming the file. A hit whose
+    id equals its query's id is dropped (``ignore_identical_ids``), as ``evaluate`` drops it.
+
+    Returns ``(query_ids, hits)``, the hits as :func:`search_texts` gives them.
+    """
+    _check_top_k(top_k)
+    index = load_index(index_dir)
+    query_ids, matrix = load_embeddings(vectors, ids, unique=True)  # refuses NaN/inf and repeated ids, naming the file
+    if not query_ids:
+        raise ValueError(f"{vectors}: no query vectors (0 rows); give at least one.")
+    mapped = query_vectors(index, np.ascontiguousarray(matrix, dtype=np.float32), adapter, use_adapter, source=vectors)
+    return query_ids, _hits(index, mapped, top_k, rescore, query_ids, ignore_identical_ids)
 
 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
@@ -64,14 +119,13 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
     ``encoder``); given ones must agree with it, since queries encoded another way than the
     documents give wrong hits.
     """
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"--top-k must be an integer >= 1 (hits per query); got {top_k!r}.")
+    _check_top_k(top_k)
     index = load_index(index_dir)
     recorded = index.manifest.get("encoder")
     if recorded:
         recipe = EncoderRecipe.from_dict(recorded, str(index.path / MANIFEST))
         given = EncoderRecipe(model=model or recipe.model, backend=backend or recipe.backend,
-                              query_prompt=recipe.query_prompt if query_prompt is None else query_prompt,
+                              query_prompt=(recipe.query_prompt or "") if query_prompt is None else query_prompt,
                               max_seq_length=recipe.max_seq_length, document_prompt=recipe.document_prompt, normalize=recipe.normalize)
         if model and model != recipe.model:
             given = replace(given, model_sha256=EncoderRecipe.of(given.encoder()).model_sha256)
@@ -94,15 +148,4 @@ def _search_encoded(index: Any, encoder: SentenceEncoder, queries: list[str], ad
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
     vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
-    drop = ignore_identical_ids and query_ids is not None
-    if drop and len(query_ids) != len(queries):  # type: ignore[arg-type]
-        raise ValueError(f"{len(query_ids)} query ids for {len(queries)} queries.")  # type: ignore[arg-type]
-    D, I = index.search(vectors, top_k + 1 if drop else top_k, rescore_with=rescore)  # one spare for a dropped hit
-    hits = index.hits(D, I)
-    if not drop:
-        return hits
-    kept = []
-    for qid, found in zip(query_ids, hits):  # type: ignore[arg-type]
-        rows = [hit for hit in found if hit["id"] != str(qid)][:top_k]
-        kept.append([{**hit, "rank": rank} for rank, hit in enumerate(rows, 1)])
-    return kept
+    return _hits(index, vectors, top_k, rescore, query_ids, ignore_identical_ids)

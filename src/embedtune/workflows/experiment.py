@@ -57,6 +57,8 @@ class Experiment:
             EmbedtuneError: the vectors were precomputed, so no recipe is known; ``what`` names what needed one.
         """
         described = self.embeddings.model or {}
+        if described.get("model") or described.get("name"):  # recorded with the vectors (embed, embed-corpus)
+            return EncoderRecipe.from_dict({"normalize": self.similarity != "dot", **described}, "the experiment's vectors")
         if not described or self.provenance.get("model") in (None, PRECOMPUTED_MODEL):
             raise EmbedtuneError(f"{what} are encoded by the model that made the vectors, but these vectors were precomputed; "
                                  "pass --model with the model's own data (the vectors are then encoded and cached), "

@@ -37,8 +37,7 @@ from typing import Any
 import numpy as np
 
 from embedtune import __version__
-from embedtune.compress import Compressor, Preset, TrainingData, get_compressor_class, unsupervised_methods
-from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
+from embedtune.compress import Compressor, Preset, TrainingData, describe_method, get_compressor_class, unsupervised_methods
 from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir, qrels_splits
@@ -82,7 +81,7 @@ class FitResult:
 
 def supported_paths(method: str) -> list[str]:
     """The paths ``method`` can take: supervised (it learns from labels) and/or unsupervised."""
-    cls = get_compressor_class(method)
+    cls = describe_method(method)  # the traits, without importing the method's module (torch) for --help
     paths = [SUPERVISED] if cls.supervised else []
     if not cls.supervised or cls.supports_unsupervised:
         paths.append(UNSUPERVISED)
@@ -306,6 +305,7 @@ def fit_on_all(
     info["path"] = path
     info["preset"] = chosen.name
     info["config"] = compressor.config.to_dict()
+    info["fit_details"] = compressor.fit_details()  # e.g. the rows a PCA was fitted on
     info["documents"] = n_docs
     info["input_dim"] = compressor.input_dim_
     info["fit_seconds"] = round(time.perf_counter() - start, 3)
@@ -314,7 +314,9 @@ def fit_on_all(
     notes.insert(0, f"{method}: {path} path ({'relevance labels given' if labelled else 'no labels'}; "
                     f"{method} supports {' and '.join(supported_paths(method))}).")
     notes += training_notes(method, [epoch] if epoch is not None else None)
-    if chosen.name == STATIC_CORPUS.name:
+    if chosen.name == "static-corpus" and describe_method(method).module.startswith("embedtune.compress.dive"):
+        from embedtune.compress.dive import STATIC_CORPUS_WARNING  # DIVE's module (torch): only where its preset was chosen
+
         logger.warning(STATIC_CORPUS_WARNING)
         notes.append(STATIC_CORPUS_WARNING)
     info["notes"] = notes

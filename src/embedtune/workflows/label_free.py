@@ -32,7 +32,7 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ from embedtune.data.query_files import read_query_file
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, vector_fingerprints
+from embedtune.encoders.ray_encode import is_shard_folder
+from embedtune.encoders.recipe import recipe_beside
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
@@ -211,6 +213,7 @@ def load_corpus_experiment(
         dataset = (load_beir_corpus(data) if data is not None else
                    BeirDataset(Path(doc_embeddings).stem, {i: {"title": "", "text": ""} for i in ids}, {}, {}, "corpus", {}, str(doc_embeddings)))
         provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
+        made_by = recipe_beside(doc_embeddings)  # an embed-corpus folder (or embed's) records the recipe that made it
     else:
         if data is None:
             raise ValueError("give the corpus: a BEIR folder or corpus.jsonl (--data) and a --model, or --doc-embeddings with --doc-ids.")
@@ -220,7 +223,8 @@ def load_corpus_experiment(
         encoded = embed_dataset(encoder, dataset, cache=cache)
         ids, docs = list(encoded.doc_ids), np.ascontiguousarray(encoded.doc_embeddings, dtype=np.float32)
         provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
-    described = encoded.model if doc_embeddings is None else {}  # the recipe travels with the vectors
+    # The recipe travels with the vectors, so pseudo- and unlabelled queries are encoded the same way.
+    described = encoded.model if doc_embeddings is None else (made_by.to_dict() if made_by is not None else {})
     embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {}, described)
     return Experiment(dataset, embeddings, None, "cosine" if normalize else "dot", provenance)
 
@@ -233,6 +237,8 @@ def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder:
     Raises:
         EmbedtuneError: the experiment's vectors were precomputed and no encoder is given.
     """
+    if is_shard_folder(path):  # queries encoded already, by `embed-corpus --kind query`: read, never encode again
+        return _query_vectors_folder(experiment, Path(path))
     queries = read_query_file(path)
     if encoder is None:  # the recipe of the documents: backend, length and query prompt as they were encoded
         encoder = experiment.encoder_recipe("unlabelled queries").encoder()
@@ -243,6 +249,23 @@ def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder:
     else:
         vectors = encoder.encode(texts, "query")
     return ids, np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def _query_vectors_folder(experiment: Experiment, folder: Path) -> tuple[list[str], np.ndarray]:
+    """The vectors of an ``embed-corpus --kind query`` folder, checked against the documents' recipe."""
+    made_by = recipe_beside(folder)
+    described = experiment.embeddings.model or {}
+    if made_by is not None and (described.get("model") or described.get("name")):
+        documents = experiment.encoder_recipe("unlabelled queries")
+        # Prompts differ by design (a query prompt, a document prompt); the rest must agree.
+        documents.check_same(replace(made_by, query_prompt=documents.query_prompt, document_prompt=documents.document_prompt),
+                             here="the documents' vectors", there=str(folder))
+    ids, vectors = load_embeddings(folder, unique=True)
+    vectors = unit_rows(vectors) if experiment.similarity != "dot" else np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.shape[1] != experiment.embeddings.doc_embeddings.shape[1]:
+        raise EmbedtuneError(f"{folder}: the query vectors are {vectors.shape[1]}-d but the documents' are "
+                             f"{experiment.embeddings.doc_embeddings.shape[1]}-d; encode both with the same model.")
+    return list(ids), vectors
 
 
 # -- fitting without labels ------------------------------------------------------------------

@@ -44,7 +44,6 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, get_compressor_class, load_compressor
-from embedtune.compress.csr import sparse_code_bytes
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.subsets import query_subsets, subset_means, training_positives
 from embedtune.evaluate.search import run_from_topk
@@ -337,6 +336,8 @@ def csr_candidates(input_dim: int, budgets: Sequence[int]) -> list[tuple[Candida
     The latent width is :data:`CSR_LATENT_MULTIPLE` times ``input_dim``; CSR's top-4k term needs at least 4k latents.
     """
     latent_dim = CSR_LATENT_MULTIPLE * input_dim
+    from embedtune.compress.csr import sparse_code_bytes  # imports torch: only when CSR is swept
+
     pair_bytes = sparse_code_bytes(1, latent_dim)
     peers = []
     for budget in sorted(set(budgets)):

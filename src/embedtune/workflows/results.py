@@ -178,7 +178,7 @@ def write_mteb_result(
     ``mteb_version`` is the installed mteb's version when mteb is installed, else
     :data:`MTEB_FORMAT_VERSION`, the MTEB release whose ``TaskResult`` reads this file as written
     (a string either way, as MTEB's loader requires); ``mteb_version_source`` says which of the
-    two it is (tests/test_small_fixes_issue29.py loads the file with ``TaskResult`` where mteb
+    two it is (tests/test_cli_details.py loads the file with ``TaskResult`` where mteb
     is installed). A local BEIR copy
     has no Hugging Face revision: ``dataset_revision`` says so, and ``dataset_sha256`` (and
     results.json) hold its files' sha256.

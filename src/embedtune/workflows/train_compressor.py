@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.compress import Preset, get_compressor_class
-from embedtune.compress.dive import STATIC_CORPUS, STATIC_CORPUS_WARNING
+from embedtune.compress import Preset, describe_method, get_compressor_class
 from embedtune.compress.presets import SAFETY_NET_MINING, MiningOptions
 from embedtune.data.triplets import explain_no_triplets
 from embedtune.errors import NoQueriesError
@@ -281,7 +280,9 @@ def fit_compressor(
     notes = [line for name in runs for line in training_notes(name, summaries[name].get("selected_epochs"))]
     if pseudo_note:
         notes.append(pseudo_note)
-    if chosen.name == STATIC_CORPUS.name:
+    if chosen.name == "static-corpus" and describe_method(method).module.startswith("embedtune.compress.dive"):
+        from embedtune.compress.dive import STATIC_CORPUS_WARNING  # DIVE's module (torch): only where its preset was chosen
+
         logger.warning(STATIC_CORPUS_WARNING)
         notes.append(STATIC_CORPUS_WARNING)
     pca_runs = [name for name in PCA_VARIANTS if name in runs and name != method]

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from embedtune.compress import available_methods, get_compressor_class
+from embedtune.compress import available_methods, describe_method
 from embedtune.compress.dive.config import DIVEConfig  # torch-free: the config alone, not the method
 
 __all__ = ["ADAPTER_HELP", "dive_field_help", "method_help", "preset_help", "parse_settings", "method_settings", "add_label_flags",
@@ -18,14 +18,14 @@ ADAPTER_HELP = "a fitted compressor's folder, or a `compress train --out` folder
 
 def method_help() -> str:
     """One line per registered method, from the registry."""
-    return "; ".join(f"{name}: {get_compressor_class(name).help}" for name in available_methods())
+    return "; ".join(f"{name}: {describe_method(name).help}" for name in available_methods())
 
 
 def preset_help() -> str:
     """Every registered method's presets, from the registry."""
     parts = []
     for name in available_methods():
-        cls = get_compressor_class(name)
+        cls = describe_method(name)  # the catalogue's: no method module (torch) is imported for --help
         if cls.presets:
             default = f", default {cls.default_preset}" if cls.default_preset else ""
             parts.append(f"{name}: {', '.join(cls.presets)}{default}")

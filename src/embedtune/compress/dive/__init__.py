@@ -64,10 +64,23 @@ The epoch-selection hold-out, :func:`holdout_split`, lives in :mod:`embedtune.co
 
 from __future__ import annotations
 
-from embedtune.compress.dive.compressor import PRESETS, ROBUST, STATIC_CORPUS, STATIC_CORPUS_WARNING, TRAINING_LOG_NAME, DIVECompressor  # noqa: F401
+import importlib
+from typing import Any
+
 from embedtune.compress.dive.config import EPOCH_SELECTIONS, INIT_KINDS, MODES, OUTPUT_NORMS, DIVEConfig, resolve_heads  # noqa: F401
-from embedtune.compress.dive.network import DIVEAdapter, DIVEEncoder, corpus_pca_rotation  # noqa: F401
 from embedtune.compress.holdout import holdout_split  # noqa: F401
+
+# The network and the compressor need torch: imported on first use, so the config alone (what
+# `compress train --help` reads) loads without it.
+_LAZY = {name: "embedtune.compress.dive.compressor"
+         for name in ("PRESETS", "ROBUST", "STATIC_CORPUS", "STATIC_CORPUS_WARNING", "TRAINING_LOG_NAME", "DIVECompressor")}
+_LAZY.update({name: "embedtune.compress.dive.network" for name in ("DIVEAdapter", "DIVEEncoder", "corpus_pca_rotation")})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # PRESETS, the option tuples, corpus_pca_rotation and holdout_split are importable from here
 # as before the package split, and, as before, outside __all__.

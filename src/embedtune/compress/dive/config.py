@@ -11,9 +11,7 @@ from typing import Any, ClassVar
 
 from embedtune.compress.base import CompressorConfig
 from embedtune.compress.holdout import SELECTION_HOLDOUTS
-from embedtune.compress.losses.self_limiting_triplet import TRIPLET_KINDS
-from embedtune.compress.quantization_aware import check_quantization_aware
-from embedtune.compress.residual_mlp import ACTIVATIONS
+from embedtune.compress.choices import ACTIVATION_NAMES, TRIPLET_KINDS, check_quantization_aware
 
 __all__ = ["DIVEConfig", "resolve_heads", "INIT_KINDS", "EPOCH_SELECTIONS", "PCA_STARTS", "OUTPUT_NORMS", "MODES"]
 
@@ -50,7 +48,7 @@ class DIVEConfig(CompressorConfig):
                   "document; TrainingData.pseudo_queries), one batch beside every batch of real triplets; 0 ignores them."},
     )
     hidden_dim: int | None = field(default=None, metadata={"help": "Residual MLP hidden width r; None means d // 2, as in the paper."})
-    activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATIONS)}."})
+    activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATION_NAMES)}."})
     normalize_input: bool = field(default=True, metadata={"help": "L2-normalise the frozen embedding before the adapter."})
     triplet_loss: str = field(
         default="hinge",
@@ -210,8 +208,8 @@ class DIVEConfig(CompressorConfig):
             raise ValueError(f"epochs must be an integer >= 0; got {self.epochs!r}.")
         if self.hidden_dim is not None and (isinstance(self.hidden_dim, bool) or not isinstance(self.hidden_dim, int) or self.hidden_dim < 1):
             raise ValueError(f"hidden_dim must be a positive integer or None; got {self.hidden_dim!r}.")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {self.activation!r}.")
+        if self.activation not in ACTIVATION_NAMES:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATION_NAMES)}; got {self.activation!r}.")
         if self.triplet_loss not in TRIPLET_KINDS:
             raise ValueError(f"triplet_loss must be one of {list(TRIPLET_KINDS)}; got {self.triplet_loss!r}.")
         if not isinstance(self.device, str) or not self.device:

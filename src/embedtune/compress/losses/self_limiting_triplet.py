@@ -7,9 +7,9 @@ from typing import Any, Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SelfLimitingTripletLoss", "self_limiting_triplet_loss", "TRIPLET_KINDS", "DIVE_CITATION"]
+from embedtune.compress.choices import TRIPLET_KINDS  # noqa: F401 (re-exported)
 
-TRIPLET_KINDS = ("hinge", "softplus")
+__all__ = ["SelfLimitingTripletLoss", "self_limiting_triplet_loss", "TRIPLET_KINDS", "DIVE_CITATION"]
 
 
 def self_limiting_triplet_loss(

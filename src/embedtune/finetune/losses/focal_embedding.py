@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from embedtune.finetune.loss_choices import NORMALIZATIONS, SIMILARITIES, WEIGHTINGS, Normalization, Similarity, Weighting
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +32,6 @@ __all__ = [
     "Normalization",
 ]
 
-# Each choice is declared once, as a type; the tuples that validate values are read from it.
-Similarity = Literal["cosine", "dot"]
-Weighting = Literal["focal", "random", "qp", "qn", "none"]  # focal (PACE), random / qp / qn (Figure 6b), none (InfoNCE)
-Normalization = Literal["global", "local"]
-SIMILARITIES: tuple[str, ...] = get_args(Similarity)
-WEIGHTINGS: tuple[str, ...] = get_args(Weighting)
-NORMALIZATIONS: tuple[str, ...] = get_args(Normalization)
 
 PACE_CITATION = """
 @misc{li2026pace,

@@ -24,7 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.compress import load_compressor
+from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER
 from embedtune.evaluate.search import as_rows
+from embedtune.io import IntegrityError
 from embedtune.index.codecs.binary import binary_codes
 from embedtune.index.codecs.int8 import Calibration
 from embedtune.index.codecs.precision import Precision
@@ -89,21 +92,48 @@ class DeployedCodec:
             return binary_codes(x)
         return self.trained_index.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
 
-    def save(self, directory: str | Path) -> Path:
-        """Write ``precision.json`` and the fitted parameters into ``directory`` (every file atomically)."""
+    def save(self, directory: str | Path, compressor_state_sha256: str | None = None) -> Path:
+        """Write ``precision.json`` and the fitted parameters into ``directory`` (every file atomically).
+
+        Every file's sha256 goes into ``precision.json``, which carries its own digest too;
+        ``compressor_state_sha256`` (an exported model's compressor) ties the codes to the
+        compressor whose output they encode.
+        """
         index = QuantizedIndex(self.precision, self.dim, self.trained_index, 0, calibration=self.calibration)
-        return index.save_precision(directory)
+        return index.save_precision(directory, compressor_state_sha256=compressor_state_sha256)
 
     @classmethod
     def load(cls, directory: str | Path) -> "DeployedCodec":
-        """Read a codec from a plan folder, an exported model folder (its ``embedtune_precision/``), or a folder :meth:`save` wrote."""
+        """Read a codec from a plan folder, an exported model folder (its ``embedtune_precision/``), or a folder :meth:`save` wrote.
+
+        Every file is checked against the digests ``precision.json`` records; an exported model's
+        precision must carry them (a missing digest is an error), and must be the precision of the
+        model's own compressor.
+        """
         directory = Path(directory)
+        model_folder = None
         if not (directory / PRECISION_FILE).is_file() and (directory / PRECISION_SUBFOLDER / PRECISION_FILE).is_file():
-            directory = directory / PRECISION_SUBFOLDER
-        precision, calibration = load_precision(directory)
+            model_folder, directory = directory, directory / PRECISION_SUBFOLDER
+        precision, calibration = load_precision(directory, require_digest=model_folder is not None)
+        if model_folder is not None:
+            _check_model_compressor(model_folder, directory)
         dim = int(_read_dim(directory))
         trained = read_codec_index(directory, precision, dim) if precision.uses_factory else None
         return cls(precision, dim, calibration, trained)
+
+
+def _check_model_compressor(model_folder: Path, directory: Path) -> None:
+    """An exported model's precision was written for the compressor it ships (``embedtune_compressor/``): refuse another's."""
+
+    recorded = json.loads((directory / PRECISION_FILE).read_text(encoding="utf-8")).get("compressor_state_sha256")
+    compressor_dir = model_folder / COMPRESSOR_SUBFOLDER
+    if recorded is None or not compressor_dir.is_dir():
+        return  # exported before the compressor was recorded, or a model without embedtune's compressor copy
+    actual = load_compressor(compressor_dir).state_sha256()
+    if actual != recorded:
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'compressor_state_sha256' is {recorded[:12]}..., but the model's "
+                             f"compressor ({compressor_dir}) has state {actual[:12]}...: this precision was fitted for another "
+                             "compressor's output. Fix: export the model again with `embedtune compress export --plan`.")
 
 
 def _read_dim(directory: Path) -> int:

@@ -8,6 +8,7 @@ scored and the served codes are the same. :meth:`QuantizedIndex.save_precision` 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -172,10 +173,14 @@ class QuantizedIndex:
         trained.reset()
         return trained
 
-    def save_precision(self, directory: str | Path) -> Path:
+    def save_precision(self, directory: str | Path, compressor_state_sha256: str | None = None) -> Path:
         """Write ``precision.json`` and what encoding needs: the int8 ``calibration.safetensors`` + ``.json``, or the
         FAISS precisions' trained tables (``codec.faiss``: int4, RaBitQ, TurboQuant and ``faiss:`` factories), so a
-        deployment never refits them."""
+        deployment never refits them.
+
+        ``compressor_state_sha256``: the fitted state of the compressor whose output these codes encode
+        (an exported model's), recorded so the precision is never read beside another compressor.
+        """
         import faiss
 
         if self.precision.is_codec and not self.precision.uses_factory:
@@ -195,35 +200,60 @@ class QuantizedIndex:
         # Every file beside precision.json is recorded by its sha256, and precision.json by its own: a flipped byte or
         # a swapped file is refused on load instead of silently changing the deployed codes.
         write_json_with_digest(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory,
-                                                            "files_sha256": {name: sha256_file(directory / name) for name in written}})
+                                                            "files_sha256": {name: sha256_file(directory / name) for name in written},
+                                                            **({"compressor_state_sha256": compressor_state_sha256}
+                                                               if compressor_state_sha256 is not None else {})})
         return directory
 
 
-def load_precision(directory: str | Path) -> tuple[Precision, Calibration | None]:
-    """Read what :meth:`QuantizedIndex.save_precision` wrote."""
+def load_precision(directory: str | Path, require_digest: bool = False) -> tuple[Precision, Calibration | None]:
+    """Read what :meth:`QuantizedIndex.save_precision` wrote, every file checked (:func:`read_precision_json`).
+
+    The int8 ranges must agree with their readable copy (``calibration.json``) and the dimension:
+    one file swapped in from another precision folder is refused even with every digest recomputed.
+    """
     directory = Path(directory)
     path = directory / PRECISION_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: no {PRECISION_FILE}; write it with QuantizedIndex.save_precision or `compress plan`.")
-    values = read_precision_json(directory)
+    values = read_precision_json(directory, require_digest=require_digest)
     precision = Precision.from_dict({k: v for k, v in values.items() if k in ("name", "candidates", "nprobe")})
     calibration = Calibration.load(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
     if precision.name == "int8" and calibration is None:
         raise FileNotFoundError(f"{directory}: precision int8 needs {CALIBRATION_FILE} (its per-dimension ranges).")
+    for name, used in ((CALIBRATION_FILE, precision.name == "int8"), (CODEC_FILE, precision.uses_factory)):
+        if (directory / name).is_file() and not used:  # the files say another precision than precision.json does
+            raise IntegrityError(f"{directory / PRECISION_FILE}: precision {precision.name!r} has no use for {directory / name}, which "
+                                 f"another precision wrote. {_PRECISION_FIX}")
+    if calibration is not None:
+        if isinstance(values.get("dim"), int) and calibration.dim != values["dim"]:
+            raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges, but {PRECISION_FILE} field 'dim' is "
+                                 f"{values['dim']}. {_PRECISION_FIX}")
+        readable_path = directory / CALIBRATION_JSON
+        if readable_path.is_file():
+            try:
+                readable = json.loads(readable_path.read_text(encoding="utf-8"))
+                same = (np.array_equal(np.asarray(readable.get("vmin"), np.float32), calibration.vmin)
+                        and np.array_equal(np.asarray(readable.get("vmax"), np.float32), calibration.vmax))
+            except (ValueError, TypeError, AttributeError):
+                same = False
+            if not same:
+                raise IntegrityError(f"{directory / CALIBRATION_FILE}: its ranges differ from {readable_path}'s. {_PRECISION_FIX}")
     return precision, calibration
 
 
 _PRECISION_FIX = "Write it again with `embedtune compress plan` (or QuantizedIndex.save_precision)."
 
 
-def read_precision_json(directory: str | Path) -> dict[str, Any]:
+def read_precision_json(directory: str | Path, require_digest: bool = False) -> dict[str, Any]:
     """``precision.json``, its own digest checked, and the sha256 of every file it lists (``files_sha256``) verified.
 
     A file written before embedtune recorded digests (no ``content_sha256``) is read as it is, except
-    for a registered codec, whose files were always recorded.
+    for a registered codec, whose files were always recorded, and with ``require_digest`` (an
+    exported model's precision, always written with its digests).
     """
     directory = Path(directory)
-    values, verified = read_json_verified(directory / PRECISION_FILE, _PRECISION_FIX)
+    values, verified = read_json_verified(directory / PRECISION_FILE, _PRECISION_FIX, require_digest=require_digest)
     recorded = values.get("files_sha256")
     if verified and not isinstance(recorded, dict):
         raise IntegrityError(f"{directory / PRECISION_FILE}: field 'files_sha256' is missing. {_PRECISION_FIX}")

@@ -1,8 +1,8 @@
-"""One reproduction per "Data lost" and "Wrong results" bullet of issue 28, run against this checkout.
+"""One reproduction per "Data lost" and "Wrong results" bullet of the reliability review, run against this checkout.
 
-    python benchmarks/issue28_reproductions.py --work /tmp/issue28
+    python benchmarks/reliability_reproductions.py --work /tmp/reliability
 
-Each case runs the command the issue ran (small synthetic vectors, a random 1-layer BERT where text
+Each case runs the command the review ran (small synthetic vectors, a random 1-layer BERT where text
 is encoded) and prints what happens now: the exit status and the first error line, or the number
 that was wrong before next to the right one. Exits 1 if any case does not refuse or give the right
 number.
@@ -55,7 +55,7 @@ def refused(bullet: str, code: int, line: str, needle: str, intact: bool = True)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", default="/tmp/issue28", help="scratch folder (emptied first)")
+    parser.add_argument("--work", default="/tmp/reliability", help="scratch folder (emptied first)")
     args = parser.parse_args()
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)

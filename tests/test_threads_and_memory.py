@@ -1,4 +1,4 @@
-"""Issue 29, items 2 and 3: thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
+"""Thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
 
 - ``default_threads``: the free cores (affinity, cgroup quota, minus the cores busy now), at least 1;
   ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
@@ -147,7 +147,7 @@ def test_cpu_fine_tune_bounds_a_steps_activations():
 
     minilm = _model()
     per_text = activation_bytes_per_text(minilm)
-    assert 90e6 < per_text < 125e6  # 115 MB measured per 256-token text (benchmarks/RESULTS.md)
+    assert 90e6 < per_text < 125e6  # 115 MB measured per 256-token text (benchmarks/results/threads-memory.md)
     mini = memory_bounded_mini_batch(minilm, _config(), texts_per_example=7, on_gpu=False)
     assert mini == 10 and mini * per_text <= CPU_ACTIVATION_BUDGET_BYTES
     # A GPU, a configured size, DeepSpeed or a batch that fits: as before.

@@ -1,4 +1,4 @@
-"""Issue 29, "small but visible": each one, with the behaviour it now has.
+"""Small visible details of the CLI, each with the behaviour it now has.
 
 - `search` on an index that records no model: an error naming the fix (no silent MiniLM).
 - `search --out` prints its summary once.

@@ -1,4 +1,4 @@
-"""Issue 29, item 4: one bar per long job (embed-corpus, with Ray too; diagnose; every phase of
+"""One bar per long job (embed-corpus, with Ray too; diagnose; every phase of
 compress plan), FAISS's and Ray's chatter only with -v, and -q quiet.
 
 FAISS writes its ``WARNING clustering`` lines to the stderr file descriptor from C++, so those
