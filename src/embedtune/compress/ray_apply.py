@@ -40,9 +40,11 @@ A Ray Data dataset (parquet, or vectors made by another stage)::
     )
 
 Batches go as Arrow tables: a list (or fixed-size list) column of vectors becomes one ``(n, d)``
-matrix without a Python object per row, and the output is a fixed-size list column. (Numpy
-batches of a parquet list column are object arrays of one array per row: about 4x the time and
-10x the memory of the local apply, measured in ``benchmarks/ray_apply_speed.py``.)
+matrix without a Python object per row (numpy batches of a parquet list column are object arrays
+of one array per row), and the output is a fixed-size list column. This route moves every vector
+through Ray's object store (a single ``.npy`` read with ``read_numpy`` is one block: the whole file),
+so for files on shared storage :func:`apply_compressor_ray` is several times faster and lighter;
+``benchmarks/ray_apply_speed.py`` measures both against the local apply.
 The adapter folder must be readable from every worker (shared storage, or copy it there).
 Use a ``batch_size`` that is a multiple of 4096: every batch is transformed in 4096-row tiles,
 and a shorter last tile is padded. Each actor reserves ``num_cpus`` (default 1) for its lifetime: on a small cluster leave CPUs
