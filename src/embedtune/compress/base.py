@@ -26,6 +26,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress.presets import Preset
+from embedtune.constraints import Constraint, Interval, validate_constraints
 from embedtune.errors import check_finite
 from embedtune.evaluate.search import unit_rows
 from embedtune.io import (
@@ -206,9 +207,11 @@ class CompressorConfig:
     dim: int = dataclasses.field(default=128, metadata={"help": "Output dimension k."})
     seed: int = dataclasses.field(default=2027, metadata={"help": "Random seed for init and data order."})
 
+    #: What each field accepts, declared once (:mod:`embedtune.constraints`); a subclass adds its own fields'.
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {"dim": [Interval(int, 1, None)], "seed": [Interval(int, None, None)]}
+
     def __post_init__(self) -> None:
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive integer; got {self.dim!r}.")
+        validate_constraints(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
