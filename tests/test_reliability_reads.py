@@ -384,3 +384,12 @@ def test_a_full_disk_stays_an_os_error_for_best_effort_writes(tmp_path):
         assert isinstance(error, NoSpaceError) and error.errno == errno.ENOSPC
     else:
         pytest.fail("the write did not fail")
+
+
+def test_a_full_disk_in_a_staging_folder_is_named_where_the_user_looks(tmp_path):
+    from embedtune.io import atomic_write
+
+    staging, out = tmp_path / ".model.abc123", tmp_path / "model"
+    with pytest.raises(NoSpaceError, match=r"model/sub/weights\.bin: could not write it") as caught, writing(out, staging=staging):
+        atomic_write(staging / "sub" / "weights.bin", _full_disk)
+    assert ".model.abc123" not in str(caught.value)
