@@ -470,17 +470,17 @@ class Compressor(abc.ABC):
         where = directory / CONFIG_NAME
         normalization = meta.get("input_normalization")
         if normalization not in INPUT_NORMALIZATIONS:
-            raise ValueError(f"{where}: field 'input_normalization' is {normalization!r}; expected one of "
+            raise IntegrityError(f"{where}: field 'input_normalization' is {normalization!r}; expected one of "
                              f"{list(INPUT_NORMALIZATIONS)}. {REFIT_HINT}")
         if not isinstance(meta["config"], dict):
-            raise ValueError(f"{where}: field 'config' must be a JSON object; got {type(meta['config']).__name__}. {REFIT_HINT}")
+            raise IntegrityError(f"{where}: field 'config' must be a JSON object; got {type(meta['config']).__name__}. {REFIT_HINT}")
         input_dim = meta["input_dim"]
         if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:
-            raise ValueError(f"{where}: field 'input_dim' must be a positive integer; got {input_dim!r}. {REFIT_HINT}")
+            raise IntegrityError(f"{where}: field 'input_dim' must be a positive integer; got {input_dim!r}. {REFIT_HINT}")
         try:
             config = cls.config_class.from_dict(meta["config"])
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
+            raise IntegrityError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
         estimator = cls(config)
         estimator.input_dim_ = input_dim
         estimator.input_normalization_ = normalization
