@@ -480,6 +480,7 @@ class Compressor(abc.ABC):
         try:
             config = cls.config_class.from_dict(meta["config"])
         except (TypeError, ValueError) as error:
+            # A value the config refuses in a file whose digest holds: edited by hand, or from another version.
             raise IntegrityError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
         estimator = cls(config)
         estimator.input_dim_ = input_dim
