@@ -36,6 +36,7 @@ import argparse
 import datetime
 import os
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -101,7 +102,12 @@ def main() -> None:
     threads = " ".join(f"{name}={os.environ[name]}" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if name in os.environ)
     command = " ".join(filter(None, [threads, "python", *sys.argv]))
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    record = {"machine": machine_info(), "command": command, "date": date, "seconds": seconds, "rows": rows, "table": table,
+    try:  # the code the trials ran on
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    record = {"machine": machine_info(), "command": command, "date": date, "commit": commit, "seconds": seconds, "rows": rows, "table": table,
               "kills": asdict(kill_report) if kill_report else None, "not_ok": [asdict(trial) for trial in bad]}
     if args.out:
         atomic_write_json(args.out, record)
@@ -122,7 +128,8 @@ def report_markdown(record: dict, n_trials: int) -> str:
              "run, its digest entries recomputed) and loads it as embedtune would. *wrong result* (a different number, no error) and "
              "*unclear failure* (another exception or a crash) must be 0. Shared code: `tests/fault_injection/faults.py`; the raw "
              "trials are in `fault_injection.json` beside this file.", "",
-             f"- command: `{record['command']}`", f"- date: {record['date']}", f"- machine: {shown}",
+             f"- command: `{record['command']}`", f"- date: {record['date']}", f"- commit: {record.get('commit')}",
+             f"- machine: {shown}",
              f"- {n_trials} file trials in {record['seconds']:.0f} s", "", record["table"], ""]
     if record["not_ok"]:
         lines += ["Not OK:", "", *(f"- {trial}" for trial in record["not_ok"][:20]), ""]

@@ -210,7 +210,7 @@ def test_dive_paper_learning_rates():
         (SearchAdaptorConfig, {"alpha": -0.1}, "alpha"),
         (SearchAdaptorConfig, {"activation": "swish"}, "activation"),
         (SMECConfig, {"memory_size": 0}, "memory_size"),
-        (SMECConfig, {"initial_temperature": 0.0}, "temperatures"),
+        (SMECConfig, {"initial_temperature": 0.0}, "initial_temperature must be a finite number > 0"),
         (AutoencoderConfig, {"learning_rate": 0.0}, "learning_rate"),
         (AutoencoderConfig, {"device": "gpu-please"}, "device"),
     ],

@@ -39,7 +39,7 @@ def test_config_validates_with_the_fix():
         CSRConfig(value_bytes=1)
     with pytest.raises(ValueError, match="active must be a positive integer"):
         CSRConfig(active=0)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
         CSRConfig(contrastive_weight=-1.0)
     # s-t's defaults, capped so the 4k term fits a narrow latent width.
     assert (CSRConfig().active_latents, CSRConfig().aux_latents) == (8, 512)

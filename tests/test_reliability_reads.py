@@ -15,10 +15,19 @@ import pytest
 
 from embedtune.cli import main
 from embedtune.encoders import ray_encode
-from embedtune.encoders.cache import EmbeddingCache
+from embedtune.encoders.cache import EmbeddingCache, cache_key
 from embedtune.encoders.ray_encode import encode_sharded, pending_shards, read_shards
 from embedtune.errors import EmbedtuneError, NonFiniteError, NoSpaceError
-from embedtune.io import IntegrityError, no_space_error, writing
+from embedtune.io import (
+    IntegrityError,
+    atomic_write,
+    no_space_error,
+    read_json_verified,
+    sha256_file,
+    sha256_json,
+    write_json_with_digest,
+    writing,
+)
 
 
 def _error(capsys) -> str:
@@ -51,15 +60,11 @@ def test_the_embedding_cache_never_stores_or_serves_non_finite_vectors(tmp_path)
         cache.get_or_compute({"k": "nan"}, ids, lambda lo, hi: bad[lo:hi], shard_size=4)
     # An entry holding NaN (written by an older version) is not served: it is encoded again.
     good = np.ones((6, 4), np.float32)
-    from embedtune.encoders.cache import cache_key
-
     key = cache_key({"k": "old"})
     folder = cache.entry(key)
     folder.mkdir(parents=True)
     np.save(folder / "embeddings.npy", bad)
     (folder / "ids.json").write_text(json.dumps(ids))
-    from embedtune.io import sha256_file, sha256_json, write_json_with_digest
-
     write_json_with_digest(folder / "meta.json", {"key": key, "shape": [6, 4], "nbytes_file": (folder / "embeddings.npy").stat().st_size,
                                                   "sha256": sha256_file(folder / "embeddings.npy"), "ids_sha256": sha256_json(ids)})
     vectors, hit = cache.get_or_compute({"k": "old"}, ids, lambda lo, hi: good[lo:hi], shard_size=4)
@@ -87,7 +92,7 @@ def test_a_damaged_partial_shard_is_encoded_again_not_sealed(tmp_path, damage):
     ids = [f"d{i}" for i in range(10)]
     full = np.arange(40, dtype=np.float32).reshape(10, 4) + 1
     _interrupted(cache, full, ids)
-    partial = cache.entry(__import__("embedtune.encoders.cache", fromlist=["cache_key"]).cache_key({"k": 1})) / "partial"
+    partial = cache.entry(cache_key({"k": 1})) / "partial"
     shard = partial / "0000000003-0000000006.npy"
     assert shard.is_file()
     if damage == "flip":
@@ -149,8 +154,6 @@ def test_a_shard_copied_from_a_run_over_another_corpus_is_not_resumed(tmp_path, 
 
 
 def test_reading_shards_of_another_corpus_is_refused_even_with_every_digest_recomputed(tmp_path, stub_encoder):
-    from embedtune.io import read_json_verified, write_json_with_digest
-
     ids, texts = _corpus("a")
     other_ids, other_texts = _corpus("b")
     encode_sharded(ids, texts, "stub", tmp_path / "a", shard_size=10, show_progress=False)
@@ -172,8 +175,6 @@ def test_reading_shards_of_another_corpus_is_refused_even_with_every_digest_reco
 
 
 def test_shards_holding_nan_are_refused_when_read_back(tmp_path, stub_encoder):
-    from embedtune.io import read_json_verified, sha256_file, write_json_with_digest
-
     ids, texts = _corpus("a")
     encode_sharded(ids, texts, "stub", tmp_path / "a", shard_size=10, show_progress=False)
     npy = tmp_path / "a" / "shard-00001.npy"
@@ -247,8 +248,6 @@ def test_a_query_file_with_a_byte_order_mark_reads_as_without(tmp_path, suffix, 
 
 @pytest.mark.parametrize("fault", [_full_disk, _short_write])
 def test_every_atomic_write_names_its_file_on_a_full_disk(tmp_path, fault):
-    from embedtune.io import atomic_write
-
     with pytest.raises(NoSpaceError, match=r"out\.bin: could not write it: the disk is full .*--out"):
         atomic_write(tmp_path / "out.bin", fault)
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind
@@ -324,7 +323,6 @@ def _copy_model(models, tmp_path):
                                     "the other export's precision", "the other export's calibration, digests recomputed"])
 def test_an_exported_models_precision_files_are_checked(exported, tmp_path, damage):
     from embedtune.index.codecs import DeployedCodec
-    from embedtune.io import read_json_verified, sha256_file, write_json_with_digest
 
     models, vectors = exported
     folder, precision = _copy_model(models, tmp_path)
@@ -376,11 +374,16 @@ def test_a_full_disk_during_compress_export_names_the_folder(exported, tmp_path,
 
 
 def test_a_full_disk_stays_an_os_error_for_best_effort_writes(tmp_path):
-    from embedtune.io import atomic_write
-
     try:
         atomic_write(tmp_path / "marker.json", _full_disk)
     except OSError as error:  # a best-effort write (a marker, a log) tolerates it as before
         assert isinstance(error, NoSpaceError) and error.errno == errno.ENOSPC
     else:
         pytest.fail("the write did not fail")
+
+
+def test_a_full_disk_in_a_staging_folder_is_named_where_the_user_looks(tmp_path):
+    staging, out = tmp_path / ".model.abc123", tmp_path / "model"
+    with pytest.raises(NoSpaceError, match=r"model/sub/weights\.bin: could not write it") as caught, writing(out, staging=staging):
+        atomic_write(staging / "sub" / "weights.bin", _full_disk)
+    assert ".model.abc123" not in str(caught.value)

@@ -170,15 +170,19 @@ def no_space_error(error: BaseException, path: str | os.PathLike, fix: str = OUT
 
 
 @contextlib.contextmanager
-def writing(path: str | os.PathLike, fix: str = OUT_SPACE_FIX) -> Iterator[None]:
+def writing(path: str | os.PathLike, fix: str = OUT_SPACE_FIX, staging: str | os.PathLike | None = None) -> Iterator[None]:
     """Turn a full disk or quota met inside the block into a :class:`~embedtune.errors.NoSpaceError` naming ``path`` and ``fix``.
 
-    Any other error passes unchanged. ``path``: the file or folder being written.
+    Any other error passes unchanged. ``path``: the file or folder being written. ``staging``: a
+    temporary folder the block writes ``path``'s files into (moved in place at the end); a file
+    named below it is named below ``path`` instead, where the user will look for it.
     """
     try:
         yield
     except Exception as error:  # noqa: BLE001 - only a full disk is renamed; the rest passes unchanged
         named = no_space_error(error, path, fix)
+        if named is not None and staging is not None and Path(named.path).is_relative_to(staging):
+            named = NoSpaceError(str(Path(path) / Path(named.path).relative_to(staging)), named.reason, named.detail, named.fix)
         if named is None or named is error:
             raise
         raise named from error.__cause__ if isinstance(error, NoSpaceError) else error

@@ -56,40 +56,40 @@ class BackboneSpec:
 
 @dataclass
 class ProtocolConfig:
-    datasets: list[DatasetSpec]
-    backbones: list[BackboneSpec]
-    methods: list[str] = field(default_factory=available_methods)
-    studies: list[str] = field(default_factory=lambda: list(STUDIES))
-    split_seed: int = 2027
-    fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
-    qrels_split: str = "test"
-    final_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029])
-    selection_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029])
-    n_negatives: int = 4
-    negatives: str = "hard"
+    datasets: list[DatasetSpec] = field(metadata={"help": 'The [[datasets]] entries: name, data folder and the dims of the grid.'})
+    backbones: list[BackboneSpec] = field(metadata={"help": 'The [[backbones]] entries: name, model alias or folder, and the output dims k.'})
+    methods: list[str] = field(default_factory=available_methods, metadata={"help": 'Registered compressors to run (default: every registered one).'})
+    studies: list[str] = field(default_factory=lambda: list(STUDIES), metadata={"help": 'Which studies to run: main, ablation, unsupervised, lr_audit, heads, dynamics, significance, variants, preset.'})
+    split_seed: int = field(default=2027, metadata={"help": 'Seed of the sha256 ranking that cuts the judged queries into train/val/test.'})
+    fractions: tuple[float, float, float] = field(default=(0.6, 0.2, 0.2), metadata={"help": 'Train, val and test shares of the judged queries (the paper protocol).'})
+    qrels_split: str = field(default="test", metadata={"help": 'The qrels file whose judged queries are split (qrels/<split>.tsv).'})
+    final_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029], metadata={"help": 'Training seeds of the scored runs; mean and spread are reported over them.'})
+    selection_seeds: list[int] = field(default_factory=lambda: [2027, 2028, 2029], metadata={"help": 'Training seeds of the learning-rate and preset selection runs.'})
+    n_negatives: int = field(default=4, metadata={"help": 'Hard negatives mined per (query, positive) pair.'})
+    negatives: str = field(default="hard", metadata={"help": "How negatives are drawn: 'hard' (the frozen model's top-ranked non-positives) or 'random'."})
     # False-negative filter and cap of the shared triplets (see embedtune.data.triplets.mine_triplets);
     # the defaults are the paper's plain top-50 mining.
-    skip_top: int = 0
-    false_negative_margin: float | None = None
-    false_negative_reference: str = "pair"
-    max_triplets_per_query: int | None = None
-    heads: int = 4
-    head_values: list[int] = field(default_factory=lambda: [2, 4, 8])
-    ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS))
-    lr_candidates: dict[str, list[float]] = field(default_factory=default_lr_candidates)
-    method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    skip_top: int = field(default=0, metadata={"help": "Skip this many top-ranked candidates before mining negatives (0: the paper's plain top-50)."})
+    false_negative_margin: float | None = field(default=None, metadata={"help": 'Drop a candidate scoring within this margin of the positive (a likely false negative); None: keep all.'})
+    false_negative_reference: str = field(default="pair", metadata={"help": "What the margin is measured from: 'pair' (the pair's own positive) or 'query-min' (the query's lowest-scored positive)."})
+    max_triplets_per_query: int | None = field(default=None, metadata={"help": 'Cap on triplets per query, so popular queries do not dominate; None: no cap.'})
+    heads: int = field(default=4, metadata={"help": 'DIVE heads H of the main grid.'})
+    head_values: list[int] = field(default_factory=lambda: [2, 4, 8], metadata={"help": 'The H values of the heads study.'})
+    ablations: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_ABLATIONS), metadata={"help": 'Named DIVE ablations: {name: config overrides}.'})
+    lr_candidates: dict[str, list[float]] = field(default_factory=default_lr_candidates, metadata={"help": 'Three learning rates per method for the learning-rate audit (chosen on validation queries).'})
+    method_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": 'Config overrides per method: {method: {field: value}}.'})
     # Beyond the paper: named DIVE settings scored on held-out test ("variants"), and candidates
     # for the validation-selected preset ("preset"), e.g. {"pca": {"init": "pca"}}.
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    preset_candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": 'Named DIVE settings beyond the paper, scored on held-out test: {name: config overrides}.'})
+    preset_candidates: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "Candidates of the validation-selected preset: {name: config overrides}; needs a 'paper' entry."})
     # "paper": 60/20/20 of the test qrels' judged queries; "beir-train": train/val from
     # qrels/train.tsv (val_fraction held out), test = every judged test query.
-    protocol: str = "paper"
-    val_fraction: float = 0.2
-    n_resamples: int = 10_000
-    results_dir: str = "benchmarks/results/dive"
-    threads: int = 1
-    source: str = "<defaults>"
+    protocol: str = field(default="paper", metadata={"help": "'paper': a query-disjoint 60/20/20 split of the test qrels; 'beir-train': train/val from qrels/train.tsv, test on every judged test query."})
+    val_fraction: float = field(default=0.2, metadata={"help": "With 'beir-train': the share of the training queries held out for validation."})
+    n_resamples: int = field(default=10_000, metadata={"help": 'Resamples of the paired bootstrap and randomisation tests.'})
+    results_dir: str = field(default="benchmarks/results/dive", metadata={"help": "Folder of the grid's run records and summary (read to resume)."})
+    threads: int = field(default=1, metadata={"help": 'Torch threads per run.'})
+    source: str = field(default="<defaults>", metadata={"help": 'Where the config was read from (for error messages).'})
 
     def __post_init__(self) -> None:
         registered = available_methods()

@@ -26,6 +26,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress.presets import Preset
+from embedtune.constraints import Constraint, Interval, validate_constraints
 from embedtune.errors import check_finite
 from embedtune.evaluate.search import unit_rows
 from embedtune.io import (
@@ -206,9 +207,11 @@ class CompressorConfig:
     dim: int = dataclasses.field(default=128, metadata={"help": "Output dimension k."})
     seed: int = dataclasses.field(default=2027, metadata={"help": "Random seed for init and data order."})
 
+    #: What each field accepts, declared once (:mod:`embedtune.constraints`); a subclass adds its own fields'.
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {"dim": [Interval(int, 1, None)], "seed": [Interval(int, None, None)]}
+
     def __post_init__(self) -> None:
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive integer; got {self.dim!r}.")
+        validate_constraints(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -467,17 +470,18 @@ class Compressor(abc.ABC):
         where = directory / CONFIG_NAME
         normalization = meta.get("input_normalization")
         if normalization not in INPUT_NORMALIZATIONS:
-            raise ValueError(f"{where}: field 'input_normalization' is {normalization!r}; expected one of "
+            raise IntegrityError(f"{where}: field 'input_normalization' is {normalization!r}; expected one of "
                              f"{list(INPUT_NORMALIZATIONS)}. {REFIT_HINT}")
         if not isinstance(meta["config"], dict):
-            raise ValueError(f"{where}: field 'config' must be a JSON object; got {type(meta['config']).__name__}. {REFIT_HINT}")
+            raise IntegrityError(f"{where}: field 'config' must be a JSON object; got {type(meta['config']).__name__}. {REFIT_HINT}")
         input_dim = meta["input_dim"]
         if isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1:
-            raise ValueError(f"{where}: field 'input_dim' must be a positive integer; got {input_dim!r}. {REFIT_HINT}")
+            raise IntegrityError(f"{where}: field 'input_dim' must be a positive integer; got {input_dim!r}. {REFIT_HINT}")
         try:
             config = cls.config_class.from_dict(meta["config"])
         except (TypeError, ValueError) as error:
-            raise ValueError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
+            # A value the config refuses in a file whose digest holds: edited by hand, or from another version.
+            raise IntegrityError(f"{where}: field 'config' does not make a {cls.config_class.__name__} ({error}). {REFIT_HINT}") from error
         estimator = cls(config)
         estimator.input_dim_ = input_dim
         estimator.input_normalization_ = normalization

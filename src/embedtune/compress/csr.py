@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from embedtune.constraints import Constraint, Interval, Options
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.presets import presets_from_config
 from embedtune.compress.registry import register
@@ -90,23 +91,21 @@ class CSRConfig(TrainedCompressorConfig):
     learning_rate: float = field(default=1e-3, metadata={"help": "AdamW learning rate."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (0: top-k autoencoders train without it)."})
 
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "active": [Interval(int, 1, None), None], "k_aux": [Interval(int, 1, None), None], "dead_threshold": [Interval(int, 1, None)],
+        "aux_weight": [Interval(float, 0, None)], "contrastive_weight": [Interval(float, 0, None)],
+        "value_bytes": [Options(VALUE_BYTES)],  # 2: fp16, 4: fp32
+    }
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.dim < 4:
             raise ValueError(f"dim (the latent width m) must be at least 4, for CSR's top-4k term; got {self.dim!r}.")
-        for name in ("active", "k_aux", "dead_threshold"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer{' or None' if name != 'dead_threshold' else ''}; got {value!r}.")
         if self.active is not None and 4 * self.active > self.dim:
             raise ValueError(f"active={self.active} needs dim >= 4 × active = {4 * self.active}: CSR's L(4k) term keeps the top "
                              f"4k of the dim={self.dim} latents. Lower active or widen dim.")
         if self.k_aux is not None and self.k_aux > self.dim:
             raise ValueError(f"k_aux={self.k_aux} exceeds the latent width dim={self.dim}; choose k_aux <= dim or None.")
-        if not self.aux_weight >= 0 or not self.contrastive_weight >= 0:
-            raise ValueError(f"aux_weight and contrastive_weight must be non-negative; got {self.aux_weight!r}, {self.contrastive_weight!r}.")
-        if self.value_bytes not in VALUE_BYTES:
-            raise ValueError(f"value_bytes must be one of {VALUE_BYTES} (fp16, fp32); got {self.value_bytes!r}.")
 
     @property
     def active_latents(self) -> int:

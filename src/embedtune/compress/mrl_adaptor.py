@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from embedtune.constraints import Constraint, Interval
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
@@ -213,20 +214,18 @@ class MRLAdaptorConfig(SelectableTrainingConfig):
     beta: float = field(default=1.0, metadata={"help": "Weight β of L_rec."})
     gamma: float = field(default=1.0, metadata={"help": "Weight γ of L_rank (stage 2)."})
 
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "unsupervised_epochs": [Interval(int, 0, None)], "top_k": [Interval(int, 1, None)],
+        **{name: [Interval(float, 0, None)] for name in ("alpha", "beta", "gamma")},
+    }
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.unsupervised_epochs, int) or self.unsupervised_epochs < 0:
-            raise ValueError(f"unsupervised_epochs must be a non-negative integer; got {self.unsupervised_epochs!r}.")
         if self.epochs == 0 and self.unsupervised_epochs == 0:
             raise ValueError(
                 "mrl-adaptor: epochs=0 and unsupervised_epochs=0 leave nothing to train; set unsupervised_epochs >= 1 "
                 "(the unsupervised corpus stage) or epochs >= 1 (the supervised stage)."
             )
-        if not isinstance(self.top_k, int) or self.top_k < 1:
-            raise ValueError(f"top_k must be a positive integer; got {self.top_k!r}.")
-        for name in ("alpha", "beta", "gamma"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative; got {getattr(self, name)!r}.")
         if self.nested_dims is not None:
             dims = tuple(sorted({int(m) for m in self.nested_dims}))
             if not dims or dims[0] < 1:

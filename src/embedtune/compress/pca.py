@@ -24,10 +24,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar, Any
 
 import numpy as np
 
+from embedtune.constraints import Constraint, Options
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData, check_output_dim
 from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
@@ -81,10 +82,10 @@ class PCAConfig(CompressorConfig):
 
     fit_sample: int | str = field(default="auto", metadata={"help": FIT_SAMPLE_HELP})
 
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {"center": [Options((True, False))]}
+
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.center, bool):
-            raise ValueError(f"center must be true or false; got {self.center!r}.")
         self.fit_sample = parse_fit_sample(self.fit_sample)
 
 

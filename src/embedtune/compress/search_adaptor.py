@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from embedtune.constraints import Constraint, Interval
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
@@ -123,13 +124,10 @@ class SearchAdaptorConfig(SelectableTrainingConfig):
         default=None, metadata={"help": "Hidden width of the query predictor p; None means d // 2."}
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("alpha", "beta"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be non-negative; got {getattr(self, name)!r}.")
-        if self.predictor_hidden_dim is not None and (not isinstance(self.predictor_hidden_dim, int) or self.predictor_hidden_dim < 1):
-            raise ValueError(f"predictor_hidden_dim must be a positive integer or None; got {self.predictor_hidden_dim!r}.")
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "alpha": [Interval(float, 0, None)], "beta": [Interval(float, 0, None)],
+        "predictor_hidden_dim": [Interval(int, 1, None), None],
+    }
 
 
 @register

@@ -71,6 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from embedtune.constraints import Constraint, Interval, Options
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.rank_loss import REDUCTIONS, group_triplets, triplet_rank_loss
 from embedtune.compress.presets import presets_from_config, with_safety_net
@@ -367,20 +368,11 @@ class SMECConfig(SelectableTrainingConfig):
         metadata={"help": "'per_stage': every SMRL stage runs `epochs` epochs; 'total': `epochs` is split over the stages."},
     )
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.selection_learning_rate is not None and not self.selection_learning_rate > 0:
-            raise ValueError(f"selection_learning_rate must be positive or None; got {self.selection_learning_rate!r}.")
-        if self.alpha < 0:
-            raise ValueError(f"alpha must be non-negative; got {self.alpha!r}.")
-        if self.epoch_budget not in EPOCH_BUDGETS:
-            raise ValueError(f"epoch_budget must be one of {EPOCH_BUDGETS}; got {self.epoch_budget!r}.")
-        for name in ("memory_size", "memory_top_k"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-        if not (self.initial_temperature > 0 and self.final_temperature > 0):
-            raise ValueError(f"temperatures must be positive; got {self.initial_temperature!r} → {self.final_temperature!r}.")
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "selection_learning_rate": [Interval(float, 0, None, "neither"), None], "alpha": [Interval(float, 0, None)],
+        "epoch_budget": [Options(EPOCH_BUDGETS)], "memory_size": [Interval(int, 1, None)], "memory_top_k": [Interval(int, 1, None)],
+        "initial_temperature": [Interval(float, 0, None, "neither")], "final_temperature": [Interval(float, 0, None, "neither")],
+    }
 
 
 @register

@@ -127,7 +127,7 @@ def export_sentence_transformer(
     try:
         # sentence-transformers and safetensors report a full disk in their own words (a SafetensorError, a
         # RuntimeError): one error naming the folder and the fix instead.
-        with writing(out_dir, OUT_SPACE_FIX):
+        with writing(out_dir, OUT_SPACE_FIX, staging=staging):
             model.save(str(staging))
             compressor.save(staging / COMPRESSOR_SUBFOLDER)
             if extra_files is not None:

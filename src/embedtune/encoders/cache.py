@@ -192,9 +192,10 @@ class EmbeddingCache:
         """Encode entry ``key`` shard by shard (the caller holds its lock) and store it.
 
         Each finished shard goes to ``partial/<lo>-<hi>.npy`` with ``<lo>-<hi>.json`` beside it (its
-        rows, dimension, the sha256 of the array and of its ids, and its own content digest), so an
-        interrupted encode resumes from the shards already done. A shard is reused only when its
-        record is intact and the array matches it; anything else is encoded again.
+        rows, dimension, the sha256 of the array and of its ids, the entry key, the token of this
+        encode from ``partial/run.json``, and its own content digest), so an interrupted encode
+        resumes from the shards already done. A shard is reused only when its record is intact, is
+        this encode's, and the array matches it; anything else is encoded again.
         """
         partial = self.entry(key) / "partial"
         with writing(partial, _CACHE_SPACE_FIX):

@@ -45,9 +45,8 @@ import numpy as np
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, check_finite
 from embedtune.io import (
-    IntegrityError,
     OUT_SPACE_FIX,
-    writing,
+    IntegrityError,
     atomic_save_npy,
     atomic_write,
     atomic_write_json,
@@ -55,6 +54,7 @@ from embedtune.io import (
     sha256_file,
     sha256_json,
     write_json_with_digest,
+    writing,
 )
 from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar, verbose_enabled
 
@@ -263,8 +263,11 @@ def _write_manifest(out: Path, n: int, shard_size: int, model: str, kind: str, s
     n_shards = (n + shard_size - 1) // shard_size
     missing = pending_shards(out, n, shard_size, ids)
     if missing:
-        raise EmbedtuneError(f"{_shard_paths(out, missing[0])[0]}: shards {missing[:5]} are missing or incomplete after encoding "
-                             f"({shard_problem(out, missing[0])}). {SHARD_FIX}")
+        first = missing[0]
+        problem = shard_problem(out, first, min(shard_size, n - first * shard_size),
+                                None if ids is None else ids[first * shard_size : (first + 1) * shard_size])
+        raise EmbedtuneError(f"{_shard_paths(out, first)[0]}: shards {missing[:5]} are missing or incomplete after encoding "
+                             f"({problem}). {SHARD_FIX}")
     dims = {np.load(_shard_paths(out, i)[0], mmap_mode="r").shape[1] for i in range(n_shards)} if n_shards else set()
     records = [read_json_verified(_record_path(out, i), SHARD_FIX, require_digest=True)[0] for i in range(n_shards)]
     manifest = {"format": "embedtune-shards", "model": model, "kind": kind, "rows": n, "shard_size": shard_size,

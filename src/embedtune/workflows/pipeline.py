@@ -62,17 +62,17 @@ class PipelineConfig:
     ``mining``, or the preset's mining when it is None.
     """
 
-    methods: list[str] = field(default_factory=lambda: ["dive"])
-    dim: int = 128
-    seeds: list[int] = field(default_factory=lambda: [2027])
-    dive_preset: str = "robust"
-    compressor_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    test_split: str = "test"
-    val_fraction: float = 0.2
-    split_seed: int = 2027
-    mining: MiningOptions | None = None
-    compare_base: bool = True
+    methods: list[str] = field(default_factory=lambda: ["dive"], metadata={"help": "Compressors fitted on the fine-tuned model's vectors (registered names)."})
+    dim: int = field(default=128, metadata={"help": 'Output dimension k of every compressor.'})
+    seeds: list[int] = field(default_factory=lambda: [2027], metadata={"help": 'Training seeds; mean and spread are reported over them.'})
+    dive_preset: str = field(default="robust", metadata={"help": 'The DIVE preset every DIVE run starts from.'})
+    compressor_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": 'Config overrides per method: {method: {field: value}}.'})
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "Named extra compressor runs: {name: {'method': ..., field: value}}."})
+    test_split: str = field(default="test", metadata={"help": 'The qrels split scored as held-out test.'})
+    val_fraction: float = field(default=0.2, metadata={"help": 'Share of the training queries held out for validation (epoch and preset selection).'})
+    split_seed: int = field(default=2027, metadata={"help": 'Seed of the validation split.'})
+    mining: MiningOptions | None = field(default=None, metadata={"help": "Triplet mining of the shared triplets; None: the preset's own mining."})
+    compare_base: bool = field(default=True, metadata={"help": "Also compress the base model's vectors, to compare with the fine-tuned model's."})
 
     def __post_init__(self) -> None:
         get_compressor_class("dive").get_preset(self.dive_preset)  # fail fast on an unknown preset

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from embedtune.compress.base import CompressorConfig
+from embedtune.constraints import Constraint, Interval, Options, Text
 from embedtune.compress.holdout import SELECTION_HOLDOUTS
 from embedtune.compress.choices import ACTIVATION_NAMES, TRIPLET_KINDS, check_quantization_aware
 
@@ -159,61 +160,40 @@ class DIVEConfig(CompressorConfig):
             raise ValueError(f"DIVEConfig: unknown preset {name!r}; choose one of: {', '.join(sorted(cls.PRESETS))}.")
         return cls(**{**cls.PRESETS[name], **overrides})
 
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = {
+        "init": [Options(INIT_KINDS)],
+        "epoch_selection": [Options(EPOCH_SELECTIONS)],
+        "selection_fraction": [Interval(float, 0, 1, "neither")],
+        "selection_holdout": [Options(SELECTION_HOLDOUTS)],
+        "refit": [Options(REFITS)],
+        "pca_start": [Options(PCA_STARTS)],
+        "output_norm": [Options(OUTPUT_NORMS)],
+        "mode": [Options(MODES)],
+        "neighbors": [Interval(int, 1, None)],
+        "holdout_docs": [Interval(int, 1, None)],
+        "patience": [Interval(int, 1, None), None],
+        "max_train_docs": [Interval(int, 2, None), None],
+        "neighbor_temperature": [Interval(float, 0, None, "neither")],
+        "heads": [Interval(int, 1, None), Options(("auto",))],
+        "max_heads": [Interval(int, 1, None)],
+        "view_weight": [Interval(float, 0, None)],
+        "geometry_weight": [Interval(float, 0, None)],
+        "weight_decay": [Interval(float, 0, None)],
+        "pseudo_query_weight": [Interval(float, 0, None)],
+        "temperature": [Interval(float, 0, None, "neither")],
+        "learning_rate": [Interval(float, 0, None, "neither")],
+        "margin": [Interval(float, None, None)],
+        "batch_size": [Interval(int, 1, None)],
+        "epochs": [Interval(int, 0, None)],
+        "hidden_dim": [Interval(int, 1, None), None],
+        "activation": [Options(sorted(ACTIVATION_NAMES))],
+        "triplet_loss": [Options(TRIPLET_KINDS)],
+        "device": [Text("a torch device string such as 'cpu', 'cuda' or 'auto'")],
+    }
+
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.init not in INIT_KINDS:
-            raise ValueError(f"init must be one of {list(INIT_KINDS)}; got {self.init!r}.")
-        if self.epoch_selection not in EPOCH_SELECTIONS:
-            raise ValueError(f"epoch_selection must be one of {list(EPOCH_SELECTIONS)}; got {self.epoch_selection!r}.")
-        if not isinstance(self.selection_fraction, (int, float)) or not 0 < self.selection_fraction < 1:
-            raise ValueError(f"selection_fraction must be a number in (0, 1); got {self.selection_fraction!r}.")
-        if self.selection_holdout not in SELECTION_HOLDOUTS:
-            raise ValueError(f"selection_holdout must be one of {list(SELECTION_HOLDOUTS)}; got {self.selection_holdout!r}.")
-        if self.refit not in REFITS:
-            raise ValueError(f"refit must be one of {list(REFITS)}; got {self.refit!r}.")
-        if self.pca_start not in PCA_STARTS:
-            raise ValueError(f"pca_start must be one of {list(PCA_STARTS)}; got {self.pca_start!r}.")
-        if self.output_norm not in OUTPUT_NORMS:
-            raise ValueError(f"output_norm must be one of {list(OUTPUT_NORMS)}; got {self.output_norm!r}.")
+        super().__post_init__()  # every field above, by its declared constraints
         check_quantization_aware(self.quantization_aware)
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}; got {self.mode!r}.")
-        for name in ("neighbors", "holdout_docs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}.")
-        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1):
-            raise ValueError(f"patience must be a positive integer or None; got {self.patience!r}.")
-        if self.max_train_docs is not None and (isinstance(self.max_train_docs, bool) or not isinstance(self.max_train_docs, int) or self.max_train_docs < 2):
-            raise ValueError(f"max_train_docs must be an integer >= 2 or None; got {self.max_train_docs!r}.")
-        if not isinstance(self.neighbor_temperature, (int, float)) or not math.isfinite(self.neighbor_temperature) or self.neighbor_temperature <= 0:
-            raise ValueError(f"neighbor_temperature must be a finite number > 0; got {self.neighbor_temperature!r}.")
-        if self.heads != "auto" and (isinstance(self.heads, bool) or not isinstance(self.heads, int) or self.heads < 1):
-            raise ValueError(f"heads must be a positive integer or 'auto'; got {self.heads!r}.")
-        if isinstance(self.max_heads, bool) or not isinstance(self.max_heads, int) or self.max_heads < 1:
-            raise ValueError(f"max_heads must be a positive integer; got {self.max_heads!r}.")
-        for name in ("view_weight", "geometry_weight", "weight_decay", "pseudo_query_weight"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
-        for name in ("temperature", "learning_rate"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0; got {value!r}.")
-        if not isinstance(self.margin, (int, float)) or not math.isfinite(self.margin):
-            raise ValueError(f"margin must be a finite number; got {self.margin!r}.")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer; got {self.batch_size!r}.")
-        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
-            raise ValueError(f"epochs must be an integer >= 0; got {self.epochs!r}.")
-        if self.hidden_dim is not None and (isinstance(self.hidden_dim, bool) or not isinstance(self.hidden_dim, int) or self.hidden_dim < 1):
-            raise ValueError(f"hidden_dim must be a positive integer or None; got {self.hidden_dim!r}.")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATION_NAMES)}; got {self.activation!r}.")
-        if self.triplet_loss not in TRIPLET_KINDS:
-            raise ValueError(f"triplet_loss must be one of {list(TRIPLET_KINDS)}; got {self.triplet_loss!r}.")
-        if not isinstance(self.device, str) or not self.device:
-            raise ValueError(f"device must be a torch device string such as 'cpu', 'cuda' or 'auto'; got {self.device!r}.")
         # The view loss needs two views of each item (Appendix A.3: H = 1 has no positive pair).
         if self.view_weight > 0 and (self.heads == 1 or (self.heads == "auto" and self.max_heads < 2)):
             raise ValueError(
