@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embedtune.compress.ray_apply import RayPool
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.recipe import recipe_beside
 from embedtune.index.codecs import CODEC_FILE, read_codec_index
@@ -58,13 +59,14 @@ def build_planned_index(
     vector_column: str = "embedding",
     before_write: Callable[[], Any] | None = None,
     backend: str | None = None,
-    ray: Any = None,
+    ray: RayPool | None = None,
 ) -> Path:
     """Build the index folder of plan ``plan`` from uncompressed ``embeddings`` (``.npy`` + ``ids``, or parquet).
 
     Every file of the plan is checked against the digests ``plan.json`` recorded, and against the
     others, first (:func:`embedtune.index.plan_format.load_plan`): an edited index kind or int8 range
-    would build another index than the one planned and scored. ``before_write``, ``ray`` (a :class:`~embedtune.compress.ray_apply.RayPool`): as in :func:`build_index`.
+    would build another index than the one planned and scored. ``before_write`` and ``ray`` (a Ray actor pool
+    for the adapter's transform): as in :func:`build_index`.
     """
     plan = Path(plan)
     info, _, precision, calibration = load_plan(plan)
