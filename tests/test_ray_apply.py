@@ -102,6 +102,13 @@ def test_ray_flags_refuse_what_the_ray_apply_cannot_do_before_ray_starts(fitted,
         (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-address", "auto"], "--ray-address needs --ray-actors"),
         (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "1", "--cpus-per-actor", "0"], "--cpus-per-actor"),
     ]
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cases.append((["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "1",
+                   "--ray-address", f"127.0.0.1:{port}"], f"nothing answers at 127.0.0.1:{port}"))
     for extra, message in cases:
         assert _cli(base + extra) != 0
         assert message in capsys.readouterr().err

@@ -129,6 +129,26 @@ def _import_ray() -> Any:
     return ray
 
 
+def _check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """Refuse a ``host:port`` (or ``ray://host:port``) nobody listens on now, instead of Ray's minute of retries."""
+    import socket
+
+    if address is None or address == "auto" or address.startswith("local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise EmbedtuneError(f"--ray-address {address}: expected 'auto', HOST:PORT (the head node's GCS port, 6379 by default) "
+                             "or ray://HOST:PORT (its Ray Client port, 10001 by default).")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        raise EmbedtuneError(f"--ray-address {address}: nothing answers at {host}:{port} ({error.strerror or error}). Fix: start the "
+                             "cluster (`ray start --head` on its head node) and give its address, 'auto' on one of its nodes, or drop "
+                             "--ray-address for a local Ray.") from None
+
+
 @contextmanager
 def ray_session(address: str | None = None) -> Iterator[Any]:
     """Ray, started here (``address=None``) or joined (``"auto"`` on a cluster node, ``"ray://host:10001"``), for the block.
@@ -140,6 +160,7 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     started_here = not ray.is_initialized()
     if started_here:
         quiet = not verbose_enabled()
+        _check_reachable(address)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=not quiet,
                      logging_level=logging.ERROR if quiet else logging.INFO)
