@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
+from embedtune.compress.ray_apply import ray_session
 from embedtune.data.beir import document_text, load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.encoders.ray_encode import encode_sharded, encode_sharded_ray
-from embedtune.runtime import verbose_enabled
 
 __all__ = ["encode_corpus"]
 
@@ -52,18 +51,6 @@ def encode_corpus(
         encoder_options[f"{kind}_prompt"] = prompt
     if ray_actors <= 0:
         return encode_sharded(ids, texts, model, out, shard_size=shard_size, kind=kind, **encoder_options)
-    try:
-        import ray
-    except ImportError as error:  # the optional extra
-        raise ImportError('--ray-actors needs Ray: pip install "embedtune[ray]" (or ray[data]).') from error
-    started_here = not ray.is_initialized()
-    if started_here:
-        # Ray's start-up lines and its workers' logs only with `embedtune -v` (a failed task still raises here).
-        quiet = not verbose_enabled()
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=not quiet, logging_level=logging.ERROR if quiet else logging.INFO)
-    try:
+    with ray_session(ray_address):  # joins the cluster, or starts a local Ray for this call and stops it after
         return encode_sharded_ray(ids, texts, model, out, shard_size=shard_size, kind=kind, actors=ray_actors, num_cpus=cpus_per_actor,
                                   num_gpus=gpus_per_actor, threads_per_actor=threads_per_actor, **encoder_options)
-    finally:
-        if started_here:
-            ray.shutdown()
