@@ -158,7 +158,20 @@ def test_compress_apply_and_index_build_on_ray_actors_equal_the_local_bits(fitte
         ray.shutdown()
     for name in ("in", "half"):
         assert (tmp_path / f"{name}-ray.npy").read_bytes() == (tmp_path / f"{name}-local.npy").read_bytes()
-    assert "bad.npy: input vectors row 9000" in error and "Traceback" not in error
+    reported = [line for line in error.splitlines() if line.startswith("embedtune: error:")]
+    assert len(reported) == 1 and "bad.npy: input vectors row 9000 (0-based) holds nan" in reported[0]
+    assert "unexpected" not in reported[0] and "UDF" not in reported[0]  # the actor's own error, not Ray's wrapper
     assert not (tmp_path / "bad-ray.npy").exists()
     assert _index_bytes(tmp_path / "index-ray") == _index_bytes(tmp_path / "index-local")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder or adapted.npy left
+
+
+def test_a_non_finite_error_survives_pickling():
+    """A Ray actor's error reaches the driver pickled: it must come back whole, not fail to deserialize."""
+    import pickle
+
+    from embedtune.errors import NonFiniteError
+
+    error = NonFiniteError("vectors.npy", "input vectors", 9000, 3, float("nan"), 2, "drop the row", partial=True)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is NonFiniteError and str(again) == str(error) and (again.row, again.partial) == (9000, True)

@@ -51,6 +51,10 @@ class NonFiniteError(EmbedtuneError):
             f"{source}: {what} row {row} (0-based) holds {value!r} at column {column}{more}. Fix: {fix}"
         )
 
+    def __reduce__(self) -> tuple:
+        # Pickled whole (a Ray actor's error reaches the driver this way): the default would call __init__ with the message only.
+        return type(self), (self.source, self.what, self.row, self.column, self.value, self.count, self.fix, self.partial)
+
     def shifted(self, offset: int, source: str | None = None, what: str | None = None) -> "NonFiniteError":
         """The same first bad row, counted ``offset`` further on (a block of a larger array), optionally renamed.
 

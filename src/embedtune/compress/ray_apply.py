@@ -176,9 +176,10 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
 
 @contextmanager
 def _quiet_ray_data(ray: Any) -> Iterator[None]:
-    """Ray Data's bars and per-run log lines hidden for the block (shown with ``embedtune -v``)."""
+    """Ray Data's bars and per-run log lines hidden for the block (shown with ``embedtune -v``); actors' errors raised as themselves."""
     context = ray.data.DataContext.get_current()
-    saved = (context.enable_progress_bars, context.print_on_execution_start)
+    saved = (context.enable_progress_bars, context.print_on_execution_start, context.raise_original_map_exception)
+    context.raise_original_map_exception = True  # an actor's own error (a NaN row, a full disk) reaches the driver as itself
     saved_levels = {name: logging.getLogger(name).level for name in ("ray", "ray.data")}
     if not verbose_enabled():
         context.enable_progress_bars = False
@@ -189,7 +190,7 @@ def _quiet_ray_data(ray: Any) -> Iterator[None]:
         with native_chatter_filtered(RAY_CHATTER):
             yield
     finally:
-        context.enable_progress_bars, context.print_on_execution_start = saved
+        context.enable_progress_bars, context.print_on_execution_start, context.raise_original_map_exception = saved
         for name, level in saved_levels.items():
             logging.getLogger(name).setLevel(level)
 
@@ -338,21 +339,22 @@ def apply_compressor_ray(
             handle.truncate(data_offset + n * k * 4)  # full size now; the actors fill in their rows
         if not ranges:
             return
-        dataset = ray.data.from_items([{"start": a, "stop": b} for a, b in ranges], override_num_blocks=len(ranges))
-        mapped = dataset.map_batches(
-            RangeCompressor,
-            fn_constructor_kwargs={"adapter": adapter if isinstance(adapter, Compressor) else str(Path(adapter).resolve()),
-                                   "input_path": str(input_path.resolve()), "output_path": str(tmp.resolve()),
-                                   "data_offset": data_offset, "threads": pool.threads, "source": str(input_path)},
-            batch_size=1,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_cpus=pool.cpus_per_actor,
-        )
         done: set[int] = set()
         try:
+            # The dataset takes Ray Data's settings when it is made: make it inside.
             with _quiet_ray_data(ray), progress_bar(n, f"compressing {n} vectors on {actors} Ray actor{'s' if actors > 1 else ''}", unit="vec",
                                                      enabled=show_progress) as bar:
+                dataset = ray.data.from_items([{"start": a, "stop": b} for a, b in ranges], override_num_blocks=len(ranges))
+                mapped = dataset.map_batches(
+                    RangeCompressor,
+                    fn_constructor_kwargs={"adapter": adapter if isinstance(adapter, Compressor) else str(Path(adapter).resolve()),
+                                           "input_path": str(input_path.resolve()), "output_path": str(tmp.resolve()),
+                                           "data_offset": data_offset, "threads": pool.threads, "source": str(input_path)},
+                    batch_size=1,
+                    batch_format="numpy",
+                    compute=ray.data.ActorPoolStrategy(size=actors),
+                    num_cpus=pool.cpus_per_actor,
+                )
                 for row in mapped.iter_rows():
                     done.add(int(row["start"]))
                     bar.update(int(row["rows"]))
