@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         table = "\n".join(lines)
         command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
         header = (f"{args.rows:,} x {args.dim} float32 -> PCA {args.out_dim}; ray.init took {init_seconds:.1f} s "
-                  "(before the routes, not in their times).")
+                  f"(before the routes, not in their times). Each range-apply actor reserves and computes with {cores} / actors "
+                  "cores; the local apply uses every core.")
         print(header)
         print(table)
         if args.report:
