@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from embedtune.encoders import resolve_model_path
 from embedtune.index.codecs import Precision
 from embedtune.index.deployment import faiss_recipe, lancedb_recipe
 from embedtune.index.plan_export import export_plan
@@ -99,11 +100,11 @@ def write_deploy_bundle(plan: str | Path, out: str | Path, model: str | Path | N
         "faiss": faiss, "stores": settings, "bytes": bytes_table(info, precision, dim, input_dim),
         "settings_table": {kind: {store: {"setting": s, "note": n} for store, (s, n) in row.items()} for kind, row in STORE_SETTINGS.items()},
         "files": {"faiss": "faiss_factory.txt", "lancedb": "lancedb.json", "qdrant": "qdrant.json", "pgvector": "pgvector.sql",
-                  "milvus": "milvus.json", "readme": "README.md", **({"model": MODEL_SUBFOLDER} if model and include_model else {})},
+                  "milvus": "milvus.json", "readme": "README.md", "deploy": DEPLOY_FILE, **({"model": MODEL_SUBFOLDER} if model and include_model else {})},
     }
     try:
         if model and include_model:
-            export_plan(plan, str(model), out / MODEL_SUBFOLDER)
+            export_plan(plan, resolve_model_path(model), out / MODEL_SUBFOLDER)
         atomic_write_bytes(out / "faiss_factory.txt", (faiss["factory"] + "\n").encode())
         for store, config in configs.items():
             atomic_write_json(out / f"{store}.json", config)

@@ -100,7 +100,14 @@ def precision_kind(precision: Precision) -> str:
         return "rabitq"
     if name in ("int4", "rabitq4", "turboquant4"):
         return "four-bit"
-    if precision.is_codec or _PQ.match(precision.factory.split(",")[-1].strip()):
+    last = precision.factory.split(",")[-1].strip()
+    if last in ("SQ4", "SQ6"):
+        return "four-bit"
+    if last == "SQ8":
+        return "int8"
+    if last == "SQfp16":
+        return "float16"
+    if precision.is_codec or _PQ.match(last):
         return "product"
     return "other"
 
@@ -159,24 +166,24 @@ def pgvector_sql(precision: Precision, dim: int, table: str = "items", top_k: in
         lines.append(f"-- note: {note}")
     lines.append("CREATE EXTENSION IF NOT EXISTS vector;")
     if kind in ("binary", "binary-asym"):
-        lines += [f"CREATE TABLE {table} (row bigint PRIMARY KEY, id text NOT NULL, embedding bit({dim}));",
+        lines += [f"CREATE TABLE {table} (row_id bigint PRIMARY KEY, id text NOT NULL, embedding bit({dim}));",
                   f"CREATE INDEX ON {table} USING hnsw (embedding bit_hamming_ops);",
                   "-- load: embedding = the sign bits x > 0 as a bit string ('0101...')",
                   f"-- top-{top_k}: :query is the query's sign bits",
-                  f"SELECT row, id FROM {table} ORDER BY embedding <~> :query, row LIMIT {candidates if kind == 'binary-asym' else top_k};"]
+                  f"SELECT row_id, id FROM {table} ORDER BY embedding <~> :query, row_id LIMIT {candidates if kind == 'binary-asym' else top_k};"]
         return "\n".join(lines) + "\n"
     column = "halfvec" if kind in ("float16", "int8", "four-bit", "product") else "vector"
-    lines += [f"CREATE TABLE {table} (row bigint PRIMARY KEY, id text NOT NULL, embedding {column}({dim}));"]
+    lines += [f"CREATE TABLE {table} (row_id bigint PRIMARY KEY, id text NOT NULL, embedding {column}({dim}));"]
     if kind in ("binary-rescore", "rabitq"):
         lines += [f"CREATE INDEX ON {table} USING hnsw ((binary_quantize(embedding)::bit({dim})) bit_hamming_ops);",
                   f"-- top-{top_k}: Hamming candidates, rescored by inner product (<#> is the negative inner product)",
-                  f"SELECT row, id FROM (SELECT row, id, embedding FROM {table} "
+                  f"SELECT row_id, id FROM (SELECT row_id, id, embedding FROM {table} "
                   f"ORDER BY binary_quantize(embedding)::bit({dim}) <~> binary_quantize(:query::vector({dim})) LIMIT {candidates}) AS c",
-                  f"  ORDER BY embedding <#> :query::vector({dim}), row LIMIT {top_k};"]
+                  f"  ORDER BY embedding <#> :query::vector({dim}), row_id LIMIT {top_k};"]
     else:
         lines += [f"CREATE INDEX ON {table} USING hnsw (embedding {column}_ip_ops);",
                   f"-- top-{top_k} (<#> is the negative inner product; without the index the scan is exact)",
-                  f"SELECT row, id FROM {table} ORDER BY embedding <#> :query::{column}({dim}), row LIMIT {top_k};"]
+                  f"SELECT row_id, id FROM {table} ORDER BY embedding <#> :query::{column}({dim}), row_id LIMIT {top_k};"]
     return "\n".join(lines) + "\n"
 
 
