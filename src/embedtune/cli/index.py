@@ -12,6 +12,7 @@ from embedtune.data.beir import load_beir
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.index import build_index
+from embedtune.index.deploy_bundle import write_deploy_bundle
 from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_texts
 
@@ -128,8 +129,6 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 
 def run_index_deploy(args: argparse.Namespace) -> int:
-    from embedtune.index.deploy_bundle import write_deploy_bundle
-
     deploy = write_deploy_bundle(args.plan, args.out, model=args.model, include_model=not args.no_model, overwrite=args.overwrite,
                                  top_k=args.top_k)
     print_json({"out": str(args.out), "precision": deploy["precision"]["name"], "dim": deploy["dim"], "model": deploy["model"],
