@@ -8,6 +8,7 @@ index. pgvector's round trip needs the extension in a local PostgreSQL and skips
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -202,3 +203,38 @@ def test_pgvector_finds_the_plans_top10(tmp_path, scifact_slice, precision):
         assert _overlap(I, I_plan) >= 0.9, _overlap(I, I_plan)  # an HNSW index is approximate: measured, not exact
     finally:
         subprocess.run([*user, bin_dir / "pg_ctl", "-D", data / "data", "-m", "immediate", "stop"], capture_output=True)
+
+
+def test_qdrant_json_is_valid_for_qdrants_own_models_at_every_precision():
+    models = pytest.importorskip("qdrant_client.models", reason="qdrant-client is not installed (pip install 'embedtune[deploy]')")
+    from pydantic import TypeAdapter
+
+    for name in PRECISIONS + ("faiss:PQ16", "faiss:OPQ16,PQ16", "faiss:SQ4"):
+        config = qdrant_config(Precision(name), DIM)
+        models.VectorParams(**config["vectors_config"])
+        models.SearchParams(**config["search_params"])
+        if config["quantization_config"] is not None:
+            parsed = TypeAdapter(models.QuantizationConfig).validate_python(config["quantization_config"])
+            assert type(parsed).__name__.lower().startswith(next(iter(config["quantization_config"])))
+
+
+@pytest.mark.parametrize("precision", ["int8", "binary"])
+def test_the_bundle_readme_snippets_load_each_store(tmp_path, scifact_slice, precision, monkeypatch):
+    """The README's Qdrant and Milvus blocks run as written against the embedded engines (Qdrant pointed at a folder)."""
+    import re
+
+    bundle, _, x, xq, _ = _bundle(tmp_path, scifact_slice, precision)
+    sections = (bundle / "README.md").read_text().split("\n## ")
+    blocks = {section.splitlines()[0]: code for section in sections for code in re.findall(r"```python\n(.*?)```", section, re.S)}
+    monkeypatch.chdir(bundle)
+    if importlib.util.find_spec("qdrant_client"):
+        code = blocks["Qdrant"].replace('QdrantClient(url="http://localhost:6333")', 'QdrantClient(path="qdrant-folder")')
+        scope = {"vectors": x, "query_vector": xq[0]}
+        exec(compile(code, "README.md: Qdrant", "exec"), scope)
+        assert len(scope["hits"]) == 10
+        scope["client"].close()
+    if importlib.util.find_spec("milvus_lite") and importlib.util.find_spec("pymilvus"):
+        scope = {}
+        exec(compile(blocks["Milvus"], "README.md: Milvus", "exec"), scope)
+        assert scope["client"].has_collection("vectors")
+        scope["client"].close()

@@ -181,11 +181,13 @@ train and add the vectors; or `embedtune index build --plan PLAN`, which also lo
 
 ```python
 import json
+from pydantic import TypeAdapter
 from qdrant_client import QdrantClient, models
 c = json.load(open("qdrant.json"))
+quantization = c["quantization_config"] and TypeAdapter(models.QuantizationConfig).validate_python(c["quantization_config"])
 client = QdrantClient(url="http://localhost:6333")   # or QdrantClient(path="qdrant-folder"), embedded
 client.create_collection(c["collection_name"], vectors_config=models.VectorParams(**c["vectors_config"]),
-                         quantization_config=c["quantization_config"])
+                         quantization_config=quantization)
 client.upload_collection(c["collection_name"], vectors=vectors, ids=list(range(len(vectors))))
 hits = client.query_points(c["collection_name"], query=query_vector, limit=c["limit"],
                            search_params=models.SearchParams(**c["search_params"])).points

@@ -77,11 +77,14 @@ def load_qdrant(config: dict[str, Any], vectors: dict[str, np.ndarray], path: st
         from qdrant_client import QdrantClient, models
     except ImportError:
         raise ImportError("Qdrant's client is not installed; pip install 'embedtune[deploy]' (or pip install qdrant-client).") from None
+    from pydantic import TypeAdapter
+
     params = {k: v for k, v in config["vectors_config"].items() if k != "size"}
+    quantization = config["quantization_config"]
     client = QdrantClient(path=str(path))
     client.create_collection(config["collection_name"],
                              vectors_config={name: models.VectorParams(size=x.shape[1], **params) for name, x in vectors.items()},
-                             quantization_config=config["quantization_config"])
+                             quantization_config=TypeAdapter(models.QuantizationConfig).validate_python(quantization) if quantization else None)
     n = len(next(iter(vectors.values())))
     client.upload_collection(config["collection_name"], vectors={name: x for name, x in vectors.items()}, ids=list(range(n)))
     return client
