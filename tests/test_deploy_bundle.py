@@ -238,3 +238,25 @@ def test_the_bundle_readme_snippets_load_each_store(tmp_path, scifact_slice, pre
         exec(compile(blocks["Milvus"], "README.md: Milvus", "exec"), scope)
         assert scope["client"].has_collection("vectors")
         scope["client"].close()
+
+
+def test_hamming_ties_past_the_first_fetch_are_cut_by_row_as_the_plan_does(tmp_path, scifact_slice):
+    """8 sign bits over 400 documents: dozens of rows share the 10th distance, more than a first fetch of 2k holds."""
+    pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip install 'embedtune[deploy]')")
+    from embedtune.index.store_roundtrip import load_milvus_lite, search_milvus_lite, stored_vectors
+
+    docs, queries, _ = scifact_slice
+    compressor = make_compressor("pca", dim=8).fit_unsupervised(docs)
+    x, xq = compressor.transform(docs), compressor.transform(queries)
+    precision = Precision("binary")
+    D_plan, I_plan = QuantizedIndex.build(x, precision).search(xq, K)
+    tied = [(D_plan[q] == D_plan[q, -1]).sum() for q in range(len(xq))]
+    assert max(tied) > 1
+    config = milvus_config(precision, 8)
+    client = load_milvus_lite(config, stored_vectors(precision, x), tmp_path / "milvus.db")
+    try:
+        D, I = search_milvus_lite(client, config, precision, xq, K)
+    finally:
+        client.close()
+    np.testing.assert_array_equal(D, D_plan)
+    np.testing.assert_array_equal(I, I_plan)

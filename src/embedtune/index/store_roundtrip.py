@@ -47,12 +47,16 @@ def _plan_search(precision: Precision, xq: np.ndarray, k: int,
     kind = precision_kind(precision)
     binary = kind in _BINARY
     keep = max(k, precision.candidates) if kind in ("binary-asym", "binary-rescore") else k
-    # Hamming distances tie often: fetch twice as many, then cut by (distance, row) as the plan's index does.
-    fetch = 2 * keep if binary else keep
     D_rows, I_rows = [], []
     for q in xq:
         query = sign_vectors(binary_codes(q[None]), len(q))[0] if binary else q
+        fetch = 2 * keep if binary else keep
         hits = search(SIGNS if binary else FLOATS, query, fetch)
+        # Hamming distances tie often: fetch until every row tied with the last kept one is in, then cut by
+        # (distance, row) as the plan's index does.
+        while binary and len(hits) == fetch and len(hits) > keep and round(hits[-1][1]) >= round(hits[keep - 1][1]):
+            fetch *= 2
+            hits = search(SIGNS, query, fetch)
         if binary:
             order = sorted(range(len(hits)), key=lambda i: (-round(hits[i][1]), hits[i][0]))[:keep]
             hits = [hits[i] for i in order]
