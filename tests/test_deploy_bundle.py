@@ -260,3 +260,26 @@ def test_hamming_ties_past_the_first_fetch_are_cut_by_row_as_the_plan_does(tmp_p
         client.close()
     np.testing.assert_array_equal(D, D_plan)
     np.testing.assert_array_equal(I, I_plan)
+
+
+def test_the_bundle_carries_the_plans_model_with_its_compressor_and_precision(tmp_path, tiny_bert_dir):
+    """A plan that names its model gets ``model/``: the s-t folder ``compress export --plan`` writes, giving the vectors the stores take."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedtune.index.codecs import DeployedCodec
+
+    base = SentenceTransformer(str(tiny_bert_dir), device="cpu")
+    texts = [f"document number {i} about topic" for i in range(40)]
+    rng = np.random.default_rng(0)
+    docs = base.encode(texts)
+    docs = (docs + 0.5 * np.std(docs) * rng.standard_normal(docs.shape)).astype(np.float32)
+    compressor = make_compressor("pca", dim=16).fit_unsupervised(docs)
+    write_plan(tmp_path / "plan", compressor, Precision("int8"), docs, {"chosen": {"setting": "pca-16/int8"}, "model": str(tiny_bert_dir)})
+    deploy = write_deploy_bundle(tmp_path / "plan", tmp_path / "bundle")
+    assert deploy["model"] == str(tiny_bert_dir) and deploy["files"]["model"] == "model"
+    model = SentenceTransformer(str(tmp_path / "bundle" / "model"), device="cpu")
+    vectors = model.encode(texts[:3])
+    np.testing.assert_allclose(vectors, compressor.transform(base.encode(texts[:3])), atol=1e-5)
+    assert vectors.shape[1] == json.loads((tmp_path / "bundle" / "qdrant.json").read_text())["vectors_config"]["size"]
+    assert DeployedCodec.load(tmp_path / "bundle" / "model").precision.name == "int8"
+    assert "## The model" in (tmp_path / "bundle" / "README.md").read_text()
