@@ -19,7 +19,6 @@ Every file is written atomically inside ``--out``; nothing is written elsewhere.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
