@@ -78,6 +78,18 @@ np.save(sys.argv[3], I)
 }
 
 
+WRITE_VECTORS = """
+import os, sys, numpy as np
+path, n, d, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(seed); partial = path + ".partial.npy"
+out = np.lib.format.open_memmap(partial, "w+", np.float32, (n, d))
+for lo in range(0, n, 262_144):
+    block = rng.standard_normal((min(262_144, n - lo), d)).astype(np.float32)
+    out[lo:lo + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+out.flush(); del out; os.replace(partial, path)
+"""
+
+
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall seconds and the child's own peak RSS in MB."""
     with tempfile.TemporaryFile() as errors:
@@ -93,15 +105,10 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 def vectors(work: Path, n: int, d: int) -> tuple[Path, Path, Path, Path]:
     docs, ids, queries, query_ids = (work / f"docs-{n}x{d}.npy", work / f"ids-{n}.txt", work / f"queries-{d}.npy", work / "query-ids.txt")
-    rng = np.random.default_rng(n * 1000 + d)
     if not docs.is_file():
-        out = np.lib.format.open_memmap(docs.with_suffix(".partial.npy"), "w+", np.float32, (n, d))
-        for lo in range(0, n, 262_144):
-            block = rng.standard_normal((min(262_144, n - lo), d)).astype(np.float32)
-            out[lo:lo + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
-        out.flush()
-        del out
-        os.replace(docs.with_suffix(".partial.npy"), docs)
+        # Written by a child process: this one stays small, so the children's peak RSS (which on Linux
+        # includes the parent's memory at fork) measures the step, not the vector generation.
+        subprocess.run([sys.executable, "-c", WRITE_VECTORS, str(docs), str(n), str(d), str(n * 1000 + d)], check=True)
     if not ids.is_file():
         ids.write_text("".join(f"d{i}\n" for i in range(n)))
     if not queries.is_file():
