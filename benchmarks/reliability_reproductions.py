@@ -148,9 +148,9 @@ def main() -> None:
     code, line = run("index", "build", "--plan", work / "plan8", "--embeddings", toy["docs"], "--ids", toy["doc_ids"], "--out", work / "I8")
     refused("index build --plan: edited int8 ranges", code, line, "calibration.safetensors: sha256 mismatch")
 
-    peers = dict(budget_bytes=1, methods=["truncate"], dims=[8], precisions=["binary"], peers=["pq-fs"], rounds=1)
+    peers = dict(budget_bytes=1, methods=["truncate"], dims=[8], precisions=["binary"], peers=["pq-fs"], rounds=1, work=work / "peer-sweep")
     first_peers = {r["setting"]: r["ndcg@10"] for r in run_plan(exp(toy), work / "plan-peers", **peers)["sweep"] if "faiss:" in r["setting"]}
-    cached = sorted((work / "plan-peers" / "sweep" / "frozen-faiss").rglob("*.faiss"))[0]
+    cached = sorted((work / "peer-sweep").rglob("*.faiss"))[0]
     data = bytearray(cached.read_bytes())
     data[len(data) // 2] ^= 0xFF
     cached.write_bytes(bytes(data))
@@ -194,9 +194,122 @@ def main() -> None:
     code, line = run("search", "--index", index_dir, "document number 3")
     refused("an index.faiss whose dimension disagrees with its manifest (digests recomputed)", code, line, "holds 16-d vectors but field 'dim' is 32")
 
+    outputs_and_reads(work, model, toy, build32)
     bad = [bullet for bullet, ok, _ in RESULTS if not ok]
     print(f"\n{len(RESULTS) - len(bad)} of {len(RESULTS)} cases refuse or give the right number" + (f"; NOT OK: {bad}" if bad else ""))
     sys.exit(1 if bad else 0)
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def outputs_and_reads(work: Path, model: Path, toy: dict, build32: list) -> None:
+    """The second review: writes through links, writers that skipped --out's rules, reads left unchecked."""
+    import os
+    import time
+
+    print("\n## Data lost (second review)")
+    beir40 = work / "toy40"
+    train, archive = work / "train2", work / "archive"
+    command = ["compress", "train", "--method", "pca", "--dim", "4", "--compare", "", "--model", model, "--data", beir40, "--out", train]
+    assert run(*command)[0] == 0
+    shutil.move(str(train / "pca"), str(archive))
+    (train / "pca").symlink_to(archive, target_is_directory=True)
+    before = _digests(archive)
+    code, line = run(*command, "--overwrite")
+    refused("compress train --overwrite with OUT/pca linked to an archive", code, line, "link", _digests(archive) == before)
+
+    fitted, outside = work / "fit-link", work / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("the user's")
+    fit = ["compress", "fit", "--method", "pca", "--dim", "8", "--doc-embeddings", work / "docs32.npy", "--doc-ids", work / "docs32.txt",
+           "--out", fitted]
+    assert run(*fit)[0] == 0
+    (fitted / "via").symlink_to(outside, target_is_directory=True)
+    marker = json.loads((fitted / ".embedtune-output.json").read_text())
+    marker["files"] = [*marker["files"], "via/victim.txt", str(outside / "victim.txt"), "../outside/victim.txt"]
+    (fitted / ".embedtune-output.json").write_text(json.dumps(marker))
+    code, line = run(*fit, "--overwrite")
+    case("a marker naming files through a link, by an absolute path or with .. (compress fit --overwrite)",
+         (outside / "victim.txt").is_file(), f"exit {code}: {line[:300] or 'fitted again'}; the file outside --out kept: {(outside / 'victim.txt').is_file()}")
+
+    index = work / "I-embed"
+    assert run(*build32, "--out", index)[0] == 0
+    manifest = sha256_file(index / "manifest.json")
+    code, line = run("embed-corpus", "--data", beir40 / "corpus.jsonl", "--model", model, "--out", index)
+    refused("embed-corpus --out an index folder", code, line, "is not empty", sha256_file(index / "manifest.json") == manifest)
+
+    cache = work / "cache"
+    mine = cache / "models" / "my-own-model"
+    mine.mkdir(parents=True)
+    (mine / "weights.bin").write_bytes(b"mine")
+    old = time.time() - 90 * 86400
+    os.utime(mine / "weights.bin", (old, old))
+    os.utime(mine, (old, old))
+    previous = os.environ.get("EMBEDTUNE_CACHE")
+    os.environ["EMBEDTUNE_CACHE"] = str(cache)
+    try:
+        code, _ = run("cache", "prune", "--older-than", "30")
+    finally:
+        if previous is None:
+            os.environ.pop("EMBEDTUNE_CACHE")
+        else:
+            os.environ["EMBEDTUNE_CACHE"] = previous
+    case("cache prune --older-than 30 with a user's own folder under models/", code == 0 and (mine / "weights.bin").is_file(),
+         f"exit {code}; the user's folder kept: {(mine / 'weights.bin').is_file()}")
+
+    print("\n## Wrong results, exit 0 (second review)")
+    bad = np.load(work / "docs32.npy")
+    bad[7, 3] = np.inf
+    bad[11, 0] = np.nan
+    np.save(work / "bad.npy", bad)
+    code, line = run("index", "build", "--embeddings", work / "bad.npy", "--ids", work / "docs32.txt", "--out", work / "I-bad")
+    refused("index build without --adapter on vectors holding inf and NaN", code, line, "row 7")
+
+    from embedtune.encoders.ray_encode import read_shards
+
+    shards, foreign = work / "shards", work / "shards-other"
+    other = work / "other-corpus.jsonl"
+    other.write_text("".join(json.dumps({"_id": f"x{i}", "text": f"document number {i} about topic {i % 5}"}) + "\n" for i in range(40)))
+    assert run("embed-corpus", "--data", beir40 / "corpus.jsonl", "--model", model, "--shard-size", "20", "--out", shards)[0] == 0
+    assert run("embed-corpus", "--data", other, "--model", model, "--shard-size", "20", "--out", foreign)[0] == 0
+    for name in ("shard-00001.npy", "shard-00001.ids.txt", "shard-00001.json"):
+        shutil.copy(foreign / name, shards / name)
+    try:
+        ids, _ = read_shards(shards)
+        case("read_shards with a shard copied in from a run over another corpus", False, f"returned {sum(i.startswith('x') for i in ids)} foreign ids")
+    except Exception as error:  # noqa: BLE001 - the refusal is the expected outcome
+        case("read_shards with a shard copied in from a run over another corpus", "ids" in str(error) or "digest" in str(error),
+             f"{type(error).__name__}: {str(error)[:300]}")
+
+    from embedtune.io import IntegrityError
+
+    from embedtune.workflows.experiment import load_experiment
+    from embedtune.workflows.plan import run_plan
+
+    st_model = Path(model) / "st" if (Path(model) / "st").is_dir() else Path(model)
+    plan8 = work / "plan8-export"  # an int8 plan of the model's own vectors, so it can be exported with the model
+    run_plan(load_experiment(beir40, str(st_model), split_seed=0), plan8, budget_bytes=8, methods=["pca"], dims=[8], precisions=["int8"],
+             peers=[], rounds=1)
+    exported = work / "exported"
+    code, line = run("compress", "export", "--plan", plan8, "--model", st_model, "--out", exported)
+    assert code == 0, line
+    calibration = exported / "embedtune_precision" / "calibration.safetensors"
+    if calibration.is_file():
+        data = bytearray(calibration.read_bytes())
+        data[-3] ^= 0x01
+        calibration.write_bytes(bytes(data))
+        from embedtune.index.codecs.deployed import DeployedCodec
+
+        try:  # how the deployed int8 codes are made from the exported model's float output
+            DeployedCodec.load(exported)
+            case("an exported model with one byte of calibration.safetensors flipped", False, "DeployedCodec.load read the damaged ranges")
+        except IntegrityError as error:
+            case("an exported model with one byte of calibration.safetensors flipped", "calibration.safetensors" in str(error),
+                 f"IntegrityError: {str(error)[:300]}")
+    else:
+        case("an exported model with one byte of calibration.safetensors flipped", False, f"no {calibration} was written")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,20 @@ def test_embed_corpus_encodes_a_query_log_as_queries_with_the_query_prompt(tiny_
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
     recipe = recipe_beside(out / "shard-00000.npy")
     assert recipe is not None and recipe.query_prompt == "query: " and recipe.document_prompt is None  # a query log says nothing of documents
+
+
+def test_an_exported_model_searches_without_the_adapter_whatever_the_recorded_recipe(fake_encoding, tiny_bert_dir, toy_beir,
+                                                                                     tmp_path):
+    import shutil
+
+    vectors, index, exported = tmp_path / "vectors", tmp_path / "index", tmp_path / "exported"
+    assert main(["embed", "--data", str(toy_beir), "--model", str(tiny_bert_dir), "--backend", "onnx", "--no-cache", "--out", str(vectors)]) == 0
+    assert main(["index", "build", "--embeddings", str(vectors / "doc_embeddings.npy"), "--ids", str(vectors / "doc_ids.json"),
+                 "--out", str(index)]) == 0
+    shutil.copytree(tiny_bert_dir, exported)
+    (exported / "extra.txt").write_text("another model")  # another sha256: the recorded model is not this one
+    fake_encoding.clear()
+    assert main(["search", "--index", str(index), "--model", str(exported), "--no-adapter", "topic 3"]) == 0
+    assert fake_encoding == [("torch", "query")]
+    # With the index's adapter path, the same other model is refused: its vectors are not the documents' space.
+    assert main(["search", "--index", str(index), "--model", str(exported), "topic 3"]) != 0

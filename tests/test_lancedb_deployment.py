@@ -102,3 +102,16 @@ def test_indexed_recipes_build_in_lancedb_and_stay_near_the_plan(tmp_path, preci
     _, I_plan = QuantizedIndex.build(compressor.transform(docs), precision).search(xq, K)
     overlap = np.mean([len(set(a) & set(b)) / K for a, b in zip(I_lance, I_plan)])
     assert overlap >= least_overlap, overlap
+
+
+def test_search_prints_no_warning_per_query(tmp_path, scifact_slice, capfd):
+    """Lance writes its deprecation warnings from native code to the stderr descriptor, once per query that omits ``_distance``."""
+    root, docs, queries, ids, compressor = scifact_slice
+    plan = tmp_path / "plan"
+    write_plan(plan, compressor, Precision("float32"), docs, {"chosen": {"setting": "pca-64/float32"},
+                                                             "deployment": deployment_recipe(Precision("float32"), 64)})
+    table = load_plan_into_lancedb(plan, docs, ids, tmp_path / "lancedb")
+    capfd.readouterr()
+    D, I = search_lancedb(table, lancedb_recipe_of(plan), compressor.transform(queries[:3]), K)
+    assert I.shape == (3, K) and np.isfinite(D).all()
+    assert capfd.readouterr().err == ""

@@ -52,6 +52,9 @@ DEPENDENCY_WARNINGS: tuple[tuple[str, type[Warning], str, str], ...] = (
      "transformers 5 deprecating an attribute that PEFT reads when LoRA is attached (every PACE stage); nothing a user can change"),
     (r".*", DeprecationWarning, r"ray\.",
      "Ray Data deprecating its own DataContext fields, warned when it builds its default context (embed-corpus --ray-actors)"),
+    (r"lancedb fork support is experimental", RuntimeWarning, r"",
+     "LanceDB, once imported, warns in every forked child (a Ray worker, a multiprocessing fork) that its runtime was reset there; "
+     "embedtune's children never use LanceDB"),
 )
 
 _progress = True

@@ -1,4 +1,4 @@
-"""``embedtune index build`` and ``embedtune search``."""
+"""``embedtune index build``, ``embedtune index deploy`` and ``embedtune search``."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
 from embedtune.compress.ray_apply import pool_from_flags
 from embedtune.index import build_index
+from embedtune.index.deploy_bundle import write_deploy_bundle
 from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_texts, search_vectors
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
-__all__ = ["register", "run_index_build", "run_search", "search_texts"]
-
+__all__ = ["register", "run_index_build", "run_index_deploy", "run_search", "search_texts"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,25 @@ def register(commands: argparse._SubParsersAction) -> None:
     build.add_argument("--json", action="store_true", help="print the manifest as JSON")
     add_ray_flags(build, actor="adapter", threads="transform threads (4096-row tiles side by side)")
     build.set_defaults(handler=run_index_build)
+
+    deploy = sub.add_parser("deploy", formatter_class=fmt,
+                            help="write a deploy bundle of a plan: the model, the FAISS factory string and ready LanceDB, Qdrant, "
+                                 "pgvector and Milvus configurations, with a README and a bytes table",
+                            description="Writes into --out: deploy.json (everything as data, with the precision -> store settings "
+                                        "table and where each store's own quantiser differs from the plan's), faiss_factory.txt, "
+                                        "lancedb.json, qdrant.json, pgvector.sql, milvus.json, README.md and model/ (the "
+                                        "sentence-transformers model with the plan's compressor and precision, as `compress export "
+                                        "--plan` writes it).")
+    deploy.add_argument("--plan", required=True, help="a `compress plan` folder")
+    deploy.add_argument("--out", required=True, help="bundle folder to write")
+    model = deploy.add_mutually_exclusive_group()
+    model.add_argument("--model", default=None,
+                       help="the base model to export with the compressor (default: the model the plan was made with; none for a "
+                            "plan made from precomputed vectors)")
+    model.add_argument("--no-model", action="store_true", help="write the store configurations without the model")
+    deploy.add_argument("--top-k", type=positive_int, default=10, help="the number of hits the search settings are sized for")
+    deploy.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    deploy.set_defaults(handler=run_index_deploy)
 
     search = commands.add_parser("search", formatter_class=fmt, help="encode queries (or take query vectors) and print or save the top hits of an index",
                                  description="Encodes the queries (arguments, or --queries FILE) with --model, applies --adapter "
@@ -123,6 +142,14 @@ def run_index_build(args: argparse.Namespace) -> int:
     else:
         print_table([manifest], ["kind", "ntotal", "input_dim", "dim", "bytes_per_vector", "index_bytes", "build_seconds"])
         print(f"saved to {out}")
+    return 0
+
+
+def run_index_deploy(args: argparse.Namespace) -> int:
+    deploy = write_deploy_bundle(args.plan, args.out, model=args.model, include_model=not args.no_model, overwrite=args.overwrite,
+                                 top_k=args.top_k)
+    print_json({"out": str(args.out), "precision": deploy["precision"]["name"], "dim": deploy["dim"], "model": deploy["model"],
+                "bytes_per_vector": deploy["bytes"]["bytes_per_vector"], "files": sorted(deploy["files"].values())})
     return 0
 
 

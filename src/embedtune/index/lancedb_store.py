@@ -98,7 +98,8 @@ def search_lancedb(table: Any, recipe: dict[str, Any], xq: np.ndarray, k: int = 
     xq = as_rows(xq, "xq")
     hamming = recipe["distance"] == "hamming"
     fetch = max(k, int(recipe.get("candidates") or 0)) if recipe.get("rescore") in ("asym", "float") and hamming else k
-    columns = [ROW_COLUMN] + ([recipe["vector_column"]] if recipe.get("rescore") == "asym" else []) \
+    # Naming `_distance` among the columns keeps it without Lance's per-query deprecation warning (it will stop adding it itself).
+    columns = [ROW_COLUMN, "_distance"] + ([recipe["vector_column"]] if recipe.get("rescore") == "asym" else []) \
         + ([recipe["float_column"]] if recipe.get("float_column") else [])
     D_rows, I_rows = [], []
     for q in xq:

@@ -122,7 +122,10 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
     _check_top_k(top_k)
     index = load_index(index_dir)
     recorded = index.manifest.get("encoder")
-    if recorded:
+    # --no-adapter with another --model: a model that emits the index's own (compressed) space, e.g. one
+    # exported with its compressor; it is a different model by design, so only the user's flags apply.
+    exported_model = model is not None and not use_adapter
+    if recorded and not exported_model:
         recipe = EncoderRecipe.from_dict(recorded, str(index.path / MANIFEST))
         given = EncoderRecipe(model=model or recipe.model, backend=backend or recipe.backend,
                               query_prompt=(recipe.query_prompt or "") if query_prompt is None else query_prompt,

@@ -1,0 +1,219 @@
+"""Each step of the own-vectors path at growing N, against the same job done directly with numpy and FAISS.
+
+    python benchmarks/scale.py --rows 10000 100000 1000000 3000000 --dims 384 768 \
+        --work /tmp/embedtune-scale --out benchmarks/results/scale-steps
+
+For every N and d it writes random unit vectors (float32) and times, in fresh processes, one thread:
+
+* ``fit``: ``compress fit --method pca --dim 128`` against a direct PCA of the same seeded sample
+  (the rule embedtune applies: ``min(N, max(65536, 100·d))`` rows; covariance + ``eigh``);
+* ``apply``: ``compress apply`` against numpy streaming the memory-mapped file through the same
+  projection in 65,536-row blocks;
+* ``build``: ``index build`` (flat) against ``faiss.IndexFlatIP`` + ``write_index``;
+* ``search``: ``search --query-vectors`` (1,000 queries, top 10) against ``IndexFlatIP.search``.
+
+Each cell is the median of ``--repeats`` runs, embedtune and direct interleaved, start-up included
+on both sides; peak RSS is the child's own (``os.wait4``). It prints one Markdown table per d (step
+× N: embedtune s, direct s, ratio, embedtune peak MB) and each step's growth exponent (the slope of
+log time against log N over the measured N), and writes ``scale.json`` and ``REPORT.md`` to
+``--out`` (a rerun of the same ``--work`` reuses the vector files). Resumable: finished cells are
+kept in ``--out``/``scale.json`` and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+STEPS = ("fit", "apply", "build", "search")
+K = 128
+QUERIES = 1000
+
+DIRECT = {
+    "fit": """
+import sys, numpy as np
+from safetensors.numpy import save_file
+x = np.load(sys.argv[1], mmap_mode="r"); n, d = x.shape
+m = min(n, max(65536, 100 * d))
+rows = np.sort(np.random.default_rng(2027).choice(n, m, replace=False)) if m < n else np.arange(n)
+s = np.asarray(x[rows], dtype=np.float64); mu = s.mean(0); c = (s - mu).T @ (s - mu) / len(s)
+w, v = np.linalg.eigh(c); comp = v[:, ::-1][:, :int(sys.argv[3])].T.astype(np.float32)
+save_file({"components": np.ascontiguousarray(comp), "mean": mu.astype(np.float32)}, sys.argv[2])
+""",
+    "apply": """
+import sys, numpy as np
+from safetensors.numpy import load_file
+w = load_file(sys.argv[2]); W = w["components"].T.copy(); b = w["mean"] @ W
+x = np.load(sys.argv[1], mmap_mode="r"); out = np.lib.format.open_memmap(sys.argv[3], "w+", np.float32, (x.shape[0], W.shape[1]))
+for lo in range(0, x.shape[0], 65536):
+    y = np.asarray(x[lo:lo + 65536], dtype=np.float32) @ W - b; y /= np.linalg.norm(y, axis=1, keepdims=True); out[lo:lo + len(y)] = y
+out.flush()
+""",
+    "build": """
+import sys, numpy as np, faiss
+faiss.omp_set_num_threads(1)
+x = np.load(sys.argv[1], mmap_mode="r"); index = faiss.IndexFlatIP(x.shape[1])
+for lo in range(0, x.shape[0], 65536):
+    index.add(np.ascontiguousarray(x[lo:lo + 65536], dtype=np.float32))
+faiss.write_index(index, sys.argv[2])
+""",
+    "search": """
+import sys, numpy as np, faiss
+faiss.omp_set_num_threads(1)
+index = faiss.read_index(sys.argv[1]); q = np.load(sys.argv[2]); D, I = index.search(q, 10)
+np.save(sys.argv[3], I)
+""",
+}
+
+
+WRITE_VECTORS = """
+import os, sys, numpy as np
+path, n, d, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rng = np.random.default_rng(seed); partial = path + ".partial.npy"
+out = np.lib.format.open_memmap(partial, "w+", np.float32, (n, d))
+for lo in range(0, n, 262_144):
+    block = rng.standard_normal((min(262_144, n - lo), d)).astype(np.float32)
+    out[lo:lo + len(block)] = block / np.linalg.norm(block, axis=1, keepdims=True)
+out.flush(); del out; os.replace(partial, path)
+"""
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and the child's own peak RSS in MB."""
+    with tempfile.TemporaryFile() as errors:
+        start = time.perf_counter()
+        process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - start
+        if status != 0:
+            errors.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)} failed: {errors.read().decode(errors='replace')[-2000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def vectors(work: Path, n: int, d: int) -> tuple[Path, Path, Path, Path]:
+    docs, ids, queries, query_ids = (work / f"docs-{n}x{d}.npy", work / f"ids-{n}.txt", work / f"queries-{d}.npy", work / "query-ids.txt")
+    if not docs.is_file():
+        # Written by a child process: this one stays small, so the children's peak RSS (which on Linux
+        # includes the parent's memory at fork) measures the step, not the vector generation.
+        subprocess.run([sys.executable, "-c", WRITE_VECTORS, str(docs), str(n), str(d), str(n * 1000 + d)], check=True)
+    if not ids.is_file():
+        ids.write_text("".join(f"d{i}\n" for i in range(n)))
+    if not queries.is_file():
+        q = np.random.default_rng(d).standard_normal((QUERIES, d)).astype(np.float32)
+        np.save(queries, q / np.linalg.norm(q, axis=1, keepdims=True))
+    if not query_ids.is_file():
+        query_ids.write_text("".join(f"q{i}\n" for i in range(QUERIES)))
+    return docs, ids, queries, query_ids
+
+
+def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
+    py = sys.executable
+    docs, ids, queries, query_ids = vectors(work, n, d)
+    tag = f"{n}x{d}"
+    commands = {
+        "fit": ([py, "-m", "embedtune", "--threads", "1", "--quiet", "compress", "fit", "--method", "pca", "--dim", str(K),
+                 "--doc-embeddings", str(docs), "--doc-ids", str(ids), "--out", str(work / f"pca-{tag}"), "--overwrite"],
+                [py, "-c", DIRECT["fit"], str(docs), str(work / f"direct-pca-{tag}.safetensors"), str(K)]),
+        "apply": ([py, "-m", "embedtune", "--threads", "1", "--quiet", "compress", "apply", "--adapter", str(work / f"pca-{tag}"),
+                   "--input", str(docs), "--out", str(work / f"applied-{tag}.npy"), "--overwrite"],
+                  [py, "-c", DIRECT["apply"], str(docs), str(work / f"direct-pca-{tag}.safetensors"), str(work / f"direct-applied-{tag}.npy")]),
+        "build": ([py, "-m", "embedtune", "--threads", "1", "--quiet", "index", "build", "--embeddings", str(docs), "--ids", str(ids),
+                   "--out", str(work / f"index-{tag}"), "--overwrite"],
+                  [py, "-c", DIRECT["build"], str(docs), str(work / f"direct-{tag}.faiss")]),
+        "search": ([py, "-m", "embedtune", "--threads", "1", "--quiet", "search", "--index", str(work / f"index-{tag}"),
+                    "--query-vectors", str(queries), "--query-ids", str(query_ids), "--top-k", "10",
+                    "--out", str(work / f"run-{tag}"), "--overwrite"],
+                   [py, "-c", DIRECT["search"], str(work / f"direct-{tag}.faiss"), str(queries), str(work / f"direct-hits-{tag}.npy")]),
+    }
+    result: dict[str, dict[str, float]] = {}
+    for step in STEPS:  # in order: apply reads fit's adapters, search reads build's indexes
+        ours, theirs, peak = [], [], []
+        for _ in range(repeats):
+            seconds, mb = timed(commands[step][0], env)
+            ours.append(seconds)
+            peak.append(mb)
+            theirs.append(timed(commands[step][1], env)[0])
+        result[step] = {"embedtune_s": statistics.median(ours), "direct_s": statistics.median(theirs),
+                        "ratio": statistics.median(ours) / statistics.median(theirs), "embedtune_peak_mb": max(peak)}
+        print(f"  {tag} {step}: embedtune {result[step]['embedtune_s']:.2f}s, direct {result[step]['direct_s']:.2f}s, "
+              f"ratio {result[step]['ratio']:.2f}, peak {result[step]['embedtune_peak_mb']:.0f} MB", flush=True)
+    return result
+
+
+def exponent(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(seconds) on log(N)."""
+    if len(points) < 2:
+        return None
+    x = np.log([n for n, _ in points])
+    y = np.log([s for _, s in points])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def report(data: dict) -> str:
+    lines = ["# Each step at scale: embedtune against numpy and FAISS directly", "",
+             f"Command: `{data['command']}`", "",
+             f"Machine: {data['machine']}. Date: {data['date']}. One thread; fresh processes, start-up included on both sides;"
+             " median of the repeats; peak RSS is embedtune's process.", ""]
+    for d in sorted({c["d"] for c in data["cells"]}):
+        cells = sorted((c for c in data["cells"] if c["d"] == d), key=lambda c: c["n"])
+        lines += [f"## d = {d}", "", "| step | " + " | ".join(f"N = {c['n']:,}" for c in cells) + " | growth exponent (embedtune / direct) |",
+                  "|---|" + "---|" * len(cells) + "---|"]
+        for step in STEPS:
+            row = [f"{c['steps'][step]['embedtune_s']:.2f} s / {c['steps'][step]['direct_s']:.2f} s = **{c['steps'][step]['ratio']:.2f}×**, "
+                   f"{c['steps'][step]['embedtune_peak_mb']:.0f} MB" for c in cells]
+            ours = exponent([(c["n"], c["steps"][step]["embedtune_s"]) for c in cells])
+            theirs = exponent([(c["n"], c["steps"][step]["direct_s"]) for c in cells])
+            growth = "" if ours is None else f"{ours:.2f} / {theirs:.2f}"
+            lines.append(f"| {step} | " + " | ".join(row) + f" | {growth} |")
+        lines.append("")
+    lines += ["Each cell: embedtune seconds / direct seconds = ratio, then embedtune's peak RSS. fit: `compress fit --method pca "
+              "--dim 128` against a direct PCA of the same sample rule; apply: `compress apply`; build: `index build` (flat); "
+              "search: `search --query-vectors` with 1,000 queries, top 10.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--dims", type=int, nargs="+", default=[384])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work", default="/tmp/embedtune-scale")
+    parser.add_argument("--out", default="benchmarks/results/scale-steps")
+    args = parser.parse_args()
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "scale.json"
+    data = json.loads(record.read_text()) if record.is_file() else {"cells": []}
+    data.update(command="python benchmarks/scale.py " + " ".join(sys.argv[1:]),
+                machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+                date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for d in args.dims:
+        for n in args.rows:
+            if any(c["n"] == n and c["d"] == d for c in data["cells"]):
+                continue
+            print(f"N = {n:,}, d = {d}", flush=True)
+            data["cells"].append({"n": n, "d": d, "steps": cell(work, n, d, args.repeats, env)})
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, record)
+            (out / "REPORT.md").write_text(report(data))
+    print(report(data))
+
+
+if __name__ == "__main__":
+    main()
