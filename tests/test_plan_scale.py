@@ -145,3 +145,22 @@ def test_label_free_plan_runs_on_the_sample_and_records_it_and_the_bill(corpus_e
     assert (tmp_path / "plan" / "frontier_cost.png").is_file()
     written = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert written["fit_sample"] == sample and "usd_month@1B" in written["frontier"][0]
+
+
+def test_cli_plan_prints_the_sample_and_the_bill(corpus_experiment, tmp_path, capsys):
+    from embedtune.cli import main
+
+    np.save(tmp_path / "docs.npy", corpus_experiment.embeddings.doc_embeddings)
+    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in corpus_experiment.embeddings.doc_ids))
+    args = ["compress", "plan", "--label-free", "agreement", "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "ids.txt"),
+            "--target-retention", "0.9", "--methods", "truncate", "--dims", "96", "--precisions", "float32", "int8", "--peers", "",
+            "--codecs", "none", "--fit-sample", "400", "--price-per-gb-month", "2", "--work", str(tmp_path / "work")]
+    assert main([*args, "--out", str(tmp_path / "plan")]) == 0
+    printed = capsys.readouterr().out
+    assert f"fit sample: 400 of {N_DOCS} rows (--fit-sample 400, seed 2027)" in printed
+    assert "$/mo@1B" in printed and "RAM@1B" in printed and "bill: $2 per GB" in printed and "given by the user" in printed
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    int8 = next(r for r in plan["sweep"] if r["setting"] == "frozen-384/int8")
+    assert int8["usd_month@1B"] == pytest.approx((384e9 + int8["fixed_bytes"]) / 1e9 * 2)
+    assert main([*args[:-6], "--fit-sample", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "--fit-sample is a positive number of corpus rows; got 0." in capsys.readouterr().err
