@@ -164,3 +164,15 @@ def test_cli_plan_prints_the_sample_and_the_bill(corpus_experiment, tmp_path, ca
     assert int8["usd_month@1B"] == pytest.approx((384e9 + int8["fixed_bytes"]) / 1e9 * 2)
     assert main([*args[:-6], "--fit-sample", "0", "--out", str(tmp_path / "bad")]) == 2
     assert "--fit-sample is a positive number of corpus rows; got 0." in capsys.readouterr().err
+
+
+def test_timed_rounds_search_a_bounded_sample_of_the_queries_and_every_query_is_scored():
+    from embedtune.workflows.plan import TIMING_QUERIES, QuerySet, score_precisions
+
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((300, 16)).astype(np.float32)
+    n_queries = TIMING_QUERIES + 50
+    ids = [f"q{i}" for i in range(n_queries)]
+    queries = QuerySet(ids, docs[:n_queries] + 0.01, {q: {f"d{i}": 1} for i, q in enumerate(ids)}, "val", ignore_identical_ids=False)
+    rows = score_precisions(queries, [f"d{i}" for i in range(300)], docs, None, ["float32", "int8"], rounds=1)
+    assert all(r["latency_queries"] == TIMING_QUERIES and r["n_queries"] == n_queries for r in rows)
