@@ -142,7 +142,8 @@ def write_report(out: Path) -> None:
              "machine and date). Own vectors: the bundled all-MiniLM-L6-v2 document vectors (ArguAna, NPL, CACM, MED; 24,448 rows) "
              f"tiled to N rows with seeded Gaussian noise (sigma {NOISE}), unit rows, 384-d. The plan fits, holds out, indexes and "
              "scores a seeded sample of min(N, max(65,536, 64 d)) rows (or --fit-sample rows where the command says so); the full-corpus check re-scores the chosen setting over all "
-             "N documents with the same held-out queries.", "",
+             "N documents with the same held-out queries. Each run's sweep (methods, peers) is in its command below; wall "
+             "times are one thread on whatever share of the machine the run got (see the machine line: a shared machine inflates them).", "",
              "| N | wall (plan) | peak RSS (plan) | fit sample | chosen | bytes/vector | agreement@10 on the sample | on the full corpus | "
              "8-bit peers not trained | $/month at 1B |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
