@@ -26,11 +26,14 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
 ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "allow_disk", "codecs",
-                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep"}
+                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep", "fit_sample", "bill", "skipped_peers"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
               "choosable", "mse", "score_mse", "bound_mse", "gap_db", "score_error", "ndcg@10", "recall@10", "recall@100", "n_queries", "queries",
-              "build_s", "latency_ms", "latency_queries", "latency_vs_reference"}
+              "build_s", "latency_ms", "latency_queries", "latency_vs_reference",
+              # the bill (embedtune.index.bill.vector_bill)
+              "bytes_ram", "disk_read_per_query", "float32_share", "vectors_per_gb", "ram_gb@1M", "ram_gb@100M", "ram_gb@1B",
+              "usd_month@1M", "usd_month@100M", "usd_month@1B"}
 FITTED_ROW_FIELDS = ROW_FIELDS | {"variant", "fit_s"}
 # The csr budget: float16 at 12 dims is 24 B, which k = 8 (uint8 index + fp16 value) of 4 × 24 = 96 latents fill.
 CSR_SWEEP = {"methods": ("truncate", "pca"), "dims": (12,), "precisions": ("float16", "int8"), "peers": ("csr",), "rounds": 0}

@@ -14,7 +14,9 @@ from embedtune.cli.common import (
     print_json,
     print_table,
 )
+from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, PRICE_ASSUMPTION
 from embedtune.index.codecs import PRECISIONS, registered_codecs
+from embedtune.index.fit_sample import MIN_FIT_SAMPLE, ROWS_PER_DIMENSION
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.label_free import (
     DEFAULT_HELD_OUT_FRACTION,
@@ -38,8 +40,11 @@ from embedtune.workflows.plan import (
 __all__ = ["register", "run_plan_command"]
 
 # gap_db: dB above the Gaussian rate-distortion bound; tier: "disk-rescore" frontier rows are chosen only with --allow-disk-rescore.
-COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "ndcg@10", "recall@10", "latency_ms"]
-LABEL_FREE_COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "objective", "latency_ms"]
+# The bill: disk_read (bytes read from disk per query), f32_share (of the float32 vector's bytes), vectors per GB, RAM and $/month
+# at a billion vectors (every scale is in plan.json's rows).
+BILL_COLUMNS = ["disk_read", "f32_share", "vec/GB", "RAM@1M", "RAM@100M", "RAM@1B", "$/mo@1B"]
+COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "ndcg@10", "recall@10", "latency_ms", *BILL_COLUMNS]
+LABEL_FREE_COLUMNS = ["setting", "ram_bytes", "disk_bytes", "gap_db", "tier", "objective", "latency_ms", *BILL_COLUMNS]
 SUPERVISED_METHODS = ["truncate", "pca", "dive"]
 
 
@@ -109,6 +114,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     free.add_argument("--pseudo-query-source", choices=["title", "first-sentence"], default="title",
                       help="with --label-free pseudo-queries: a document's title (its first sentence where the title is empty or "
                            "shared), or always its first sentence")
+    scale = plan.add_argument_group("scale and the bill")
+    scale.add_argument("--fit-sample", type=int, default=None, metavar="ROWS",
+                       help=f"corpus rows the plan fits on, a seeded sample (default: min(N, max({MIN_FIT_SAMPLE:,}, {ROWS_PER_DIMENSION} x d)) "
+                            "of an N x d corpus). A label-free plan runs its whole sweep on the sample (fits, held-out documents, "
+                            "indexes, scores) and refits the choice on it; a labelled plan trains its FAISS peers and codecs on it. "
+                            "Recorded in plan.json (fit_sample)")
+    scale.add_argument("--price-per-gb-month", type=float, default=DEFAULT_PRICE_PER_GB_MONTH, metavar="USD",
+                       help=f"dollars per GB (10^9 bytes) of RAM a month for the bill's columns (default {DEFAULT_PRICE_PER_GB_MONTH:g}: "
+                            f"{PRICE_ASSUMPTION.replace('%', '%%')})")
     plan.add_argument("--seed", type=int, default=2027, help="training seed")
     plan.add_argument("--final", action="store_true", help="also score the choice once on the held-out test queries")
     plan.add_argument("--work", default=None, help="folder of the sweep's fits, reused by a later plan (default: one folder per dataset under "
@@ -145,6 +159,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.target_retention is not None and not 0 < args.target_retention <= 1.5:
         raise ValueError(f"--target-retention is a share of the uncompressed model's nDCG@10 (e.g. 0.97); got {args.target_retention}.")
     _check_label_free_flags(args)
+    if args.fit_sample is not None and args.fit_sample < 1:
+        raise ValueError(f"--fit-sample is a positive number of corpus rows; got {args.fit_sample}.")
+    if not args.price_per_gb_month >= 0 or args.price_per_gb_month == float("inf"):
+        raise ValueError(f"--price-per-gb-month is a non-negative number of dollars; got {args.price_per_gb_month}.")
     codecs = [] if [c.lower() for c in args.codecs] == ["none"] else list(args.codecs)
     check_codecs(codecs, args.codec_budgets)
     label_free = args.label_free is not None
@@ -168,16 +186,18 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    methods=methods, dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed,
                                    final=args.final, work=args.work, labels=labels, held_out_fraction=args.held_out_fraction, queries=queries,
                                    pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
-                                   codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore)
+                                   codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
+                                   price_per_gb_month=args.price_per_gb_month)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
-                        allow_disk=args.allow_disk_rescore)
+                        allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
         return 0
+    _print_scale(plan)
     if label_free:
         _print_label_free(plan)
     else:
@@ -191,8 +211,37 @@ def _gap(value: float | None) -> str | None:
     return None if value is None else f"{value:+.1f}"
 
 
+def _gigabytes(value: float | None) -> str | None:
+    """GB as printed: three significant figures."""
+    return None if value is None else f"{value:.3g} GB"
+
+
+def _bill_cells(row: dict) -> dict:
+    """The printed bill columns of one row (the figures are plan.json's; rows of a plan written before the bill have none)."""
+    if "usd_month@1B" not in row:
+        return {}
+    return {"disk_read": row["disk_read_per_query"], "f32_share": f"{row['float32_share']:.3f}", "vec/GB": f"{row['vectors_per_gb']:,.0f}",
+            "RAM@1M": _gigabytes(row["ram_gb@1M"]), "RAM@100M": _gigabytes(row["ram_gb@100M"]), "RAM@1B": _gigabytes(row["ram_gb@1B"]),
+            "$/mo@1B": f"{row['usd_month@1B']:,.0f}"}
+
+
 def _frontier_rows(plan: dict) -> list[dict]:
-    return [{**row, "gap_db": _gap(row.get("gap_db"))} for row in plan["frontier"]]
+    return [{**row, "gap_db": _gap(row.get("gap_db")), **_bill_cells(row)} for row in plan["frontier"]]
+
+
+def _print_scale(plan: dict) -> None:
+    """The sample the plan fitted on, the peers it did not train, and the bill's price, one line each."""
+    sample = plan.get("fit_sample")
+    if sample:
+        print(f"fit sample: {sample['rows']:,} of {sample['of']:,} rows ({sample['rule']}, seed {sample['seed']}): {sample['fits']}"
+              + ("" if sample.get("sampled") else " (the whole corpus)"))
+    skipped = plan.get("skipped_peers") or []
+    if skipped:
+        print(f"not trained ({len(skipped)} FAISS peers the choice could not be; absent from the frontier): "
+              + "; ".join(f"{p['setting']}: {p['reason']}" for p in skipped))
+    bill = plan.get("bill")
+    if bill:
+        print(f"bill: ${bill['price_per_gb_month']:g} per GB (10^9 bytes) of RAM a month, {bill['price_source']}")
 
 
 def _bytes_said(plan: dict) -> str:
@@ -245,6 +294,6 @@ def _print_deployment(plan: dict, out: str) -> None:
             print("  " + " · ".join(f"{name} {'n/a' if row['ndcg@10'] is None else format(row['ndcg@10'], '.4f')} ({row['n_queries']})"
                                    for name, row in subsets.items())
                   + " (seen: every positive was a train+val positive; unseen: none was)")
-    print(f"saved to {out} (plan.json, compressor/, precision.json, frontier.png); build it with "
+    print(f"saved to {out} (plan.json, compressor/, precision.json, frontier.png, frontier_cost.png); build it with "
           f"`embedtune index build --plan {out} --embeddings ... --out INDEX`, or export the model with its precision: "
           f"`embedtune compress export --plan {out} --out MODEL`")

@@ -23,8 +23,12 @@ def plot_frontier(
     y: str = "ndcg@10",
     group: Callable[[Mapping[str, Any]], str] | None = None,
     chosen: Mapping[str, Any] | None = None,
+    x_label: str | None = None,
 ) -> Path:
-    """Scatter ``y`` against ``x`` (log x), one colour per group, the Pareto frontier as a step line with labels."""
+    """Scatter ``y`` against ``x`` (log x), one colour per group, the Pareto frontier as a step line with labels.
+
+    ``x`` is bytes per vector unless ``x_label`` names it (e.g. dollars a month): then the axis is log 10 with its own ticks.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,13 +50,17 @@ def plot_frontier(
         ax.annotate(str(r.get("setting", "")), (r[x], r[y]), textcoords="offset points", xytext=(4, -10), fontsize=6.5, rotation=-20)
     if chosen is not None:
         ax.scatter([chosen[x]], [chosen[y]], s=180, marker="*", color="red", zorder=5, label=f"chosen: {chosen.get('setting', '')}")
-    ax.set_xscale("log", base=2)
-    values = [r[x] for r in rows]
-    ticks = [t for t in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
-             if min(values) <= t <= max(values)]
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("bytes per vector " + ("in RAM" if x == "ram_bytes" else "on disk" if x == "disk_bytes" else x) + " (log scale)")
+    if x_label is not None:
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{x_label} (log scale)")
+    else:
+        ax.set_xscale("log", base=2)
+        values = [r[x] for r in rows]
+        ticks = [t for t in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+                 if min(values) <= t <= max(values)]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("bytes per vector " + ("in RAM" if x == "ram_bytes" else "on disk" if x == "disk_bytes" else x) + " (log scale)")
     ax.set_ylabel(y)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)

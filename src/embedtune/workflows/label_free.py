@@ -26,6 +26,7 @@ choice on the labelled test queries, afterwards).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -52,11 +53,14 @@ from embedtune.encoders.recipe import recipe_beside
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
+from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH
 from embedtune.index.codecs import PRECISIONS
+from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
 from embedtune.workflows.plan import (
+    PLAN_FILE,
     CODEC_BUDGETS,
     DEFAULT_CODECS,
     DEFAULT_PEERS,
@@ -67,6 +71,7 @@ from embedtune.workflows.plan import (
     faiss_cache_dir,
     method_settings,
     run_sweep,
+    score_plan,
     vectors_sha256,
 )
 from embedtune.workflows.pseudo_queries import build_pseudo_queries
@@ -89,6 +94,7 @@ __all__ = [
     "LabelFreeValidation",
     "LabelFreeObjective",
     "run_label_free_plan",
+    "plan_sample",
 ]
 
 #: The label-free objectives: rank agreement with the uncompressed model, or pseudo-queries from the documents' own text.
@@ -129,29 +135,50 @@ def held_out_documents(doc_ids: Sequence[str], fraction: float = DEFAULT_HELD_OU
     return [doc_id for doc_id in ids if doc_id in withheld]
 
 
-def exact_top_k(xq: np.ndarray, xb: np.ndarray, k: int, exclude: np.ndarray | None = None, block: int = 1024) -> np.ndarray:
-    """``I`` of shape (n_queries, k): the rows of ``xb`` with the ``k`` highest inner products per query, best first.
+#: Rows of the corpus :func:`exact_top_k` scores at a time: a (queries x rows) block of scores, never queries x corpus.
+TOP_K_DOC_BLOCK = 65_536
+
+
+def exact_top_k(xq: np.ndarray, xb: np.ndarray, k: int, exclude: np.ndarray | None = None, block: int = 256,
+                doc_block: int = TOP_K_DOC_BLOCK) -> np.ndarray:
+    """``I`` of shape (n_queries, k): the rows of ``xb`` with the ``k`` highest inner products per query, best first
+    (equal scores: the lower row first).
 
     ``exclude`` (one ``xb`` row per query, or -1 for none) is never returned for its query: a corpus
-    document used as a query does not find itself.
+    document used as a query does not find itself. The corpus is streamed: ``block`` queries against
+    ``doc_block`` rows at a time, each block's best ``k`` merged into the running best, so memory is
+    ``block x doc_block`` scores whatever the corpus size (``xb`` may be a memory map; each block is
+    read as float32 once). The result does not depend on the block sizes.
     """
     xq = np.ascontiguousarray(xq, dtype=np.float32)
-    xb = np.ascontiguousarray(xb, dtype=np.float32)
     assert xq.ndim == 2 and xb.ndim == 2 and xq.shape[1] == xb.shape[1], (xq.shape, xb.shape)
-    n_keep = len(xb) - (0 if exclude is None else 1)
+    if block < 1 or doc_block < 1:
+        raise ValueError(f"block sizes must be positive; got {block} and {doc_block}.")
+    n_docs = len(xb)
+    n_keep = n_docs - (0 if exclude is None else 1)
     if not 0 < k <= n_keep:
         raise ValueError(f"k must be in 1..{n_keep} (the documents a query can find); got {k}.")
-    out = np.empty((len(xq), k), dtype=np.int64)
-    for start in range(0, len(xq), block):
-        scores = xq[start : start + block] @ xb.T  # (block, n_docs)
-        if exclude is not None:
-            rows = np.arange(len(scores))
-            own = np.asarray(exclude[start : start + block], dtype=np.int64)
-            scores[rows[own >= 0], own[own >= 0]] = -np.inf
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-        out[start : start + block] = np.take_along_axis(part, order, axis=1)
-    return out
+    own_all = None if exclude is None else np.asarray(exclude, dtype=np.int64)
+    best_s = np.full((len(xq), k), -np.inf, dtype=np.float32)
+    best_i = np.full((len(xq), k), np.iinfo(np.int64).max, dtype=np.int64)
+    for lo in range(0, n_docs, doc_block):
+        docs = np.ascontiguousarray(xb[lo : lo + doc_block], dtype=np.float32)
+        for start in range(0, len(xq), block):
+            scores = xq[start : start + block] @ docs.T  # (block, doc_block)
+            if own_all is not None:
+                own = own_all[start : start + block] - lo
+                hit = (own >= 0) & (own < len(docs))
+                scores[np.flatnonzero(hit), own[hit]] = -np.inf
+            take = min(k, scores.shape[1])
+            part = np.argpartition(-scores, take - 1, axis=1)[:, :take] if take < scores.shape[1] else \
+                np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
+            cand_s = np.concatenate([best_s[start : start + block], np.take_along_axis(scores, part, axis=1)], axis=1)
+            cand_i = np.concatenate([best_i[start : start + block], part + lo], axis=1)
+            # Best first, equal scores by ascending row: the same order whatever blocks the corpus came in.
+            order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
+            best_s[start : start + block] = np.take_along_axis(cand_s, order, axis=1)
+            best_i[start : start + block] = np.take_along_axis(cand_i, order, axis=1)
+    return best_i
 
 
 def agreement_queries(doc_ids: Sequence[str], doc_embeddings: np.ndarray, query_ids: Sequence[str], query_embeddings: np.ndarray,
@@ -510,6 +537,8 @@ def run_label_free_plan(
     codecs: Sequence[str] = DEFAULT_CODECS,
     codec_budgets: Sequence[int] = CODEC_BUDGETS,
     allow_disk: bool = False,
+    fit_sample: int | None = None,
+    price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -526,13 +555,45 @@ def run_label_free_plan(
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
         final: also score the choice on the experiment's labelled test queries, after it is made.
         codecs, codec_budgets, allow_disk: as in ``run_plan`` (the codecs are fitted on every document the index holds).
+        fit_sample: the corpus rows the whole plan runs on (default: :func:`plan_sample`'s rule): the sweep fits,
+            holds out, indexes and scores that seeded sample, and the choice is refitted on it; recorded in
+            ``plan.json`` under ``fit_sample``. A corpus no larger than the sample is used whole.
+        price_per_gb_month: the bill's price (see :func:`~embedtune.workflows.plan.run_sweep`).
 
     Returns:
         The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
     """
     for method in methods:
         check_label_free_method(method)
-    validation = label_free_validation(experiment, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
+    sampled, record = plan_sample(experiment, fit_sample, seed)
+    validation = label_free_validation(sampled, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
                                        encoder, cache)
-    return run_sweep(LabelFreeObjective(experiment, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
-                     final, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk)
+    plan = run_sweep(LabelFreeObjective(sampled, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
+                     final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
+                     fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record)
+    if final and sampled is not experiment:  # the labelled test queries search the whole corpus, as deployed
+        plan["test"] = score_plan(experiment, out, "test")
+        write_json_with_digest(Path(out) / PLAN_FILE, plan)
+    return plan
+
+
+def plan_sample(experiment: Experiment, fit_sample: int | None = None, seed: int = 2027) -> tuple[Experiment, dict[str, Any]]:
+    """The experiment a label-free plan runs on, and what ``plan.json`` records about it.
+
+    A corpus of more rows than :func:`~embedtune.index.fit_sample.fit_sample_size` allows (``fit_sample``
+    overrides the rule) becomes that seeded sample of its rows, in corpus order, so the plan's cost and
+    memory stop growing with the corpus; a smaller one is returned as it is. Queries and labels are kept.
+    """
+    embeddings = experiment.embeddings
+    n_docs, dim = len(embeddings.doc_ids), embeddings.dim
+    size = fit_sample_size(n_docs, dim, fit_sample)
+    record = {**fit_sample_record(n_docs, dim, size, seed, fit_sample),
+              "fits": "every fit, held-out document and index of the sweep, and the refit of the choice"}
+    if size >= n_docs:
+        return experiment, record
+    rows = fit_sample_rows(n_docs, size, seed)
+    ids = [embeddings.doc_ids[row] for row in rows]
+    record["ids_sha256"] = sha256_json(ids)
+    logger.info("label-free plan: %d documents, so the plan runs on a seeded sample of %d (%s)", n_docs, size, record["rule"])
+    docs = np.ascontiguousarray(embeddings.doc_embeddings[rows], dtype=np.float32)
+    return dataclasses.replace(experiment, embeddings=dataclasses.replace(embeddings, doc_ids=ids, doc_embeddings=docs)), record

@@ -56,7 +56,9 @@ from embedtune.index.codecs import (
     factory_code_bytes,
     registered_codecs,
 )
+from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, disk_read_per_query, scale_label, vector_bill
 from embedtune.index.deployment import deployment_recipe
+from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
 from embedtune.io import (
     atomic_write,
@@ -150,6 +152,8 @@ REFERENCE_FAMILY_LABEL = "textbook transform coder (reference)"
 DISTORTION_SAMPLE = 20_000
 #: Queries the inner-product error of the decoded corpus (``score_mse``) is measured with (a seeded sample beyond this).
 DISTORTION_QUERIES = 256
+#: Queries each timed search round of a sweep searches (a seeded sample beyond this; every query is still scored).
+TIMING_QUERIES = 100
 _FIT_KEY = "key.json"
 
 
@@ -490,8 +494,8 @@ def precision_rows(
 
     Every row holds ``ndcg@10``, ``recall@10``, ``per_query`` (nDCG@10 by query id), ``ram_bytes``
     and ``disk_bytes`` per vector, ``fixed_bytes`` (tables that do not grow with the corpus),
-    ``build_s`` and ``latency_ms``: the median over ``rounds`` of one batched search of all the
-    queries, every precision (and, with ``time_reference``, exact float32 search of the
+    ``build_s`` and ``latency_ms``: the median over ``rounds`` of one batched search of the
+    queries (a seeded sample of at most :data:`TIMING_QUERIES`, ``latency_queries``), every precision (and, with ``time_reference``, exact float32 search of the
     uncompressed vectors) timed once per round in rotating order, so they share the machine's
     noise; ``latency_vs_reference`` is the ratio to that reference's median in the same rounds.
 
@@ -549,6 +553,7 @@ def score_precisions(
     progress: Callable[[int], object] | None = None,
     per_query_metric: str = "ndcg@10",
     distortion: bool = True,
+    train_rows: np.ndarray | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`precision_rows` on any :class:`QuerySet` against the documents ``doc_ids`` (vectors ``doc_embeddings``).
 
@@ -571,6 +576,9 @@ def score_precisions(
       the compressor's and the codes' error together, as served. None for ``binary``, whose
       scores are Hamming distances; scores on another scale than the inner product (binary-asym's
       float query · ±1 signs) show as a large error, though they may rank well.
+
+    ``train_rows``: the rows of ``doc_embeddings`` that precisions needing training are fitted on
+    (a plan's fit sample); None fits them on every row. Every row is encoded and searched either way.
     """
     if per_query_metric not in ("ndcg@10", "recall@10"):
         raise ValueError(f"per_query_metric must be ndcg@10 or recall@10; got {per_query_metric!r}.")
@@ -594,7 +602,8 @@ def score_precisions(
             index, builds[precision.name] = prebuilt[precision.name]
         else:
             start = time.perf_counter()
-            index = QuantizedIndex.build(xb, precision)
+            # Trained precisions (FAISS factories, codecs, int4's ranges, RaBitQ's centroid) fit on the sample rows only.
+            index = QuantizedIndex.build(xb, precision, train=xb[train_rows] if train_rows is not None else None)
             builds[precision.name] = time.perf_counter() - start
             if prebuilt is not None:
                 prebuilt[precision.name] = (index, builds[precision.name])
@@ -606,13 +615,17 @@ def score_precisions(
         timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
     times: dict[str, list[float]] = {name: [] for name, _, _ in timed}
     results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, index, rows_q in timed:  # warm-up (and the results, from the same call as the timing)
+    for name, index, rows_q in timed:  # warm-up, and the results every query is scored on
         results[name] = index.search(rows_q, fetch)  # type: ignore[union-attr]
+    # The timed rounds search a seeded sample of at most TIMING_QUERIES queries: a batch that size times a scan as well
+    # as the whole set does, and the rounds (every precision, three times) were most of a sweep's time on a large corpus.
+    timing_rows = _seeded_rows(len(ids), TIMING_QUERIES)
     for round_index in range(rounds):
         shift = round_index % len(timed)
         for name, index, rows_q in timed[shift:] + timed[:shift]:
+            batch = np.ascontiguousarray(rows_q[timing_rows])
             start = time.perf_counter()
-            index.search(rows_q, fetch)  # type: ignore[union-attr]
+            index.search(batch, fetch)  # type: ignore[union-attr]
             times[name].append(time.perf_counter() - start)
     reference_ms = statistics.median(times["__reference__"]) * 1e3 if time_reference and rounds else None
     rows = []
@@ -644,7 +657,7 @@ def score_precisions(
             "queries": queries.part,
             "build_s": builds[name],
             "latency_ms": latency,
-            "latency_queries": len(ids),
+            "latency_queries": len(timing_rows),
             "latency_vs_reference": (latency / reference_ms) if latency is not None and reference_ms else None,
             "per_query": {qid: round(values[per_query_metric], 6) for qid, values in metrics.per_query.items()},
         })
@@ -896,11 +909,12 @@ class LabelledObjective(PlanObjective):
 
 def sweep_rows(objective: PlanObjective, compressor: Compressor | None, precisions: Sequence[str | Precision], labels: Mapping[str, Any],
                rounds: int = 3, prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
-               progress: Callable[[int], object] | None = None) -> list[dict[str, Any]]:
-    """:func:`score_precisions` of ``compressor``'s space on ``objective``'s queries, each row with its ``y`` field set."""
+               progress: Callable[[int], object] | None = None, train_rows: np.ndarray | None = None) -> list[dict[str, Any]]:
+    """:func:`score_precisions` of ``compressor``'s space on ``objective``'s queries, each row with its ``y`` field set
+    (``train_rows``: the corpus rows trained precisions are fitted on; None: all)."""
     embeddings = objective.experiment.embeddings
     rows = score_precisions(objective.queries, embeddings.doc_ids, embeddings.doc_embeddings, compressor, precisions, rounds=rounds,
-                            labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric)
+                            labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric, train_rows=train_rows)
     if objective.y != objective.metric:
         for row in rows:
             row[objective.y] = row[objective.metric]
@@ -948,6 +962,9 @@ def run_sweep(
     codecs: Sequence[str] = DEFAULT_CODECS,
     codec_budgets: Sequence[int] = CODEC_BUDGETS,
     allow_disk: bool = False,
+    fit_sample: int | None = None,
+    price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
+    sample_record: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -963,7 +980,13 @@ def run_sweep(
     float32 row) among the rows that are ``choosable``, the frontier and ``frontier.png``; phase 3
     refits the choice (the objective's final fit) and writes the plan folder
     (:func:`~embedtune.index.plan_format.write_plan`). ``final``: also score the choice once on the
-    experiment's labelled test queries. The other arguments are :func:`run_plan`'s.
+    experiment's labelled test queries. ``fit_sample`` (default: :func:`~embedtune.index.fit_sample.fit_sample_size`'s
+    rule) caps the corpus rows the FAISS peers and codecs train on (a seeded sample); ``sample_record`` is what
+    ``plan.json`` records under ``fit_sample`` when the caller sampled the corpus itself (a label-free plan).
+    The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
+    not be is left out (:func:`_peer_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
+    columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
+    the objective against dollars a month at a billion vectors. The other arguments are :func:`run_plan`'s.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -986,13 +1009,18 @@ def run_sweep(
         frozen_indexes = load_faiss_cache(cache_dir, probe)  # FAISS peers trained by an earlier plan or frontier run on this corpus
         frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
         budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
-        factories = {family: [f"faiss:{f}" for kind in peers if (kind in ADDITIVE_PEERS) == additive
-                              for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                      len(experiment.embeddings.doc_ids))]
-                     for family, additive in (("FAISS PQ/OPQ", False), ("FAISS RQ/LSQ", True))}
-        n_factories = sum(map(len, factories.values()))
+        # Fast-scan peers (4-bit, 16 centroids: seconds to train) are scored in phase 1; the 8-bit and additive ones (minutes)
+        # after phase 2, cheapest first (``deferred``).
+        factories, deferred = ({family: [f"faiss:{f}" for kind in peers if (kind in ADDITIVE_PEERS) == additive and (kind in EIGHT_BIT_PEERS) == late
+                                         for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
+                                                                 fit_sample_size(len(experiment.embeddings.doc_ids), input_dim, fit_sample))]
+                                for family, additive in (("FAISS PQ/OPQ", False), ("FAISS RQ/LSQ", True))} for late in (False, True))
         quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
         n_docs = len(experiment.embeddings.doc_ids)
+        size = fit_sample_size(n_docs, input_dim, fit_sample)
+        train_rows = fit_sample_rows(n_docs, size, seed) if size < n_docs else None
+        if sample_record is None:
+            sample_record = {**fit_sample_record(n_docs, input_dim, size, seed, fit_sample), "fits": "FAISS peers and codecs"}
         deployable = [family for family in codecs if Precision(f"{family}:1").uses_factory]
         # The reference codecs (the textbook coder, and any other non-deployable family asked for) on the frozen vectors only:
         # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
@@ -1001,25 +1029,26 @@ def run_sweep(
                          if p not in frozen_precisions]
         # Phase 1 of 3: the uncompressed vectors at every precision, the FAISS peers and the codecs
         # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
+        # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), cheapest first, on the fit sample: see
+        # _peer_skip_reason for the ones left out because the choice could not be them.
         reused = sum(f in frozen_indexes for f in [*(f for specs in factories.values() for f in specs), *frozen_codecs])
-        with progress_bar(len(frozen_precisions) + n_factories + len(quantiser_peers) + len(frozen_codecs),
-                          f"{name} 1/3, frozen vectors, FAISS peers and codecs", unit="index", postfix=f"{reused} cached" if reused else None) as bar:
+        with progress_bar(len(frozen_precisions) + sum(map(len, factories.values())) + len(quantiser_peers) + len(frozen_codecs),
+                          f"{name} 1/3, frozen vectors, fast-scan peers and codecs", unit="index",
+                          postfix=f"{reused} cached" if reused else None) as bar:
             rows = sweep_rows(objective, None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
                               progress=bar.update)
             for family, specs in factories.items():
                 if specs:
                     rows += sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
-                                       progress=bar.update)
+                                       progress=bar.update, train_rows=train_rows)
             if quantiser_peers:
                 rows += sweep_rows(objective, None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
                                    progress=bar.update)
             if frozen_codecs:
                 rows += _label_codec_rows(sweep_rows(objective, None, frozen_codecs, {"method": "frozen", "family": "codec"}, rounds,
-                                                     prebuilt=frozen_indexes, progress=bar.update))
+                                                     prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows))
         save_faiss_cache(cache_dir, frozen_indexes, probe)
-        for row in rows:
-            row["setting"] = f"frozen-{input_dim}/{row['precision']}"
-            row["candidate"] = None
+        _name_frozen_rows(rows, input_dim)
         reference = next(r[y] for r in rows if r["precision"] == "float32")
         if "csr" in peers:  # a learned peer fitted on the corpus alone: compared, never chosen
             rows += sweep_csr_rows(objective, budgets, seed, work, rounds)
@@ -1037,19 +1066,49 @@ def run_sweep(
                 space_indexes = load_faiss_cache(space_dir, space_probe)
                 for row in _label_codec_rows(sweep_rows(objective, compressor, [*precisions, *space_codecs],
                                                         {"method": candidate.method, "variant": candidate.variant, "family": family,
-                                                         "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes)):
+                                                         "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
+                                                        train_rows=train_rows)):
                     row["setting"] = f"{candidate.name}/{row['precision']}"
                     rows.append(row)
                 save_faiss_cache(space_dir, space_indexes, space_probe)
                 del space_indexes  # every index of this space: freed before the next candidate's
                 bar.update(1)
+        _mark_choosable(rows, allow_disk)
+        # The 8-bit FAISS PQ/OPQ and additive peers (minutes each to train on a small CPU), cheapest first: a peer the choice could not
+        # be (above the byte budget, or dearer than a setting already keeping the target) is not trained, and the plan says so.
+        peer_specs = sorted(((Precision(spec).ram_bytes(input_dim), order, family, spec) for order, (family, specs) in enumerate(deferred.items())
+                             for spec in specs), key=lambda item: (item[0], item[1]))
+        skipped_peers: list[dict[str, Any]] = []
+        with progress_bar(len(peer_specs), f"{name} 2/3, 8-bit FAISS PQ/OPQ peers, cheapest first", unit="index",
+                          postfix=f"{sum(s in frozen_indexes for *_, s in peer_specs)} cached" if peer_specs else None) as bar:
+            for peer_bytes in sorted({item[0] for item in peer_specs}):
+                level = [item for item in peer_specs if item[0] == peer_bytes]
+                reason = _peer_skip_reason(rows, peer_bytes, budget_bytes, target_retention, reference, y)
+                if reason is not None and not all(spec in frozen_indexes for *_, spec in level):
+                    skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": peer_bytes, "reason": reason}
+                                      for _, _, family, spec in level]
+                    bar.update(len(level))
+                    continue
+                for family in dict.fromkeys(item[2] for item in level):
+                    specs = [spec for _, _, f, spec in level if f == family]
+                    peer_rows = sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
+                                           progress=bar.update, train_rows=train_rows)
+                    _name_frozen_rows(peer_rows, input_dim)
+                    _mark_choosable(peer_rows, allow_disk)
+                    rows += peer_rows
+                save_faiss_cache(cache_dir, frozen_indexes, probe)
+        if skipped_peers:
+            logger.info("%s: %d FAISS peers not trained, as the choice could not be them: %s", name, len(skipped_peers),
+                        "; ".join(f"{p['setting']} ({p['reason']})" for p in skipped_peers))
         for row in rows:
-            # A disk-rescore setting reads float32 vectors from disk for every query: another tier of serving, chosen only when asked.
-            row["choosable"] = row.get("choosable", True) and (allow_disk or row.get("tier", "ram") == "ram")
+            row.update(_bill_columns(row, input_dim, price_per_gb_month))
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
         frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
         out.mkdir(parents=True, exist_ok=True)
         plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
+        plot_frontier(rows, out / COST_PLOT, f"{experiment.dataset.name}: {y} against the RAM bill of {BILL_AT} vectors",
+                      x=f"usd_month@{BILL_AT}", y=y, chosen=chosen,
+                      x_label=f"dollars a month for {BILL_AT} vectors in RAM at ${price_per_gb_month:g} per GB-month")
         # Phase 3 of 3: refit the choice (a labelled plan: on train+val, what compress train --final does) and write the folder.
         logger.info("%s 3/3, %s, writing %s", name, f"refitting {chosen['setting']} on {objective.refit_on}" if chosen.get("candidate")
                     else f"chose {chosen['setting']} (no fit)", out)
@@ -1072,6 +1131,9 @@ def run_sweep(
             "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
                        "reference": REFERENCE_CODEC if codecs else None},
             "chosen": _public(chosen),
+            "fit_sample": dict(sample_record),
+            "bill": dict(bill_record(price_per_gb_month)),
+            "skipped_peers": skipped_peers,
             # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
             "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
             "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
@@ -1084,6 +1146,52 @@ def run_sweep(
             plan["test"] = score_plan(experiment, out, "test")
             write_json_with_digest(out / PLAN_FILE, plan)
         return plan
+
+
+#: The corpus size the cost plot (``frontier_cost.png``) and the printed $/month are at.
+BILL_AT = scale_label(BILL_SCALES[-1])
+COST_PLOT = "frontier_cost.png"
+
+
+def _name_frozen_rows(rows: list[dict[str, Any]], input_dim: int) -> None:
+    for row in rows:
+        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+        row["candidate"] = None
+
+
+def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
+    for row in rows:
+        # A disk-rescore setting reads float32 vectors from disk for every query: another tier of serving, chosen only when asked.
+        row["choosable"] = row.get("choosable", True) and (allow_disk or row.get("tier", "ram") == "ram")
+
+
+def _peer_skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budget_bytes: float | None, target_retention: float | None,
+                      reference: float, y: str) -> str | None:
+    """Why a peer of ``peer_bytes`` per vector cannot be the choice among ``rows`` plus itself, or None when it could.
+
+    Sound for the choice (:func:`~embedtune.workflows.pareto.choose`): above the byte budget it is never in the pool;
+    with a retention target the choice is the cheapest row keeping it, so a peer dearer than a choosable row that
+    already keeps it (within the budget) cannot be chosen, whatever its score. It may still have been on the frontier.
+    """
+    if budget_bytes is not None and peer_bytes > budget_bytes:
+        return f"{peer_bytes:g} B is above the budget of {budget_bytes:g} B"
+    if target_retention is None or reference <= 0:
+        return None
+    keeping = [r for r in rows if r.get("choosable") and r[y] >= target_retention * reference
+               and (budget_bytes is None or r["ram_bytes"] <= budget_bytes)]
+    if not keeping:
+        return None
+    cheapest = min(keeping, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", ""))))
+    if peer_bytes > cheapest["ram_bytes"]:
+        return f"dearer than {cheapest['setting']} ({cheapest['ram_bytes']:g} B), which already keeps the target"
+    return None
+
+
+def _bill_columns(row: Mapping[str, Any], input_dim: int, price_per_gb_month: float) -> dict[str, Any]:
+    """The bill of one row (:func:`embedtune.index.bill.vector_bill`): its bytes, their share of float32, RAM and dollars at scale."""
+    precision = Precision(row["precision"]) if row["precision"] != "sparse-fp16" else None
+    disk_read = disk_read_per_query(precision.rescores_float, int(row["dim"]), precision.candidates) if precision is not None else 0
+    return vector_bill(row["ram_bytes"], input_dim, row.get("fixed_bytes") or 0.0, disk_read, price_per_gb_month)
 
 
 def _choose_in_tier(rows: list[dict[str, Any]], budget_bytes: float | None, target_retention: float | None, reference: float,
@@ -1125,6 +1233,8 @@ def run_plan(
     codecs: Sequence[str] = DEFAULT_CODECS,
     codec_budgets: Sequence[int] = CODEC_BUDGETS,
     allow_disk: bool = False,
+    fit_sample: int | None = None,
+    price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1158,6 +1268,10 @@ def run_plan(
         allow_disk: let the choice be a precision that rescores with float32 vectors read from
             disk at query time (``binary-rescore``, ``rabitq1-rescore``: rows of ``tier``
             ``"disk-rescore"``); by default the plan chooses among settings served from RAM alone.
+        fit_sample: corpus rows the FAISS peers and codecs train on (default: the rule of
+            :func:`~embedtune.index.fit_sample.fit_sample_size`); recorded in ``plan.json``.
+        price_per_gb_month: dollars per GB of RAM a month for the bill's columns (an assumption by default:
+            :data:`embedtune.index.bill.DEFAULT_PRICE_PER_GB_MONTH`).
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1169,7 +1283,8 @@ def run_plan(
         if not any(variant_applies(m, variant) for m in methods):
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
-                     labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk)
+                     labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
+                     price_per_gb_month=price_per_gb_month)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.

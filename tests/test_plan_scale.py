@@ -1,0 +1,178 @@
+"""The planner at scale: the fit-sample rule, the bill's arithmetic, streamed exact top-k, and what a plan records of both."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+import numpy as np
+import pytest
+
+from embedtune.encoders.dataset import DatasetEmbeddings
+from embedtune.data.beir import BeirDataset
+from embedtune.index.bill import (
+    BILL_SCALES,
+    DEFAULT_PRICE_PER_GB_MONTH,
+    bill_record,
+    disk_read_per_query,
+    monthly_cost,
+    ram_at,
+    scale_label,
+    vector_bill,
+)
+from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.label_free import exact_top_k, plan_sample, run_label_free_plan
+from embedtune.workflows.plan import _peer_skip_reason
+
+
+# -- the fit-sample rule -----------------------------------------------------------------------
+def test_fit_sample_size_is_min_of_corpus_and_max_of_floor_and_rows_per_dimension():
+    assert fit_sample_size(10_000, 384) == 10_000  # a small corpus is fitted whole
+    assert fit_sample_size(1_000_000, 384) == 65_536  # 64 x 384 = 24,576 is below the floor
+    assert fit_sample_size(1_000_000, 4096) == 64 * 4096  # a wide model keeps 64 rows per dimension
+    assert fit_sample_size(100_000, 4096) == 100_000
+    assert fit_sample_size(1_000_000, 384, override=5_000) == 5_000
+    assert fit_sample_size(3_000, 384, override=5_000) == 3_000
+    for bad in (0, -3, True):
+        with pytest.raises(ValueError, match="fit-sample"):
+            fit_sample_size(10, 4, override=bad)
+
+
+def test_fit_sample_rows_are_seeded_sorted_and_distinct():
+    rows = fit_sample_rows(1000, 100, seed=7)
+    assert len(rows) == 100 and len(set(rows.tolist())) == 100 and (np.diff(rows) > 0).all()
+    assert np.array_equal(rows, fit_sample_rows(1000, 100, seed=7))
+    assert not np.array_equal(rows, fit_sample_rows(1000, 100, seed=8))
+    assert np.array_equal(fit_sample_rows(50, 100), np.arange(50))
+    record = fit_sample_record(1000, 8, 100, 7)
+    assert record["rows"] == 100 and record["of"] == 1000 and record["sampled"] and record["seed"] == 7
+
+
+# -- the bill --------------------------------------------------------------------------------
+def test_bill_arithmetic():
+    row = vector_bill(48, 384, fixed_bytes=2_000_000, price_per_gb_month=3.0)
+    assert row["bytes_ram"] == 48 and row["disk_read_per_query"] == 0
+    assert row["float32_share"] == pytest.approx(48 / (4 * 384))
+    assert row["vectors_per_gb"] == pytest.approx(1e9 / 48)
+    assert row["ram_gb@1M"] == pytest.approx((48e6 + 2e6) / 1e9)
+    assert row["ram_gb@1B"] == pytest.approx((48e9 + 2e6) / 1e9)
+    assert row["usd_month@1B"] == pytest.approx(row["ram_gb@1B"] * 3.0)
+    assert row["usd_month@100M"] == pytest.approx((48e8 + 2e6) / 1e9 * 3.0)
+    assert [scale_label(n) for n in BILL_SCALES] == ["1M", "100M", "1B"]
+    assert ram_at(10, 4, 1) == 41
+    assert monthly_cost(2e9, 5.0) == pytest.approx(10.0)
+    assert disk_read_per_query(True, 64, 100) == 100 * 4 * 64 and disk_read_per_query(False, 64, 100) == 0
+    with pytest.raises(ValueError, match="price"):
+        monthly_cost(1.0, -1.0)
+    with pytest.raises(ValueError, match="ram_bytes"):
+        vector_bill(0, 384)
+    assert bill_record()["price_per_gb_month"] == DEFAULT_PRICE_PER_GB_MONTH and "assumption" in bill_record()["price_source"]
+    assert bill_record(2.5)["price_source"] == "given by the user"
+
+
+# -- streamed exact top-k --------------------------------------------------------------------
+def test_exact_top_k_streamed_over_the_corpus_equals_one_block():
+    rng = np.random.default_rng(3)
+    xb = rng.standard_normal((503, 24)).astype(np.float32)
+    xq = rng.standard_normal((37, 24)).astype(np.float32)
+    exclude = rng.integers(-1, 503, size=37)
+    whole = exact_top_k(xq, xb, 10, exclude=exclude, block=len(xq), doc_block=len(xb))
+    for block, doc_block in ((5, 7), (1, 64), (37, 11), (8, 503)):
+        assert np.array_equal(exact_top_k(xq, xb, 10, exclude=exclude, block=block, doc_block=doc_block), whole), (block, doc_block)
+    scores = xq @ xb.T
+    scores[np.flatnonzero(exclude >= 0), exclude[exclude >= 0]] = -np.inf
+    assert np.array_equal(whole, np.argsort(-scores, axis=1, kind="stable")[:, :10])
+
+
+def test_exact_top_k_breaks_equal_scores_by_row_in_every_block_size():
+    xb = np.repeat(np.eye(4, dtype=np.float32), 5, axis=0)  # five copies of each axis: many equal scores
+    xq = np.eye(4, dtype=np.float32)
+    for doc_block in (1, 3, 20):
+        assert exact_top_k(xq, xb, 5, doc_block=doc_block).tolist() == [list(range(5 * i, 5 * i + 5)) for i in range(4)]
+
+
+# -- the peers a plan does not train ---------------------------------------------------------
+def test_a_peer_dearer_than_a_setting_already_keeping_the_target_is_not_trained():
+    rows = [{"setting": "a", "ram_bytes": 16, "objective": 0.96, "choosable": True},
+            {"setting": "b", "ram_bytes": 8, "objective": 0.99, "choosable": False},  # not choosable: never the bar
+            {"setting": "c", "ram_bytes": 64, "objective": 1.0, "choosable": True}]
+    assert "dearer than a" in _peer_skip_reason(rows, 32, None, 0.95, 1.0, "objective")
+    assert _peer_skip_reason(rows, 16, None, 0.95, 1.0, "objective") is None  # equal bytes: a better score would win the tie
+    assert _peer_skip_reason(rows, 8, None, 0.95, 1.0, "objective") is None
+    assert _peer_skip_reason(rows, 32, None, 0.99, 1.0, "objective") is None  # only c keeps 0.99, and it is dearer
+    assert "above the budget" in _peer_skip_reason(rows, 32, 24, None, 1.0, "objective")
+    assert _peer_skip_reason(rows, 16, 24, None, 1.0, "objective") is None
+
+
+# -- a plan on a sample, with its bill -------------------------------------------------------
+N_DOCS = 600
+
+
+@pytest.fixture(scope="module")
+def corpus_experiment():
+    bundled = np.load(files("embedtune.datasets") / "scifact-minilm-vectors.npz")
+    docs = np.ascontiguousarray(bundled["document"][:N_DOCS], dtype=np.float32)
+    ids = [str(i) for i in bundled["document_ids"][:N_DOCS]]
+    dataset = BeirDataset("scifact-slice", {i: {"title": "", "text": ""} for i in ids}, {}, {}, "corpus", {}, "memory")
+    embeddings = DatasetEmbeddings(ids, docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {})
+    return Experiment(dataset, embeddings, None, "cosine", {"model": "precomputed"})
+
+
+def test_plan_sample_keeps_a_small_corpus_and_samples_a_large_one(corpus_experiment):
+    whole, record = plan_sample(corpus_experiment)
+    assert whole is corpus_experiment and record["rows"] == N_DOCS and not record["sampled"]
+    sampled, record = plan_sample(corpus_experiment, fit_sample=250, seed=5)
+    rows = fit_sample_rows(N_DOCS, 250, 5)
+    assert sampled.embeddings.doc_ids == [corpus_experiment.embeddings.doc_ids[r] for r in rows]
+    assert np.array_equal(sampled.embeddings.doc_embeddings, corpus_experiment.embeddings.doc_embeddings[rows])
+    assert record["rows"] == 250 and record["of"] == N_DOCS and record["sampled"] and "ids_sha256" in record
+
+
+def test_label_free_plan_runs_on_the_sample_and_records_it_and_the_bill(corpus_experiment, tmp_path):
+    plan = run_label_free_plan(corpus_experiment, tmp_path / "plan", "agreement", target_retention=0.9, methods=["truncate", "pca"],
+                               dims=[96, 48], precisions=["float32", "int8", "binary-rescore"], peers=["pq"], codecs=(), rounds=0,
+                               work=tmp_path / "work", held_out_fraction=0.1, fit_sample=300, price_per_gb_month=2.5)
+    sample = plan["fit_sample"]
+    assert sample["rows"] == 300 and sample["of"] == N_DOCS and sample["sampled"] and sample["rule"] == "--fit-sample 300"
+    assert plan["objective"]["fit_documents"] + plan["objective"]["held_out_documents"] == 300  # held out of the sample
+    assert plan["bill"]["price_per_gb_month"] == 2.5
+    for row in plan["frontier"] + plan["sweep"]:
+        assert row["usd_month@1B"] == pytest.approx((row["ram_bytes"] * 1e9 + row["fixed_bytes"]) / 1e9 * 2.5)
+        assert row["float32_share"] == pytest.approx(row["ram_bytes"] / (4 * 384))
+    rescored = next(r for r in plan["sweep"] if r["precision"] == "binary-rescore")
+    assert rescored["disk_read_per_query"] == 100 * 4 * rescored["dim"]
+    assert (tmp_path / "plan" / "frontier_cost.png").is_file()
+    written = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert written["fit_sample"] == sample and "usd_month@1B" in written["frontier"][0]
+
+
+def test_cli_plan_prints_the_sample_and_the_bill(corpus_experiment, tmp_path, capsys):
+    from embedtune.cli import main
+
+    np.save(tmp_path / "docs.npy", corpus_experiment.embeddings.doc_embeddings)
+    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in corpus_experiment.embeddings.doc_ids))
+    args = ["compress", "plan", "--label-free", "agreement", "--doc-embeddings", str(tmp_path / "docs.npy"), "--doc-ids", str(tmp_path / "ids.txt"),
+            "--target-retention", "0.9", "--methods", "truncate", "--dims", "96", "--precisions", "float32", "int8", "--peers", "",
+            "--codecs", "none", "--fit-sample", "400", "--price-per-gb-month", "2", "--work", str(tmp_path / "work")]
+    assert main([*args, "--out", str(tmp_path / "plan")]) == 0
+    printed = capsys.readouterr().out
+    assert f"fit sample: 400 of {N_DOCS} rows (--fit-sample 400, seed 2027)" in printed
+    assert "$/mo@1B" in printed and "RAM@1B" in printed and "bill: $2 per GB" in printed and "given by the user" in printed
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    int8 = next(r for r in plan["sweep"] if r["setting"] == "frozen-384/int8")
+    assert int8["usd_month@1B"] == pytest.approx((384e9 + int8["fixed_bytes"]) / 1e9 * 2)
+    assert main([*args[:-6], "--fit-sample", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert "--fit-sample is a positive number of corpus rows; got 0." in capsys.readouterr().err
+
+
+def test_timed_rounds_search_a_bounded_sample_of_the_queries_and_every_query_is_scored():
+    from embedtune.workflows.plan import TIMING_QUERIES, QuerySet, score_precisions
+
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((300, 16)).astype(np.float32)
+    n_queries = TIMING_QUERIES + 50
+    ids = [f"q{i}" for i in range(n_queries)]
+    queries = QuerySet(ids, docs[:n_queries] + 0.01, {q: {f"d{i}": 1} for i, q in enumerate(ids)}, "val", ignore_identical_ids=False)
+    rows = score_precisions(queries, [f"d{i}" for i in range(300)], docs, None, ["float32", "int8"], rounds=1)
+    assert all(r["latency_queries"] == TIMING_QUERIES and r["n_queries"] == n_queries for r in rows)
