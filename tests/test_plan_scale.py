@@ -22,6 +22,7 @@ from embedtune.index.bill import (
 )
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.workflows.experiment import Experiment
+from embedtune.compress.pca import fit_sample_rows as fit_sample_rows_of_pca
 from embedtune.workflows.label_free import exact_top_k, plan_sample, run_label_free_plan
 from embedtune.workflows.plan import _peer_skip_reason
 
@@ -29,8 +30,9 @@ from embedtune.workflows.plan import _peer_skip_reason
 # -- the fit-sample rule -----------------------------------------------------------------------
 def test_fit_sample_size_is_min_of_corpus_and_max_of_floor_and_rows_per_dimension():
     assert fit_sample_size(10_000, 384) == 10_000  # a small corpus is fitted whole
-    assert fit_sample_size(1_000_000, 384) == 65_536  # 64 x 384 = 24,576 is below the floor
-    assert fit_sample_size(1_000_000, 4096) == 64 * 4096  # a wide model keeps 64 rows per dimension
+    assert fit_sample_size(1_000_000, 384) == 65_536  # 100 x 384 = 38,400 is below the floor
+    assert fit_sample_size(1_000_000, 4096) == 100 * 4096  # a wide model keeps 100 rows per dimension
+    assert fit_sample_size(1_000_000, 768) == fit_sample_rows_of_pca(1_000_000, 768)  # one rule, PCA's
     assert fit_sample_size(100_000, 4096) == 100_000
     assert fit_sample_size(1_000_000, 384, override=5_000) == 5_000
     assert fit_sample_size(3_000, 384, override=5_000) == 3_000

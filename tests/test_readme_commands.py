@@ -22,8 +22,8 @@ README = ROOT / "README.md"
 #: path first, then the how-tos and references in docs/. A later page may use what an earlier one wrote
 #: (docs/export.md exports the compressor docs/own-vectors.md fits; docs/deployment.md exports a plan of docs/planning.md).
 PAGES = [README] + [ROOT / "docs" / f"{name}.md" for name in (
-    "own-vectors", "no-labels", "export", "planning", "deployment", "scale", "onnx", "reproducing", "cli", "dive",
-    "finetuning", "install")]
+    "own-vectors", "no-labels", "export", "planning", "deployment", "deploy", "scale", "scale-and-ray", "onnx", "reproducing", "cli",
+    "dive", "finetuning", "install")]
 
 
 def page_blocks(language: str) -> list[tuple[Path, str]]:

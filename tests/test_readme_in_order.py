@@ -44,6 +44,8 @@ pytestmark = pytest.mark.slow
 NOT_RUN = {
     "embedtune embed-corpus --data my-corpus.jsonl --model minilm --out vectors/ --ray-actors": "starts a local Ray cluster (tests/test_ray_encode.py)",
     "embedtune embed-corpus --data /shared/": "a Ray cluster with GPUs",
+    "embedtune compress apply --adapter /shared/": "an existing Ray cluster (tests/test_ray_cluster.py starts a two-node one)",
+    "embedtune index build --embeddings /shared/": "an existing Ray cluster (tests/test_ray_apply.py covers the route)",
     "embedtune compress train --method dive --dim 128 --protocol beir-train": "five methods: covered by the commands below on one seed",
     "embedtune benchmark ": "a benchmark grid",
     "embedtune report dive": "reads the committed grid (tests/test_bench_stats.py)",

@@ -1,9 +1,10 @@
 """How many corpus rows a plan fits and trains on: a sample sized by the data, so a plan's cost stops growing with the corpus.
 
-The rule (:func:`fit_sample_size`): ``min(N, max(65,536, 64 * d))`` rows of an ``N x d`` corpus.
-65,536 is what the transform codecs already fit on (``FIT_SAMPLE``) and what FAISS's k-means
-samples per 256-centroid codebook at most (256 points per centroid); ``64 * d`` keeps at least 64
-rows per dimension for a covariance (PCA, the KLT) of a wide model. The rows are a seeded random
+The rule (:func:`fit_sample_size`): ``min(N, max(65,536, 100 * d))`` rows of an ``N x d`` corpus,
+the one rule PCA applies on its own (:func:`embedtune.compress.pca.fit_sample_rows`), declared
+there once. 65,536 is what the transform codecs already fit on (``FIT_SAMPLE``) and what FAISS's
+k-means samples per 256-centroid codebook at most (256 points per centroid); ``100 * d`` keeps at
+least 100 rows per dimension for a covariance (PCA, the KLT) of a wide model. The rows are a seeded random
 sample in corpus order (:func:`fit_sample_rows`): the same corpus and seed give the same rows.
 A caller may override the size (``compress plan --fit-sample``); the plan records what it used.
 """
@@ -14,17 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.compress.pca import FIT_SAMPLE_MIN_ROWS, FIT_SAMPLE_ROWS_PER_DIM
+
 __all__ = ["MIN_FIT_SAMPLE", "ROWS_PER_DIMENSION", "fit_sample_size", "fit_sample_rows", "fit_sample_record"]
 
-#: The fewest rows the rule samples (unless the corpus is smaller).
-MIN_FIT_SAMPLE = 65_536
-#: Rows per dimension the rule keeps at least.
-ROWS_PER_DIMENSION = 64
+#: The fewest rows the rule samples (unless the corpus is smaller), and the rows per dimension it keeps at least:
+#: PCA's own constants, so a plan and a PCA fit sample alike.
+MIN_FIT_SAMPLE = FIT_SAMPLE_MIN_ROWS
+ROWS_PER_DIMENSION = FIT_SAMPLE_ROWS_PER_DIM
 _RULE = f"min(N, max({MIN_FIT_SAMPLE:,}, {ROWS_PER_DIMENSION} * d))"
 
 
 def fit_sample_size(n_rows: int, dim: int, override: int | None = None) -> int:
-    """Rows to fit on: ``override`` (at most ``n_rows``) when given, else ``min(n_rows, max(65,536, 64 * dim))``.
+    """Rows to fit on: ``override`` (at most ``n_rows``) when given, else ``min(n_rows, max(65,536, 100 * dim))``.
 
     Raises:
         ValueError: ``override`` is below 1, or ``n_rows`` / ``dim`` is negative / not positive.
