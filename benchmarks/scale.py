@@ -167,6 +167,8 @@ def report(data: dict) -> str:
              f"Command: `{data['command']}`", "",
              f"Machine: {data['machine']}. Date: {data['date']}. One thread; fresh processes, start-up included on both sides;"
              " median of the repeats; peak RSS is embedtune's process.", ""]
+    if data.get("note"):
+        lines += [f"Note: {data['note']}", ""]
     for d in sorted({c["d"] for c in data["cells"]}):
         cells = sorted((c for c in data["cells"] if c["d"] == d), key=lambda c: c["n"])
         lines += [f"## d = {d}", "", "| step | " + " | ".join(f"N = {c['n']:,}" for c in cells) + " | growth exponent (embedtune / direct) |",
@@ -192,12 +194,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", default="/tmp/embedtune-scale")
     parser.add_argument("--out", default="benchmarks/results/scale-steps")
+    parser.add_argument("--note", default=None, help="a line recorded with the figures (e.g. what else ran on the machine)")
+    parser.add_argument("--report-only", action="store_true", help="rewrite REPORT.md from --out/scale.json, measuring nothing")
     args = parser.parse_args()
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     record = out / "scale.json"
     data = json.loads(record.read_text()) if record.is_file() else {"cells": []}
+    if args.report_only:
+        if args.note:
+            data["note"] = args.note
+            record.write_text(json.dumps(data, indent=1))
+        (out / "REPORT.md").write_text(report(data))
+        print(report(data))
+        return
+    if args.note:
+        data["note"] = args.note
     data.update(command="python benchmarks/scale.py " + " ".join(sys.argv[1:]),
                 machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
                 date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
