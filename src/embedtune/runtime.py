@@ -65,7 +65,10 @@ _verbose = False
 # sub-quantiser it trains on fewer than 39 points per centroid (a 5k-document corpus: always).
 FAISS_CHATTER = (r"^WARNING clustering \d+ points to \d+ centroids",)
 # Ray's core (C++) logs this for every Ray Data actor pool: Ray Data keeps the map function in the object store.
-RAY_CHATTER = (r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store",)
+# gRPC's core logs the second when the process forks (Ray's workers) while another library's gRPC
+# threads run (a Qdrant or Milvus client loaded earlier in the same process).
+RAY_CHATTER = (r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object store",
+               r"fork_posix\.cc:\d+\] Other threads are currently calling into gRPC, skipping fork\(\) handlers")
 
 
 def set_threads(threads: int) -> None:

@@ -64,7 +64,7 @@ import mmap
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,20 +158,23 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     """
     ray = _import_ray()
     started_here = not ray.is_initialized()
-    if started_here:
-        quiet = not verbose_enabled()
-        _check_reachable(address)
-        try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=not quiet,
-                     logging_level=logging.ERROR if quiet else logging.INFO)
-        except ConnectionError as error:
-            raise EmbedtuneError(f"--ray-address {address}: no Ray cluster answers there ({error}). Fix: start one (`ray start --head`) "
-                                 "and pass its address, 'auto' on one of its nodes, or drop --ray-address for a local Ray.") from None
-    try:
-        yield ray
-    finally:
+    # Native lines of Ray's start-up and shutdown (and gRPC's, when Ray forks its workers) hidden too, unless -v.
+    with native_chatter_filtered(RAY_CHATTER) if started_here else nullcontext():
         if started_here:
-            ray.shutdown()
+            quiet = not verbose_enabled()
+            _check_reachable(address)
+            try:
+                ray.init(address=address, include_dashboard=False, log_to_driver=not quiet,
+                         logging_level=logging.ERROR if quiet else logging.INFO)
+            except ConnectionError as error:
+                raise EmbedtuneError(f"--ray-address {address}: no Ray cluster answers there ({error}). Fix: start one "
+                                     "(`ray start --head`) and pass its address, 'auto' on one of its nodes, or drop --ray-address "
+                                     "for a local Ray.") from None
+        try:
+            yield ray
+        finally:
+            if started_here:
+                ray.shutdown()
 
 
 @contextmanager
