@@ -19,7 +19,7 @@ from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_
 
 def register(commands: argparse._SubParsersAction) -> None:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    embed = commands.add_parser("embed", help="encode a dataset's corpus and queries to .npy files", formatter_class=fmt,
+    embed = commands.add_parser("embed", help="experiments: encode a labelled BEIR dataset's corpus and queries (cached) to two .npy files; for your own corpus or query log use embed-corpus", formatter_class=fmt,
                                 description="Encode every document and query (cached) and write float32 .npy files plus ids.")
     add_data_flags(embed)
     add_model_flags(embed)
@@ -28,7 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     embed.set_defaults(handler=run_embed)
 
     corpus = commands.add_parser(
-        "embed-corpus", help="encode a corpus into resumable .npy shards, in this process or on a Ray actor pool", formatter_class=fmt,
+        "embed-corpus", help="your corpus (or, with --kind query, a query log): resumable, checked .npy shards, here or on Ray; read wherever vectors are", formatter_class=fmt,
         description="Encode every document of --data into shard-0000i.npy + shard-0000i.ids.txt under --out. A rerun skips "
                     "complete shards. With --ray-actors N, N encoders run on Ray Data (one per GPU with --gpus-per-actor 1); "
                     "on a cluster, start it on a node with --ray-address auto and give an --out every node can write.")

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``fit`` to the ``compress`` subcommands."""
     fit = sub.add_parser(
         "fit",
-        help="fit one compressor on all the data given (no evaluation split) and write it to --out",
+        help="to deploy: fit one compressor on all the data given and write it to --out (no evaluation split; use train to compare methods)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Fit on every labelled query (the supervised path) or on the corpus alone (the unsupervised path: no "
         "labels given, --unsupervised, or a method that reads none), and write the compressor itself to --out with "

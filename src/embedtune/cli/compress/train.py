@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``train`` to the ``compress`` subcommands."""
     train = sub.add_parser(
         "train",
-        help="fit a compressor on the query-disjoint split and report held-out metrics",
+        help="to choose a method: fit on a query-disjoint split and report held-out scores beside the baselines (fit writes the one to deploy)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Fit on the train queries (train+val with --final), evaluate on val (test with --final), "
         "and print the result next to the frozen full-d model and the other --compare methods.",
