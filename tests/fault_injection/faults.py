@@ -471,10 +471,13 @@ def _run_benchmark(context: Any, config: Path, results: Path, env: dict[str, str
     process.join(kill_after)
     killed = False
     if process.is_alive():
-        os.kill(process.pid, signal.SIGKILL)
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+            killed = True
+        except ProcessLookupError:  # it finished on its own between the check and the kill
+            pass
         process.join()
-        killed = True
-    elif process.exitcode != 0:
+    if not killed and process.exitcode != 0:
         log = Path(str(results) + ".log")
         tail = log.read_text(errors="replace")[-3000:] if log.is_file() else ""
         raise RuntimeError(f"benchmark dive exited with {process.exitcode} (results in {results}):\n{tail}")
