@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 __all__ = ["DEFAULT_NEW_DOCUMENTS_FRACTION", "withheld_documents", "new_document_queries", "without_documents"]
 
-#: The share of the corpus withheld by default (the issue's 20 %).
+#: The share of the corpus withheld by default: 20 %, enough documents to score queries on, most of the corpus left to fit.
 DEFAULT_NEW_DOCUMENTS_FRACTION = 0.2
 
 
