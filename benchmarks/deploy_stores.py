@@ -33,6 +33,7 @@ from embedtune.index.codecs import Precision, QuantizedIndex
 from embedtune.index.deploy_bundle import write_deploy_bundle
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.plan_format import load_plan, write_plan
+from embedtune.index.store_roundtrip import search_bundle_store
 from embedtune.io import atomic_write_bytes
 from embedtune.runtime import set_threads
 
@@ -42,28 +43,6 @@ PRECISIONS = ("float32", "float16", "int8", "binary", "binary-asym", "binary-res
 def overlap(a: np.ndarray, b: np.ndarray) -> float:
     """Mean share of ``b``'s top-k ids that ``a`` finds (per query, then averaged)."""
     return float(np.mean([len(set(x) & set(y)) / len(y) for x, y in zip(a, b)]))
-
-
-def _qdrant(bundle: Path, precision: Precision, x: np.ndarray, xq: np.ndarray, work: Path, k: int) -> np.ndarray:
-    from embedtune.index.store_roundtrip import load_qdrant, search_qdrant, stored_vectors
-
-    config = json.loads((bundle / "qdrant.json").read_text())
-    client = load_qdrant(config, stored_vectors(precision, x), work / "qdrant")
-    try:
-        return search_qdrant(client, config, precision, xq, k)[1]
-    finally:
-        client.close()
-
-
-def _milvus(bundle: Path, precision: Precision, x: np.ndarray, xq: np.ndarray, work: Path, k: int) -> np.ndarray:
-    from embedtune.index.store_roundtrip import load_milvus_lite, search_milvus_lite, stored_vectors
-
-    config = json.loads((bundle / "milvus.json").read_text())
-    client = load_milvus_lite(config, stored_vectors(precision, x), work / "milvus.db")
-    try:
-        return search_milvus_lite(client, config, precision, xq, k)[1]
-    finally:
-        client.close()
 
 
 def _lancedb(plan: Path, bundle: Path, docs: np.ndarray, ids: list[str], xq: np.ndarray, work: Path, k: int) -> np.ndarray:
@@ -106,12 +85,10 @@ def main() -> None:
                     print(f"{name} {store}: skipped ({module} is not installed)", flush=True)
                     continue
                 start = time.perf_counter()
-                if store == "qdrant":
-                    I = _qdrant(work / "bundle", precision, x, xq, work, k)
-                elif store == "milvus-lite":
-                    I = _milvus(work / "bundle", precision, x, xq, work, k)
-                else:
+                if store == "lancedb":
                     I = _lancedb(work / "plan", work / "bundle", docs, ids, xq, work, k)
+                else:
+                    I = search_bundle_store(store, work / "bundle", precision, x, xq, work, k)[1]
                 seconds = time.perf_counter() - start
                 setting = deploy["stores"]["milvus" if store == "milvus-lite" else store]["setting"]
                 row = (f"| {name} | {store} | {setting} | {overlap(I, I_plan):.3f} | {float(np.mean((I == I_plan).all(axis=1))):.3f} "

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedtune.bench.efficiency import machine_info
+
 
 def _tree_rss() -> int:
     import psutil
@@ -73,16 +75,9 @@ def measured(fn):
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info = machine_info()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}, load average {load:.1f} at start"
+    return f"{info['cpus']} cores, {info['cpu']}, {platform.system()} {platform.release()}, load average {load:.1f} at start"
 
 
 def main(argv: list[str] | None = None) -> int:

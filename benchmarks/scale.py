@@ -27,7 +27,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -153,6 +152,16 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str]) -> dict[
     return result
 
 
+def _machine() -> str:
+    """The CPU and library versions (:func:`embedtune.bench.efficiency.machine_info`), and the load when the run started."""
+    from embedtune.bench.efficiency import machine_info
+
+    info = machine_info()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{info['cpu']}, {info['cpus']} CPUs, faiss {info['faiss']}, numpy {info['numpy']}, torch {info['torch']}, "
+            f"load average {load:.1f} at the start")
+
+
 def exponent(points: list[tuple[int, float]]) -> float | None:
     """Least-squares slope of log(seconds) on log(N)."""
     if len(points) < 2:
@@ -212,7 +221,7 @@ def main() -> None:
     if args.note:
         data["note"] = args.note
     data.update(command="python benchmarks/scale.py " + " ".join(sys.argv[1:]),
-                machine=f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+                machine=_machine(),
                 date=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     for d in args.dims:

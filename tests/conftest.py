@@ -39,6 +39,27 @@ def write_beir(root: Path, corpus: list[dict], queries: list[dict], qrels: list[
     return root
 
 
+def write_toy_vectors(tmp_path: Path, doc_text=lambda doc_id: doc_id, dim: int = 24) -> tuple[Path, dict[str, tuple[Path, Path]]]:
+    """60 unit-norm ``dim``-d docs and 40 queries, each judged relevant to one doc: a BEIR folder
+    ``tmp_path/toy`` and ``{doc,query}.npy`` + ``.txt`` ids. Returns ``(root, {"doc": (npy, ids), "query": (npy, ids)})``."""
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((60, dim)).astype(np.float32)
+    targets = rng.permutation(60)[:40]
+    queries = docs[targets] + 0.6 * rng.standard_normal((40, dim)).astype(np.float32)
+    # Unit rows, as a cosine model gives them: the experiment normalises what it loads, the index build does not.
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
+    root = write_beir(tmp_path / "toy", [{"_id": i, "text": doc_text(i)} for i in doc_ids], [{"_id": q, "text": q} for q in query_ids],
+                      [(q, doc_ids[t], 1) for q, t in zip(query_ids, targets)])
+    files = {}
+    for name, ids, vectors in (("doc", doc_ids, docs), ("query", query_ids, queries)):
+        np.save(tmp_path / f"{name}.npy", vectors)
+        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
+        files[name] = (tmp_path / f"{name}.npy", tmp_path / f"{name}.txt")
+    return root, files
+
+
 @pytest.fixture
 def toy_beir(tmp_path) -> Path:
     """20 docs, 10 queries, each query judged relevant to two docs."""

@@ -120,15 +120,10 @@ def test_index_deploy_cli_writes_the_bundle(tmp_path, scifact_slice):
 @pytest.mark.parametrize("precision", EXACT + ["int8"])
 def test_qdrant_embedded_finds_the_plans_top10(tmp_path, scifact_slice, precision):
     pytest.importorskip("qdrant_client", reason="qdrant-client is not installed (pip install 'embedtune[deploy]')")
-    from embedtune.index.store_roundtrip import load_qdrant, search_qdrant, stored_vectors
+    from embedtune.index.store_roundtrip import search_bundle_store
 
     bundle, _, x, xq, I_plan = _bundle(tmp_path, scifact_slice, precision)
-    config = json.loads((bundle / "qdrant.json").read_text())
-    client = load_qdrant(config, stored_vectors(Precision(precision), x), tmp_path / "qdrant")
-    try:
-        _, I = search_qdrant(client, config, Precision(precision), xq, K)
-    finally:
-        client.close()
+    _, I = search_bundle_store("qdrant", bundle, Precision(precision), x, xq, tmp_path, K)
     _check(precision, I, I_plan)
 
 
@@ -136,15 +131,10 @@ def test_qdrant_embedded_finds_the_plans_top10(tmp_path, scifact_slice, precisio
 def test_milvus_lite_finds_the_plans_top10(tmp_path, scifact_slice, precision):
     pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip install 'embedtune[deploy]')")
     pytest.importorskip("pymilvus", reason="pymilvus is not installed (pip install 'embedtune[deploy]')")
-    from embedtune.index.store_roundtrip import load_milvus_lite, search_milvus_lite, stored_vectors
+    from embedtune.index.store_roundtrip import search_bundle_store
 
     bundle, _, x, xq, I_plan = _bundle(tmp_path, scifact_slice, precision)
-    config = json.loads((bundle / "milvus.json").read_text())
-    client = load_milvus_lite(config, stored_vectors(Precision(precision), x), tmp_path / "milvus.db")
-    try:
-        _, I = search_milvus_lite(client, config, Precision(precision), xq, K)
-    finally:
-        client.close()
+    _, I = search_bundle_store("milvus-lite", bundle, Precision(precision), x, xq, tmp_path, K)
     _check(precision, I, I_plan)
 
 

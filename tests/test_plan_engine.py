@@ -14,7 +14,7 @@ import faiss
 import numpy as np
 import pytest
 
-from conftest import write_beir
+from conftest import write_toy_vectors
 from embedtune.cli import main
 from embedtune.index.codecs import Precision, QuantizedIndex
 from embedtune.workflows import label_free
@@ -42,21 +42,7 @@ CSR_SWEEP = {"methods": ("truncate", "pca"), "dims": (12,), "precisions": ("floa
 @pytest.fixture
 def toy(tmp_path):
     """60 unit docs, 40 queries each judged relevant to one doc, as a BEIR folder and .npy vectors with id files."""
-    rng = np.random.default_rng(0)
-    docs = rng.standard_normal((60, D)).astype(np.float32)
-    targets = rng.permutation(60)[:40]
-    queries = docs[targets] + 0.6 * rng.standard_normal((40, D)).astype(np.float32)
-    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
-    root = write_beir(tmp_path / "toy", [{"_id": i, "text": i} for i in doc_ids], [{"_id": q, "text": q} for q in query_ids],
-                      [(q, doc_ids[t], 1) for q, t in zip(query_ids, targets)])
-    files = {}
-    for name, ids, vectors in (("doc", doc_ids, docs), ("query", query_ids, queries)):
-        np.save(tmp_path / f"{name}.npy", vectors)
-        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
-        files[name] = (tmp_path / f"{name}.npy", tmp_path / f"{name}.txt")
-    return root, files
+    return write_toy_vectors(tmp_path, dim=D)
 
 
 def _experiment(toy):

@@ -146,6 +146,16 @@ def edit_json(path: Path, rng: np.random.Generator) -> str:
     return f"{shown}: {str(before)[:40]} -> {str(holder[leaf[-1]])[:40]}{' (digest recomputed)' if signed else ''}"
 
 
+
+def damage_in_place(path: Path, damage: str, rng: np.random.Generator) -> str | None:
+    """Corrupt, truncate (:func:`damage_file`) or edit (:func:`edit_json`) ``path``; None for a swap,
+    which each artefact makes its own way (which files travel together, which digests it recomputes)."""
+    if damage in DAMAGE:
+        return damage_file(path, damage, rng)
+    if damage == "edit":
+        return edit_json(path, rng)
+    return None
+
 def _resign(path: Path, changes: dict[str, Any]) -> None:
     """Rewrite a digest-carrying JSON file with ``changes`` (nested dicts merged one level), its content digest recomputed."""
     from embedtune.io import read_json_verified, write_json_with_digest
@@ -320,11 +330,8 @@ def _index_trial(spec: dict[str, Any], kind: str, damage: str, seed: int, scratc
     files = reference["files"]
     file = "manifest.json" if damage == "edit" else files[int(rng.integers(0, len(files)))]
     folder = _fresh_copy(Path(reference["folder"]), scratch)
-    if damage in DAMAGE:
-        detail = damage_file(folder / file, damage, rng)
-    elif damage == "edit":  # the manifest is the folder's root: its own digest recomputed, the files untouched
-        detail = edit_json(folder / file, rng)
-    else:  # the manifest lists every file's digest and is the folder's root: a swapped file is taken as is
+    detail = damage_in_place(folder / file, damage, rng)  # edit: the manifest, its own digest recomputed, the files untouched
+    if detail is None:  # the manifest lists every file's digest and is the folder's root: a swapped file is taken as is
         shutil.copyfile(Path(reference["folder"]).parent / f"other-{kind}" / file, folder / file)
         detail = "the other run's file"
     try:
@@ -678,11 +685,8 @@ class FaissCacheArtefact:
         folder = _fresh_copy(self.folder, Path(scratch) / "cache")
         choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
         name = choices[int(rng.integers(0, len(choices)))]
-        if damage in DAMAGE:
-            detail = damage_file(folder / name, damage, rng)
-        elif damage == "edit":
-            detail = edit_json(folder / name, rng)
-        else:
+        detail = damage_in_place(folder / name, damage, rng)
+        if detail is None:
             shutil.copyfile(self.other / name, folder / name)
             detail = "the other run's file"
             if name.endswith(".faiss"):
@@ -750,11 +754,8 @@ class ShardArtefact:
         choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else [f for f in self.files if f != "manifest.json"] \
             if damage == "swap" else self.files
         name = choices[int(rng.integers(0, len(choices)))]
-        if damage in DAMAGE:
-            detail = damage_file(folder / name, damage, rng)
-        elif damage == "edit":
-            detail = edit_json(folder / name, rng)
-        else:
+        detail = damage_in_place(folder / name, damage, rng)
+        if detail is None:
             shutil.copyfile(self.other / name, folder / name)
             detail = "the other run's file"
             stem = name.split(".")[0]
@@ -889,11 +890,8 @@ class CachePartialArtefact:
         partial = cache.entry(self.key) / "partial"
         choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
         name = choices[int(rng.integers(0, len(choices)))]
-        if damage in DAMAGE:
-            detail = damage_file(partial / name, damage, rng)
-        elif damage == "edit":
-            detail = edit_json(partial / name, rng)
-        else:
+        detail = damage_in_place(partial / name, damage, rng)
+        if detail is None:
             # Another run's shard at this place, with its record: a record that agrees with its array, for other rows.
             stem = name.rsplit(".", 1)[0]
             for suffix in (".npy", ".json"):
@@ -962,11 +960,8 @@ class ShardResumeArtefact:
         folder = _fresh_copy(self.folder, Path(scratch) / "shards")
         choices = [f for f in self.files if f.endswith(".json")] if damage == "edit" else self.files
         name = choices[int(rng.integers(0, len(choices)))]
-        if damage in DAMAGE:
-            detail = damage_file(folder / name, damage, rng)
-        elif damage == "edit":
-            detail = edit_json(folder / name, rng)
-        else:
+        detail = damage_in_place(folder / name, damage, rng)
+        if detail is None:
             stem = name.split(".")[0]
             for suffix in (".npy", ".ids.txt", ".json"):
                 shutil.copyfile(self.other / f"{stem}{suffix}", folder / f"{stem}{suffix}")

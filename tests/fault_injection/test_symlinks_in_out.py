@@ -27,10 +27,9 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import write_beir
+from conftest import write_toy_vectors
 from embedtune.cli import main
 from embedtune.outputs import MARKER_NAME
 
@@ -137,18 +136,7 @@ def _judge(argv: list[str], out: Path, outside: Path, capsys) -> tuple[str, str]
 @pytest.fixture
 def vectors(tmp_path):
     """60 unit-norm 24-d docs, 40 queries judged against them, as a BEIR folder plus .npy/.txt files."""
-    rng = np.random.default_rng(0)
-    docs = rng.standard_normal((60, D)).astype(np.float32)
-    targets = rng.permutation(60)[:40]
-    queries = docs[targets] + 0.6 * rng.standard_normal((40, D)).astype(np.float32)
-    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
-    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    doc_ids, query_ids = [f"d{i}" for i in range(60)], [f"q{i}" for i in range(40)]
-    root = write_beir(tmp_path / "toy", [{"_id": i, "text": f"document number {i[1:]}"} for i in doc_ids],
-                      [{"_id": q, "text": q} for q in query_ids], [(q, doc_ids[t], 1) for q, t in zip(query_ids, targets)])
-    for name, ids, array in (("doc", doc_ids, docs), ("query", query_ids, queries)):
-        np.save(tmp_path / f"{name}.npy", array)
-        (tmp_path / f"{name}.txt").write_text("".join(i + "\n" for i in ids))
+    write_toy_vectors(tmp_path, doc_text=lambda doc_id: f"document number {doc_id[1:]}", dim=D)
     return tmp_path
 
 

@@ -45,7 +45,7 @@ from typing import Iterator
 import numpy as np
 
 from embedtune.compress.base import Compressor, as_float32_rows
-from embedtune.encoders.ray_encode import is_shard_folder, shard_files
+from embedtune.encoders.ray_encode import is_shard_folder, shard_files, shard_folder_shape
 from embedtune.errors import NonFiniteError
 from embedtune.io import atomic_write
 
@@ -306,9 +306,8 @@ def _iter_parquet(path: Path, chunk_size: int, id_column: str, vector_column: st
 def embedding_file_shape(path: str | Path, vector_column: str = "embedding") -> tuple[int, int]:
     """``(n, d)`` of a ``.npy`` or parquet embeddings file, or an ``embed-corpus`` folder, without reading the vectors."""
     path = Path(path)
-    if is_shard_folder(path):
-        shards, dim = shard_files(path)
-        return sum(len(ids) for _, ids in shards), dim
+    if is_shard_folder(path):  # the manifest's count; every shard is checked when the blocks are read
+        return shard_folder_shape(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: embeddings file not found.")
     if path.suffix == ".parquet":

@@ -61,6 +61,7 @@ from embedtune.runtime import RAY_CHATTER, native_chatter_filtered, progress_bar
 logger = logging.getLogger(__name__)
 
 __all__ = ["ShardEncoder", "encode_sharded", "encode_sharded_ray", "is_shard_folder", "pending_shards", "read_shards", "shard_files",
+           "shard_folder_shape",
            "SHARD_MANIFEST"]
 
 SHARD_MANIFEST = "manifest.json"
@@ -412,6 +413,20 @@ def shard_files(out: str | Path) -> tuple[list[tuple[Path, list[str]]], int]:
             raise IntegrityError(f"{source}: its shards hold other ids than the corpus this folder was made for (field 'ids_sha256'); "
                                  f"a shard of a run over another corpus was copied in? {SHARD_FIX}")
     return shards, dim
+
+
+def shard_folder_shape(out: str | Path) -> tuple[int, int]:
+    """``(rows, dim)`` of a complete shard folder, from its manifest (its own digest checked), reading no shard:
+    the shards themselves are checked when they are read (:func:`shard_files`)."""
+    out = Path(out)
+    path = out / SHARD_MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{out}: no {SHARD_MANIFEST}; the encoding has not finished (run it again to resume).")
+    manifest, _ = read_json_verified(path, SHARD_FIX, require_digest=True)
+    dim = manifest.get("dim")
+    if not dim and manifest.get("shards"):
+        dim = np.load(out / manifest["shards"][0], mmap_mode="r", allow_pickle=False).shape[1]
+    return int(manifest["rows"]), int(dim or 0)
 
 
 def is_shard_folder(path: str | Path) -> bool:

@@ -32,7 +32,7 @@ from embedtune.errors import EmbedtuneError
 from embedtune.io import read_json_verified, write_json_with_digest
 
 
-__all__ = ["EncoderRecipe", "RECIPE_FILE", "recipe_beside", "write_recipe"]
+__all__ = ["EncoderRecipe", "RECIPE_FILE", "model_sha256", "recipe_beside", "write_recipe"]
 
 RECIPE_FILE = "encoder.json"
 """The file beside a folder of vectors (``embed``'s ``--out``) that holds the recipe that made them."""
@@ -164,6 +164,15 @@ def _prompt(data: Mapping[str, Any], field: str) -> str | None:
     return None if value is None else str(value)
 
 
+def model_sha256(model: str) -> str:
+    """The sha256 over a model's files, by alias or folder; "" for a model that cannot be found here
+    (another model than any recorded one, as far as a comparison goes)."""
+    try:
+        return fingerprint_model_dir(resolve_model_path(model))
+    except Exception:  # noqa: BLE001 - an unknown model is simply another model
+        return ""
+
+
 def write_recipe(folder: str | os.PathLike, recipe: EncoderRecipe) -> Path:
     """Write ``recipe`` as ``folder/encoder.json`` (with its digest), beside the vectors it made."""
     return write_json_with_digest(Path(folder) / RECIPE_FILE, {"format": "embedtune-encoder-recipe", **recipe.to_dict()})
@@ -208,10 +217,7 @@ def recipe_for_vectors(vectors: str | os.PathLike, model: str | None = None, bac
     if recorded is None:
         return EncoderRecipe(model=model, backend=backend or "torch") if model else None
     if model and model != recorded.model:
-        try:
-            given = fingerprint_model_dir(resolve_model_path(model))
-        except Exception:  # noqa: BLE001 - an unknown model is simply another model
-            given = ""
+        given = model_sha256(model)
         if not given or given != recorded.model_sha256:
             raise EmbedtuneError(f"{vectors} was encoded by {recorded.model}, but --model is {model}: queries encoded by another "
                                  f"model than the documents give wrong hits. Fix: pass --model {recorded.model}, or leave --model out.")

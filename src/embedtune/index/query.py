@@ -20,7 +20,7 @@ import numpy as np
 from embedtune.compress import load_compressor
 from embedtune.encoders import SentenceEncoder
 from embedtune.encoders.precomputed import load_embeddings
-from embedtune.encoders.recipe import EncoderRecipe
+from embedtune.encoders.recipe import EncoderRecipe, model_sha256
 from embedtune.index.store import MANIFEST, Index, check_adapter, load_index
 
 __all__ = ["search_texts", "search_vectors", "query_vectors"]
@@ -130,10 +130,8 @@ def search_texts(index_dir: str | Path, queries: list[str], model: str | None = 
         given = EncoderRecipe(model=model or recipe.model, backend=backend or recipe.backend,
                               query_prompt=(recipe.query_prompt or "") if query_prompt is None else query_prompt,
                               max_seq_length=recipe.max_seq_length, document_prompt=recipe.document_prompt, normalize=recipe.normalize)
-        if model and model != recipe.model:
-            given = replace(given, model_sha256=EncoderRecipe.of(given.encoder()).model_sha256)
-        else:
-            given = replace(given, model_sha256=recipe.model_sha256)
+        # Another spelling of the recorded model (its folder for an alias) is the same model when its files are.
+        given = replace(given, model_sha256=model_sha256(model) if model and model != recipe.model else recipe.model_sha256)
         recipe.check_same(given, here=f"the index {index.path}", there="these queries (--model, --backend, --query-prompt)")
         encoder = given.encoder(show_progress=show_progress)
         return _search_encoded(index, encoder, queries, adapter, use_adapter, top_k, rescore, query_ids, ignore_identical_ids)

@@ -15,6 +15,7 @@ here is that of exact search on the compressed vectors with the plan's quantised
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from embedtune.evaluate.search import as_rows, break_ties
 from embedtune.index.codecs import Precision, binary_codes, sign_vectors
 from embedtune.index.store_configs import precision_kind
 
-__all__ = ["stored_vectors", "load_qdrant", "search_qdrant", "load_milvus_lite", "search_milvus_lite"]
+__all__ = ["stored_vectors", "load_qdrant", "search_qdrant", "load_milvus_lite", "search_milvus_lite", "search_bundle_store"]
 
 _BINARY = ("binary", "binary-asym", "binary-rescore")
 SIGNS, FLOATS = "signs", "vector"
@@ -143,3 +144,23 @@ def search_milvus_lite(client: Any, config: dict[str, Any], precision: Precision
         return [(int(h["row"]), float(h["distance"]), {f: h["entity"][f] for f in fields}) for h in hits]
 
     return _plan_search(precision, xq, k, search)
+
+
+#: The stores a bundle is round-tripped in here: its configuration file, and how to load and search it.
+_STORES = {"qdrant": ("qdrant.json", load_qdrant, search_qdrant, "qdrant"),
+           "milvus-lite": ("milvus.json", load_milvus_lite, search_milvus_lite, "milvus.db")}
+
+
+def search_bundle_store(store: str, bundle: str | Path, precision: Precision, x: np.ndarray, xq: np.ndarray, work: str | Path,
+                        k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``x`` into ``store`` (``qdrant`` or ``milvus-lite``) as the bundle's configuration says, under ``work``,
+    and return ``(D, I)`` of the top ``k`` rows for each compressed query; the client is closed afterwards."""
+    if store not in _STORES:
+        raise ValueError(f"store must be one of {list(_STORES)}; got {store!r}.")
+    config_file, load, search, location = _STORES[store]
+    config = json.loads((Path(bundle) / config_file).read_text(encoding="utf-8"))
+    client = load(config, stored_vectors(precision, x), Path(work) / location)
+    try:
+        return search(client, config, precision, xq, k)
+    finally:
+        client.close()
