@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from embedtune.data.beir import document_text
+
 __all__ = ["PSEUDO_QUERY_SOURCES", "PSEUDO_PREFIX", "pseudo_query_texts"]
 
 #: ``title``: the document's title, or its first sentence where the title is empty or shared by
@@ -30,10 +32,14 @@ def _first_sentence(text: str) -> str:
 
 
 def pseudo_query_texts(corpus: Mapping[str, Mapping[str, str]], doc_ids: Sequence[str],
-                       source: str = "title") -> tuple[list[str], list[str], list[str]]:
+                       source: str = "title", skip_whole_documents: bool = False) -> tuple[list[str], list[str], list[str]]:
     """``(pseudo-query ids, their documents' ids, texts)`` for ``doc_ids`` of ``corpus``, in ``doc_ids`` order.
 
-    Documents whose pseudo-query text would be shorter than 12 characters get none.
+    Documents whose pseudo-query text would be shorter than 12 characters get none. With
+    ``skip_whole_documents``, neither do documents whose pseudo-query would be their whole text
+    as encoded (a title-only document, or a text without a sentence end and no title): such a
+    pseudo-query is the document itself, which every map retrieves first, so scoring it says
+    nothing about retrieval.
 
     Raises:
         ValueError: ``source`` is not one of :data:`PSEUDO_QUERY_SOURCES`.
@@ -54,7 +60,7 @@ def pseudo_query_texts(corpus: Mapping[str, Mapping[str, str]], doc_ids: Sequenc
             text = title
         else:
             text = _first_sentence(fields.get("text") or "")
-        if len(text) < _MIN_CHARS:
+        if len(text) < _MIN_CHARS or (skip_whole_documents and text == document_text(fields)):
             continue
         ids.append(PSEUDO_PREFIX + doc_id)
         docs.append(doc_id)
