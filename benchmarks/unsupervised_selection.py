@@ -30,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -180,7 +181,8 @@ def main() -> None:
     encoder = SentenceEncoder("minilm", normalize=True, show_progress=False)
     rows = [row for name in args.datasets for row in run_dataset(name, args, encoder, command)]
     finished = dt.datetime.now(dt.timezone.utc)
-    atomic_write_json(out / "rows.json", {"command": command, "machine": machine_info(), "started": started.isoformat(timespec="seconds"),
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+    atomic_write_json(out / "rows.json", {"command": command, "machine": machine_info(), "git_commit": commit, "started": started.isoformat(timespec="seconds"),
                                           "finished": finished.isoformat(timespec="seconds"), "rows": rows})
     print(table(rows))
 
