@@ -19,8 +19,10 @@ Usage::
 
     python benchmarks/unsupervised_selection.py                       # npl cacm med, k = 64 128, one seed, at most 20 epochs
     python benchmarks/unsupervised_selection.py --datasets med --dims 64 --epochs 3   # a quick look
+    python benchmarks/unsupervised_selection.py --datasets npl --source first-words --signals pseudo-queries \
+        --rows rows-npl-first-words.json                               # NPL has neither titles nor sentence ends
 
-Writes ``--out/rows.json`` (one row per dataset, k and method, with per-query nDCG@10) and prints
+Writes ``--out/--rows`` (one row per dataset, k and method, with per-query nDCG@10) and prints
 the markdown table.
 """
 
@@ -48,7 +50,7 @@ from embedtune.compress import get_compressor_class  # noqa: E402
 from embedtune.compress.base import PseudoQueries, TrainingData  # noqa: E402
 from embedtune.compress.dive import DIVECompressor, DIVEConfig  # noqa: E402
 from embedtune.data.beir import load_beir  # noqa: E402
-from embedtune.data.pseudo_queries import pseudo_query_texts  # noqa: E402
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES, pseudo_query_texts  # noqa: E402
 from embedtune.encoders.sentence_transformer import SentenceEncoder  # noqa: E402
 from embedtune.evaluate.retrieval import evaluate_embeddings  # noqa: E402
 from embedtune.io import atomic_write_json  # noqa: E402
@@ -98,7 +100,7 @@ def run_dataset(name: str, args: argparse.Namespace, encoder: SentenceEncoder, c
             value, per_query = score(query_ids, compressor.transform(queries), doc_ids, compressor.transform(docs), data.qrels)
             rows.append({**base, "dim": dim, "method": method, "ndcg@10": value, "per_query_ndcg@10": per_query})
             print(f"{name} k={dim}: {method} {value:.4f}", flush=True)
-        for signal in SIGNALS:
+        for signal in args.signals:
             compressor = DIVECompressor(dive_config(dim, args.seed, signal, args))
             train = TrainingData.corpus_only(docs, doc_ids)
             row: dict[str, Any] = {**base, "dim": dim, "method": f"dive ({signal})", "selection_signal": signal}
@@ -165,7 +167,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20, help="cap on DIVE's corpus passes (the preset's: 50)")
     parser.add_argument("--patience", type=int, default=5, help="stop after this many epochs without improvement (as the preset)")
     parser.add_argument("--max-train-docs", type=int, default=4000, help="DIVE trains on a seeded sample of this many documents")
-    parser.add_argument("--source", default="title", choices=["title", "first-sentence"], help="pseudo-query text")
+    parser.add_argument("--source", default="title", choices=list(PSEUDO_QUERY_SOURCES), help="pseudo-query text")
+    parser.add_argument("--signals", nargs="+", default=list(SIGNALS), choices=list(SIGNALS), help="DIVE's selection signals to fit")
+    parser.add_argument("--rows", default="rows.json", help="file name of the rows under --out")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "beir"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "unsupervised-selection"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -173,7 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     if args.table:
-        print(table(json.loads((out / "rows.json").read_text())["rows"]))
+        print(table(json.loads((out / args.rows).read_text())["rows"]))
         return
     torch.set_num_threads(args.threads)
     command = " ".join(["python", *sys.argv])
@@ -182,7 +186,7 @@ def main() -> None:
     rows = [row for name in args.datasets for row in run_dataset(name, args, encoder, command)]
     finished = dt.datetime.now(dt.timezone.utc)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
-    atomic_write_json(out / "rows.json", {"command": command, "machine": machine_info(), "git_commit": commit, "started": started.isoformat(timespec="seconds"),
+    atomic_write_json(out / args.rows, {"command": command, "machine": machine_info(), "git_commit": commit, "started": started.isoformat(timespec="seconds"),
                                           "finished": finished.isoformat(timespec="seconds"), "rows": rows})
     print(table(rows))
 

@@ -110,6 +110,11 @@ def test_a_pseudo_query_that_is_the_whole_document_is_skipped_for_selection():
     assert pseudo_query_texts(corpus, ids, "title")[1] == ids  # as before: the training pseudo-queries keep them
     assert pseudo_query_texts(corpus, ids, "title", skip_whole_documents=True)[1] == ["titled"]
     assert pseudo_query_texts(corpus, ids, "first-sentence", skip_whole_documents=True)[2] == ["A trial of statins."]
+    # Without titles or sentence ends (NPL's texts), the first 12 words of a document at least twice as long.
+    words = [f"w{i}" for i in range(30)]
+    unpunctuated = {"long": {"title": "", "text": " ".join(words)}, "short": {"title": "", "text": " ".join(words[:23])}}
+    assert pseudo_query_texts(unpunctuated, ["long", "short"], "first-words", skip_whole_documents=True)[1:] == (
+        ["long"], [" ".join(words[:12])])
 
 
 @pytest.fixture
@@ -140,3 +145,10 @@ def test_compress_fit_on_given_vectors_names_the_fix(tmp_path):
     with pytest.raises(EmbedtuneError, match="given without either.*--data CORPUS --model MODEL.*selection_signal=rank-kl"):
         fit_on_all("dive", 4, doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt",
                    settings={"selection_signal": "pseudo-queries", "epochs": 1, "progress": False})
+
+
+def test_compress_fit_says_when_no_held_out_document_gives_a_pseudo_query(toy40, tiny_bert_dir):
+    """toy40's documents are one sentence and no title: every pseudo-query would be its whole document."""
+    with pytest.raises(EmbedtuneError, match="nothing to select on. Try --pseudo-queries first-sentence or --pseudo-queries first-words"):
+        fit_on_all("dive", 8, data=toy40, model=str(tiny_bert_dir), unsupervised=True,
+                   settings={"selection_signal": "pseudo-queries", "epochs": 1, "heads": 2, "progress": False})

@@ -18,7 +18,7 @@ import numpy as np
 from embedtune.compress.base import PseudoQueries
 from embedtune.compress.registry import get_compressor_class
 from embedtune.compress.presets import MiningOptions
-from embedtune.data.pseudo_queries import pseudo_query_texts
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES, pseudo_query_texts
 from embedtune.data.triplets import mine_triplets
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
@@ -145,8 +145,9 @@ def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str], so
                              "(--data CORPUS --model MODEL), or select on agreement with the frozen space: --set selection_signal=rank-kl.")
     pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=list(held_out), mine=False, skip_whole_documents=True)
     if not pseudo.ids:
-        other = "first-sentence" if source == "title" else "title"
+        others = " or ".join(f"--pseudo-queries {name}" for name in PSEUDO_QUERY_SOURCES if name != source)
         raise EmbedtuneError(f"selection_signal='pseudo-queries': none of the {len(held_out)} held-out documents has a {source} "
                              "pseudo-query shorter than the document itself (a corpus without titles or sentence ends has none), "
-                             f"so there is nothing to select on. Try --pseudo-queries {other}, or --set selection_signal=rank-kl.")
+                             f"so there is nothing to select on. Try {others} (first-words: texts without punctuation), "
+                             "or --set selection_signal=rank-kl.")
     return pseudo

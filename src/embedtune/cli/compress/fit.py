@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--preset", default=None,
                      help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net)")
     fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
-                     help="DIVE's training-only pseudo-queries, one per document (its title or its first sentence); "
+                     help="DIVE's training-only pseudo-queries, one per document (its title, its first sentence or its first 12 words); "
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
                      "path with --set selection_signal=pseudo-queries: the source of the held-out documents' pseudo-queries "
                      "DIVE selects its start and epoch on (default title)")
