@@ -182,10 +182,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     command = " ".join(["python", *sys.argv])
     started = dt.datetime.now(dt.timezone.utc)
+    # Read when the run starts: the code it imported, even if the branch moves on while it runs.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     encoder = SentenceEncoder("minilm", normalize=True, show_progress=False)
     rows = [row for name in args.datasets for row in run_dataset(name, args, encoder, command)]
     finished = dt.datetime.now(dt.timezone.utc)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     atomic_write_json(out / args.rows, {"command": command, "machine": machine_info(), "git_commit": commit, "started": started.isoformat(timespec="seconds"),
                                           "finished": finished.isoformat(timespec="seconds"), "rows": rows})
     print(table(rows))
