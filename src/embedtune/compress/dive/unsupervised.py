@@ -141,9 +141,9 @@ class UnsupervisedTraining:
                 targets = np.searchsorted(universe, query_docs)  # each pseudo-query's own document, a row of the candidates
                 logger.info("DIVE (unsupervised): selecting on %d pseudo-queries of the %d held-out documents", len(query_rows), n_holdout)
                 if len(query_rows) < _FEW_PSEUDO_QUERIES:
-                    logger.warning("DIVE (unsupervised): only %d of the %d held-out documents have a pseudo-query, so the start and "
-                                   "the epoch are chosen on few queries and may be chosen by chance; on a corpus of short or "
-                                   "title-only documents selection_signal='rank-kl' may be the steadier choice.", len(query_rows), n_holdout)
+                    logger.warning("DIVE (unsupervised): selecting on only %d pseudo-queries (of %d held-out documents), so the "
+                                   "start and the epoch may be chosen by chance; a larger corpus holds out more (holdout_docs, at "
+                                   "most a tenth of it), or use selection_signal='rank-kl'.", len(query_rows), n_holdout)
 
                 def measure() -> dict[str, float]:
                     return {**self._pseudo_query_metrics(adapter_input, pseudo_queries, targets),
