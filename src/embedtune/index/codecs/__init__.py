@@ -66,6 +66,15 @@ bytes), :mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embed
 (16, 528)
 """
 
+# precision first: it imports the built-in codecs in the order they are registered and listed (PRECISIONS).
+from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
+from embedtune.index.codecs.precision_registry import (
+    PrecisionCodec,
+    precision_codec,
+    precision_examples,
+    register_precision,
+    registered_precisions,
+)
 from embedtune.index.codecs.binary import Rescore, binary_codes, binary_index, binary_search, hamming_search, sign_vectors
 from embedtune.index.codecs.faiss_codes import (
     check_faiss_supports,
@@ -75,7 +84,6 @@ from embedtune.index.codecs.faiss_codes import (
     new_factory_index,
 )
 from embedtune.index.codecs.int8 import Calibration, int8_quantize, int8_ranges, int8_search, sq8_index, sq8_search
-from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
 from embedtune.index.codecs.quantized_index import (
     CALIBRATION_FILE,
     CALIBRATION_JSON,
@@ -97,6 +105,11 @@ __all__ = [
     "FLOAT_RESCORED",
     "Precision",
     "bytes_per_vector",
+    "PrecisionCodec",
+    "register_precision",
+    "registered_precisions",
+    "precision_codec",
+    "precision_examples",
     "Calibration",
     "sq8_index",
     "sq8_search",
