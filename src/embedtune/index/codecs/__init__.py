@@ -53,9 +53,20 @@ compressor's weights) are reported separately by :meth:`QuantizedIndex.fixed_byt
 Every search returns ``(D, I)`` with ``D`` higher-is-better and ties broken by ascending row, so
 results are deterministic whatever the backend.
 
-The modules, one codec idea each: :mod:`~embedtune.index.codecs.precision` (the names and their
-bytes), :mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embedtune.index.codecs.binary`
-(sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings),
+Every row of the table is a registered codec object (:class:`PrecisionCodec`,
+:mod:`~embedtune.index.codecs.precision_registry`): its bytes in RAM and read per query, its tier,
+whether FAISS serves it, how it is built on the corpus, searched, encoded and saved (each saved
+file recorded by its sha256), and its row of the store settings. :class:`Precision` looks a name up
+there, and nothing else dispatches on names: a new precision is one module (a :class:`PrecisionCodec`
+subclass decorated with :func:`register_precision`) plus one line (its import in
+:mod:`~embedtune.index.codecs.precision`), and ``tests/test_codec_registry.py`` checks it with the others.
+
+The modules, one codec idea each: :mod:`~embedtune.index.codecs.precision_registry` (the codec
+interface and the registry), :mod:`~embedtune.index.codecs.precision` (a name and its search settings),
+:mod:`~embedtune.index.codecs.float_codecs` (float32, float16),
+:mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embedtune.index.codecs.binary`
+(sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings, and the
+built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed),
 :mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once).
 
