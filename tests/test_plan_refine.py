@@ -19,6 +19,7 @@ from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.search import run_from_topk
 from embedtune.index import load_index
 from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.index.deploy_bundle import write_deploy_bundle
 from embedtune.index.plan_format import load_plan
 from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_vectors
@@ -130,6 +131,9 @@ def test_the_index_built_from_a_refined_plan_serves_what_was_scored(toy, tmp_pat
 def test_a_tampered_original_vectors_file_is_refused(toy, tmp_path):
     out = tmp_path / "plan"
     _plan(toy, out, budget_bytes=4, allow_disk=True, refine_candidates=CANDIDATES)
+    # The deploy bundle says that its stores serve the codes, and that the rescoring with the original vectors is the client's.
+    deploy = write_deploy_bundle(out, tmp_path / "bundle", include_model=False)
+    assert deploy["refine"]["candidates"] == CANDIDATES and "original_vectors.npy" in (tmp_path / "bundle" / "README.md").read_text()
     index_dir = build_planned_index(toy[0], tmp_path / "index", out, ids=toy[1])
     path = index_dir / ORIGINAL_VECTORS_FILE
     data = bytearray(path.read_bytes())
