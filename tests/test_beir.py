@@ -116,3 +116,13 @@ def test_real_arguana_has_five_absent_docs():
         ds = load_beir(shared_dataset("arguana"))
     assert ds.dropped_judgments["missing_docs"] == 5
     assert len(ds.corpus) == 8782
+
+
+def test_untitled_corpus_keeps_the_ids_in_order_and_its_texts_read_only():
+    from embedtune.data.beir import document_text, untitled_corpus
+
+    corpus = untitled_corpus(["b", "a", "c"])
+    assert list(corpus) == ["b", "a", "c"]
+    assert document_text(corpus["a"]) == ""
+    with pytest.raises(TypeError):
+        corpus["a"]["title"] = "shared by every id, so it cannot be written"

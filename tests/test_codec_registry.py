@@ -1,4 +1,4 @@
-"""Registered codecs: the contract every family keeps, the rate-distortion bound, and refused tampering."""
+"""Registered codecs and precisions: the contract every one keeps, the rate-distortion bound, and refused tampering."""
 
 from __future__ import annotations
 
@@ -7,20 +7,29 @@ import json
 import numpy as np
 import pytest
 
+import embedtune.index.codecs as codecs_package
 from embedtune.index.codecs import (
     CODEC_FILE,
     PRECISION_FILE,
+    PRECISIONS,
     DeployedCodec,
     Precision,
+    PrecisionCodec,
     QuantizedIndex,
     codec_family,
     corpus_spectrum,
     distortion_report,
     gaussian_bound,
+    precision_examples,
+    register_precision,
     registered_codecs,
+    registered_precisions,
     water_level,
 )
+from embedtune.index.codecs.precision_registry import Encoded
 from embedtune.index.codecs.textbook import ScalarTransformIndex, water_filling_bits
+from embedtune.index.deployment import deployment_recipe
+from embedtune.index.store_configs import STORE_SETTINGS, STORES, milvus_config, pgvector_sql, precision_kind, qdrant_config
 from embedtune.io import IntegrityError
 
 D, N = 32, 3000
@@ -37,12 +46,22 @@ def corpus() -> tuple[np.ndarray, np.ndarray]:
     return docs.astype(np.float32), queries.astype(np.float32)
 
 
+_BUILT: dict[str, QuantizedIndex] = {}
+
+
+def _built_at_8_bytes(family: str, docs: np.ndarray) -> QuantizedIndex:
+    """``family:8`` built on the module's corpus once: residual quantisation takes about a minute to train here."""
+    if family not in _BUILT:
+        _BUILT[family] = QuantizedIndex.build(docs, Precision(f"{family}:8"))
+    return _BUILT[family]
+
+
 @pytest.mark.parametrize("family", sorted(registered_codecs()))
 def test_every_registered_codec_encodes_saves_loads_and_scores_the_same(family, corpus, tmp_path):
     docs, queries = corpus
     precision = Precision(f"{family}:8")
     assert precision.is_codec and precision.ram_bytes(D) == 8
-    index = QuantizedIndex.build(docs, precision)
+    index = _built_at_8_bytes(family, docs)
     assert index.backend.sa_code_size() == 8 and index.backend.ntotal == N
     scores, rows = index.search(queries, 10)
     assert scores.shape == rows.shape == (40, 10)
@@ -69,7 +88,7 @@ def test_every_registered_codec_encodes_saves_loads_and_scores_the_same(family, 
 @pytest.mark.parametrize("family", sorted(registered_codecs()))
 def test_a_codec_is_never_far_below_the_gaussian_bound_and_reports_its_gap(family, corpus):
     docs, queries = corpus
-    index = QuantizedIndex.build(docs, f"{family}:8")
+    index = _built_at_8_bytes(family, docs)
     report = distortion_report(docs, index.backend.sa_decode(index.backend.sa_encode(docs)), 64, queries)
     assert report["bound_mse"] == pytest.approx(gaussian_bound(corpus_spectrum(docs), 64))
     # Gaussian data: no codec beats the bound by more than the sampling noise of a few thousand rows.
@@ -160,3 +179,160 @@ def test_a_codec_refuses_vectors_with_nan_or_inf(corpus):
     for family in sorted(registered_codecs()):
         with pytest.raises(ValueError, match="NaN or inf"):
             QuantizedIndex.build(broken, f"{family}:8")
+
+
+# -- every registered precision: the contract ----------------------------------------------------------------------------
+# Parametrized from the registry itself, so a newly registered precision is checked without touching this file.
+
+PRECISION_JSON_FIELDS = {"name", "candidates", "nprobe", "dim", "factory", "files_sha256", "content_sha256"}
+
+
+def _stored_bytes_per_vector(index: QuantizedIndex) -> int:
+    """What the index really holds per vector: FAISS's code size, the packed codes, or the float32 array."""
+    if index.codes is not None:
+        return int(index.codes.shape[1] * index.codes.itemsize)
+    if index.backend is not None:
+        return int(index.backend.sa_code_size())
+    return int(index.float_vectors.nbytes // index.ntotal)
+
+
+def _check_precision_contract(name: str, docs: np.ndarray, queries: np.ndarray, directory) -> None:
+    precision = Precision(name)
+    codec = precision.precision_codec
+    dim, n = docs.shape[1], len(docs)
+    index = QuantizedIndex.build(docs, precision)
+    assert index.ntotal == n and index.dim == dim
+    # The bytes it reports are the bytes it stores.
+    assert _stored_bytes_per_vector(index) == precision.ram_bytes(dim) == index.ram_bytes(), name
+    assert index.fixed_bytes() >= 0
+    assert codec.tier in ("ram", "disk-rescore") and precision.tier == codec.tier
+    assert precision.disk_bytes(dim) == precision.ram_bytes(dim) + (4 * dim if codec.tier == "disk-rescore" else 0)
+    assert precision.disk_read_per_query(dim) == (precision.candidates * 4 * dim if codec.tier == "disk-rescore" else 0)
+    if codec.tier == "disk-rescore":
+        assert index.float_vectors is not None and index.float_vectors.shape == docs.shape
+    assert codec.faiss_backed == precision.uses_factory and isinstance(codec.index_kind, str) and codec.factory == precision.factory
+    scores, rows = index.search(queries, 10)
+    assert scores.shape == rows.shape == (len(queries), 10)
+    assert (np.diff(scores, axis=1) <= 1e-6).all(), f"{name}: scores are not in descending order"
+    decoded = index.reconstruct(docs[:5])
+    assert decoded is None or decoded.shape == (5, dim)
+    if not codec.deployable:
+        with pytest.raises(ValueError, match="reference codec"):
+            index.save_precision(directory)
+        return
+    index.save_precision(directory)
+    saved = json.loads((directory / PRECISION_FILE).read_text())
+    assert set(saved) - {"compressor_state_sha256"} == PRECISION_JSON_FIELDS and saved["name"] == name
+    assert set(saved["files_sha256"]) == set(codec.files) == {p.name for p in directory.iterdir()} - {PRECISION_FILE}
+    loaded = DeployedCodec.load(directory)
+    assert loaded.precision == precision and loaded.dim == dim
+    codes = loaded.encode(docs)
+    assert np.array_equal(codes, DeployedCodec.from_index(index).encode(docs)), f"{name}: the saved codec encodes otherwise"
+    assert codes.nbytes == n * precision.ram_bytes(dim), f"{name}: encode's codes are not ram_bytes per vector"
+    # Search through the loaded parameters gives what the built index gave.
+    again, again_rows = loaded.build_index(docs).search(queries, 10)
+    assert np.array_equal(again_rows, rows) and np.allclose(again, scores, atol=1e-6), name
+    # Tampered files are refused: each file beside precision.json, then precision.json itself.
+    for file in [*codec.files, PRECISION_FILE]:
+        original = (directory / file).read_bytes()
+        if file == PRECISION_FILE:
+            (directory / file).write_text(json.dumps({**saved, "candidates": precision.candidates + 1}))
+        else:
+            (directory / file).write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        with pytest.raises(IntegrityError, match="sha256"):
+            DeployedCodec.load(directory)
+        (directory / file).write_bytes(original)
+    DeployedCodec.load(directory)
+
+
+@pytest.mark.parametrize("name", precision_examples())
+def test_every_registered_precision_builds_saves_loads_searches_the_same_and_refuses_tampering(name, corpus, tmp_path):
+    docs, queries = corpus
+    _check_precision_contract(name, docs, queries, tmp_path)
+
+
+@pytest.mark.parametrize("name", precision_examples())
+def test_every_registered_precision_has_store_settings_and_recipes(name):
+    precision = Precision(name)
+    kind = precision_kind(precision)
+    assert kind in STORE_SETTINGS, f"{name}: store kind {kind!r} has no STORE_SETTINGS row"
+    assert set(STORE_SETTINGS[kind]) == set(STORES), f"{name}: a store without a setting (write 'not supported' in its note)"
+    for store, (setting, note) in STORE_SETTINGS[kind].items():
+        assert setting and isinstance(note, str), (name, store)
+    recipe = deployment_recipe(precision, D)
+    assert recipe["faiss"]["factory"] == precision.factory and recipe["faiss"]["rescore"] == precision.rescore
+    assert recipe["lancedb"]["note"], f"{name}: the LanceDB recipe says nothing about how it differs"
+    assert qdrant_config(precision, D)["vectors_config"]["size"] == D
+    assert "CREATE TABLE" in pgvector_sql(precision, D)
+    assert milvus_config(precision, D)["fields"]
+
+
+def test_the_precision_table_is_the_registry():
+    builtins = [cls.precision_name for cls in registered_precisions() if cls.precision_name]
+    assert list(PRECISIONS) == builtins
+    assert PRECISIONS[:6] == ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore")
+    assert set(precision_examples()) >= set(PRECISIONS) and any(n.startswith("faiss:") for n in precision_examples())
+    assert {f"{family}:4" for family in registered_codecs()} <= set(precision_examples())
+    for name in PRECISIONS:  # the table in embedtune.index.codecs' docstring lists every built-in precision
+        assert f"\n{name} " in codecs_package.__doc__ or f"\n{name}(" in codecs_package.__doc__, name
+
+
+class ToyFloat64(PrecisionCodec):
+    """A trivial codec for the test below: the float64 vectors, searched exactly."""
+
+    precision_name = "toy-float64"
+    summary = "float64 vectors, exact inner product"
+    factory = "Flat"
+    index_kind = "flat"
+    store_kind = "float32"
+
+    def ram_bytes(self, dim: int) -> int:
+        return 8 * dim
+
+    def build(self, xb, precision, calibration=None, float_vectors=None, train=None, trained_index=None) -> Encoded:
+        return Encoded(None, codes=np.ascontiguousarray(xb, dtype=np.float64))
+
+    def encode(self, x, calibration=None, trained_index=None) -> np.ndarray:
+        return np.ascontiguousarray(x, dtype=np.float64)
+
+    def search(self, index, xq, k):
+        scores = xq.astype(np.float64) @ index.codes.T
+        rows = np.lexsort((np.broadcast_to(np.arange(index.ntotal), scores.shape), -scores), axis=1)[:, :k]
+        return np.take_along_axis(scores, rows, axis=1).astype(np.float32), rows.astype(np.int64)
+
+    def reconstruct(self, index, x):
+        return x
+
+
+@pytest.fixture
+def toy_precision_registered(monkeypatch):
+    """``ToyFloat64`` registered for one test only (the registry is restored afterwards)."""
+    import embedtune.index.codecs.precision_registry as registry_module
+
+    monkeypatch.setattr(registry_module, "_CODECS", list(registry_module._CODECS))
+    register_precision(ToyFloat64)
+    yield "toy-float64"
+
+
+def test_a_new_precision_is_one_class_and_one_registration(toy_precision_registered, corpus, tmp_path):
+    from embedtune.workflows.plan import QuerySet, precision_tier, score_precisions
+
+    name = toy_precision_registered
+    docs, queries = corpus
+    assert name in precision_examples() and Precision(name).ram_bytes(D) == 8 * D
+    with pytest.raises(ValueError, match="is registered already"):
+        register_precision(type("Another", (ToyFloat64,), {}))
+    _check_precision_contract(name, docs, queries, tmp_path / "codec")
+    test_every_registered_precision_has_store_settings_and_recipes(name)
+    # The plan takes the name as it takes the built-in ones: a scored row with its bytes and tier.
+    assert precision_tier(name) == "ram"
+    ids = [f"q{i}" for i in range(len(queries))]
+    query_set = QuerySet(ids, queries, {q: {f"d{i}": 1} for i, q in enumerate(ids)}, "val", ignore_identical_ids=False)
+    rows = score_precisions(query_set, [f"d{i}" for i in range(N)], docs, None, ["float32", name], top_k=10, rounds=1)
+    toy = next(row for row in rows if row["precision"] == name)
+    assert toy["ram_bytes"] == 8 * D and toy["tier"] == "ram" and toy["recall@10"] == rows[0]["recall@10"]
+
+
+def test_an_unknown_precision_lists_the_registered_ones():
+    with pytest.raises(ValueError, match=r"unknown precision 'int3'; valid: float32, .*turboquant4.*faiss:<index_factory string>.*klt-pq:<bytes>"):
+        Precision("int3")

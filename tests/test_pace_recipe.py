@@ -228,7 +228,7 @@ def test_default_preset_generalises_and_direct_dot_full_keeps_its_schedule(tiny_
     assert preset_config("direct-dot-full", backbone="vl").stage1.epochs == 1.0
     with pytest.raises(ValueError, match="preset 'infonce-lora' needs steps="):
         preset_config("infonce-lora")
-    with pytest.raises(ValueError, match="epochs must be > 0"):
+    with pytest.raises(ValueError, match="epochs must be a finite number > 0; got 0"):
         StageConfig(epochs=0)
     document = json.loads(preset_config("pace", stage1_steps=8, stage2_steps=4).save(tmp_path / "old").read_text())
     for stage in ("stage1", "stage2"):

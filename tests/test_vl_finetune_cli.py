@@ -137,7 +137,7 @@ def test_config_errors_name_the_field_and_the_fix(tmp_path, capsys):
 
     with pytest.raises(ValueError, match="stage2.parameters='lora' is not supported.*set stage2.parameters='full'"):
         PACEConfig(backbone="vl", stage2=StageConfig(similarity="dot", parameters="lora"))
-    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer; got 0"):
         PACEConfig(backbone="vl", batch_size=0)
     with pytest.raises(ValueError, match="stage1 has unknown keys \\['lr'\\]"):
         PACEConfig(backbone="vl", stage1={"lr": 1e-3})

@@ -19,7 +19,9 @@ A config lists what each field accepts next to the fields themselves::
 
 A value passes when any constraint of its list accepts it (``None`` in the list accepts None).
 The error names the field, every accepted form and the value: ``patience must be a positive
-integer or None; got 0.`` Only what relates two fields stays hand-written in ``__post_init__``.
+integer or None; got 0.`` A form that means something particular says so with ``means``
+(``Options((0,), means="skip the stage")`` reads ``0 (skip the stage)``), and a nested config is
+an :class:`Instance`. Only what relates two fields stays hand-written in ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -28,20 +30,22 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Union
 
-__all__ = ["Constraint", "Interval", "Options", "Text", "validate_constraints", "collected_constraints"]
+__all__ = ["Constraint", "Instance", "Interval", "Options", "Text", "validate_constraints", "collected_constraints"]
 
 
 @dataclass(frozen=True)
 class Interval:
     """A number in ``[left, right]`` (``None``: unbounded); ``closed`` says which ends belong.
 
-    ``kind`` is ``int`` (booleans refused) or ``float`` (any finite real, ints included).
+    ``kind`` is ``int`` (booleans refused) or ``float`` (any finite real, ints included); ``means``,
+    when given, follows the range in the error (what such a number stands for).
     """
 
     kind: type
     left: float | None
     right: float | None
     closed: str = "both"  # "both", "left", "right" or "neither"
+    means: str = ""
 
     def accepts(self, value: Any) -> bool:
         if isinstance(value, bool):
@@ -58,6 +62,9 @@ class Interval:
         return True
 
     def describe(self) -> str:
+        return _with_meaning(self._range(), self.means)
+
+    def _range(self) -> str:
         if self.kind is int:
             if self.left is None and self.right is None:
                 return "an integer"
@@ -80,18 +87,24 @@ class Interval:
 
 @dataclass(frozen=True)
 class Options:
-    """One of a fixed set of values (compared with ``==``, booleans never standing in for 0 and 1)."""
+    """One of a fixed set of values (compared with ``==``, booleans never standing in for 0 and 1).
+
+    ``means``, when given, follows the values in the error: ``Options((None,), means="no limit")``
+    reads ``None (no limit)``.
+    """
 
     values: tuple[Any, ...]
+    means: str
 
-    def __init__(self, values: Iterable[Any]) -> None:
+    def __init__(self, values: Iterable[Any], means: str = "") -> None:
         object.__setattr__(self, "values", tuple(values))
+        object.__setattr__(self, "means", means)
 
     def accepts(self, value: Any) -> bool:
         return any(value == option and isinstance(value, bool) == isinstance(option, bool) for option in self.values)
 
     def describe(self) -> str:
-        return repr(self.values[0]) if len(self.values) == 1 else f"one of {list(self.values)}"
+        return _with_meaning(repr(self.values[0]) if len(self.values) == 1 else f"one of {list(self.values)}", self.means)
 
 
 @dataclass(frozen=True)
@@ -107,7 +120,25 @@ class Text:
         return self.what
 
 
-Constraint = Union[Interval, Options, Text, None]
+@dataclass(frozen=True)
+class Instance:
+    """An instance of ``kind``, such as a nested config; ``what`` names it in the error (default: ``a <kind>``)."""
+
+    kind: type
+    what: str = ""
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, self.kind)
+
+    def describe(self) -> str:
+        return self.what or f"a {self.kind.__name__}"
+
+
+Constraint = Union[Interval, Options, Text, Instance, None]
+
+
+def _with_meaning(form: str, means: str) -> str:
+    return f"{form} ({means})" if means else form
 
 
 def collected_constraints(cls: type) -> dict[str, list[Constraint]]:

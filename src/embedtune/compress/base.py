@@ -95,8 +95,10 @@ def l2_normalize(X: np.ndarray, eps: float = 1e-12, out: np.ndarray | None = Non
 class PseudoQueries:
     """Training-only pseudo-queries (one per document, from its own text) and their triplets.
 
-    They are never held out for selection and never scored: selection and every reported figure
-    read real queries only (see :mod:`embedtune.data.pseudo_queries`).
+    They are never held out for selection and never scored where there are real queries: there,
+    selection and every reported figure read real queries only (see :mod:`embedtune.data.pseudo_queries`).
+    Without labels, DIVE's unsupervised mode can select on the pseudo-queries of documents it
+    holds out and never trains on (``selection_signal='pseudo-queries'``); they need no triplets.
 
     Attributes:
         ids: the pseudo-query ids, rows of ``embeddings``.
@@ -316,7 +318,8 @@ class Compressor(abc.ABC):
 
         Args:
             corpus: (n_docs, d) document vectors, or a :class:`TrainingData` (only its
-                ``doc_embeddings`` are read).
+                ``doc_embeddings``, ``doc_ids`` and ``pseudo_queries`` are read: pseudo-queries
+                carry no labels, and DIVE can select on them, ``selection_signal='pseudo-queries'``).
             log_path: as in :meth:`fit`.
 
         Raises:
@@ -329,7 +332,10 @@ class Compressor(abc.ABC):
                 "embedtune.compress.unsupervised_methods()."
             )
         train = corpus if isinstance(corpus, TrainingData) else TrainingData.corpus_only(corpus)
-        train = TrainingData.corpus_only(train.doc_embeddings, train.doc_ids)
+        corpus_only = TrainingData.corpus_only(train.doc_embeddings, train.doc_ids)
+        if train.pseudo_queries is not None:  # checked against the documents as a TrainingData's are
+            corpus_only = dataclasses.replace(corpus_only, pseudo_queries=train.pseudo_queries)
+        train = corpus_only
         self.config = self.unsupervised_config(self.config)
         return self.fit(train, log_path=log_path)
 

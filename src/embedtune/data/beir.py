@@ -15,17 +15,30 @@ import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from types import MappingProxyType
+from typing import Iterator, Mapping
 
 from embedtune.data.errors import DataFormatError
 from embedtune.errors import NoQueriesError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BeirDataset", "load_beir", "load_beir_corpus", "qrels_splits", "resolve_dataset_path", "document_text", "BUNDLED_DATASETS"]
+__all__ = ["BeirDataset", "untitled_corpus", "load_beir", "load_beir_corpus", "qrels_splits", "resolve_dataset_path", "document_text", "BUNDLED_DATASETS"]
 
 BUNDLED_DATASETS = {"scifact": "scifact.zip"}
 QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+#: The text of a document known only by its vector: one read-only object shared by every such id.
+UNTITLED: Mapping[str, str] = MappingProxyType({"title": "", "text": ""})
+
+
+def untitled_corpus(doc_ids) -> dict[str, Mapping[str, str]]:
+    """``{doc_id: {"title": "", "text": ""}}`` for documents that come as vectors without texts.
+
+    Every id maps to the one read-only :data:`UNTITLED`, so a million ids cost one dict, not a
+    million (a dict each took 0.7 s of a 3.6 s ``compress fit`` on 1M vectors).
+    """
+    return dict.fromkeys(doc_ids, UNTITLED)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from embedtune.data.beir import QRELS_HEADER, BeirDataset, read_utf8
+from embedtune.data.beir import QRELS_HEADER, BeirDataset, read_utf8, untitled_corpus
 from embedtune.data.errors import DataFormatError
 
 __all__ = ["read_pairs", "read_labels", "labelled_dataset", "file_sha256", "PAIR_FIELDS"]
@@ -187,7 +187,7 @@ def labelled_dataset(
         prints.setdefault(Path(labels_path).name, file_sha256(labels_path))
     return BeirDataset(
         name=name,
-        corpus={doc_id: {"title": "", "text": ""} for doc_id in doc_ids},
+        corpus=untitled_corpus(doc_ids),
         queries={query_id: "" for query_id in query_ids},
         qrels={query_id: dict(docs) for query_id, docs in labels.items() if any(rel > 0 for rel in docs.values())},
         split=Path(labels_path).stem,

@@ -13,16 +13,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from embedtune.data.beir import document_text
+
 __all__ = ["PSEUDO_QUERY_SOURCES", "PSEUDO_PREFIX", "pseudo_query_texts"]
 
 #: ``title``: the document's title, or its first sentence where the title is empty or shared by
-#: another document (ArguAna's debate titles are); ``first-sentence``: always the first sentence.
-PSEUDO_QUERY_SOURCES = ("title", "first-sentence")
+#: another document (ArguAna's debate titles are); ``first-sentence``: always the first sentence;
+#: ``first-words``: the text's first 12 words, for a corpus with neither titles nor sentence ends
+#: (NPL's texts are lower-cased with the punctuation removed, so their first sentence is the whole text).
+PSEUDO_QUERY_SOURCES = ("title", "first-sentence", "first-words")
 PSEUDO_PREFIX = "pseudo:"
 # A sentence ends at ., ! or ? followed by white space; a text with none is one sentence.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 # Shorter texts carry too little to retrieve by; they are skipped, not padded.
 _MIN_CHARS = 12
+# first-words: about a query's length (NPL's queries: 11 words median, its documents 37). A document of
+# fewer than twice as many words gets none, so a pseudo-query is at most half of its document.
+_FIRST_WORDS = 12
 
 
 def _first_sentence(text: str) -> str:
@@ -30,10 +37,14 @@ def _first_sentence(text: str) -> str:
 
 
 def pseudo_query_texts(corpus: Mapping[str, Mapping[str, str]], doc_ids: Sequence[str],
-                       source: str = "title") -> tuple[list[str], list[str], list[str]]:
+                       source: str = "title", skip_whole_documents: bool = False) -> tuple[list[str], list[str], list[str]]:
     """``(pseudo-query ids, their documents' ids, texts)`` for ``doc_ids`` of ``corpus``, in ``doc_ids`` order.
 
-    Documents whose pseudo-query text would be shorter than 12 characters get none.
+    Documents whose pseudo-query text would be shorter than 12 characters get none. With
+    ``skip_whole_documents``, neither do documents whose pseudo-query would be their whole text
+    as encoded (a title-only document, or a text without a sentence end and no title): such a
+    pseudo-query is the document itself, which every map retrieves first, so scoring it says
+    nothing about retrieval.
 
     Raises:
         ValueError: ``source`` is not one of :data:`PSEUDO_QUERY_SOURCES`.
@@ -52,9 +63,12 @@ def pseudo_query_texts(corpus: Mapping[str, Mapping[str, str]], doc_ids: Sequenc
         title = (fields.get("title") or "").strip()
         if source == "title" and title and title_count[title] == 1:
             text = title
+        elif source == "first-words":
+            words = (fields.get("text") or "").split()
+            text = " ".join(words[:_FIRST_WORDS]) if len(words) >= 2 * _FIRST_WORDS else ""
         else:
             text = _first_sentence(fields.get("text") or "")
-        if len(text) < _MIN_CHARS:
+        if len(text) < _MIN_CHARS or (skip_whole_documents and text == document_text(fields)):
             continue
         ids.append(PSEUDO_PREFIX + doc_id)
         docs.append(doc_id)

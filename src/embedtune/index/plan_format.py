@@ -92,11 +92,9 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     else:
         index = QuantizedIndex.build(docs, precision)
     index.save_precision(out)
-    for stale in (CALIBRATION_FILE, CALIBRATION_JSON):
-        if precision.name != "int8":
+    for stale in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE):  # left by an earlier plan of another precision
+        if stale not in precision.precision_codec.files:
             (out / stale).unlink(missing_ok=True)
-    if not precision.uses_factory:
-        (out / CODEC_FILE).unlink(missing_ok=True)
     ram = precision.ram_bytes(docs.shape[1])
     plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
             "ram_bytes": ram, "disk_bytes": refine.disk_bytes(ram) if refine is not None else precision.disk_bytes(docs.shape[1]),
@@ -128,9 +126,7 @@ def index_kind(precision: Precision) -> str:
     A registered codec's kind is its name (``klt-pq:32``): no ``index_factory`` string makes it, so
     only ``index build --plan`` builds it, from the plan's trained ``codec.faiss``.
     """
-    if precision.is_binary:
-        return "binary"
-    return {"float32": "flat", "int8": "sq8", "float16": "SQfp16"}.get(precision.name, precision.factory)
+    return precision.precision_codec.index_kind
 
 
 def load_plan(directory: str | Path) -> tuple[dict[str, Any], Compressor, Precision, Calibration | None]:
@@ -197,10 +193,11 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
                                   ("compressor_state_sha256", compressor.state_sha256(), f"{directory / COMPRESSOR_DIR}")):
         if plan.get(field) != actual:
             refuse(field, plan.get(field), actual, source)
-    if (precision.name == "int8") != (calibration is not None):
-        raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if precision.name == 'int8' else 'has no use for'} "
+    files = precision.precision_codec.files
+    if (CALIBRATION_FILE in files) != (calibration is not None):
+        raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if CALIBRATION_FILE in files else 'has no use for'} "
                              f"{CALIBRATION_FILE}. {PLAN_FIX}")
-    if (directory / CODEC_FILE).is_file() and not precision.uses_factory:
+    if (directory / CODEC_FILE).is_file() and CODEC_FILE not in files:
         raise IntegrityError(f"{directory}: precision {precision.name} has no use for {CODEC_FILE}. {PLAN_FIX}")
     if calibration is not None:
         if calibration.dim != dim:

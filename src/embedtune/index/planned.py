@@ -34,14 +34,15 @@ from typing import Any
 from embedtune.compress.ray_apply import RayPool
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.recipe import recipe_beside
-from embedtune.index.codecs import CODEC_FILE, read_codec_index
+from embedtune.index.codecs import CODEC_FILE, read_codec_index, registered_precisions
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
 from embedtune.index.refine import plan_refine
 
 __all__ = ["build_planned_index", "RESCORE_OF"]
 
-RESCORE_OF = {"binary-asym": "asym", "binary-rescore": "float", "rabitq1-rescore": "float"}
+#: How each built-in precision that rescores its candidates rescores them (the codecs' ``rescore``; kept for callers of this name).
+RESCORE_OF = {cls.precision_name: cls.rescore for cls in registered_precisions() if cls.precision_name and cls.rescore}
 
 
 def _encoding_model(info: dict[str, Any]) -> str | None:
@@ -79,7 +80,7 @@ def build_planned_index(
         "path": str(plan.resolve()),
         "setting": info["chosen"]["setting"],
         "precision": precision.name,
-        "rescore": RESCORE_OF.get(precision.name),
+        "rescore": precision.rescore,
         "candidates": precision.candidates,
         "faiss_factory": info["faiss_factory"],
         "ram_bytes": info["ram_bytes"],

@@ -1,9 +1,11 @@
 """Ready configurations of a planned precision for Qdrant, pgvector and Milvus, from one table.
 
 :data:`STORE_SETTINGS` maps each kind of planned precision to the setting each store gets and a
-note where that store's own quantiser differs from the plan's. :func:`qdrant_config`,
-:func:`pgvector_sql` and :func:`milvus_config` turn a row into what the store takes (a Qdrant
-``create_collection`` body, pgvector SQL, a Milvus schema with index parameters); FAISS and
+note where that store's own quantiser differs from the plan's. The table is per-store data, keyed by
+*store kind*, not by precision: each registered precision names its row
+(:attr:`~embedtune.index.codecs.PrecisionCodec.store_kind`), so a new precision picks a row, or adds
+one here. :func:`qdrant_config`, :func:`pgvector_sql` and :func:`milvus_config` turn a row into what
+the store takes (a Qdrant ``create_collection`` body, pgvector SQL, a Milvus schema with index parameters); FAISS and
 LanceDB keep theirs in :mod:`embedtune.index.deployment`. ``embedtune index deploy`` writes them
 all into a bundle (:mod:`embedtune.index.deploy_bundle`).
 
@@ -15,15 +17,14 @@ distance, which equals ranking the ±1 sign vectors by inner product (``dot = d 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from embedtune.index.codecs import Precision
+from embedtune.index.codecs.precision_registry import divisor_near
 
 __all__ = ["STORE_SETTINGS", "STORES", "precision_kind", "store_settings", "qdrant_config", "pgvector_sql", "milvus_config"]
 
 STORES = ("qdrant", "pgvector", "milvus")
-_PQ = re.compile(r"^PQ(\d+)(?:x(\d+))?(?:fs|np)?$")
 
 #: precision kind → store → (setting, note). The note says where the store's own quantiser is not the plan's ("" when it is the same).
 STORE_SETTINGS: dict[str, dict[str, tuple[str, str]]] = {
@@ -92,24 +93,12 @@ STORE_SETTINGS: dict[str, dict[str, tuple[str, str]]] = {
 
 
 def precision_kind(precision: Precision) -> str:
-    """The :data:`STORE_SETTINGS` row of ``precision``."""
-    name = precision.name
-    if name in ("float32", "float16", "int8", "binary", "binary-asym", "binary-rescore"):
-        return name
-    if name.startswith("rabitq") and name != "rabitq4" or name == "turboquant1":
-        return "rabitq"
-    if name in ("int4", "rabitq4", "turboquant4"):
-        return "four-bit"
-    last = precision.factory.split(",")[-1].strip()
-    if last in ("SQ4", "SQ6"):
-        return "four-bit"
-    if last == "SQ8":
-        return "int8"
-    if last == "SQfp16":
-        return "float16"
-    if precision.is_codec or _PQ.match(last):
-        return "product"
-    return "other"
+    """The :data:`STORE_SETTINGS` row of ``precision``: the one its codec names."""
+    kind = precision.precision_codec.store_kind
+    if kind not in STORE_SETTINGS:
+        raise ValueError(f"precision {precision.name!r} names store kind {kind!r}, which STORE_SETTINGS has no row for; "
+                         f"name one of {sorted(STORE_SETTINGS)} in its codec's store_kind, or add the row.")
+    return kind
 
 
 def store_settings(precision: Precision) -> dict[str, dict[str, str]]:
@@ -119,7 +108,7 @@ def store_settings(precision: Precision) -> dict[str, dict[str, str]]:
 
 
 def _candidates(precision: Precision) -> int | None:
-    return precision.candidates if precision.name in ("binary-asym", "binary-rescore") or precision.rescores_float else None
+    return precision.candidates if precision.rescore else None
 
 
 def qdrant_config(precision: Precision, dim: int, top_k: int = 10, collection: str = "vectors") -> dict[str, Any]:
@@ -136,8 +125,8 @@ def qdrant_config(precision: Precision, dim: int, top_k: int = 10, collection: s
         search["quantization"] = {"rescore": False}
     elif kind in ("binary", "binary-asym", "binary-rescore", "rabitq"):
         quantization = {"binary": {"always_ram": True, "encoding": "one_bit",
-                                   "query_encoding": "scalar8bits" if kind == "binary-asym" else "binary"}}
-        search["quantization"] = ({"rescore": True, "oversampling": candidates / top_k} if candidates and kind != "binary-asym"
+                                   "query_encoding": "scalar8bits" if precision.rescore == "asym" else "binary"}}
+        search["quantization"] = ({"rescore": True, "oversampling": candidates / top_k} if candidates and precision.rescore != "asym"
                                   else {"rescore": False})
         vectors["on_disk"] = True  # the float vectors are only read to rescore
     elif kind == "four-bit":
@@ -170,7 +159,7 @@ def pgvector_sql(precision: Precision, dim: int, table: str = "items", top_k: in
                   f"CREATE INDEX ON {table} USING hnsw (embedding bit_hamming_ops);",
                   "-- load: embedding = the sign bits x > 0 as a bit string ('0101...')",
                   f"-- top-{top_k}: :query is the query's sign bits",
-                  f"SELECT row_id, id FROM {table} ORDER BY embedding <~> :query, row_id LIMIT {candidates if kind == 'binary-asym' else top_k};"]
+                  f"SELECT row_id, id FROM {table} ORDER BY embedding <~> :query, row_id LIMIT {candidates if precision.rescore == 'asym' else top_k};"]
         return "\n".join(lines) + "\n"
     column = "halfvec" if kind in ("float16", "int8", "four-bit", "product") else "vector"
     lines += [f"CREATE TABLE {table} (row_id bigint PRIMARY KEY, id text NOT NULL, embedding {column}({dim}));"]
@@ -205,21 +194,18 @@ def milvus_config(precision: Precision, dim: int, top_k: int = 10, collection: s
     elif kind == "int8":
         index.update(index_type="IVF_SQ8", params={"nlist": 128})
         search["params"] = {"nprobe": 16}
-    elif kind in ("binary", "binary-asym", "binary-rescore"):
+    elif precision.is_binary:
         vector = {"name": "vector", "type": "BINARY_VECTOR", "dim": dim}
         index.update(index_type="BIN_FLAT", metric_type="HAMMING")
         search["metric_type"] = "HAMMING"
-        if kind == "binary-rescore":
+        if precision.rescore == "float":  # Milvus cannot rescore across fields: the float vectors ride along for the client
             extra_fields.append({"name": "vector_float", "type": "FLOAT_VECTOR", "dim": dim})
     elif kind == "rabitq":
         index.update(index_type="IVF_RABITQ", params={"nlist": 128, **({"refine": True, "refine_type": "SQ8"} if candidates else {})})
         search["params"] = {"nprobe": 16, **({"rbq_query_bits": 0, "refine_k": candidates / top_k} if candidates else {})}
     elif kind in ("four-bit", "product"):
-        if precision.is_codec or kind == "four-bit":
-            m, nbits = _divisor_near(dim, precision.ram_bytes(dim)), 8
-        else:
-            pq = _PQ.match(precision.factory.split(",")[-1].strip())
-            m, nbits = int(pq.group(1)), int(pq.group(2) or 8)
+        # A FAISS product quantiser keeps its shape; anything else gets Milvus's IVF_PQ at about the same bytes.
+        m, nbits = precision.precision_codec.pq_shape(dim) or (divisor_near(dim, precision.ram_bytes(dim)), 8)
         index.update(index_type="IVF_PQ", params={"nlist": 128, "m": m, "nbits": nbits})
         search["params"] = {"nprobe": 16}
     lite_vector = dict(vector, type="FLOAT_VECTOR") if vector["type"] != "FLOAT_VECTOR" else vector
@@ -227,12 +213,8 @@ def milvus_config(precision: Precision, dim: int, top_k: int = 10, collection: s
     binary = vector["type"] == "BINARY_VECTOR"
     return {"collection_name": collection, "fields": [*fields, vector, *extra_fields], "index_params": [index],
             "search_params": search, "limit": candidates if binary and candidates else top_k,
-            "rescore": {"binary-asym": "asym", "binary-rescore": "float"}.get(kind),
+            "rescore": precision.rescore if binary else None,  # the client's rescoring (a RaBitQ refine runs in Milvus)
             "lite": {"fields": [*fields, lite_vector, *extra_fields], "index_params": [lite_index],
                      "search_params": {"metric_type": "IP", "params": {}} if binary else search,
                      "stores": "the ±1 sign vectors (inner product ranks as Hamming)" if binary else "the compressed vectors"}}
 
-
-def _divisor_near(dim: int, target: int) -> int:
-    """The divisor of ``dim`` closest to ``target`` (PQ sub-vectors must divide the dimension)."""
-    return min((m for m in range(1, dim + 1) if dim % m == 0), key=lambda m: (abs(m - target), m))

@@ -24,30 +24,28 @@ import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties
 from embedtune.index.codecs import Precision, binary_codes, sign_vectors
-from embedtune.index.store_configs import precision_kind
 
 __all__ = ["stored_vectors", "load_qdrant", "search_qdrant", "load_milvus_lite", "search_milvus_lite", "search_bundle_store"]
 
-_BINARY = ("binary", "binary-asym", "binary-rescore")
 SIGNS, FLOATS = "signs", "vector"
 
 
 def stored_vectors(precision: Precision, x: np.ndarray) -> dict[str, np.ndarray]:
     """The named vectors a store holds for ``precision``: ``signs`` (±1) for binary plans (and ``vector`` for ``binary-rescore``), else ``vector``."""
     x = as_rows(x, "vectors").astype(np.float32)
-    if precision_kind(precision) not in _BINARY:
+    if not precision.is_binary:
         return {FLOATS: x}
     signs = {SIGNS: sign_vectors(binary_codes(x), x.shape[1])}
-    return {**signs, FLOATS: x} if precision.name == "binary-rescore" else signs
+    return {**signs, FLOATS: x} if precision.rescore == "float" else signs
 
 
 def _plan_search(precision: Precision, xq: np.ndarray, k: int,
                  search: Any) -> tuple[np.ndarray, np.ndarray]:
     """Run ``search(name, query, limit) -> [(row, score, {name: vector})]`` per query, with the plan's candidates and rescoring."""
     xq = as_rows(xq, "xq").astype(np.float32)
-    kind = precision_kind(precision)
-    binary = kind in _BINARY
-    keep = max(k, precision.candidates) if kind in ("binary-asym", "binary-rescore") else k
+    binary = precision.is_binary
+    client_rescore = precision.rescore if binary else None  # the store returns Hamming candidates; the client rescores them
+    keep = max(k, precision.candidates) if client_rescore else k
     D_rows, I_rows = [], []
     for q in xq:
         query = sign_vectors(binary_codes(q[None]), len(q))[0] if binary else q
@@ -62,9 +60,9 @@ def _plan_search(precision: Precision, xq: np.ndarray, k: int,
             order = sorted(range(len(hits)), key=lambda i: (-round(hits[i][1]), hits[i][0]))[:keep]
             hits = [hits[i] for i in order]
         rows = np.array([row for row, _, _ in hits], dtype=np.int64)
-        if kind == "binary-asym":  # the float query against the ±1 signs, as the plan's index rescores
+        if client_rescore == "asym":  # the float query against the ±1 signs, as the plan's index rescores
             scores = np.array([np.dot(np.asarray(v[SIGNS], np.float64), q.astype(np.float64)) for _, _, v in hits], dtype=np.float32)
-        elif kind == "binary-rescore":
+        elif client_rescore == "float":
             scores = np.array([np.dot(np.asarray(v[FLOATS], np.float64), q.astype(np.float64)) for _, _, v in hits], dtype=np.float32)
         elif binary:  # ±1 · ±1 = d - 2·hamming: report the negative Hamming distance, as the plan's index does
             scores = np.array([-(len(q) - score) / 2 for _, score, _ in hits], dtype=np.float32)
@@ -99,7 +97,7 @@ def search_qdrant(client: Any, config: dict[str, Any], precision: Precision, xq:
     """``(D, I)`` of the top ``k`` rows for each compressed query, from the Qdrant collection :func:`load_qdrant` made."""
     from qdrant_client import models
 
-    rescoring = precision.name in ("binary-asym", "binary-rescore")
+    rescoring = precision.is_binary and precision.rescore is not None
 
     def search(name: str, query: np.ndarray, limit: int) -> list[tuple[int, float, dict[str, Any]]]:
         with warnings.catch_warnings():  # embedded Qdrant warns on every query that it searches exactly (the module docstring says so)
@@ -134,11 +132,11 @@ def load_milvus_lite(config: dict[str, Any], vectors: dict[str, np.ndarray], uri
 def search_milvus_lite(client: Any, config: dict[str, Any], precision: Precision, xq: np.ndarray,
                        k: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """``(D, I)`` of the top ``k`` rows for each compressed query, from the collection :func:`load_milvus_lite` made."""
-    rescoring = precision.name in ("binary-asym", "binary-rescore")
+    rescoring = precision.is_binary and precision.rescore is not None
     params = config["lite"]["search_params"]
 
     def search(name: str, query: np.ndarray, limit: int) -> list[tuple[int, float, dict[str, Any]]]:
-        fields = ([SIGNS] if precision.name == "binary-asym" else [FLOATS]) if rescoring else []
+        fields = ([SIGNS] if precision.rescore == "asym" else [FLOATS]) if rescoring else []
         hits = client.search(config["collection_name"], data=[query.tolist()], limit=limit, anns_field=name,
                              search_params=params, output_fields=fields)[0]
         return [(int(h["row"]), float(h["distance"]), {f: h["entity"][f] for f in fields}) for h in hits]

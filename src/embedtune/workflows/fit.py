@@ -27,6 +27,7 @@ what was used: the path, the method and its config, the inputs with their sha256
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -48,7 +49,7 @@ from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
 from embedtune.workflows.label_free import load_corpus_experiment
-from embedtune.workflows.pseudo_queries import recipe_pseudo_queries
+from embedtune.workflows.pseudo_queries import recipe_pseudo_queries, selection_pseudo_queries
 from embedtune.workflows.train_compressor import require_mined_triplets, resolve_preset, training_notes
 from embedtune.workflows.triplets import shared_triplets
 
@@ -154,15 +155,15 @@ def _has_labels(data: str | Path | None, split: str, labels: str | Path | None, 
 
 
 def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encoder_options: Mapping[str, Any] | None,
-            cache: bool) -> tuple[list[str], np.ndarray, dict[str, Any]]:
-    """Document ids, unit-row vectors and their provenance for the unsupervised path."""
+            cache: bool) -> tuple[list[str], np.ndarray, dict[str, Any], Experiment]:
+    """Document ids, unit-row vectors, their provenance and the corpus experiment (its texts) for the unsupervised path."""
     given = vectors.get("doc_embeddings") is not None
     corpus = load_corpus_experiment(None if given else data, model, encoder_options, cache,
                                     vectors.get("doc_embeddings"), vectors.get("doc_ids"))
     provenance = dict(corpus.provenance)
     if not given:
         provenance["data"] = dict(corpus.dataset.fingerprints)
-    return list(corpus.embeddings.doc_ids), corpus.embeddings.doc_embeddings, provenance
+    return list(corpus.embeddings.doc_ids), corpus.embeddings.doc_embeddings, provenance, corpus
 
 
 def fit_on_all(
@@ -211,7 +212,9 @@ def fit_on_all(
         cache: use the embedding cache when encoding.
         out: the folder to write the compressor and ``fit.json`` to.
         pseudo_queries: ``title``, ``first-sentence`` or ``none``: the training-only pseudo-queries
-            (default: the preset's; skipped with a note on given vectors, which carry no text).
+            (default: the preset's; skipped with a note on given vectors, which carry no text). On
+            the unsupervised path with DIVE's ``selection_signal='pseudo-queries'``: the source of
+            the held-out documents' pseudo-queries it selects on (default ``title``).
 
     Returns:
         A :class:`FitResult`.
@@ -287,7 +290,7 @@ def fit_on_all(
             notes.append(f"{method} reads no labels: it is fitted on the corpus alone.")
         if val_split is not None or val_fraction is not None:
             notes.append("no labelled queries are used on the unsupervised path, so --val-split/--val-fraction are ignored.")
-        ids, docs, provenance = _corpus(data, model, vectors, encoder_options, cache)
+        ids, docs, provenance, corpus_experiment = _corpus(data, model, vectors, encoder_options, cache)
         unsupervised_preset = getattr(cls, "unsupervised_preset", None)
         if preset is None and cls.supervised and unsupervised_preset is not None:
             # A supervised method's own unsupervised recipe, not its (labelled) default preset.
@@ -295,6 +298,18 @@ def fit_on_all(
             overrides = {**chosen.settings, **(settings or {})}
         compressor = cls(build_config(method, dim, seed, overrides))
         corpus = TrainingData.corpus_only(docs, ids)
+        if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
+            if pseudo_queries == "none":
+                raise ValueError("selection_signal='pseudo-queries' selects on the held-out documents' pseudo-queries; "
+                                 "drop --pseudo-queries none (or give title or first-sentence), or use --set selection_signal=rank-kl.")
+            source = pseudo_queries or "title"
+            held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
+            selection = selection_pseudo_queries(corpus_experiment, held_out, source, cache=cache)
+            corpus = dataclasses.replace(corpus, pseudo_queries=selection)
+            info["selection_pseudo_queries"] = {"source": source, "n_queries": len(selection.ids), "held_out_documents": len(held_out)}
+        elif pseudo_queries not in (None, "none"):
+            notes.append("--pseudo-queries on the unsupervised path names the source of the pseudo-queries selected on "
+                         "(--set selection_signal=pseudo-queries); with this selection they are not used.")
         log_path = Path(out) / "training_log.jsonl" if out is not None else None
         if cls.supervised:
             compressor.fit_unsupervised(corpus, log_path=log_path)

@@ -41,7 +41,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, TrainingData, get_compressor_class, load_compressor
-from embedtune.data.beir import BeirDataset, load_beir_corpus
+from embedtune.data.beir import BeirDataset, load_beir_corpus, untitled_corpus
 from embedtune.data.new_documents import withheld_documents
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES
 from embedtune.data.query_files import read_query_file
@@ -239,7 +239,7 @@ def load_corpus_experiment(
         ids, docs = load_embeddings(doc_embeddings, doc_ids, unique=True)
         docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
         dataset = (load_beir_corpus(data) if data is not None else
-                   BeirDataset(Path(doc_embeddings).stem, {i: {"title": "", "text": ""} for i in ids}, {}, {}, "corpus", {}, str(doc_embeddings)))
+                   BeirDataset(Path(doc_embeddings).stem, untitled_corpus(ids), {}, {}, "corpus", {}, str(doc_embeddings)))
         provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
         made_by = recipe_beside(doc_embeddings)  # an embed-corpus folder (or embed's) records the recipe that made it
     else:

@@ -327,17 +327,17 @@ def codec_precisions(families: Sequence[str], budgets: Sequence[int], dim: int, 
 def precision_tier(precision: Precision | str) -> str:
     """``"disk-rescore"`` for a precision that rescores with float32 vectors read from disk at query time, else ``"ram"``."""
     precision = Precision(precision) if isinstance(precision, str) else precision
-    return "disk-rescore" if precision.rescores_float else "ram"
+    return precision.tier
 
 
 def _label_codec_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Name each codec row's family (the codec's, or the reference's) and keep the reference codecs out of the choice."""
     for row in rows:
-        precision = Precision(row["precision"])
-        if not precision.is_codec:
+        codec = Precision(row["precision"]).precision_codec
+        if codec.family_codec is None:  # not a <family>:<bytes> codec
             continue
-        if precision.uses_factory:
-            row["family"] = CODEC_FAMILY_LABEL.format(family=precision.codec.family)
+        if codec.deployable:
+            row["family"] = CODEC_FAMILY_LABEL.format(family=codec.family_codec.family)
         else:
             row["family"] = REFERENCE_FAMILY_LABEL
             row["choosable"] = False  # not a FAISS index: a plan could not ship it
@@ -679,7 +679,8 @@ def score_precisions(
             "amortized_bytes": ram + fixed / len(doc_ids) if doc_ids else None,
             "tier": REFINE_TIER if refined else precision_tier(name),
             **report,
-            "score_error": None if name == "binary" else _score_error(D[:, :top_k], I[:, :top_k], frozen_q, frozen_b),
+            # A refined row's scores are exact inner products of the original vectors, whatever its codes score.
+            "score_error": None if not (refined or index.precision.precision_codec.scores_are_inner_products) else _score_error(D[:, :top_k], I[:, :top_k], frozen_q, frozen_b),
             "ndcg@10": metrics["ndcg@10"],
             "recall@10": metrics["recall@10"],
             "recall@100": metrics["recall@100"],
@@ -797,7 +798,7 @@ def load_faiss_cache(folder: str | Path, probe: np.ndarray | None = None) -> dic
             precision = Precision(info["precision"])
             if not _cacheable(precision) or meta_path.stem != _cache_stem(precision.name):
                 raise ValueError(f"field 'precision' {info['precision']!r} is not the index this file name holds")
-            if precision.is_codec and info.get("embedtune_version") != __version__:
+            if precision.precision_codec.fitted_by_embedtune and info.get("embedtune_version") != __version__:
                 # A codec's fit is embedtune's own code (a FAISS factory string is FAISS's): another release may fit it otherwise.
                 raise ValueError(f"the codec was fitted by embedtune {info.get('embedtune_version')}, not {__version__}")
             verify_sha256(index_path, info["sha256"], "")
@@ -824,7 +825,7 @@ def _cache_stem(name: str) -> str:
 
 def _cacheable(precision: Precision) -> bool:
     """Indexes kept in the FAISS cache: ``faiss:`` factories and the deployable registered codecs (FAISS indexes fitted on the corpus)."""
-    return precision.is_faiss or (precision.is_codec and precision.uses_factory)
+    return precision.precision_codec.sweep_cache
 
 
 def save_faiss_cache(folder: str | Path, cache: Mapping[str, tuple[QuantizedIndex, float]], probe: np.ndarray | None = None) -> None:
@@ -1069,7 +1070,7 @@ def run_sweep(
         train_rows = fit_sample_rows(n_docs, size, seed) if size < n_docs else None
         if sample_record is None:
             sample_record = {**fit_sample_record(n_docs, input_dim, size, seed, fit_sample), "fits": "FAISS peers and codecs"}
-        deployable = [family for family in codecs if Precision(f"{family}:1").uses_factory]
+        deployable = [family for family in codecs if Precision(f"{family}:1").precision_codec.deployable]
         # The reference codecs (the textbook coder, and any other non-deployable family asked for) on the frozen vectors only:
         # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
         references = list(dict.fromkeys([REFERENCE_CODEC, *(f for f in codecs if f not in deployable)])) if codecs else []
@@ -1259,7 +1260,7 @@ def _bill_columns(row: Mapping[str, Any], input_dim: int, price_per_gb_month: fl
     if row.get("refine"):  # N original float32 vectors a query
         disk_read = Refine(int(row["refine"]), input_dim).disk_read_per_query()
     else:
-        disk_read = disk_read_per_query(precision.rescores_float, int(row["dim"]), precision.candidates) if precision is not None else 0
+        disk_read = precision.disk_read_per_query(int(row["dim"])) if precision is not None else 0
     return vector_bill(row["ram_bytes"], input_dim, row.get("fixed_bytes") or 0.0, disk_read, price_per_gb_month)
 
 

@@ -18,19 +18,18 @@ import numpy as np
 from embedtune.compress.base import PseudoQueries
 from embedtune.compress.registry import get_compressor_class
 from embedtune.compress.presets import MiningOptions
-from embedtune.data.pseudo_queries import pseudo_query_texts
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES, pseudo_query_texts
 from embedtune.data.triplets import mine_triplets
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.io import sha256_json
-from embedtune.io import sha256_json
 from embedtune.workflows.experiment import Experiment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_pseudo_queries", "recipe_pseudo_queries"]
+__all__ = ["build_pseudo_queries", "recipe_pseudo_queries", "selection_pseudo_queries"]
 
 
 def build_pseudo_queries(
@@ -42,6 +41,7 @@ def build_pseudo_queries(
     cache: EmbeddingCache | bool = True,
     doc_ids: Sequence[str] | None = None,
     mine: bool = True,
+    skip_whole_documents: bool = False,
 ) -> PseudoQueries:
     """One pseudo-query per document of ``experiment``'s corpus, encoded, with mined triplets.
 
@@ -56,6 +56,8 @@ def build_pseudo_queries(
             documents a label-free plan holds out to validate on (:mod:`embedtune.workflows.label_free`).
         mine: mine hard negatives (training); False gives no triplets (validation reads only the
             pseudo-queries and their own documents).
+        skip_whole_documents: give no pseudo-query to a document whose pseudo-query text would be
+            its whole text (:func:`~embedtune.data.pseudo_queries.pseudo_query_texts`).
 
     Raises:
         EmbedtuneError: the experiment's vectors were precomputed, so no encoder is known, and none was given.
@@ -64,7 +66,8 @@ def build_pseudo_queries(
     if encoder is None:  # the experiment's own recipe: the same backend, length and query prompt as its queries had
         encoder = experiment.encoder_recipe("pseudo-queries").encoder()
     corpus_ids = experiment.embeddings.doc_ids
-    ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source)
+    ids, positives, texts = pseudo_query_texts(experiment.dataset.corpus, corpus_ids if doc_ids is None else list(doc_ids), source,
+                                           skip_whole_documents)
     corpus_sha = experiment.dataset.fingerprints.get("corpus.jsonl", "")
     # The ids are part of the key: a withheld or sampled corpus has other pseudo-queries than the whole one.
     parts = {"model_sha256": encoder.fingerprint, "data_sha256": corpus_sha, "recipe": {**encoder.recipe("query"), "pseudo_queries": source},
@@ -121,3 +124,30 @@ def recipe_pseudo_queries(
         return None, ("the recipe's pseudo-queries need the documents' text and the model that encoded them; with given "
                       "vectors it trains on the labelled queries alone.")
     return build_pseudo_queries(experiment, source, mining, seed), None
+
+
+def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str], source: str = "title",
+                             cache: EmbeddingCache | bool = True) -> PseudoQueries:
+    """The pseudo-queries an unsupervised fit selects on: one per held-out document, encoded as queries, not mined.
+
+    Documents whose pseudo-query would be their whole text get none (it would retrieve itself
+    through any map). ``held_out``: the documents the fit holds out, e.g.
+    :meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`.
+
+    Raises:
+        EmbedtuneError: the vectors were given without the documents' text or the model that encoded them,
+            or no held-out document gives a pseudo-query shorter than itself.
+    """
+    texts = experiment.dataset.corpus.values()
+    if experiment.provenance.get("model") in (None, PRECOMPUTED_MODEL) or not any((f.get("title") or f.get("text")) for f in texts):
+        raise EmbedtuneError("selection_signal='pseudo-queries' scores pseudo-queries made from the held-out documents' text and "
+                             "encoded by their model; these vectors were given without either. Fit from the corpus instead "
+                             "(--data CORPUS --model MODEL), or select on agreement with the frozen space: --set selection_signal=rank-kl.")
+    pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=list(held_out), mine=False, skip_whole_documents=True)
+    if not pseudo.ids:
+        others = " or ".join(f"--pseudo-queries {name}" for name in PSEUDO_QUERY_SOURCES if name != source)
+        raise EmbedtuneError(f"selection_signal='pseudo-queries': none of the {len(held_out)} held-out documents has a {source} "
+                             "pseudo-query shorter than the document itself (a corpus without titles or sentence ends has none), "
+                             f"so there is nothing to select on. Try {others} (first-words: texts without punctuation), "
+                             "or --set selection_signal=rank-kl.")
+    return pseudo

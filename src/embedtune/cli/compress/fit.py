@@ -55,8 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--preset", default=None,
                      help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net)")
     fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
-                     help="DIVE's training-only pseudo-queries, one per document (its title or its first sentence); "
-                     "none: off. Default: the preset's (skipped on given vectors, which carry no text)")
+                     help="DIVE's training-only pseudo-queries, one per document (its title, its first sentence or its first 12 words); "
+                     "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
+                     "path with --set selection_signal=pseudo-queries: the source of the held-out documents' pseudo-queries "
+                     "DIVE selects its start and epoch on (default title)")
     fit.add_argument("--heads", default=None, help=dive_field_help("heads"))
     fit.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
     fit.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")

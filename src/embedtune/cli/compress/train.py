@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="the new-documents protocol: withhold this hashed fraction of the corpus (e.g. 0.2) from fitting "
                        "and selection, then also score the test queries whose positives are all withheld, over the whole corpus")
     train.add_argument("--pseudo-queries", choices=PSEUDO_QUERY_CHOICES, default=None,
-                       help="DIVE's training-only pseudo-queries, one per document: its title or its first sentence "
+                       help="DIVE's training-only pseudo-queries, one per document: its title, its first sentence or its first 12 words "
                        "(weighted by pseudo_query_weight); none: off. Default: the preset's")
     train.add_argument("--out", default=None,
                        help="folder for the fitted compressors (OUT/<method>/, or OUT/<method>/seed-N/ with several seeds), "

@@ -46,7 +46,11 @@ a tenth of the corpus) that are never trained on, and keeps the start or epoch w
 held-out rank KL: ``L_rank`` of each held-out document against the whole corpus, i.e. how far
 the compressed ranking of the corpus around it is from the frozen one. It is a corpus-only
 signal, so the result is never below the better PCA projection on it; with ``patience`` training stops
-once the signal has not improved for that many epochs. (Held-out neighbour
+once the signal has not improved for that many epochs. Agreement with the frozen space cannot
+prefer a space that retrieves better than the frozen one (centring, where a shared mean direction
+buries the topics), so ``selection_signal='pseudo-queries'`` selects instead on the nDCG@10 of the
+held-out documents' pseudo-queries (a title or first sentence each, encoded as a query,
+``TrainingData.pseudo_queries``) retrieving their own document among the candidates. (Held-out neighbour
 recall@10 is logged too; it flattens after a few epochs while the ranking keeps improving, so it
 is not selected on.) Corpora above ``max_train_docs`` train on a seeded sample.
 

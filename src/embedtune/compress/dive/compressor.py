@@ -20,7 +20,7 @@ from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.dive.config import DIVEConfig, resolve_heads
 from embedtune.compress.dive.network import DIVEAdapter, DIVEEncoder, corpus_pca_rotation
 from embedtune.compress.dive.supervised import SupervisedTraining
-from embedtune.compress.dive.unsupervised import UnsupervisedTraining
+from embedtune.compress.dive.unsupervised import UnsupervisedTraining, holdout_documents
 from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
 from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.quantization_aware import deployed_view
@@ -182,6 +182,14 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         ``DIVEConfig(mode="unsupervised", ...)`` and call :meth:`fit` on corpus-only data.
         """
         return dataclasses.replace(config, mode="unsupervised", init="pca", epoch_selection="best")
+
+    def selection_documents(self, n_docs: int) -> np.ndarray:
+        """Rows of an ``n_docs`` corpus that :meth:`fit_unsupervised` will hold out to select on (sorted).
+
+        What pseudo-query selection (``selection_signal='pseudo-queries'``) needs pseudo-queries for;
+        they depend only on ``n_docs`` and the config (its seed), so they are known before the fit.
+        """
+        return holdout_documents(n_docs, self.unsupervised_config(self.config))[0]
 
     @property
     def is_unsupervised(self) -> bool:

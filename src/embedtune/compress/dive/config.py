@@ -14,7 +14,7 @@ from embedtune.constraints import Constraint, Interval, Options, Text
 from embedtune.compress.holdout import SELECTION_HOLDOUTS
 from embedtune.compress.choices import ACTIVATION_NAMES, TRIPLET_KINDS, check_quantization_aware
 
-__all__ = ["DIVEConfig", "resolve_heads", "INIT_KINDS", "EPOCH_SELECTIONS", "PCA_STARTS", "OUTPUT_NORMS", "MODES"]
+__all__ = ["DIVEConfig", "resolve_heads", "INIT_KINDS", "EPOCH_SELECTIONS", "PCA_STARTS", "OUTPUT_NORMS", "MODES", "SELECTION_SIGNALS"]
 
 INIT_KINDS = ("identity", "pca")
 EPOCH_SELECTIONS = ("last", "best", "val")
@@ -22,6 +22,8 @@ PCA_STARTS = ("stronger", "uncentred", "centred")
 REFITS = ("epochs", "steps", "none")
 OUTPUT_NORMS = ("unit", "input")
 MODES = ("supervised", "unsupervised")
+#: What the unsupervised mode selects its start and epoch on: agreement with the frozen space, or pseudo-queries.
+SELECTION_SIGNALS = ("rank-kl", "pseudo-queries")
 
 
 @dataclass
@@ -111,6 +113,14 @@ class DIVEConfig(CompressorConfig):
         metadata={"help": "Unsupervised mode with epoch_selection='best': documents held out (at most a tenth of the corpus) "
                   "to select the start and the epoch on (their rank KL against the corpus)."},
     )
+    selection_signal: str = field(
+        default="rank-kl",
+        metadata={"help": "Unsupervised mode with epoch_selection='best': what the start and the epoch are selected on. "
+                  "'rank-kl' (the held-out documents' rank KL to the frozen space: agreement with the frozen model, which "
+                  "can never prefer a space that retrieves better than it) or 'pseudo-queries' (nDCG@10 of each held-out "
+                  "document's pseudo-query, its title or first sentence encoded as a query, retrieving that document; "
+                  "needs TrainingData.pseudo_queries, which `compress fit --unsupervised` builds from the corpus text)."},
+    )
     max_train_docs: int | None = field(
         default=50000, metadata={"help": "Unsupervised mode: train on a seeded sample of this many documents (None: all)."}
     )
@@ -171,6 +181,7 @@ class DIVEConfig(CompressorConfig):
         "mode": [Options(MODES)],
         "neighbors": [Interval(int, 1, None)],
         "holdout_docs": [Interval(int, 1, None)],
+        "selection_signal": [Options(SELECTION_SIGNALS)],
         "patience": [Interval(int, 1, None), None],
         "max_train_docs": [Interval(int, 2, None), None],
         "neighbor_temperature": [Interval(float, 0, None, "neither")],

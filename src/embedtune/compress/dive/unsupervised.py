@@ -2,7 +2,9 @@
 
 ``L = L_rank + λ·L_view + γ·L_geo``, with neighbour-rank distillation on the corpus in place of
 the triplet term; the better of the two PCA starts is trained, and the start or epoch with the
-lowest held-out rank KL is kept (see :mod:`embedtune.compress.dive`).
+best held-out selection signal is kept: the lowest rank KL to the frozen space, or with
+``selection_signal='pseudo-queries'`` the highest nDCG@10 of the held-out documents'
+pseudo-queries (see :mod:`embedtune.compress.dive`).
 """
 
 from __future__ import annotations
@@ -17,20 +19,75 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedtune.compress.base import TrainingData
+from embedtune.compress.base import PseudoQueries, TrainingData
 from embedtune.compress.dive.config import DIVEConfig
 from embedtune.compress.dive.network import DIVEAdapter, centred_start_bias, nearest_neighbors, unit_float32
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
+from embedtune.data.pseudo_queries import PSEUDO_PREFIX
 from embedtune.evaluate.search import exact_search
 from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__package__)  # "embedtune.compress.dive", as before the package split
 
-__all__ = ["UnsupervisedTraining"]
+__all__ = ["UnsupervisedTraining", "holdout_documents"]
 
-# The unsupervised mode's held-out signals: neighbour recall@10, and the rank KL in chunks of held-out rows.
+# The unsupervised mode's held-out signals: neighbour recall@10, the rank KL in chunks of held-out rows, and
+# the pseudo-queries' nDCG@10 (scored in chunks of pseudo-queries, so the score matrix stays small on a large corpus).
 _RECALL_AT = 10
 _KL_CHUNK = 256
+_PSEUDO_QUERY_AT = 10
+# Below this many pseudo-queries a single query moves the mean nDCG@10 by more than 0.02: the fit warns.
+_FEW_PSEUDO_QUERIES = 50
+
+
+def holdout_documents(n_docs: int, config: DIVEConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(held-out rows, training rows)`` of an ``n_docs`` corpus in the unsupervised mode, both sorted.
+
+    The held-out rows (``holdout_docs``, at most a tenth of the corpus; none unless
+    ``epoch_selection='best'``) select the start and the epoch and are never trained on; the
+    training rows are the rest, a seeded sample of ``max_train_docs`` on a larger corpus. The
+    same ``config`` (its seed) always gives the same rows, so a caller can build the held-out
+    documents' pseudo-queries before the fit (:func:`embedtune.workflows.pseudo_queries.build_pseudo_queries`).
+    """
+    if n_docs < 3:
+        raise ValueError(f"DIVE mode='unsupervised' needs at least 3 documents to learn neighbourhoods from; got {n_docs}.")
+    order = np.random.default_rng(config.seed).permutation(n_docs)
+    n_holdout = min(config.holdout_docs, n_docs // 10) if config.epoch_selection == "best" else 0
+    if config.epoch_selection == "best" and n_holdout == 0:
+        raise ValueError(
+            f"DIVE mode='unsupervised' with epoch_selection='best' holds out a tenth of the corpus (at most holdout_docs) "
+            f"to select on, but {n_docs} documents leave none; give at least 10 documents or use epoch_selection='last'."
+        )
+    fit_rows = order[n_holdout:]
+    if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
+        fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
+    return np.sort(order[:n_holdout]), np.sort(fit_rows)
+
+
+def _held_out_pseudo_queries(pseudo: PseudoQueries | None, doc_ids: list[str], held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows of pseudo.embeddings, their documents' corpus rows)`` for the pseudo-queries of held-out documents.
+
+    A pseudo-query's id is ``PSEUDO_PREFIX + doc_id`` (:mod:`embedtune.data.pseudo_queries`);
+    those of training documents are left out, so selection reads documents the fit never saw.
+    """
+    fix = ("build them for the held-out documents with embedtune.workflows.pseudo_queries.build_pseudo_queries(experiment, "
+           "doc_ids=[doc_ids[row] for row in holdout_documents(n_docs, config)[0]], mine=False) and pass "
+           "TrainingData(pseudo_queries=...); `compress fit --unsupervised --data CORPUS --model MODEL` does this. Without the "
+           "documents' text, use selection_signal='rank-kl'.")
+    if pseudo is None or not pseudo.ids:
+        raise ValueError(f"DIVE selection_signal='pseudo-queries' scores the held-out documents' pseudo-queries, but none were given: {fix}")
+    row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+    held_set = set(held.tolist())
+    query_rows, doc_rows = [], []
+    for query_row, query_id in enumerate(pseudo.ids):
+        doc_row = row_of.get(query_id[len(PSEUDO_PREFIX):]) if query_id.startswith(PSEUDO_PREFIX) else None
+        if doc_row is not None and doc_row in held_set:
+            query_rows.append(query_row)
+            doc_rows.append(doc_row)
+    if not query_rows:
+        raise ValueError(f"DIVE selection_signal='pseudo-queries': none of the {len(pseudo.ids)} pseudo-queries given is of a "
+                         f"held-out document (ids '{PSEUDO_PREFIX}<doc id>'), so there is nothing to select on: {fix}")
+    return np.asarray(query_rows, dtype=np.int64), np.asarray(doc_rows, dtype=np.int64)
 
 
 class UnsupervisedTraining:
@@ -58,22 +115,8 @@ class UnsupervisedTraining:
     ) -> int | None:
         """The unsupervised mode: train on corpus embeddings only; returns the selected epoch (None: 'last')."""
         config = self.config
-        n_docs = len(train.doc_embeddings)
-        if n_docs < 3:
-            raise ValueError(f"DIVE mode='unsupervised' needs at least 3 documents to learn neighbourhoods from; got {n_docs}.")
-        rng = np.random.default_rng(config.seed)
-        order = rng.permutation(n_docs)
-        n_holdout = min(config.holdout_docs, n_docs // 10) if config.epoch_selection == "best" else 0
-        if config.epoch_selection == "best" and n_holdout == 0:
-            raise ValueError(
-                f"DIVE mode='unsupervised' with epoch_selection='best' holds out a tenth of the corpus (at most holdout_docs) "
-                f"to select on, but {n_docs} documents leave none; give at least 10 documents or use epoch_selection='last'."
-            )
-        held = np.sort(order[:n_holdout])
-        fit_rows = order[n_holdout:]
-        if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
-            fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
-        fit_rows = np.sort(fit_rows)
+        held, fit_rows = holdout_documents(len(train.doc_embeddings), config)
+        n_holdout = len(held)
         # Only the sampled and the held-out documents are copied (a large corpus is not); rows below are local to them.
         universe = np.sort(np.concatenate([fit_rows, held]))
         fit_local, held_local = np.searchsorted(universe, fit_rows), np.searchsorted(universe, held)
@@ -92,8 +135,22 @@ class UnsupervisedTraining:
         elif n_holdout:
             # Held-out documents stand in for queries; the candidates are the sampled and the held-out documents.
             truth = nearest_neighbors(frozen, _RECALL_AT, queries=held_local)
-            measure = lambda: self._holdout_metrics(adapter_input, frozen, held_local, truth)  # noqa: E731
-            sign = -1.0  # the held-out rank KL: lower is better
+            if config.selection_signal == "pseudo-queries":
+                query_rows, query_docs = _held_out_pseudo_queries(train.pseudo_queries, train.doc_ids, held)
+                pseudo_queries = np.ascontiguousarray(train.pseudo_queries.embeddings[query_rows])
+                targets = np.searchsorted(universe, query_docs)  # each pseudo-query's own document, a row of the candidates
+                logger.info("DIVE (unsupervised): selecting on %d pseudo-queries of the %d held-out documents", len(query_rows), n_holdout)
+                if len(query_rows) < _FEW_PSEUDO_QUERIES:
+                    logger.warning("DIVE (unsupervised): selecting on only %d pseudo-queries (of %d held-out documents), so the "
+                                   "start and the epoch may be chosen by chance; a larger corpus holds out more (holdout_docs, at "
+                                   "most a tenth of it), or use selection_signal='rank-kl'.", len(query_rows), n_holdout)
+
+                def measure() -> dict[str, float]:
+                    return {**self._pseudo_query_metrics(adapter_input, pseudo_queries, targets),
+                            **self._holdout_metrics(adapter_input, frozen, held_local, truth)}
+            else:
+                measure = lambda: self._holdout_metrics(adapter_input, frozen, held_local, truth)  # noqa: E731
+                sign = -1.0  # the held-out rank KL: lower is better
         score_name = ""
 
         with torch.random.fork_rng(devices=[]):
@@ -198,6 +255,29 @@ class UnsupervisedTraining:
         means = {name: value / len(docs) for name, value in totals.items()}
         means["loss_total"] = means["loss_rank"] + config.view_weight * means["loss_view"] + config.geometry_weight * means["loss_geometry"]
         return means
+
+    def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+        """``holdout_pseudo_query_ndcg@10`` (selected on with ``selection_signal='pseudo-queries'``, higher is better).
+
+        Each pseudo-query's only relevant document is its own; it is ranked among every
+        candidate document through the current transform. A tie with another document counts
+        against it, so a transform that maps everything together cannot score well.
+
+        Args:
+            candidates: (n, d) adapter inputs of the candidate documents.
+            pseudo_queries: (m, d) the pseudo-query vectors (encoded as queries).
+            targets: (m,) each pseudo-query's own document, a row of ``candidates``.
+        """
+        documents = self.transform(candidates)
+        queries = self.transform(pseudo_queries)
+        gains = np.zeros(len(queries), dtype=np.float64)
+        for lo in range(0, len(queries), _KL_CHUNK):
+            scores = queries[lo : lo + _KL_CHUNK] @ documents.T
+            own = scores[np.arange(len(scores)), targets[lo : lo + _KL_CHUNK]][:, None]
+            rank = (scores >= own).sum(axis=1) - 1  # 0: first; documents scoring the same are ranked ahead of it
+            hit = rank < _PSEUDO_QUERY_AT
+            gains[lo : lo + len(scores)][hit] = 1.0 / np.log2(rank[hit] + 2.0)
+        return {"holdout_pseudo_query_ndcg@10": float(gains.mean())}
 
     def _holdout_metrics(self, candidates: np.ndarray, teacher: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict[str, float]:
         """The unsupervised mode's selection signal on held-out documents, over the whole candidate set.

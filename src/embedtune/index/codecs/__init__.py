@@ -53,9 +53,20 @@ compressor's weights) are reported separately by :meth:`QuantizedIndex.fixed_byt
 Every search returns ``(D, I)`` with ``D`` higher-is-better and ties broken by ascending row, so
 results are deterministic whatever the backend.
 
-The modules, one codec idea each: :mod:`~embedtune.index.codecs.precision` (the names and their
-bytes), :mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embedtune.index.codecs.binary`
-(sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings),
+Every row of the table is a registered codec object (:class:`PrecisionCodec`,
+:mod:`~embedtune.index.codecs.precision_registry`): its bytes in RAM and read per query, its tier,
+whether FAISS serves it, how it is built on the corpus, searched, encoded and saved (each saved
+file recorded by its sha256), and its row of the store settings. :class:`Precision` looks a name up
+there, and nothing else dispatches on names: a new precision is one module (a :class:`PrecisionCodec`
+subclass decorated with :func:`register_precision`) plus one line (its import in
+:mod:`~embedtune.index.codecs.precision`), and ``tests/test_codec_registry.py`` checks it with the others.
+
+The modules, one codec idea each: :mod:`~embedtune.index.codecs.precision_registry` (the codec
+interface and the registry), :mod:`~embedtune.index.codecs.precision` (a name and its search settings),
+:mod:`~embedtune.index.codecs.float_codecs` (float32, float16),
+:mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embedtune.index.codecs.binary`
+(sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings, and the
+built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed),
 :mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once).
 
@@ -66,6 +77,15 @@ bytes), :mod:`~embedtune.index.codecs.int8` (SQ8 ranges, s-t int8), :mod:`~embed
 (16, 528)
 """
 
+# precision first: it imports the built-in codecs in the order they are registered and listed (PRECISIONS).
+from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
+from embedtune.index.codecs.precision_registry import (
+    PrecisionCodec,
+    precision_codec,
+    precision_examples,
+    register_precision,
+    registered_precisions,
+)
 from embedtune.index.codecs.binary import Rescore, binary_codes, binary_index, binary_search, hamming_search, sign_vectors
 from embedtune.index.codecs.faiss_codes import (
     check_faiss_supports,
@@ -75,7 +95,6 @@ from embedtune.index.codecs.faiss_codes import (
     new_factory_index,
 )
 from embedtune.index.codecs.int8 import Calibration, int8_quantize, int8_ranges, int8_search, sq8_index, sq8_search
-from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
 from embedtune.index.codecs.quantized_index import (
     CALIBRATION_FILE,
     CALIBRATION_JSON,
@@ -97,6 +116,11 @@ __all__ = [
     "FLOAT_RESCORED",
     "Precision",
     "bytes_per_vector",
+    "PrecisionCodec",
+    "register_precision",
+    "registered_precisions",
+    "precision_codec",
+    "precision_examples",
     "Calibration",
     "sq8_index",
     "sq8_search",

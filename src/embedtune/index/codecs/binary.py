@@ -14,10 +14,12 @@ from typing import Any, Literal
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, rescore
+from embedtune.index.codecs.precision_registry import Encoded, PrecisionCodec, StoredIndex, register_precision
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Rescore", "binary_codes", "sign_vectors", "binary_index", "hamming_search", "binary_search"]
+__all__ = ["Rescore", "binary_codes", "sign_vectors", "binary_index", "hamming_search", "binary_search",
+           "Binary", "BinaryAsym", "BinaryRescore"]
 
 Rescore = Literal["float", "asym"]
 
@@ -95,3 +97,71 @@ def binary_search(
     D, I = break_ties(D, I)
     logger.debug("binary_search: %d queries, %d candidates rescored (%s) in %.3fs", len(xq), fetch, rescore_with, time.perf_counter() - start)
     return D[:, :k], I[:, :k]
+
+
+@register_precision
+class Binary(PrecisionCodec):
+    """``binary``: sign bits searched by Hamming distance; ``binary-asym`` and ``binary-rescore`` rescore its candidates."""
+
+    precision_name = "binary"
+    summary = "sign bits, Hamming distance"
+    sign_bits = True
+    scores_are_inner_products = False  # negative Hamming distances
+    predates_digests = True
+    factory = "BFlat"
+    index_kind = "binary"
+    store_kind = "binary"
+
+    def ram_bytes(self, dim: int) -> int:
+        return (dim + 7) // 8
+
+    def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
+              train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:
+        codes = np.ascontiguousarray(binary_codes(xb))
+        return Encoded(binary_index(codes), float_vectors=self.float_vectors_for(xb, float_vectors), codes=codes)
+
+    def encode(self, x: np.ndarray, calibration: Any = None, trained_index: Any = None) -> np.ndarray:
+        return binary_codes(x)
+
+    def search(self, index: StoredIndex, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return binary_search(index.backend, xq, k, self.rescore, index.float_vectors, index.precision.candidates, codes=index.codes)
+
+    def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
+        return None  # Hamming codes: no decoded vector the search scores against
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {"vector_type": f"uint8 x {(dim + 7) // 8}", "distance": "hamming", "exact": True,
+                "note": "packed sign bits x > 0, as embedtune.index.codecs.binary_codes; exact Hamming scan"}
+
+
+@register_precision
+class BinaryAsym(Binary):
+    precision_name = "binary-asym"
+    summary = "Hamming top candidates, rescored as float query · ±1 sign vector"
+    rescore = "asym"
+    scores_are_inner_products = True
+    store_kind = "binary-asym"
+
+    def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
+        """The ``±1`` signs scaled to the rows' mean absolute value (the least-squares scale of a sign code)."""
+        return sign_vectors(binary_codes(x), index.dim) * np.abs(x).mean(axis=1, keepdims=True)
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        settings = super().lancedb_settings(dim, candidates, top_k)
+        return {**settings, "rescore": self.rescore, "candidates": candidates,
+                "note": settings["note"] + "; LanceDB cannot rescore across columns, so the top candidates are rescored by the "
+                                           "client (embedtune.index.lancedb_store.search_lancedb)"}
+
+
+@register_precision
+class BinaryRescore(BinaryAsym):
+    precision_name = "binary-rescore"
+    summary = "Hamming top candidates, rescored against the float32 vectors memory-mapped from disk"
+    rescore = "float"
+    store_kind = "binary-rescore"
+
+    def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
+        return None
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {**super().lancedb_settings(dim, candidates, top_k), "float_column": "vector_float"}

@@ -28,7 +28,6 @@ from embedtune.compress import load_compressor
 from embedtune.compress.st_export import COMPRESSOR_SUBFOLDER
 from embedtune.evaluate.search import as_rows
 from embedtune.io import IntegrityError
-from embedtune.index.codecs.binary import binary_codes
 from embedtune.index.codecs.int8 import Calibration
 from embedtune.index.codecs.precision import Precision
 from embedtune.index.codecs.quantized_index import CODEC_FILE, PRECISION_FILE, QuantizedIndex, load_precision, read_codec_index
@@ -54,16 +53,18 @@ class DeployedCodec:
     """
 
     def __init__(self, precision: Precision, dim: int, calibration: Calibration | None = None, trained_index: Any = None) -> None:
-        if precision.name == "int8" and calibration is None:
-            raise ValueError("precision int8 needs its calibration (the per-dimension ranges fitted on the corpus).")
-        if precision.uses_factory and trained_index is None:
+        codec = precision.precision_codec
+        if codec.calibrated and calibration is None:
+            raise ValueError(f"precision {precision.name} needs its calibration (the per-dimension ranges fitted on the corpus).")
+        if codec.faiss_backed and trained_index is None:
             raise ValueError(f"precision {precision.name!r} needs its trained FAISS index ({CODEC_FILE}).")
         self.precision, self.dim, self.calibration, self.trained_index = precision, int(dim), calibration, trained_index
 
     @classmethod
     def from_index(cls, index: QuantizedIndex) -> "DeployedCodec":
         """The codec of ``index``'s precision with the parameters it was built with."""
-        return cls(index.precision, index.dim, index.calibration, index.trained_copy() if index.precision.uses_factory else None)
+        faiss_backed = index.precision.precision_codec.faiss_backed
+        return cls(index.precision, index.dim, index.calibration, index.trained_copy() if faiss_backed else None)
 
     @property
     def code_size(self) -> int:
@@ -81,16 +82,12 @@ class DeployedCodec:
         if x.shape[1] != self.dim:
             raise ValueError(f"the codec encodes {self.dim}-d vectors (the compressor's output); got {x.shape[1]}-d. "
                              "Encode with the exported model (or the plan's compressor) first.")
-        name = self.precision.name
-        if name == "float32":
-            return np.ascontiguousarray(x, dtype=np.float32)
-        if name == "float16":
-            return x.astype(np.float16)
-        if name == "int8":
-            return self.calibration.encode(x)  # type: ignore[union-attr]
-        if self.precision.is_binary:
-            return binary_codes(x)
-        return self.trained_index.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
+        return self.precision.precision_codec.encode(x, self.calibration, self.trained_index)
+
+    def build_index(self, xb: np.ndarray, float_vectors: np.ndarray | None = None) -> QuantizedIndex:
+        """``xb`` (``(n, dim)`` float vectors) stored and searchable with the saved parameters, nothing refitted."""
+        return QuantizedIndex.build(xb, self.precision, calibration=self.calibration, float_vectors=float_vectors,
+                                    trained_index=self.trained_index)
 
     def save(self, directory: str | Path, compressor_state_sha256: str | None = None) -> Path:
         """Write ``precision.json`` and the fitted parameters into ``directory`` (every file atomically).
@@ -118,7 +115,7 @@ class DeployedCodec:
         if model_folder is not None:
             _check_model_compressor(model_folder, directory)
         dim = int(_read_dim(directory))
-        trained = read_codec_index(directory, precision, dim) if precision.uses_factory else None
+        trained = read_codec_index(directory, precision, dim) if precision.precision_codec.faiss_backed else None
         return cls(precision, dim, calibration, trained)
 
 

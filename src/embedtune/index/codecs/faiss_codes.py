@@ -7,14 +7,26 @@ precision rests on (checked against ``sa_code_size`` and the serialized index in
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import numpy as np
 
 from embedtune.errors import EmbedtuneError
+from embedtune.index.codecs.precision_registry import Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+from embedtune.runtime import native_chatter_filtered
 
 __all__ = [
+    "FACTORY_PREFIX",
+    "FactoryPrecision",
+    "Int4",
+    "RaBitQ1",
+    "RaBitQ1Rescore",
+    "RaBitQ4",
+    "TurboQuant1",
+    "TurboQuant4",
+    "FaissFactory",
     "factory_code_bytes",
     "faiss_release_needed",
     "check_faiss_supports",
@@ -162,3 +174,187 @@ def new_factory_index(d: int, factory: str, precision: str | None = None) -> Any
         if faiss_release_needed(factory) is not None:  # e.g. a RaBitQ bit count or form this release lacks
             raise faiss_version_error(factory, precision, faiss) from None
         raise
+
+
+#: A ``faiss:<index_factory string>`` precision's prefix.
+FACTORY_PREFIX = "faiss:"
+_PQ_CODE = re.compile(r"^PQ(\d+)(?:x(\d+))?(?:fs|np)?$")
+
+
+class FactoryPrecision(PrecisionCodec):
+    """A precision stored as a FAISS ``index_factory`` index, trained on the corpus; its tables travel as ``codec.faiss``.
+
+    Subclasses set ``precision_name``, ``factory_string`` and ``store_kind`` (the built-in FAISS precisions).
+    """
+
+    factory_string: str = ""
+    predates_digests = True
+
+    @property
+    def factory(self) -> str:
+        return self.factory_string
+
+    @property
+    def faiss_backed(self) -> bool:
+        return True
+
+    def ram_bytes(self, dim: int) -> int:
+        return factory_code_bytes(self.factory, dim)
+
+    def fixed_bytes(self, index: StoredIndex) -> int:
+        """The serialized index less its codes: the trained tables (codebooks, rotations, ranges, a centroid)."""
+        import faiss
+
+        serialized = faiss.serialize_index(index.backend).size
+        return max(0, int(serialized) - index.ntotal * self.ram_bytes(index.dim))
+
+    def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
+              train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:
+        import faiss
+
+        if trained_index is not None:
+            index = self.trained_copy(trained_index)
+        else:
+            index = new_factory_index(xb.shape[1], self.factory, None if self.names_a_factory else self.name)
+        if not index.is_trained:
+            with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
+                index.train(train if train is not None else xb)
+        index.add(xb)
+        ivf = faiss.try_extract_index_ivf(index)
+        if ivf is not None:
+            ivf.nprobe = precision.nprobe or max(1, ivf.nlist // 4)
+        return Encoded(index, float_vectors=self.float_vectors_for(xb, float_vectors))
+
+    def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
+        if "RaBitQ" in self.factory:
+            return None  # RaBitQ ranks by an unbiased inner-product estimator, not by a decoded vector
+        return super().reconstruct(index, x)
+
+
+@register_precision
+class Int4(FactoryPrecision):
+    precision_name = "int4"
+    summary = "FAISS SQ4: 4 bits per dimension, per-dimension ranges trained on the corpus, float query"
+    factory_string = "SQ4"
+    store_kind = "four-bit"
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {"index": {"index_type": "IVF_PQ", "distance_type": "dot", "num_sub_vectors": divisor_near(dim, dim // 2), "num_bits": 8},
+                "note": "no 4-bit scalar quantiser in LanceDB: IVF_PQ at about the same bytes"}
+
+
+class _RaBitQ(FactoryPrecision):
+    bits = 1
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        settings: dict[str, Any] = {"index": {"index_type": "IVF_RQ", "distance_type": "dot", "num_bits": self.bits},
+                                    "note": "LanceDB's RaBitQ (IVF_RQ), with IVF partitions FAISS's flat RaBitQ index does not have"}
+        if self.rescores_float:  # LanceDB's refine_factor reranks limit x refine_factor candidates with the float32 vectors
+            settings.update(refine_factor=math.ceil(candidates / top_k), rescore="float", candidates=candidates)
+        return settings
+
+
+@register_precision
+class RaBitQ1(_RaBitQ):
+    precision_name = "rabitq1"
+    summary = "FAISS RaBitQ: sign bits of the vector minus the corpus centroid, two float32 factors per vector"
+    factory_string = "RaBitQ"
+    store_kind = "rabitq"
+
+
+@register_precision
+class RaBitQ1Rescore(RaBitQ1):
+    precision_name = "rabitq1-rescore"
+    summary = "RaBitQ top candidates, rescored against the float32 vectors memory-mapped from disk"
+    rescore = "float"
+
+
+@register_precision
+class RaBitQ4(_RaBitQ):
+    precision_name = "rabitq4"
+    summary = "FAISS RaBitQ4 (extended RaBitQ): the sign bit plus 3 more bits per dimension"
+    factory_string = "RaBitQ4"
+    store_kind = "four-bit"
+    bits = 4
+
+
+class _TurboQuant(FactoryPrecision):
+    bits = 1
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {"index": {"index_type": "IVF_RQ", "distance_type": "dot", "num_bits": self.bits},
+                "note": "no TurboQuant in LanceDB: RaBitQ (IVF_RQ) at the same bits per dimension"}
+
+
+@register_precision
+class TurboQuant1(_TurboQuant):
+    precision_name = "turboquant1"
+    summary = "FAISS SQtqmse1 (TurboQuant): Lloyd-Max codes for unit vectors, 1 bit per dimension, no training"
+    factory_string = "SQtqmse1"
+    store_kind = "rabitq"
+
+
+@register_precision
+class TurboQuant4(_TurboQuant):
+    precision_name = "turboquant4"
+    summary = "FAISS SQtqmse4 (TurboQuant) at 4 bits per dimension"
+    factory_string = "SQtqmse4"
+    store_kind = "four-bit"
+    bits = 4
+
+
+@register_precision
+class FaissFactory(FactoryPrecision):
+    """``faiss:<index_factory string>``: any FAISS index the bytes of which :func:`factory_code_bytes` can tell."""
+
+    summary = "any FAISS index_factory string, e.g. faiss:OPQ16,PQ16"
+    names_a_factory = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        factory_code_bytes(self.factory, 64 * 12)  # fail fast on a string we cannot account for
+
+    @classmethod
+    def accepts(cls, name: str) -> bool:
+        return name.startswith(FACTORY_PREFIX)
+
+    @classmethod
+    def examples(cls) -> tuple[str, ...]:
+        return (f"{FACTORY_PREFIX}PQ4x4fs", f"{FACTORY_PREFIX}SQ8")
+
+    @classmethod
+    def listed_as(cls) -> tuple[str, ...]:
+        return (f"{FACTORY_PREFIX}<index_factory string>",)
+
+    @property
+    def factory(self) -> str:
+        return self.name[len(FACTORY_PREFIX):]
+
+    @property
+    def sweep_cache(self) -> bool:
+        return True
+
+    @property
+    def _last(self) -> str:
+        return self.factory.split(",")[-1].strip()
+
+    @property
+    def store_kind(self) -> str:
+        last = self._last
+        if last in ("SQ4", "SQ6"):
+            return "four-bit"
+        return {"SQ8": "int8", "SQfp16": "float16"}.get(last) or ("product" if _PQ_CODE.match(last) else "other")
+
+    def pq_shape(self, dim: int) -> tuple[int, int] | None:
+        pq = _PQ_CODE.match(self._last)
+        return (int(pq.group(1)), int(pq.group(2) or 8)) if pq else None
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        pq = self.pq_shape(dim)
+        if pq is None:
+            return {"note": f"no LanceDB equivalent of FAISS {self.factory!r}; exact float32 scan"}
+        parts = [p.strip() for p in self.factory.split(",")]
+        nlist = next((int(p[3:]) for p in parts if re.match(r"^IVF\d+$", p)), None)
+        return {"index": {"index_type": "IVF_PQ", "distance_type": "dot", "num_sub_vectors": pq[0], "num_bits": pq[1],
+                          **({"num_partitions": nlist} if nlist else {})},
+                "note": "LanceDB's IVF_PQ at the same code size (its own rotation and codebooks)"}

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, exact_search
+from embedtune.index.codecs.precision_registry import Encoded, PrecisionCodec, StoredIndex, register_precision
 from embedtune.io import atomic_write_json, load_weights, save_weights
 
-__all__ = ["Calibration", "sq8_index", "sq8_search", "int8_ranges", "int8_quantize", "int8_search"]
+__all__ = ["Calibration", "Int8", "sq8_index", "sq8_search", "int8_ranges", "int8_quantize", "int8_search"]
 
 
 @dataclass
@@ -128,6 +129,41 @@ def sq8_search(index: Any, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarr
     k = min(k, index.ntotal)
     D, I = index.search(xq, k)
     return break_ties(D, I)
+
+
+@register_precision
+class Int8(PrecisionCodec):
+    """The ``int8`` precision: FAISS ``SQ8`` with the per-dimension ranges of a :class:`Calibration` fitted on the corpus."""
+
+    precision_name = "int8"
+    summary = "FAISS SQ8 with per-dimension ranges calibrated on the corpus, float query"
+    calibrated = True
+    predates_digests = True
+    factory = "SQ8"
+    index_kind = "sq8"
+    store_kind = "int8"
+
+    def ram_bytes(self, dim: int) -> int:
+        return dim
+
+    def fixed_bytes(self, index: StoredIndex) -> int:
+        return 8 * index.dim  # vmin and vmax, float32 each
+
+    def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
+              train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:
+        calibration = calibration if calibration is not None else Calibration.fit(xb)
+        index = sq8_index(xb.shape[1], calibration)
+        index.add(xb)
+        return Encoded(index, calibration=calibration)
+
+    def encode(self, x: np.ndarray, calibration: Any = None, trained_index: Any = None) -> np.ndarray:
+        if calibration is None:
+            raise ValueError("precision int8 needs its calibration (the per-dimension ranges fitted on the corpus).")
+        return calibration.encode(x)
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {"index": {"index_type": "IVF_SQ", "distance_type": "dot"},
+                "note": "LanceDB has no user-calibrated int8 column: IVF_SQ trains its own 8-bit ranges, not the plan's"}
 
 
 # -- int8: sentence-transformers (symmetric) -------------------------------------------------

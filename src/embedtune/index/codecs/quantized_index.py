@@ -14,29 +14,22 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
-from embedtune.index.codecs.binary import binary_codes, binary_index, binary_search, sign_vectors
-from embedtune.index.codecs.faiss_codes import new_factory_index
-from embedtune.index.codecs.int8 import Calibration, sq8_index
+from embedtune.evaluate.search import as_rows
+from embedtune.index.codecs.int8 import Calibration
 from embedtune.index.codecs.precision import Precision
+from embedtune.index.codecs.precision_registry import CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE
 from embedtune.io import IntegrityError, atomic_write, read_json_verified, sha256_file, verify_sha256, write_json_with_digest
-from embedtune.runtime import native_chatter_filtered
 
 __all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "read_precision_json", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
 
 PRECISION_FILE = "precision.json"
-CALIBRATION_FILE = "calibration.safetensors"
-CALIBRATION_JSON = "calibration.json"
-#: The built-in FAISS precisions (int4, RaBitQ, TurboQuant): their trained tables, as a FAISS index holding no vectors.
-CODEC_FILE = "codec.faiss"
-# How binary-asym and binary-rescore rescore their Hamming candidates (binary_search's rescore_with).
-_BINARY_RESCORE = {"binary": None, "binary-asym": "asym", "binary-rescore": "float"}
 
 
 class QuantizedIndex:
     """Vectors stored at one :class:`Precision`, searched exhaustively (or by the FAISS index given).
 
-    Build with :meth:`build`; ``search`` takes float32 queries in the same space.
+    Build with :meth:`build`; ``search`` takes float32 queries in the same space. What each step does
+    is the precision's registered codec's (:attr:`Precision.precision_codec`).
 
     Attributes:
         precision: the :class:`Precision`.
@@ -52,7 +45,7 @@ class QuantizedIndex:
 
     @classmethod
     def build(cls, xb: np.ndarray, precision: Precision | str, calibration: Calibration | None = None,
-              float_vectors: np.ndarray | None = None, train: np.ndarray | None = None) -> "QuantizedIndex":
+              float_vectors: np.ndarray | None = None, train: np.ndarray | None = None, trained_index: Any = None) -> "QuantizedIndex":
         """Encode ``xb`` at ``precision``.
 
         Args:
@@ -62,42 +55,17 @@ class QuantizedIndex:
             float_vectors: binary-rescore, rabitq1-rescore: the float32 vectors to rescore against
                 (default: ``xb``; pass a memory map of the file on disk to keep them out of RAM).
             train: FAISS factory indexes that need training (``faiss:``, int4's ranges, RaBitQ's
-                centroid) are trained on these rows (default: ``xb``).
+                centroid) and the registered codecs are trained on these rows (default: ``xb``).
+            trained_index: a FAISS-backed precision's trained, empty index (a saved ``codec.faiss``) to use instead of training.
         """
-        import faiss
-
         precision = Precision(precision) if isinstance(precision, str) else precision
         xb = as_rows(xb, "xb")
         n, d = xb.shape
-        if precision.name == "float32":
-            return cls(precision, d, None, n, float_vectors=np.ascontiguousarray(xb, dtype=np.float32))
-        if precision.is_binary:
-            codes = np.ascontiguousarray(binary_codes(xb))
-            rescore_with = (float_vectors if float_vectors is not None else xb) if precision.name == "binary-rescore" else None
-            return cls(precision, d, binary_index(codes), n, float_vectors=rescore_with, codes=codes)
-        if precision.name == "float16":
-            index = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_INNER_PRODUCT)
-            index.add(xb)
-            return cls(precision, d, index, n)
-        if precision.name == "int8":
-            calibration = calibration if calibration is not None else Calibration.fit(xb)
-            index = sq8_index(d, calibration)
-            index.add(xb)
-            return cls(precision, d, index, n, calibration=calibration)
-        if precision.is_codec:  # a registered codec: fitted on the corpus (a sample of it) by its family
-            index = precision.codec.train(as_rows(train, "train") if train is not None else xb)
-            index.add(xb)
-            return cls(precision, d, index, n)
-        index = new_factory_index(d, precision.factory, precision.name if not precision.is_faiss else None)
-        if not index.is_trained:
-            with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
-                index.train(as_rows(train, "train") if train is not None else xb)
-        index.add(xb)
-        ivf = faiss.try_extract_index_ivf(index)
-        if ivf is not None:
-            ivf.nprobe = precision.nprobe or max(1, ivf.nlist // 4)
-        rescore_with = (float_vectors if float_vectors is not None else xb) if precision.rescores_float else None
-        return cls(precision, d, index, n, float_vectors=rescore_with)
+        encoded = precision.precision_codec.build(xb, precision, calibration=calibration, float_vectors=float_vectors,
+                                                  train=as_rows(train, "train") if train is not None else None,
+                                                  trained_index=trained_index)
+        return cls(precision, d, encoded.backend, n, calibration=encoded.calibration, float_vectors=encoded.float_vectors,
+                   codes=encoded.codes)
 
     def ram_bytes(self) -> int:
         """Bytes per vector held in RAM to search (see :meth:`Precision.ram_bytes`)."""
@@ -108,16 +76,7 @@ class QuantizedIndex:
 
     def fixed_bytes(self) -> int:
         """Bytes that do not grow with the corpus: int8 ranges, or a FAISS index's tables (codebooks, rotations)."""
-        if self.calibration is not None:
-            return 8 * self.dim
-        if self.precision.is_codec and not self.precision.uses_factory:
-            return int(self.backend.fixed_bytes())
-        if self.precision.uses_factory:
-            import faiss
-
-            serialized = faiss.serialize_index(self.backend).size
-            return max(0, int(serialized) - self.ntotal * self.precision.ram_bytes(self.dim))
-        return 0
+        return self.precision.precision_codec.fixed_bytes(self)
 
     def reconstruct(self, x: np.ndarray) -> np.ndarray | None:
         """What the codes of ``x`` (rows in this index's space) decode to, for the distortion report; None where the
@@ -127,47 +86,20 @@ class QuantizedIndex:
         binary-asym scores the float query against ``±1`` signs, so its reconstruction is those signs scaled to the
         rows' mean absolute value (the least-squares scale of a sign code).
         """
-        x = as_rows(x, "x")
-        name = self.precision.name
-        if name == "float32":
-            return x
-        if name == "float16":
-            return x.astype(np.float16).astype(np.float32)
-        if self.precision.is_binary:
-            if name != "binary-asym":
-                return None
-            return sign_vectors(binary_codes(x), self.dim) * np.abs(x).mean(axis=1, keepdims=True)
-        if name.startswith("rabitq") or "RaBitQ" in self.precision.factory:
-            return None  # RaBitQ ranks by an unbiased inner-product estimator, not by a decoded vector
-        try:
-            return np.asarray(self.backend.sa_decode(self.backend.sa_encode(x)), dtype=np.float32)
-        except RuntimeError:  # a FAISS index type with no standalone decoder
-            return None
+        return self.precision.precision_codec.reconstruct(self, as_rows(x, "x"))
 
     def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)`` of the top ``k`` rows for each float query, ``D`` descending, ties by row."""
         xq = as_rows(xq, "xq")
         if xq.shape[1] != self.dim:
             raise ValueError(f"queries are {xq.shape[1]}-d but the index holds {self.dim}-d vectors.")
-        k = min(int(k), self.ntotal)
-        if self.precision.name == "float32":
-            return exact_search(xq, self.float_vectors, k)
-        if self.precision.is_binary:
-            return binary_search(self.backend, xq, k, _BINARY_RESCORE[self.precision.name], self.float_vectors,  # type: ignore[arg-type]
-                                 self.precision.candidates, codes=self.codes)
-        fetch = min(self.ntotal, max(k, self.precision.candidates)) if self.precision.rescores_float else k
-        D, I = self.backend.search(xq, fetch)
-        D, I = break_ties(D, I.astype(np.int64))
-        if not self.precision.rescores_float:
-            return D, I
-        D, I = break_ties(rescore(xq, self.float_vectors, I), I)  # rabitq1-rescore: float32 from disk
-        return D[:, :k], I[:, :k]
+        return self.precision.precision_codec.search(self, xq, min(int(k), self.ntotal))
 
     def trained_copy(self) -> Any:
         """The built-in FAISS precisions: a copy of the FAISS index with its trained tables and no vectors."""
         import faiss
 
-        if not self.precision.uses_factory or self.backend is None:
+        if not self.precision.precision_codec.faiss_backed or self.backend is None:
             raise ValueError(f"precision {self.precision.name!r} keeps no trained FAISS tables.")
         trained = faiss.clone_index(self.backend)
         trained.reset()
@@ -183,17 +115,18 @@ class QuantizedIndex:
         """
         import faiss
 
-        if self.precision.is_codec and not self.precision.uses_factory:
+        codec = self.precision.precision_codec
+        if not codec.deployable:
             raise ValueError(f"codec {self.precision.name!r} is a reference codec, scored beside the others but not deployable "
                              "(it is not a FAISS index); choose a deployable precision.")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         written = []
-        if self.calibration is not None:
+        if CALIBRATION_FILE in codec.files and self.calibration is not None:
             self.calibration.save(directory / CALIBRATION_FILE)
             self.calibration.to_json(directory / CALIBRATION_JSON)
             written += [CALIBRATION_FILE, CALIBRATION_JSON]
-        if self.precision.uses_factory and self.backend is not None:
+        if CODEC_FILE in codec.files and self.backend is not None:
             trained = self.trained_copy() if self.backend.ntotal else self.backend
             atomic_write(directory / CODEC_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
             written.append(CODEC_FILE)
@@ -219,10 +152,11 @@ def load_precision(directory: str | Path, require_digest: bool = False) -> tuple
     values = read_precision_json(directory, require_digest=require_digest)
     precision = Precision.from_dict({k: v for k, v in values.items() if k in ("name", "candidates", "nprobe")})
     calibration = Calibration.load(directory / CALIBRATION_FILE) if (directory / CALIBRATION_FILE).is_file() else None
-    if precision.name == "int8" and calibration is None:
-        raise FileNotFoundError(f"{directory}: precision int8 needs {CALIBRATION_FILE} (its per-dimension ranges).")
-    for name, used in ((CALIBRATION_FILE, precision.name == "int8"), (CODEC_FILE, precision.uses_factory)):
-        if (directory / name).is_file() and not used:  # the files say another precision than precision.json does
+    files = precision.precision_codec.files
+    if CALIBRATION_FILE in files and calibration is None:
+        raise FileNotFoundError(f"{directory}: precision {precision.name} needs {CALIBRATION_FILE} (its per-dimension ranges).")
+    for name in (CALIBRATION_FILE, CODEC_FILE):
+        if (directory / name).is_file() and name not in files:  # the files say another precision than precision.json does
             raise IntegrityError(f"{directory / PRECISION_FILE}: precision {precision.name!r} has no use for {directory / name}, which "
                                  f"another precision wrote. {_PRECISION_FIX}")
     if calibration is not None:
@@ -248,17 +182,18 @@ _PRECISION_FIX = "Write it again with `embedtune compress plan` (or QuantizedInd
 def read_precision_json(directory: str | Path, require_digest: bool = False) -> dict[str, Any]:
     """``precision.json``, its own digest checked, and the sha256 of every file it lists (``files_sha256``) verified.
 
-    A file written before embedtune recorded digests (no ``content_sha256``) is read as it is, except
-    for a registered codec, whose files were always recorded, and with ``require_digest`` (an
-    exported model's precision, always written with its digests).
+    A file written before embedtune recorded digests (no ``content_sha256``) is read as it is, for the
+    precisions that predate them (``PrecisionCodec.predates_digests``: a registered codec's files were
+    always recorded), and never with ``require_digest`` (an exported model's precision, always written
+    with its digests).
     """
     directory = Path(directory)
     values, verified = read_json_verified(directory / PRECISION_FILE, _PRECISION_FIX, require_digest=require_digest)
     recorded = values.get("files_sha256")
     if verified and not isinstance(recorded, dict):
         raise IntegrityError(f"{directory / PRECISION_FILE}: field 'files_sha256' is missing. {_PRECISION_FIX}")
-    if not verified and isinstance(values.get("name"), str) and Precision.from_dict({"name": values["name"]}).is_codec:
-        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'content_sha256' is missing, which a registered codec's "
+    if not verified and isinstance(values.get("name"), str) and not Precision(values["name"]).precision_codec.predates_digests:
+        raise IntegrityError(f"{directory / PRECISION_FILE}: field 'content_sha256' is missing, which a {values['name']!r} "
                              f"precision.json always has. {_PRECISION_FIX}")
     for name, digest in sorted((recorded or {}).items()):
         if name not in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE) or not isinstance(digest, str):

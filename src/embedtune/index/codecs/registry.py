@@ -29,7 +29,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["CodecFamily", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
+from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+
+__all__ = ["FamilyCodecPrecision", "CodecFamily", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
 
 #: A registered codec's name: ``<family>:<bytes per vector>``.
 CODEC_NAME = re.compile(r"^([a-z][a-z0-9-]*):(\d+)$")
@@ -113,3 +115,74 @@ def codec_family(name: str) -> CodecFamily:
         valid = ", ".join(f"{family}:<bytes>" for family in sorted(_FAMILIES))
         raise ValueError(f"unknown codec {name!r}; registered codecs: {valid}.")
     return _FAMILIES[match.group(1)](int(match.group(2)))
+
+
+@register_precision
+class FamilyCodecPrecision(PrecisionCodec):
+    """The precision of a registered codec family's name (``klt-pq:32``): fitted on the corpus by its :class:`CodecFamily`."""
+
+    summary = "a registered codec family at a byte budget, fitted on the corpus"
+    fitted_by_embedtune = True  # the fit is embedtune's code: another release may fit it otherwise
+    store_kind = "product"
+
+    @classmethod
+    def accepts(cls, name: str) -> bool:
+        return is_registered_codec(name)
+
+    @classmethod
+    def examples(cls) -> tuple[str, ...]:
+        # 4 bytes: residual quantisation trains one 256-centroid stage per byte, and the contract, not the rate, is under test.
+        return tuple(f"{family}:4" for family in sorted(_FAMILIES))
+
+    @classmethod
+    def listed_as(cls) -> tuple[str, ...]:
+        return (f"a registered codec ({', '.join(f'{family}:<bytes>' for family in sorted(_FAMILIES))})",)
+
+    @property
+    def family_codec(self) -> CodecFamily:
+        return codec_family(self.name)
+
+    @property
+    def factory(self) -> str:
+        """Its name: no ``index_factory`` string makes it; its FAISS index is fitted on the corpus and travels as ``codec.faiss``."""
+        return self.name
+
+    @property
+    def faiss_backed(self) -> bool:
+        return self.family_codec.deployable
+
+    @property
+    def deployable(self) -> bool:
+        return self.family_codec.deployable
+
+    @property
+    def sweep_cache(self) -> bool:
+        return self.family_codec.deployable
+
+    @property
+    def faiss_load(self) -> str:
+        return (f"load {CODEC_FILE} with faiss.read_index (the codec's tables, fitted on the corpus), then add the "
+                "compressed vectors; `embedtune index build --plan` does both")
+
+    def ram_bytes(self, dim: int) -> int:
+        return self.family_codec.code_size(dim)
+
+    def fixed_bytes(self, index: StoredIndex) -> int:
+        if not self.faiss_backed:
+            return int(index.backend.fixed_bytes())
+        import faiss
+
+        serialized = faiss.serialize_index(index.backend).size
+        return max(0, int(serialized) - index.ntotal * self.ram_bytes(index.dim))
+
+    def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
+              train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:
+        index = self.trained_copy(trained_index) if trained_index is not None else self.family_codec.train(train if train is not None else xb)
+        index.add(xb)
+        return Encoded(index)
+
+    def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
+        return {"index": {"index_type": "IVF_PQ", "distance_type": "dot", "num_sub_vectors": divisor_near(dim, self.ram_bytes(dim)),
+                          "num_bits": 8},
+                "note": f"LanceDB has no {self.family_codec.family} codec: IVF_PQ at about the same bytes, and LanceDB trains its own "
+                        "codebooks (no KLT), not the plan's"}

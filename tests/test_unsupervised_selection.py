@@ -1,0 +1,154 @@
+"""Unsupervised DIVE's selection signal: agreement with the frozen space, or pseudo-queries that can prefer better."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from conftest import write_beir
+from embedtune.compress.base import PseudoQueries, TrainingData
+from embedtune.compress.dive import DIVECompressor, DIVEConfig
+from embedtune.data.pseudo_queries import PSEUDO_PREFIX, pseudo_query_texts
+from embedtune.errors import EmbedtuneError
+from embedtune.evaluate.retrieval import evaluate_embeddings
+from embedtune.workflows.fit import fit_on_all
+
+N_DOCS, DIM, CONTENT_DIMS, K = 1200, 48, 12, 12
+
+
+def shared_mean_corpus(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """Documents = a large shared mean direction, of a magnitude that varies by document, plus their content.
+
+    The content (topic and the document's own part) lies in ``CONTENT_DIMS`` directions orthogonal
+    to the mean, a little noise in the rest. Queries are a document's content without the mean. In
+    the frozen (unit-row) space a document's content then shrinks as its share of the mean grows,
+    so every query prefers documents with little of it, whatever they are about; centring removes
+    that. Uncentred PCA keeps the mean as its top axis (the frozen space's neighbourhoods, so the
+    rank KL prefers it) and has one content axis less.
+    """
+    rng = np.random.default_rng(seed)
+    basis = np.linalg.qr(rng.normal(size=(DIM, DIM)))[0]
+    mean_direction, content_axes, rest = basis[:, 0], basis[:, 1 : 1 + CONTENT_DIMS].T, basis[:, 1 + CONTENT_DIMS :]
+    topics = rng.integers(CONTENT_DIMS, size=N_DOCS)
+    content = content_axes[topics] + 0.5 * rng.normal(size=(N_DOCS, CONTENT_DIMS)) @ content_axes
+    content += 0.03 * rng.normal(size=(N_DOCS, rest.shape[1])) @ rest.T
+    share_of_mean = rng.uniform(1.5, 6.0, size=N_DOCS)
+    return share_of_mean[:, None] * mean_direction + content, content, rng
+
+
+def queries_for(content: np.ndarray, rows: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A query (or a pseudo-query) for each document of ``rows``: its content without the mean, plus noise."""
+    return content[rows] + 0.05 * rng.normal(size=(len(rows), DIM))
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    docs, content, rng = shared_mean_corpus()
+    doc_ids = [f"d{i}" for i in range(N_DOCS)]
+    pseudo = PseudoQueries([PSEUDO_PREFIX + d for d in doc_ids], queries_for(content, np.arange(N_DOCS), rng), np.zeros((0, 3)))
+    test_rows = rng.choice(N_DOCS, 200, replace=False)
+    query_ids = [f"q{i}" for i in range(len(test_rows))]
+    qrels = {q: {doc_ids[row]: 1} for q, row in zip(query_ids, test_rows)}
+    corpus = dataclasses.replace(TrainingData.corpus_only(docs, doc_ids), pseudo_queries=pseudo)
+    return corpus, query_ids, queries_for(content, test_rows, rng), qrels
+
+
+def fit(corpus: TrainingData, signal: str, seed: int = 3) -> DIVECompressor:
+    config = DIVEConfig.preset("unsupervised", dim=K, epochs=2, progress=False, device="cpu", seed=seed, selection_signal=signal)
+    return DIVECompressor(config).fit_unsupervised(corpus)
+
+
+def test_pseudo_queries_pick_the_centred_start_that_agreement_with_the_frozen_space_cannot(synthetic, one_torch_thread):
+    corpus, query_ids, queries, qrels = synthetic
+
+    def ndcg(compressor: DIVECompressor | None) -> float:
+        docs = corpus.doc_embeddings if compressor is None else compressor.transform(corpus.doc_embeddings)
+        found = queries if compressor is None else compressor.transform(queries)
+        return evaluate_embeddings(query_ids, found, corpus.doc_ids, docs, qrels).aggregate["ndcg@10"]
+
+    by_rank_kl, by_pseudo_queries = fit(corpus, "rank-kl"), fit(corpus, "pseudo-queries")
+    agreement, pseudo = by_rank_kl.history_[0], by_pseudo_queries.history_[0]
+    # Agreement with the frozen space prefers the uncentred start, the pseudo-queries the centred one.
+    assert agreement["start"] == "uncentred" and agreement["holdout_rank_kl_uncentred_start"] < agreement["holdout_rank_kl_centred_start"]
+    assert pseudo["start"] == "centred"
+    assert pseudo["holdout_pseudo_query_ndcg@10_centred_start"] > pseudo["holdout_pseudo_query_ndcg@10_uncentred_start"] + 0.05
+    # Both signals saw the same two starts: the rank KL is logged beside the pseudo-queries' score.
+    assert pseudo["holdout_rank_kl_centred_start"] == pytest.approx(agreement["holdout_rank_kl_centred_start"])
+    assert by_pseudo_queries.fit_details()["start"] == "centred PCA"
+    # And the centred choice retrieves the real queries better, better even than the frozen space.
+    assert ndcg(by_pseudo_queries) > ndcg(by_rank_kl) + 0.1 and ndcg(by_pseudo_queries) > ndcg(None) + 0.1
+    # The same seed makes the same choice and the same map.
+    again = fit(corpus, "pseudo-queries")
+    assert again.history_[0]["start"] == "centred" and again.selected_epoch_ == by_pseudo_queries.selected_epoch_
+    np.testing.assert_array_equal(again.transform(queries), by_pseudo_queries.transform(queries))
+
+
+def test_pseudo_query_selection_reads_only_held_out_documents_and_says_the_fix_without_them(synthetic):
+    corpus, *_ = synthetic
+    dive = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, epochs=0, progress=False, device="cpu", selection_signal="pseudo-queries"))
+    held = dive.selection_documents(N_DOCS)
+    assert len(held) == N_DOCS // 10 and np.array_equal(held, np.sort(held))
+    with pytest.raises(ValueError, match="none were given.*build_pseudo_queries.*selection_signal='rank-kl'"):
+        dive.fit_unsupervised(TrainingData.corpus_only(corpus.doc_embeddings, corpus.doc_ids))
+    trained_on = np.setdiff1d(np.arange(N_DOCS), held)
+    only_training_documents = PseudoQueries([PSEUDO_PREFIX + corpus.doc_ids[r] for r in trained_on[:50]],
+                                            corpus.pseudo_queries.embeddings[trained_on[:50]], np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="none of the 50 pseudo-queries given is of a held-out document"):
+        dive.fit_unsupervised(dataclasses.replace(corpus, pseudo_queries=only_training_documents))
+    with pytest.raises(ValueError, match="selection_signal must be one of"):
+        DIVEConfig(selection_signal="agreement")
+
+
+def test_a_pseudo_query_that_is_the_whole_document_is_skipped_for_selection():
+    corpus = {"titled": {"title": "Statins lower cholesterol", "text": "A trial of statins. It ran for years."},
+              "title only": {"title": "Only a title, nothing else", "text": ""},
+              "one sentence": {"title": "", "text": "a text with no sentence end at all"}}
+    ids = list(corpus)
+    assert pseudo_query_texts(corpus, ids, "title")[1] == ids  # as before: the training pseudo-queries keep them
+    assert pseudo_query_texts(corpus, ids, "title", skip_whole_documents=True)[1] == ["titled"]
+    assert pseudo_query_texts(corpus, ids, "first-sentence", skip_whole_documents=True)[2] == ["A trial of statins."]
+    # Without titles or sentence ends (NPL's texts), the first 12 words of a document at least twice as long.
+    words = [f"w{i}" for i in range(30)]
+    unpunctuated = {"long": {"title": "", "text": " ".join(words)}, "short": {"title": "", "text": " ".join(words[:23])}}
+    assert pseudo_query_texts(unpunctuated, ["long", "short"], "first-words", skip_whole_documents=True)[1:] == (
+        ["long"], [" ".join(words[:12])])
+
+
+@pytest.fixture
+def sentences(tmp_path):
+    """A BEIR corpus whose documents have two sentences each, and no labels."""
+    corpus = [{"_id": f"d{i}", "text": f"document number {i} about topic {i % 5}. what about topic {i % 5} number {i}"}
+              for i in range(40)]
+    folder = write_beir(tmp_path / "sentences", corpus, [{"_id": "q0", "text": "topic 1"}], [("q0", "d1", 1)])
+    return folder
+
+
+def test_compress_fit_builds_the_held_out_pseudo_queries_from_the_corpus(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    out = tmp_path / "dive"
+    settings = {"selection_signal": "pseudo-queries", "epochs": 1, "heads": 2, "progress": False}
+    result = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings,
+                        pseudo_queries="first-sentence", out=out)
+    info = json.loads((out / "fit.json").read_text())
+    assert info["selection_pseudo_queries"] == {"source": "first-sentence", "n_queries": 4, "held_out_documents": 4}
+    assert "holdout_pseudo_query_ndcg@10_uncentred_start" in result.compressor.history_[0]
+    with pytest.raises(ValueError, match="drop --pseudo-queries none"):
+        fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings, pseudo_queries="none")
+
+
+def test_compress_fit_on_given_vectors_names_the_fix(tmp_path):
+    docs = np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(60)))
+    with pytest.raises(EmbedtuneError, match="given without either.*--data CORPUS --model MODEL.*selection_signal=rank-kl"):
+        fit_on_all("dive", 4, doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt",
+                   settings={"selection_signal": "pseudo-queries", "epochs": 1, "progress": False})
+
+
+def test_compress_fit_says_when_no_held_out_document_gives_a_pseudo_query(toy40, tiny_bert_dir):
+    """toy40's documents are one sentence and no title: every pseudo-query would be its whole document."""
+    with pytest.raises(EmbedtuneError, match="nothing to select on. Try --pseudo-queries first-sentence or --pseudo-queries first-words"):
+        fit_on_all("dive", 8, data=toy40, model=str(tiny_bert_dir), unsupervised=True,
+                   settings={"selection_signal": "pseudo-queries", "epochs": 1, "heads": 2, "progress": False})
