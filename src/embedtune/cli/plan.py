@@ -17,6 +17,7 @@ from embedtune.cli.common import (
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, PRICE_ASSUMPTION
 from embedtune.index.codecs import PRECISIONS, registered_codecs
 from embedtune.index.fit_sample import MIN_FIT_SAMPLE, ROWS_PER_DIMENSION
+from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.label_free import (
     DEFAULT_HELD_OUT_FRACTION,
@@ -96,7 +97,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_list_flag(plan, "--codec-budgets", default=list(CODEC_BUDGETS), item_type=int, help="bytes per vector the codecs are scored at")
     plan.add_argument("--allow-disk-rescore", action="store_true",
                       help="let the choice be a setting that rescores its candidates with float32 vectors read from disk at query time "
-                           "(binary-rescore, rabitq1-rescore); by default the plan chooses among settings served from RAM alone")
+                           "(binary-rescore, rabitq1-rescore), and score a +refine<N> copy of every in-RAM setting within the budget "
+                           "(its top N rescored with the original, uncompressed float32 vectors, as FAISS's IndexRefineFlat) beside "
+                           "FAISS's IndexRefineFlat over PCA + PQ; by default the plan chooses among settings served from RAM alone")
+    plan.add_argument("--refine-candidates", type=int, default=DEFAULT_REFINE_CANDIDATES, metavar="N",
+                      help="with --allow-disk-rescore: the candidates a +refine<N> setting rescores with the original vectors "
+                           "(N x 4 x d bytes read from disk per query)")
     add_list_flag(plan, "--variants", default=[], help="named variants swept beside each method's default, where the method "
                   "has the option: qat-binary (DIVE trained for binary codes, straight-through sign), qat-int8")
     free = plan.add_argument_group("without labels (--label-free)")
@@ -161,6 +167,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
     _check_label_free_flags(args)
     if args.fit_sample is not None and args.fit_sample < 1:
         raise ValueError(f"--fit-sample is a positive number of corpus rows; got {args.fit_sample}.")
+    if args.refine_candidates < 1:
+        raise ValueError(f"--refine-candidates is a positive number of candidates; got {args.refine_candidates}.")
+    if args.refine_candidates != DEFAULT_REFINE_CANDIDATES and not args.allow_disk_rescore:
+        raise ValueError("--refine-candidates sizes the +refine<N> settings, which only --allow-disk-rescore scores; add it.")
     if not args.price_per_gb_month >= 0 or args.price_per_gb_month == float("inf"):
         raise ValueError(f"--price-per-gb-month is a non-negative number of dollars; got {args.price_per_gb_month}.")
     codecs = [] if [c.lower() for c in args.codecs] == ["none"] else list(args.codecs)
@@ -187,12 +197,13 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    final=args.final, work=args.work, labels=labels, held_out_fraction=args.held_out_fraction, queries=queries,
                                    pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
-                                   price_per_gb_month=args.price_per_gb_month)
+                                   price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
-                        allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month)
+                        allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
+                        refine_candidates=args.refine_candidates)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
@@ -286,6 +297,11 @@ def _print_deployment(plan: dict, out: str) -> None:
         rescore = f", rescore the top {lance['candidates']} ({lance['rescore']})" if lance.get("rescore") else ""
         verdict = "finds the planned index's top-k" if lance["exact"] else f"the nearest it has: {lance['note']}"
         print(f"LanceDB: {lance['vector_type']} vectors, distance {lance['distance']}, index {index}{rescore}; {verdict}")
+    refine = plan.get("refine")
+    if refine:
+        print(f"refine: each query's top {refine['candidates']} are rescored with the original {refine['original_dim']}-d float32 vectors "
+              f"({refine['vectors']} beside the index, {refine['disk_read_per_query']:,} bytes read from disk per query); "
+              "LanceDB serves the codes without this refinement")
     if "test" in plan:
         print(f"test ({plan['test']['n_queries']} held-out queries, scored once): nDCG@10 {plan['test']['ndcg@10']:.4f}, "
               f"Recall@10 {plan['test']['recall@10']:.4f}")

@@ -97,6 +97,8 @@ def write_deploy_bundle(plan: str | Path, out: str | Path, model: str | Path | N
         "input_dim": input_dim, "kind": precision_kind(precision), "model": str(model) if model and include_model else None,
         "similarity": "inner product on the compressed vectors (the plan's compressor output)",
         "faiss": faiss, "stores": settings, "bytes": bytes_table(info, precision, dim, input_dim),
+        # A +refine<N> plan: the stores below serve its codes; the rescoring with the original vectors is the client's.
+        **({"refine": (info.get("deployment") or {}).get("refine") or info["refine"]} if info.get("refine") else {}),
         "settings_table": {kind: {store: {"setting": s, "note": n} for store, (s, n) in row.items()} for kind, row in STORE_SETTINGS.items()},
         "files": {"faiss": "faiss_factory.txt", "lancedb": "lancedb.json", "qdrant": "qdrant.json", "pgvector": "pgvector.sql",
                   "milvus": "milvus.json", "readme": "README.md", "deploy": DEPLOY_FILE, **({"model": MODEL_SUBFOLDER} if model and include_model else {})},
@@ -115,6 +117,16 @@ def write_deploy_bundle(plan: str | Path, out: str | Path, model: str | Path | N
         raise
     finish_output_dir(out, DEPLOY_COMMAND)
     return deploy
+
+
+def _refine_note(deploy: dict[str, Any]) -> str:
+    """The README's line for a ``+refine<N>`` plan: the stores serve the codes, the client rescores with the original vectors."""
+    refine = deploy.get("refine")
+    if not refine:
+        return ""
+    return (f"\n\nThe plan rescores each query's top {refine['candidates']} with the model's original {deploy['input_dim']}-d float32 "
+            "vectors (`embedtune index build --plan` keeps them as `original_vectors.npy`); none of the stores below does that "
+            "itself: fetch the top candidates, then rescore them with the original vectors in the client.")
 
 
 def _pct(x: float | None) -> str:
@@ -142,7 +154,7 @@ def _readme(deploy: dict[str, Any], configs: dict[str, Any]) -> str:
     return f"""# Deploy bundle: {deploy['setting'] or name}
 
 Precision `{name}` on {dim}-d vectors (the model outputs {deploy['input_dim']}-d). All stores score by inner product
-on the compressed vectors. `deploy.json` holds everything below as data.
+on the compressed vectors. `deploy.json` holds everything below as data.{_refine_note(deploy)}
 
 ## Bytes
 

@@ -13,6 +13,10 @@ A plan folder::
                               the corpus the plan was made on
     frontier.png              quality against bytes on the validation queries (not checked: a picture)
 
+A ``+refine<N>`` choice records field ``refine`` (:mod:`embedtune.index.refine`): the index built from the plan
+keeps the original vectors beside the codes and rescores each query's top N with them; ``disk_bytes`` then counts
+the original float32 vector too.
+
 The format lives here, below the workflows that plan, so that ``index build --plan`` and the
 exporters read a plan without importing the sweep.
 """
@@ -36,6 +40,7 @@ from embedtune.index.codecs import (
     QuantizedIndex,
     load_precision,
 )
+from embedtune.index.refine import Refine, plan_refine
 from embedtune.io import (
     IntegrityError,
     atomic_write_json,
@@ -58,7 +63,7 @@ PREBUILT_TOLERANCE = 1e-6
 
 
 def write_plan(out: str | Path, compressor: Compressor, precision: Precision, doc_embeddings: np.ndarray, plan: dict[str, Any],
-               prebuilt: QuantizedIndex | None = None) -> dict[str, Any]:
+               prebuilt: QuantizedIndex | None = None, refine: Refine | None = None) -> dict[str, Any]:
     """Write the deployable folder: ``compressor/``, ``precision.json`` (+ int8 calibration), ``plan.json`` (last).
 
     ``plan.json`` carries the sha256 of every other file of the plan (``files_sha256``), the digest of
@@ -71,6 +76,9 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     within :data:`PREBUILT_TOLERANCE` (the frozen choice: it renormalises unit rows, which moves their
     last bits) and the index holds every one of them; otherwise the index is built here. The plan then
     ships the very tables its sweep scored.
+
+    ``refine``: the choice rescores its top candidates with the original vectors (a ``+refine<N>`` setting),
+    recorded as field ``refine``; its disk bytes count the original float32 vector.
     """
     out = Path(out)
     compressor.save(out / COMPRESSOR_DIR)
@@ -87,8 +95,10 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     for stale in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE):  # left by an earlier plan of another precision
         if stale not in precision.precision_codec.files:
             (out / stale).unlink(missing_ok=True)
+    ram = precision.ram_bytes(docs.shape[1])
     plan = {**plan, "precision": precision.to_dict(), "dim": int(docs.shape[1]), "faiss_factory": precision.factory,
-            "ram_bytes": precision.ram_bytes(docs.shape[1]), "disk_bytes": precision.disk_bytes(docs.shape[1]),
+            "ram_bytes": ram, "disk_bytes": refine.disk_bytes(ram) if refine is not None else precision.disk_bytes(docs.shape[1]),
+            **({"refine": refine.to_dict()} if refine is not None else {}),
             "index_kind": index_kind(precision), "compressor_state_sha256": compressor.state_sha256(),
             "files_sha256": {name: sha256_file(out / name) for name in plan_files(out)}}
     write_json_with_digest(out / PLAN_FILE, plan)
@@ -170,9 +180,16 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
         refuse("dim", plan.get("dim"), dim, f"{directory / COMPRESSOR_DIR} (its output dimension)")
     if values.get("dim") != dim:
         raise IntegrityError(f"{directory / PRECISION_FILE}: field 'dim' is {values.get('dim')!r} but the compressor outputs {dim}. {PLAN_FIX}")
+    try:
+        refine = plan_refine(plan, str(path))
+    except ValueError as error:
+        raise IntegrityError(f"{error} {PLAN_FIX}") from None
+    if refine is not None and refine.original_dim != compressor.input_dim_:
+        refuse("refine.original_dim", refine.original_dim, compressor.input_dim_, f"{directory / COMPRESSOR_DIR} (its input dimension)")
+    disk_bytes = refine.disk_bytes(precision.ram_bytes(dim)) if refine is not None else precision.disk_bytes(dim)
     for field, actual, source in (("index_kind", index_kind(precision), "its precision"), ("faiss_factory", precision.factory, "its precision"),
                                   ("ram_bytes", precision.ram_bytes(dim), "its precision and dimension"),
-                                  ("disk_bytes", precision.disk_bytes(dim), "its precision and dimension"),
+                                  ("disk_bytes", disk_bytes, "its precision, dimension and refinement"),
                                   ("compressor_state_sha256", compressor.state_sha256(), f"{directory / COMPRESSOR_DIR}")):
         if plan.get(field) != actual:
             refuse(field, plan.get(field), actual, source)

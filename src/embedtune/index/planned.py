@@ -20,6 +20,8 @@ rabitq1, rabitq4    ``RaBitQ``, ``RaBitQ4`` with the plan's centroid (``codec.fa
 rabitq1-rescore     ``RaBitQ`` + ``vectors.npy``; search rescores in float32
 turboquant1, 4      ``SQtqmse1``, ``SQtqmse4`` (``codec.faiss``)
 faiss:FACTORY       ``FACTORY``
+P+refineN           P's index + ``original_vectors.npy`` (the input vectors, before the
+                    compressor); search rescores P's top N with them
 ==================  =========================================================
 """
 
@@ -35,6 +37,7 @@ from embedtune.encoders.recipe import recipe_beside
 from embedtune.index.codecs import CODEC_FILE, read_codec_index, registered_precisions
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
+from embedtune.index.refine import plan_refine
 
 __all__ = ["build_planned_index", "RESCORE_OF"]
 
@@ -83,6 +86,9 @@ def build_planned_index(
         "ram_bytes": info["ram_bytes"],
         "disk_bytes": info["disk_bytes"],
     }
+    refine = plan_refine(info, str(plan / "plan.json"))
+    if refine is not None:  # the codes find candidates, the original vectors (written beside the index) rank them
+        recorded["refine"] = refine.to_dict()
     trained = None
     if (plan / CODEC_FILE).is_file():  # int4, RaBitQ, TurboQuant: the trained tables the plan scored, not a refit
         trained = read_codec_index(plan, precision, int(info["dim"]))
@@ -94,4 +100,4 @@ def build_planned_index(
     return build_index(embeddings, out, ids=ids, adapter=plan / "compressor", kind=info["index_kind"], titles=titles,
                        model=model or (None if recipe_beside(embeddings) else _encoding_model(info)), backend=backend, chunk_size=chunk_size, keep_vectors=precision.rescores_float,
                        id_column=id_column, vector_column=vector_column, sq8_ranges=ranges, plan=recorded, before_write=before_write,
-                       trained_index=trained, ray=ray)
+                       trained_index=trained, ray=ray, keep_original_vectors=refine is not None)

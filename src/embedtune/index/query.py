@@ -6,7 +6,8 @@ adapter the index was built with (or ``adapter``), and searched. The adapter is 
 the digests the manifest recorded at build time first: an adapter refitted or edited after
 ``index build`` would map the queries into another space than the documents, and every hit
 would be wrong with no error. Query vectors (:func:`search_vectors`) skip the encoding: no model
-is loaded.
+is loaded. An index built from a ``+refine<N>`` plan also gets each query's vector before the adapter
+(normalised as the adapter normalises its input), to rescore its candidates with the original vectors.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
     the index was built with an adapter whose folder is gone, or when the dimensions disagree
     (naming ``source``, the file the vectors came from, when given).
     """
+    return _mapped_queries(index, vectors, adapter, use_adapter, source)[0]
+
+
+def _mapped_queries(index: Index, vectors: np.ndarray, adapter: str | Path | None = None, use_adapter: bool = True,
+                    source: str | Path | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(mapped, original)``: :func:`query_vectors`' result, and for an index that refines with the original vectors
+    the queries' own vectors normalised as the adapter normalises its input (else None)."""
     recorded = index.manifest.get("adapter") or {}
     if use_adapter and adapter is None and recorded:
         path = recorded.get("path")
@@ -45,10 +53,13 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
         adapter = path
     where = f"{source}: " if source is not None else ""
     if not use_adapter or adapter is None:
+        if index.refine is not None and recorded:
+            raise ValueError(f"{index.path}: the index rescores its candidates with the model's original vectors, so the queries "
+                             "must be the model's vectors too, mapped by the index's adapter: drop --no-adapter.")
         if source is not None and vectors.ndim == 2 and vectors.shape[1] != index.dim:
             raise ValueError(f"{where}the query vectors are {vectors.shape[1]}-d but the index {index.path} holds {index.dim}-d vectors: "
                              "give query vectors from the model (and adapter) the index's vectors came from.")
-        return vectors
+        return vectors, (vectors if index.refine is not None else None)
     compressor = load_compressor(adapter)
     if recorded:
         check_adapter(index.manifest, index.path / MANIFEST, adapter, compressor)
@@ -57,16 +68,17 @@ def query_vectors(index: Index, vectors: np.ndarray, adapter: str | Path | None 
                else "encode the queries with the model the index's vectors came from (--model)")
         raise ValueError(f"{where}the query vectors are {vectors.shape[1]}-d but the adapter {adapter} was fitted on "
                          f"{compressor.input_dim_}-d vectors: {fix}.")
-    return compressor.transform(vectors)
+    original = compressor.normalize_input(np.ascontiguousarray(vectors, dtype=np.float32)) if index.refine is not None else None
+    return compressor.transform(vectors), original
 
 
 def _hits(index: Index, vectors: np.ndarray, top_k: int, rescore: str | None, query_ids: list[str] | None,
-          ignore_identical_ids: bool) -> list[list[dict[str, Any]]]:
+          ignore_identical_ids: bool, original: np.ndarray | None = None) -> list[list[dict[str, Any]]]:
     """The index's top ``top_k`` hits per row of ``vectors``; with ``query_ids`` and ``ignore_identical_ids``, a hit whose id is its query's is dropped."""
     drop = ignore_identical_ids and query_ids is not None
     if drop and len(query_ids) != len(vectors):  # type: ignore[arg-type]
         raise ValueError(f"{len(query_ids)} query ids for {len(vectors)} queries.")  # type: ignore[arg-type]
-    D, I = index.search(vectors, top_k + 1 if drop else top_k, rescore_with=rescore)  # one spare for a dropped hit
+    D, I = index.search(vectors, top_k + 1 if drop else top_k, rescore_with=rescore, original_queries=original)  # one spare for a dropped hit
     hits = index.hits(D, I)
     if not drop:
         return hits
@@ -101,8 +113,8 @@ def search_vectors(index_dir: str | Path, vectors: str | Path, ids: str | Path |
     query_ids, matrix = load_embeddings(vectors, ids, unique=True)  # refuses NaN/inf and repeated ids, naming the file
     if not query_ids:
         raise ValueError(f"{vectors}: no query vectors (0 rows); give at least one.")
-    mapped = query_vectors(index, np.ascontiguousarray(matrix, dtype=np.float32), adapter, use_adapter, source=vectors)
-    return query_ids, _hits(index, mapped, top_k, rescore, query_ids, ignore_identical_ids)
+    mapped, original = _mapped_queries(index, np.ascontiguousarray(matrix, dtype=np.float32), adapter, use_adapter, source=vectors)
+    return query_ids, _hits(index, mapped, top_k, rescore, query_ids, ignore_identical_ids, original)
 
 
 def search_texts(index_dir: str | Path, queries: list[str], model: str | None = None, adapter: str | Path | None = None,
@@ -148,5 +160,5 @@ def _search_encoded(index: Any, encoder: SentenceEncoder, queries: list[str], ad
                     top_k: int, rescore: str | None, query_ids: list[str] | None, ignore_identical_ids: bool) -> list[list[dict[str, Any]]]:
     if use_adapter and adapter is not None:
         load_compressor(adapter)  # a bad adapter fails before any encoding
-    vectors = query_vectors(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
-    return _hits(index, vectors, top_k, rescore, query_ids, ignore_identical_ids)
+    vectors, original = _mapped_queries(index, encoder.encode(queries, kind="query"), adapter, use_adapter)
+    return _hits(index, vectors, top_k, rescore, query_ids, ignore_identical_ids, original)

@@ -6,6 +6,8 @@ Layout of an index folder::
     ids.txt         one document id per line, row-aligned with the index
     titles.json     optional, a JSON list of titles row-aligned with ids.txt
     vectors.npy     optional (float rescoring: binary, a rabitq1-rescore plan): the float32 vectors the codes came from
+    original_vectors.npy  optional (a ``+refine<N>`` plan): the original float32 vectors, before the adapter, that each
+                    query's top N candidates are rescored with (:mod:`embedtune.index.refine`)
     manifest.json   kind, dims, counts, the adapter (path + sha256 of its files), the model, the
                     sha256 of every file above, and the digest of its own content
 
@@ -55,6 +57,7 @@ from embedtune.index.codecs import (
     sq8_search,
 )
 from embedtune.index.ann import default_params, set_search_params
+from embedtune.index.refine import ORIGINAL_VECTORS_FILE, refine_candidates
 from embedtune.io import (
     DIGEST_KEY,
     IntegrityError,
@@ -159,6 +162,7 @@ def build_index(
     trained_index: Any = None,
     backend: str | None = None,
     ray: RayPool | None = None,
+    keep_original_vectors: bool = False,
 ) -> Path:
     """Build an index folder from an embeddings file (``.npy`` + ``ids``, or parquet with ids).
 
@@ -189,6 +193,9 @@ def build_index(
             (:func:`~embedtune.compress.ray_apply.apply_compressor_ray`, the same bits as here) into a
             file in the folder the index is built in, beside ``out``; the FAISS add stays in this
             process. On a cluster, ``out``'s folder and the inputs must be on storage every node reaches.
+        keep_original_vectors: also store the input vectors themselves, before the adapter (normalised as the
+            adapter normalises its input), as ``original_vectors.npy``: a ``+refine<N>`` plan rescores its
+            candidates with them (:mod:`embedtune.index.refine`).
     Returns the folder.
     """
     import faiss
@@ -284,6 +291,9 @@ def build_index(
         if vectors_out is not None:
             vectors_out.flush()
             del vectors_out
+        if keep_original_vectors:
+            _write_original_vectors(embeddings, staging / ORIGINAL_VECTORS_FILE, (n, d_in), compressor, chunk_size, id_column,
+                                    vector_column)
         if len(id_list) != index.ntotal:
             raise ValueError(f"{embeddings}: indexed {index.ntotal} vectors but read {len(id_list)} ids.")
         _check_ids(id_list, str(embeddings))
@@ -324,8 +334,9 @@ def build_index(
             "encoder": recipe.to_dict() if recipe is not None else None,
             "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
             "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
-                      "vectors": VECTORS_FILE if keep_vectors else None},
-            "sha256": {name: sha256_file(staging / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE)
+                      "vectors": VECTORS_FILE if keep_vectors else None,
+                      "original_vectors": ORIGINAL_VECTORS_FILE if keep_original_vectors else None},
+            "sha256": {name: sha256_file(staging / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE)
                        if (staging / name).is_file()},
             **({"plan": plan} if plan is not None else {}),
             "build_seconds": seconds,
@@ -335,10 +346,10 @@ def build_index(
             before_write()  # e.g. the command's --overwrite: only now, with the new index ready
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)  # first: a half-moved folder has no manifest, so it never loads
-        for name in (TITLES_FILE, VECTORS_FILE):
+        for name in (TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
             if not (staging / name).exists():
                 (out / name).unlink(missing_ok=True)  # a previous build's, which this index does not match
-        for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, MANIFEST):  # the manifest last
+        for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE, MANIFEST):  # the manifest last
             if (staging / name).exists():
                 os.replace(staging / name, out / name)
                 notify_written(out / name)
@@ -346,6 +357,22 @@ def build_index(
         shutil.rmtree(staging, ignore_errors=True)
     logger.debug("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
     return out
+
+
+def _write_original_vectors(embeddings: Path, path: Path, shape: tuple[int, int], compressor: Compressor | None, chunk_size: int,
+                            id_column: str, vector_column: str) -> None:
+    """Stream the input vectors into ``path`` as float32, normalised as ``compressor`` normalises its input.
+
+    The plan rescored with the vectors its compressor was fitted on (unit rows for a cosine model), so the
+    index keeps those, not whatever scale the file has; a pass of its own, so it works whatever transformed the
+    rows for the index (this process or Ray actors).
+    """
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    for start, _, block in iter_embedding_blocks(embeddings, chunk_size, id_column, vector_column, reuse_buffer=True):
+        check_finite(block, str(embeddings), "vectors", row_offset=start, fix=VECTORS_FIX, partial=True)
+        out[start : start + len(block)] = compressor.normalize_input(block) if compressor is not None else block
+    out.flush()
+    del out
 
 
 def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
@@ -391,13 +418,42 @@ class Index:
     ids: list[str]
     titles: list[str] | None = None
     vectors: np.ndarray | None = field(default=None, repr=False)
+    original_vectors: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def refine(self) -> dict[str, Any] | None:
+        """What a ``+refine<N>`` plan recorded (``candidates``, ``original_dim``), or None for an index searched by its codes alone."""
+        return (self.manifest.get("plan") or {}).get("refine")
 
     @property
     def dim(self) -> int:
         return int(self.manifest["dim"])
 
-    def search(self, xq: np.ndarray, k: int = 10, rescore_with: str | None = None, candidates: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, xq: np.ndarray, k: int = 10, rescore_with: str | None = None, candidates: int = 100,
+               original_queries: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)`` for float queries ``xq`` of shape ``(nq, dim)``; ties by ascending row.
+
+        An index built from a ``+refine<N>`` plan (:attr:`refine`) searches its codes for the top ``max(k, N)``
+        and rescores them with ``original_vectors.npy`` against ``original_queries``, the queries' vectors
+        before the adapter (normalised as its input), which it then needs.
+        """
+        if self.refine is None:
+            return self._search_codes(xq, k, rescore_with, candidates)
+        if original_queries is None:
+            raise ValueError(f"{self.path}: the index rescores its candidates with the original vectors ({ORIGINAL_VECTORS_FILE}), so "
+                             "it needs the queries' original vectors too (original_queries: the model's vectors, before the adapter); "
+                             "`embedtune search` passes them.")
+        if self.original_vectors is None:
+            raise IntegrityError(f"{self.path}: {MANIFEST} field 'plan.refine' says candidates are rescored with {ORIGINAL_VECTORS_FILE}, "
+                                 f"which is missing. {REBUILD_HINT}")
+        if rescore_with is not None:
+            raise ValueError(f"{self.path}: the index rescores with the original vectors as planned; drop --rescore {rescore_with}.")
+        fetch = min(self.faiss_index.ntotal, max(int(k), int(self.refine["candidates"])))
+        _, I = self._search_codes(xq, fetch, None, candidates)
+        return refine_candidates(I, original_queries, self.original_vectors, min(int(k), self.faiss_index.ntotal))
+
+    def _search_codes(self, xq: np.ndarray, k: int, rescore_with: str | None, candidates: int) -> tuple[np.ndarray, np.ndarray]:
+        """The search of the stored codes (see :meth:`search`).
 
         ``flat`` runs :func:`embedtune.evaluate.search.exact_search` on the index's own vectors
         (no copy), its candidates from FAISS's own ``IndexFlatIP`` scan (the ``faiss`` kernel;
@@ -480,7 +536,7 @@ def verify_index(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{manifest_path}: field 'sha256' lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
     for name, digest in digests.items():
         verify_sha256(path / name, digest, REBUILD_HINT)
-    for name in (TITLES_FILE, VECTORS_FILE):
+    for name in (TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
         if (path / name).is_file() and name not in digests:
             raise ValueError(f"{path / name}: not listed in {MANIFEST}, so it cannot be checked; remove it or rebuild the index.")
     return manifest
@@ -516,7 +572,17 @@ def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
         if vectors.shape != (ntotal, dim) or vectors.dtype != np.float32:
             raise IntegrityError(f"{path / VECTORS_FILE}: holds {vectors.dtype} {vectors.shape} but {manifest_path} says "
                                  f"({ntotal}, {dim}) float32. {REBUILD_HINT}")
-    return Index(path, manifest, index, ids, titles, vectors)
+    original = None
+    if (path / ORIGINAL_VECTORS_FILE).is_file():
+        original = np.load(path / ORIGINAL_VECTORS_FILE, mmap_mode="r" if mmap_vectors else None, allow_pickle=False)
+        input_dim = manifest.get("input_dim")
+        if original.shape != (ntotal, input_dim) or original.dtype != np.float32:
+            raise IntegrityError(f"{path / ORIGINAL_VECTORS_FILE}: holds {original.dtype} {original.shape} but {manifest_path} says "
+                                 f"({ntotal}, {input_dim}) float32. {REBUILD_HINT}")
+    elif (manifest.get("plan") or {}).get("refine"):
+        raise IntegrityError(f"{path / ORIGINAL_VECTORS_FILE}: missing, but {manifest_path} field 'plan.refine' rescores with it. "
+                             f"{REBUILD_HINT}")
+    return Index(path, manifest, index, ids, titles, vectors, original)
 
 
 def _manifest_shape(manifest: dict[str, Any], manifest_path: Path) -> tuple[str, int, int]:

@@ -55,6 +55,7 @@ from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH
 from embedtune.index.codecs import PRECISIONS
+from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
 from embedtune.workflows.experiment import Experiment
@@ -539,6 +540,7 @@ def run_label_free_plan(
     allow_disk: bool = False,
     fit_sample: int | None = None,
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
+    refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -554,7 +556,7 @@ def run_label_free_plan(
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
         final: also score the choice on the experiment's labelled test queries, after it is made.
-        codecs, codec_budgets, allow_disk: as in ``run_plan`` (the codecs are fitted on every document the index holds).
+        codecs, codec_budgets, allow_disk, refine_candidates: as in ``run_plan`` (the codecs are fitted on every document the index holds).
         fit_sample: the corpus rows the whole plan runs on (default: :func:`plan_sample`'s rule): the sweep fits,
             holds out, indexes and scores that seeded sample, and the choice is refitted on it; recorded in
             ``plan.json`` under ``fit_sample``. A corpus no larger than the sample is used whole.
@@ -570,7 +572,8 @@ def run_label_free_plan(
                                        encoder, cache)
     plan = run_sweep(LabelFreeObjective(sampled, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
-                     fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record)
+                     fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
+                     refine_candidates=refine_candidates)
     if final and sampled is not experiment:  # the labelled test queries search the whole corpus, as deployed
         plan["test"] = score_plan(experiment, out, "test")
         write_json_with_digest(Path(out) / PLAN_FILE, plan)

@@ -60,6 +60,16 @@ from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_r
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
+from embedtune.index.refine import (
+    DEFAULT_REFINE_CANDIDATES,
+    REFINE_TIER,
+    Refine,
+    RefinedIndex,
+    faiss_refine_peers,
+    plan_refine,
+    refinable,
+    refined_name,
+)
 from embedtune.io import (
     atomic_write,
     read_json_verified,
@@ -554,6 +564,8 @@ def score_precisions(
     per_query_metric: str = "ndcg@10",
     distortion: bool = True,
     train_rows: np.ndarray | None = None,
+    refine_candidates: int | None = None,
+    refine_max_bytes: float | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`precision_rows` on any :class:`QuerySet` against the documents ``doc_ids`` (vectors ``doc_embeddings``).
 
@@ -579,6 +591,12 @@ def score_precisions(
 
     ``train_rows``: the rows of ``doc_embeddings`` that precisions needing training are fitted on
     (a plan's fit sample); None fits them on every row. Every row is encoded and searched either way.
+
+    ``refine_candidates`` (N): every precision worth refining (:func:`~embedtune.index.refine.refinable`) with
+    ``ram_bytes`` at most ``refine_max_bytes`` (None: any) also gets a ``+refine<N>`` row: the same index, its
+    top N rescored with the uncompressed vectors (:class:`~embedtune.index.refine.RefinedIndex`; ``precision``
+    is the base's, ``refine`` is N, ``tier`` ``"disk-rescore"``, ``disk_bytes`` the code plus the float32
+    vector). It reuses the index built here, so it costs one more candidate search and the exact rescoring of N.
     """
     if per_query_metric not in ("ndcg@10", "recall@10"):
         raise ValueError(f"per_query_metric must be ndcg@10 or recall@10; got {per_query_metric!r}.")
@@ -610,6 +628,16 @@ def score_precisions(
         indexes.append((precision.name, index, xq))
         if progress is not None:
             progress(1)
+    if refine_candidates is not None:
+        refine = Refine(int(refine_candidates), int(frozen_b.shape[1]))
+        # Rescored with the vectors the compressor was fitted on, as the deployed index stores them (index build
+        # normalises its original vectors the same way), against the queries' own uncompressed vectors.
+        originals = compressor.normalize_input(frozen_b) if compressor is not None else frozen_b
+        for name, index, _ in list(indexes):
+            if refinable(index.precision, compressor is None) and (refine_max_bytes is None or index.ram_bytes() <= refine_max_bytes):
+                name_refined = refined_name(name, refine.candidates)
+                builds[name_refined] = builds[name]  # the same index: nothing more is built
+                indexes.append((name_refined, RefinedIndex(index, originals, refine, compressor), frozen_q))  # type: ignore[arg-type]
     timed = list(indexes)
     if time_reference:
         timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
@@ -630,6 +658,7 @@ def score_precisions(
     reference_ms = statistics.median(times["__reference__"]) * 1e3 if time_reference and rounds else None
     rows = []
     for name, index, _ in indexes:
+        refined = isinstance(index, RefinedIndex)
         D, I = results[name]
         metrics = evaluate_run(qrels, run_from_topk(ids, D, I, doc_ids, top_k, queries.ignore_identical_ids), ("ndcg@10", "recall@10", "recall@100"))
         latency = statistics.median(times[name]) * 1e3 if rounds else None
@@ -642,14 +671,16 @@ def score_precisions(
         rows.append({
             **(labels or {}),
             "dim": dim,
-            "precision": name,
+            "precision": index.precision.name if refined else name,  # type: ignore[union-attr]
+            **({"refine": index.refine.candidates} if refined else {}),  # type: ignore[union-attr]
             "ram_bytes": ram,
             "disk_bytes": index.disk_bytes(),  # type: ignore[union-attr]
             "fixed_bytes": fixed,
             "amortized_bytes": ram + fixed / len(doc_ids) if doc_ids else None,
-            "tier": precision_tier(name),
+            "tier": REFINE_TIER if refined else precision_tier(name),
             **report,
-            "score_error": None if not index.precision.precision_codec.scores_are_inner_products else _score_error(D[:, :top_k], I[:, :top_k], frozen_q, frozen_b),
+            # A refined row's scores are exact inner products of the original vectors, whatever its codes score.
+            "score_error": None if not (refined or index.precision.precision_codec.scores_are_inner_products) else _score_error(D[:, :top_k], I[:, :top_k], frozen_q, frozen_b),
             "ndcg@10": metrics["ndcg@10"],
             "recall@10": metrics["recall@10"],
             "recall@100": metrics["recall@100"],
@@ -909,12 +940,16 @@ class LabelledObjective(PlanObjective):
 
 def sweep_rows(objective: PlanObjective, compressor: Compressor | None, precisions: Sequence[str | Precision], labels: Mapping[str, Any],
                rounds: int = 3, prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
-               progress: Callable[[int], object] | None = None, train_rows: np.ndarray | None = None) -> list[dict[str, Any]]:
+               progress: Callable[[int], object] | None = None, train_rows: np.ndarray | None = None,
+               refine: tuple[int, float | None] | None = None) -> list[dict[str, Any]]:
     """:func:`score_precisions` of ``compressor``'s space on ``objective``'s queries, each row with its ``y`` field set
-    (``train_rows``: the corpus rows trained precisions are fitted on; None: all)."""
+    (``train_rows``: the corpus rows trained precisions are fitted on; None: all; ``refine``: ``(N, max RAM bytes)``
+    of the ``+refine<N>`` rows to add, None for none)."""
     embeddings = objective.experiment.embeddings
     rows = score_precisions(objective.queries, embeddings.doc_ids, embeddings.doc_embeddings, compressor, precisions, rounds=rounds,
-                            labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric, train_rows=train_rows)
+                            labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric, train_rows=train_rows,
+                            refine_candidates=refine[0] if refine is not None else None,
+                            refine_max_bytes=refine[1] if refine is not None else None)
     if objective.y != objective.metric:
         for row in rows:
             row[objective.y] = row[objective.metric]
@@ -965,6 +1000,7 @@ def run_sweep(
     fit_sample: int | None = None,
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     sample_record: Mapping[str, Any] | None = None,
+    refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -986,13 +1022,22 @@ def run_sweep(
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
     not be is left out (:func:`_peer_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
     columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
-    the objective against dollars a month at a billion vectors. The other arguments are :func:`run_plan`'s.
+    the objective against dollars a month at a billion vectors. With ``allow_disk``, every in-RAM row within the
+    byte budget also gets a ``+refine<N>`` row (``N`` = ``refine_candidates``: its top N rescored with the
+    uncompressed vectors, :mod:`embedtune.index.refine`), and the FAISS user's refined route
+    (:func:`~embedtune.index.refine.faiss_refine_peers`) is scored beside them. The other arguments are :func:`run_plan`'s.
 
     Returns:
         The plan (also ``OUT/plan.json``).
     """
     out = Path(out)
     check_codecs(codecs, codec_budgets)
+    Refine(refine_candidates, 1)  # a bad candidate count fails before any fit
+    # Which rows get a refined copy: every in-RAM row within the budget. A refined row reuses the index its base row
+    # was scored with (one more candidate search, then N exact inner products a query), so refining all of them costs
+    # far less than choosing which to refine would risk: the best candidates for refining need not be the best
+    # in-RAM ranking at the same bytes. Rows above the budget could never be chosen, so they are not refined.
+    refine = (int(refine_candidates), budget_bytes) if allow_disk else None
     experiment = objective.experiment
     input_dim = experiment.embeddings.dim
     dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
@@ -1018,6 +1063,10 @@ def run_sweep(
         quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
         n_docs = len(experiment.embeddings.doc_ids)
         size = fit_sample_size(n_docs, input_dim, fit_sample)
+        # The FAISS user's disk tier: IndexRefineFlat over PCA + 8-bit PQ at the codec budgets, scored beside the refined rows.
+        refine_peers = faiss_refine_peers(input_dim, [b for b in codec_budgets if budget_bytes is None or b <= budget_bytes],
+                                          size) if allow_disk else []
+        refine_peers = [p for p in refine_peers if p not in frozen_precisions]
         train_rows = fit_sample_rows(n_docs, size, seed) if size < n_docs else None
         if sample_record is None:
             sample_record = {**fit_sample_record(n_docs, input_dim, size, seed, fit_sample), "fits": "FAISS peers and codecs"}
@@ -1032,21 +1081,25 @@ def run_sweep(
         # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), cheapest first, on the fit sample: see
         # _peer_skip_reason for the ones left out because the choice could not be them.
         reused = sum(f in frozen_indexes for f in [*(f for specs in factories.values() for f in specs), *frozen_codecs])
-        with progress_bar(len(frozen_precisions) + sum(map(len, factories.values())) + len(quantiser_peers) + len(frozen_codecs),
+        with progress_bar(len(frozen_precisions) + sum(map(len, factories.values())) + len(quantiser_peers) + len(frozen_codecs)
+                          + len(refine_peers),
                           f"{name} 1/3, frozen vectors, fast-scan peers and codecs", unit="index",
                           postfix=f"{reused} cached" if reused else None) as bar:
             rows = sweep_rows(objective, None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
-                              progress=bar.update)
+                              progress=bar.update, refine=refine)
             for family, specs in factories.items():
                 if specs:
                     rows += sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
-                                       progress=bar.update, train_rows=train_rows)
+                                       progress=bar.update, train_rows=train_rows, refine=refine)
             if quantiser_peers:
                 rows += sweep_rows(objective, None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
-                                   progress=bar.update)
+                                   progress=bar.update, refine=refine)
             if frozen_codecs:
                 rows += _label_codec_rows(sweep_rows(objective, None, frozen_codecs, {"method": "frozen", "family": "codec"}, rounds,
-                                                     prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows))
+                                                     prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine))
+            if refine_peers:
+                rows += sweep_rows(objective, None, refine_peers, {"method": "frozen", "family": "FAISS PCA+PQ (IndexRefineFlat peer)"},
+                                   rounds, prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine)
         save_faiss_cache(cache_dir, frozen_indexes, probe)
         _name_frozen_rows(rows, input_dim)
         reference = next(r[y] for r in rows if r["precision"] == "float32")
@@ -1067,8 +1120,8 @@ def run_sweep(
                 for row in _label_codec_rows(sweep_rows(objective, compressor, [*precisions, *space_codecs],
                                                         {"method": candidate.method, "variant": candidate.variant, "family": family,
                                                          "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
-                                                        train_rows=train_rows)):
-                    row["setting"] = f"{candidate.name}/{row['precision']}"
+                                                        train_rows=train_rows, refine=refine)):
+                    row["setting"] = _setting(candidate.name, row)
                     rows.append(row)
                 save_faiss_cache(space_dir, space_indexes, space_probe)
                 del space_indexes  # every index of this space: freed before the next candidate's
@@ -1092,7 +1145,7 @@ def run_sweep(
                 for family in dict.fromkeys(item[2] for item in level):
                     specs = [spec for _, _, f, spec in level if f == family]
                     peer_rows = sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
-                                           progress=bar.update, train_rows=train_rows)
+                                           progress=bar.update, train_rows=train_rows, refine=refine)
                     _name_frozen_rows(peer_rows, input_dim)
                     _mark_choosable(peer_rows, allow_disk)
                     rows += peer_rows
@@ -1119,7 +1172,14 @@ def run_sweep(
         else:
             compressor = objective.fit_frozen()
             reuse = frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse, plan={
+        chosen_refine = Refine(int(chosen["refine"]), input_dim) if chosen.get("refine") else None
+        deployment = deployment_recipe(Precision(chosen["precision"]), compressor.output_dim)
+        if chosen_refine is not None:
+            deployment["refine"] = chosen_refine.recipe()
+        # Only a refined choice passes ``refine``, and only a plan with the disk tier records its N: without
+        # --allow-disk-rescore the plan folder is what it always was.
+        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse,
+                          **({"refine": chosen_refine} if chosen_refine is not None else {}), plan={
             "embedtune_version": __version__,
             **(labels or {}),
             "dataset": experiment.dataset.name,
@@ -1128,6 +1188,7 @@ def run_sweep(
             "budget_bytes": budget_bytes,
             "target_retention": target_retention,
             "allow_disk": allow_disk,
+            **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
             "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
                        "reference": REFERENCE_CODEC if codecs else None},
             "chosen": _public(chosen),
@@ -1135,7 +1196,7 @@ def run_sweep(
             "bill": dict(bill_record(price_per_gb_month)),
             "skipped_peers": skipped_peers,
             # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
-            "deployment": deployment_recipe(Precision(chosen["precision"]), compressor.output_dim),
+            "deployment": deployment,
             "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
             **objective.record(),
             "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
@@ -1153,9 +1214,15 @@ BILL_AT = scale_label(BILL_SCALES[-1])
 COST_PLOT = "frontier_cost.png"
 
 
+def _setting(space: str, row: Mapping[str, Any]) -> str:
+    """A row's setting: its space and precision, and a refined row's ``+refine<N>``."""
+    name = f"{space}/{row['precision']}"
+    return refined_name(name, row["refine"]) if row.get("refine") else name
+
+
 def _name_frozen_rows(rows: list[dict[str, Any]], input_dim: int) -> None:
     for row in rows:
-        row["setting"] = f"frozen-{input_dim}/{row['precision']}"
+        row["setting"] = _setting(f"frozen-{input_dim}", row)
         row["candidate"] = None
 
 
@@ -1190,7 +1257,10 @@ def _peer_skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budg
 def _bill_columns(row: Mapping[str, Any], input_dim: int, price_per_gb_month: float) -> dict[str, Any]:
     """The bill of one row (:func:`embedtune.index.bill.vector_bill`): its bytes, their share of float32, RAM and dollars at scale."""
     precision = Precision(row["precision"]) if row["precision"] != "sparse-fp16" else None
-    disk_read = precision.disk_read_per_query(int(row["dim"])) if precision is not None else 0
+    if row.get("refine"):  # N original float32 vectors a query
+        disk_read = Refine(int(row["refine"]), input_dim).disk_read_per_query()
+    else:
+        disk_read = precision.disk_read_per_query(int(row["dim"])) if precision is not None else 0
     return vector_bill(row["ram_bytes"], input_dim, row.get("fixed_bytes") or 0.0, disk_read, price_per_gb_month)
 
 
@@ -1235,6 +1305,7 @@ def run_plan(
     allow_disk: bool = False,
     fit_sample: int | None = None,
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
+    refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1267,7 +1338,10 @@ def run_plan(
         codec_budgets: the codecs' bytes per vector.
         allow_disk: let the choice be a precision that rescores with float32 vectors read from
             disk at query time (``binary-rescore``, ``rabitq1-rescore``: rows of ``tier``
-            ``"disk-rescore"``); by default the plan chooses among settings served from RAM alone.
+            ``"disk-rescore"``); by default the plan chooses among settings served from RAM alone. It also
+            scores a ``+refine<N>`` copy of every in-RAM row within the budget (:mod:`embedtune.index.refine`) and
+            FAISS's ``IndexRefineFlat`` over PCA + PQ as their peer.
+        refine_candidates: N of the ``+refine<N>`` rows: candidates rescored with the uncompressed vectors.
         fit_sample: corpus rows the FAISS peers and codecs train on (default: the rule of
             :func:`~embedtune.index.fit_sample.fit_sample_size`); recorded in ``plan.json``.
         price_per_gb_month: dollars per GB of RAM a month for the bill's columns (an assumption by default:
@@ -1284,7 +1358,7 @@ def run_plan(
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
-                     price_per_gb_month=price_per_gb_month)
+                     price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
@@ -1327,9 +1401,15 @@ def score_plan(experiment: Experiment, directory: str | Path, part: str = "test"
     qrels = experiment.qrels_for(ids)
     ids = [qid for qid in ids if qrels.get(qid)]
     xq = compressor.transform(experiment.embeddings.queries(ids))
-    xb = compressor.transform(np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32))
+    originals = np.ascontiguousarray(experiment.embeddings.doc_embeddings, dtype=np.float32)
+    xb = compressor.transform(originals)
     index = QuantizedIndex.build(xb, precision, calibration=calibration)
-    D, I = index.search(xq, 101)
+    refine = plan_refine(plan, str(Path(directory) / PLAN_FILE))
+    if refine is not None:  # as `index build --plan` serves it: the codes' candidates, ranked by the original vectors
+        refined = RefinedIndex(index, compressor.normalize_input(originals), refine, compressor)
+        D, I = refined.search(experiment.embeddings.queries(ids), 101)
+    else:
+        D, I = index.search(xq, 101)
     metrics = evaluate_run(qrels, run_from_topk(ids, D, I, experiment.embeddings.doc_ids, 100, True), ("ndcg@10", "recall@10"))
     # Seen and unseen, relative to the train+val labels the plan fitted and chose on.
     groups = query_subsets(qrels, training_positives(experiment.qrels_for(experiment.part_ids("train+val"))))
