@@ -71,7 +71,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
-CODECS = ("klt-pq", "klt-pq4", "klt-rq")
+CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq")
 RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32
@@ -187,7 +187,8 @@ def frozen_setting(ds: dict[str, Any], name: str) -> Searcher:
 
     def build_half(rows: np.ndarray, fit_rows: np.ndarray):
         index = QuantizedIndex.build(docs[rows], Precision(name), train=docs[fit_rows])
-        chain = getattr(index.backend, "chain", None)
+        # klt-wpq: its weighted encoder holds the transform onto the kept axes.
+        chain = getattr(getattr(index.backend, "encoder", index.backend), "chain", None)
         if chain is not None and chain.size():  # a transform codec: how many principal axes it kept
             axes.append(int(chain.at(0).d_out))
         return index, index.search, index.reconstruct(docs[rows]), index.ram_bytes(), index.fixed_bytes()

@@ -40,6 +40,7 @@ from embedtune.index.codecs import (
     QuantizedIndex,
     load_precision,
 )
+from embedtune.index.codecs.precision_registry import precision_file_names
 from embedtune.index.refine import Refine, plan_refine
 from embedtune.io import (
     IntegrityError,
@@ -92,7 +93,7 @@ def write_plan(out: str | Path, compressor: Compressor, precision: Precision, do
     else:
         index = QuantizedIndex.build(docs, precision)
     index.save_precision(out)
-    for stale in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE):  # left by an earlier plan of another precision
+    for stale in precision_file_names():  # left by an earlier plan of another precision
         if stale not in precision.precision_codec.files:
             (out / stale).unlink(missing_ok=True)
     ram = precision.ram_bytes(docs.shape[1])
@@ -116,7 +117,7 @@ def _prebuilt_fits(index: QuantizedIndex, precision: Precision, docs: np.ndarray
 
 def plan_files(out: Path) -> list[str]:
     """The files of a plan folder that ``plan.json`` records digests of (relative POSIX paths)."""
-    names = [PRECISION_FILE, CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE, f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
+    names = [PRECISION_FILE, *precision_file_names(), f"{COMPRESSOR_DIR}/config.json", f"{COMPRESSOR_DIR}/model.safetensors"]
     return [name for name in names if (out / name).is_file()]
 
 
@@ -197,8 +198,12 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
     if (CALIBRATION_FILE in files) != (calibration is not None):
         raise IntegrityError(f"{directory}: precision {precision.name} {'needs' if CALIBRATION_FILE in files else 'has no use for'} "
                              f"{CALIBRATION_FILE}. {PLAN_FIX}")
-    if (directory / CODEC_FILE).is_file() and CODEC_FILE not in files:
-        raise IntegrityError(f"{directory}: precision {precision.name} has no use for {CODEC_FILE}. {PLAN_FIX}")
+    for name in precision_file_names():
+        if name not in (CALIBRATION_FILE, CALIBRATION_JSON) and (directory / name).is_file() and name not in files:
+            raise IntegrityError(f"{directory}: precision {precision.name} has no use for {name}. {PLAN_FIX}")
+    missing = [name for name in files if not (directory / name).is_file()]
+    if CODEC_FILE in files and (directory / CODEC_FILE).is_file() and missing:
+        raise IntegrityError(f"{directory}: precision {precision.name} needs {', '.join(missing)} beside {CODEC_FILE}. {PLAN_FIX}")
     if calibration is not None:
         if calibration.dim != dim:
             raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges for {dim} dimensions. {PLAN_FIX}")

@@ -56,6 +56,7 @@ from embedtune.index.codecs import (
     sq8_index,
     sq8_search,
 )
+from embedtune.index.codecs.precision_registry import faiss_index_of
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.index.refine import ORIGINAL_VECTORS_FILE, refine_candidates
 from embedtune.io import (
@@ -302,7 +303,8 @@ def build_index(
 
         def write_index(tmp: Path) -> None:
             try:
-                writer(index, str(tmp))
+                # A codec that encodes with more than its FAISS index (klt-wpq) has added its codes to that index: it is what is served.
+                writer(faiss_index_of(index), str(tmp))
             except RuntimeError as error:
                 raise OSError(f"FAISS could not write the index ({_faiss_message(error)}); is the disk full? Free space or "
                               "choose another --out") from None

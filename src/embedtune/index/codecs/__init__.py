@@ -68,7 +68,9 @@ interface and the registry), :mod:`~embedtune.index.codecs.precision` (a name an
 (sign bits, Hamming, rescoring), :mod:`~embedtune.index.codecs.faiss_codes` (FAISS factory strings, and the
 built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed),
-:mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once).
+:mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once),
+:mod:`~embedtune.index.codecs.transform` (the KLT codecs), :mod:`~embedtune.index.codecs.weighted` (``klt-wpq``:
+the KLT codec weighted for the score's error, served as a FAISS additive quantiser).
 
 >>> from embedtune.index.codecs import Precision, QuantizedIndex
 >>> index = QuantizedIndex.build(doc_vectors, Precision("int8"))          # doctest: +SKIP
@@ -109,6 +111,7 @@ from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_r
 from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
 from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltRQ
 from embedtune.index.codecs.textbook import KltSQ
+from embedtune.index.codecs.weighted import KltWeightedPQ
 
 __all__ = [
     "PRECISIONS",
@@ -156,6 +159,7 @@ __all__ = [
     "KltPQ4",
     "KltRQ",
     "KltSQ",
+    "KltWeightedPQ",
     "corpus_spectrum",
     "water_level",
     "gaussian_bound",

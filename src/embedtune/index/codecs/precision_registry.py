@@ -27,12 +27,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
 from embedtune.evaluate.search import break_ties, rescore as rescore_rows
 from embedtune.index.bill import disk_read_per_query
+from embedtune.io import atomic_write
 
 __all__ = [
     "PrecisionCodec",
@@ -45,6 +47,8 @@ __all__ = [
     "precision_examples",
     "builtin_precision_names",
     "divisor_near",
+    "precision_file_names",
+    "faiss_index_of",
     "CALIBRATION_FILE",
     "CALIBRATION_JSON",
     "CODEC_FILE",
@@ -230,6 +234,19 @@ class PrecisionCodec(ABC):
 
         return faiss.clone_index(trained_index)
 
+    def write_trained(self, trained_index: Any, directory: Path) -> list[str]:
+        """Write the trained, empty index into ``directory`` (atomically) and return the names written (:attr:`files`)."""
+        import faiss
+
+        atomic_write(Path(directory) / CODEC_FILE, lambda tmp: faiss.write_index(trained_index, str(tmp)))
+        return [CODEC_FILE]
+
+    def read_trained(self, directory: Path) -> Any:
+        """The trained, empty index :meth:`write_trained` wrote to ``directory``."""
+        import faiss
+
+        return faiss.read_index(str(Path(directory) / CODEC_FILE))
+
     def float_vectors_for(self, xb: np.ndarray, float_vectors: np.ndarray | None) -> np.ndarray | None:
         """The float32 vectors a float rescoring reads (``float_vectors``, e.g. a memory map, else ``xb``), or None."""
         return (float_vectors if float_vectors is not None else xb) if self.rescores_float else None
@@ -303,6 +320,20 @@ def precision_codec(name: str) -> PrecisionCodec:
     listed = [entry for cls in _CODECS for entry in cls.listed_as()]
     valid = ", ".join(listed[:-1]) + (f", or {listed[-1]}" if len(listed) > 1 else "".join(listed))
     raise ValueError(f"unknown precision {name!r}; valid: {valid}.")
+
+
+def precision_file_names() -> tuple[str, ...]:
+    """Every file name a registered precision saves beside ``precision.json`` (what a precision or plan folder may hold)."""
+    names = [CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE]
+    for cls in _CODECS:
+        for example in cls.examples():
+            names += [name for name in cls(example).files if name not in names]
+    return tuple(names)
+
+
+def faiss_index_of(index: Any) -> Any:
+    """The FAISS index that holds and searches ``index``'s codes: itself, or a wrapper's ``search_index`` (e.g. ``klt-wpq``)."""
+    return getattr(index, "search_index", index)
 
 
 def divisor_near(dim: int, target: int) -> int:

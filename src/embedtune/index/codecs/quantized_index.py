@@ -17,8 +17,8 @@ import numpy as np
 from embedtune.evaluate.search import as_rows
 from embedtune.index.codecs.int8 import Calibration
 from embedtune.index.codecs.precision import Precision
-from embedtune.index.codecs.precision_registry import CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE
-from embedtune.io import IntegrityError, atomic_write, read_json_verified, sha256_file, verify_sha256, write_json_with_digest
+from embedtune.index.codecs.precision_registry import CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE, precision_file_names
+from embedtune.io import IntegrityError, read_json_verified, sha256_file, verify_sha256, write_json_with_digest
 
 __all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "read_precision_json", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
 
@@ -97,24 +97,21 @@ class QuantizedIndex:
 
     def trained_copy(self) -> Any:
         """The built-in FAISS precisions: a copy of the FAISS index with its trained tables and no vectors."""
-        import faiss
-
-        if not self.precision.precision_codec.faiss_backed or self.backend is None:
+        codec = self.precision.precision_codec
+        if not codec.faiss_backed or self.backend is None:
             raise ValueError(f"precision {self.precision.name!r} keeps no trained FAISS tables.")
-        trained = faiss.clone_index(self.backend)
+        trained = codec.trained_copy(self.backend)
         trained.reset()
         return trained
 
     def save_precision(self, directory: str | Path, compressor_state_sha256: str | None = None) -> Path:
         """Write ``precision.json`` and what encoding needs: the int8 ``calibration.safetensors`` + ``.json``, or the
         FAISS precisions' trained tables (``codec.faiss``: int4, RaBitQ, TurboQuant and ``faiss:`` factories), so a
-        deployment never refits them.
+        deployment never refits them; a codec that encodes with more than its FAISS index saves that too (its ``files``).
 
         ``compressor_state_sha256``: the fitted state of the compressor whose output these codes encode
         (an exported model's), recorded so the precision is never read beside another compressor.
         """
-        import faiss
-
         codec = self.precision.precision_codec
         if not codec.deployable:
             raise ValueError(f"codec {self.precision.name!r} is a reference codec, scored beside the others but not deployable "
@@ -128,8 +125,7 @@ class QuantizedIndex:
             written += [CALIBRATION_FILE, CALIBRATION_JSON]
         if CODEC_FILE in codec.files and self.backend is not None:
             trained = self.trained_copy() if self.backend.ntotal else self.backend
-            atomic_write(directory / CODEC_FILE, lambda tmp: faiss.write_index(trained, str(tmp)))
-            written.append(CODEC_FILE)
+            written += codec.write_trained(trained, directory)  # codec.faiss, and what the codec encodes with beside it
         # Every file beside precision.json is recorded by its sha256, and precision.json by its own: a flipped byte or
         # a swapped file is refused on load instead of silently changing the deployed codes.
         write_json_with_digest(directory / PRECISION_FILE, {**self.precision.to_dict(), "dim": self.dim, "factory": self.precision.factory,
@@ -155,7 +151,7 @@ def load_precision(directory: str | Path, require_digest: bool = False) -> tuple
     files = precision.precision_codec.files
     if CALIBRATION_FILE in files and calibration is None:
         raise FileNotFoundError(f"{directory}: precision {precision.name} needs {CALIBRATION_FILE} (its per-dimension ranges).")
-    for name in (CALIBRATION_FILE, CODEC_FILE):
+    for name in precision_file_names():
         if (directory / name).is_file() and name not in files:  # the files say another precision than precision.json does
             raise IntegrityError(f"{directory / PRECISION_FILE}: precision {precision.name!r} has no use for {directory / name}, which "
                                  f"another precision wrote. {_PRECISION_FIX}")
@@ -195,13 +191,14 @@ def read_precision_json(directory: str | Path, require_digest: bool = False) -> 
     if not verified and isinstance(values.get("name"), str) and not Precision(values["name"]).precision_codec.predates_digests:
         raise IntegrityError(f"{directory / PRECISION_FILE}: field 'content_sha256' is missing, which a {values['name']!r} "
                              f"precision.json always has. {_PRECISION_FIX}")
+    known = precision_file_names()
     for name, digest in sorted((recorded or {}).items()):
-        if name not in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE) or not isinstance(digest, str):
+        if name not in known or not isinstance(digest, str):
             raise IntegrityError(f"{directory / PRECISION_FILE}: field 'files_sha256' lists {name!r}, which is not a precision file. "
                                  f"{_PRECISION_FIX}")
         verify_sha256(directory / name, digest, _PRECISION_FIX)
     if verified:
-        for name in (CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE):
+        for name in known:
             if (directory / name).is_file() and name not in recorded:
                 raise IntegrityError(f"{directory / name}: not listed in {directory / PRECISION_FILE} field 'files_sha256', so it is "
                                      f"not this precision's. {_PRECISION_FIX}")
@@ -209,16 +206,15 @@ def read_precision_json(directory: str | Path, require_digest: bool = False) -> 
 
 
 def read_codec_index(directory: str | Path, precision: Precision, dim: int) -> Any:
-    """The trained, empty FAISS index :meth:`QuantizedIndex.save_precision` wrote (``codec.faiss``), checked against the precision."""
-    import faiss
-
+    """The trained, empty FAISS index :meth:`QuantizedIndex.save_precision` wrote (``codec.faiss``, and what the codec encodes
+    with beside it), checked against the precision."""
     path = Path(directory) / CODEC_FILE
     if (Path(directory) / PRECISION_FILE).is_file():
-        read_precision_json(directory)  # the codec file's digest, recorded when it was written
+        read_precision_json(directory)  # the codec files' digests, recorded when they were written
     if not path.is_file():
         raise FileNotFoundError(f"{Path(directory)}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), "
                                 "which plans written before embedtune kept them lack; write the plan again with `embedtune compress plan`.")
-    index = faiss.read_index(str(path))
+    index = precision.precision_codec.read_trained(Path(directory))
     if index.d != dim or index.ntotal != 0 or not index.is_trained or index.sa_code_size() != precision.ram_bytes(dim):
         raise ValueError(f"{path}: holds a {type(index).__name__} of {index.d}-d vectors with {index.sa_code_size()}-byte codes "
                          f"({index.ntotal} vectors, trained: {bool(index.is_trained)}), not the trained, empty {precision.factory!r} "

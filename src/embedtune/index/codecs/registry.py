@@ -18,13 +18,14 @@ and ``compress export`` need nothing new. A family that cannot be a FAISS index 
 >>> family.code_size(384), family.bits(384)
 (32, 256)
 >>> sorted(registered_codecs())                                     # doctest: +SKIP
-['klt-pq', 'klt-pq4', 'klt-rq', 'klt-sq']
+['klt-pq', 'klt-pq4', 'klt-rq', 'klt-sq', 'klt-wpq']
 """
 
 from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -55,6 +56,12 @@ class CodecFamily(ABC):
     summary: ClassVar[str]
     #: Whether :meth:`train` returns a FAISS index (saved as ``codec.faiss``, served by ``index build --plan``).
     deployable: ClassVar[bool] = True
+    #: Whether :meth:`train` returns a plain FAISS index. A deployable family that encodes otherwise than its search index
+    #: would (a wrapper around a FAISS search index) sets False and gives its trained object ``clone_empty()``,
+    #: ``serialized_bytes()`` and ``write(directory) -> file names``, and :meth:`read_trained`; a plan's sweep does not cache it.
+    faiss_index: ClassVar[bool] = True
+    #: The files a deployable family's trained tables are saved as, beside ``precision.json``.
+    files: ClassVar[tuple[str, ...]] = (CODEC_FILE,)
 
     def __init__(self, code_bytes: int) -> None:
         if isinstance(code_bytes, bool) or not isinstance(code_bytes, (int, np.integer)) or not 1 <= int(code_bytes) <= MAX_CODE_BYTES:
@@ -82,6 +89,12 @@ class CodecFamily(ABC):
     @abstractmethod
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
         """The trained, empty index for ``x``'s space, fitted on ``x``'s rows (a sample of them when many)."""
+
+    def read_trained(self, directory: Path) -> Any:
+        """The trained, empty index written to ``directory`` (a plain FAISS index: :data:`CODEC_FILE`)."""
+        import faiss
+
+        return faiss.read_index(str(Path(directory) / CODEC_FILE))
 
     def describe(self) -> str:
         return f"{self.name}: {self.summary}"
@@ -157,10 +170,20 @@ class FamilyCodecPrecision(PrecisionCodec):
 
     @property
     def sweep_cache(self) -> bool:
-        return self.family_codec.deployable
+        # The sweep's cache writes and reads plain FAISS indexes; a wrapper (its own encoder beside them) is refitted instead.
+        return self.family_codec.deployable and self.family_codec.faiss_index
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(self.family_codec.files) if self.faiss_backed else ()
 
     @property
     def faiss_load(self) -> str:
+        if not self.family_codec.faiss_index:
+            # FAISS's own add() would encode in another metric than the codes the plan scored.
+            return (f"load {CODEC_FILE} with faiss.read_index (the codec's search tables, fitted on the corpus), then add the codes "
+                    "of the compressed vectors with add_sa_codes, encoded by embedtune.index.codecs.DeployedCodec (the plan folder's "
+                    f"{', '.join(self.files[1:])} beside {CODEC_FILE}), not with add(); `embedtune index build --plan` does both")
         return (f"load {CODEC_FILE} with faiss.read_index (the codec's tables, fitted on the corpus), then add the "
                 "compressed vectors; `embedtune index build --plan` does both")
 
@@ -170,10 +193,23 @@ class FamilyCodecPrecision(PrecisionCodec):
     def fixed_bytes(self, index: StoredIndex) -> int:
         if not self.faiss_backed:
             return int(index.backend.fixed_bytes())
+        if not self.family_codec.faiss_index:
+            return max(0, index.backend.serialized_bytes() - index.ntotal * self.ram_bytes(index.dim))
         import faiss
 
         serialized = faiss.serialize_index(index.backend).size
         return max(0, int(serialized) - index.ntotal * self.ram_bytes(index.dim))
+
+    def trained_copy(self, trained_index: Any) -> Any:
+        return super().trained_copy(trained_index) if self.family_codec.faiss_index else trained_index.clone_empty()
+
+    def write_trained(self, trained_index: Any, directory: Path) -> list[str]:
+        if self.family_codec.faiss_index:
+            return super().write_trained(trained_index, directory)
+        return list(trained_index.write(Path(directory)))
+
+    def read_trained(self, directory: Path) -> Any:
+        return self.family_codec.read_trained(Path(directory))
 
     def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
               train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:
