@@ -147,3 +147,43 @@ def test_a_flag_for_a_field_the_method_lacks_names_the_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["compress", "train", "--init", "random"])
     assert "invalid choice: 'random'" in capsys.readouterr().err
+
+
+def _pace(*argv: str, command: str = "pace"):
+    from embedtune.cli.finetune import config_from_args
+
+    return config_from_args(build_parser().parse_args(["finetune", command, "--out", "unused", *argv]))
+
+
+def test_pace_stage_flags_come_from_the_stage_config_and_keep_the_preset():
+    from embedtune.cli.finetune import EVERY_STAGE_FLAG_FIELDS, PACE_FLAG_FIELDS, STAGE_FLAG_FIELDS, TEXT_FLAG_FIELDS
+    from embedtune.finetune import PACEConfig, preset_config
+
+    actions = _actions(_subparser("finetune", "pace"))
+    for stage in ("stage1", "stage2"):
+        for name in STAGE_FLAG_FIELDS:
+            assert actions[f"{stage}_{name}"].help.replace("%%", "%").startswith(_help(StageConfig, name))
+    for config_cls, fields in ((StageConfig, EVERY_STAGE_FLAG_FIELDS), (PACEConfig, PACE_FLAG_FIELDS + TEXT_FLAG_FIELDS)):
+        for name in fields:
+            assert actions[name].help.replace("%%", "%").startswith(_help(config_cls, name))
+            if actions[name].choices is not None:
+                assert list(actions[name].choices) == field_choices(config_cls, name)
+    # The pace preset's Stage II temperature ('auto') differs from StageConfig's default (0.1): a flag not given keeps it.
+    assert StageConfig().temperature != preset_config("pace").stage2.temperature == "auto"
+    assert _pace("--preset", "pace").stage2.temperature == "auto"
+    given = _pace("--preset", "pace", "--stage2-temperature", "0.05", "--stage1-lr", "3e-5", "--weighting", "none", "--stage2-init", "2000",
+                  "--normalize", "local", "--stop-stage1-at-init")
+    assert (given.stage2.temperature, given.stage1.learning_rate, given.stage2_init, given.normalize) == (0.05, 3e-5, 2000, "local")
+    assert given.stage1.weighting == given.stage2.weighting == "none" and given.stop_stage1_at_init
+    assert given.stage2.learning_rate == preset_config("pace").stage2.learning_rate
+    # The VL preset's seed (0) differs from PACEConfig's (2027); --task-format still names the task field.
+    vl = ["--model", "tiny-qwen2-vl", "--data", "train.jsonl"]
+    assert _pace(*vl, command="pace-vl").seed == 0 and _pace(*vl, "--seed", "5", command="pace-vl").seed == 5
+    assert _pace(*vl, "--task-format", "vqa", command="pace-vl").vl.task == "vqa"
+
+
+def test_a_bad_pace_value_gets_the_configs_error_naming_the_field():
+    with pytest.raises(ValueError, match=r"^learning_rate must be a finite number > 0; got -1.0.$"):
+        _pace("--stage2-lr", "-1")
+    with pytest.raises(ValueError, match=r"^lora_rank must be a positive integer; got 0.$"):
+        _pace("--lora-rank", "0")

@@ -94,7 +94,8 @@ def _value_parser(annotation: Any, field_name: str) -> Callable[[str], Any]:
             kinds.extend(type(value) for value in typing.get_args(member))
         elif member in (int, float, str):
             kinds.append(member)
-    kinds = list(dict.fromkeys(kinds)) or [str]
+    # An integer's text is an int where the field takes ints, whatever the annotation's order ("2000" a step, not 2000.0).
+    kinds = sorted(dict.fromkeys(kinds), key=[int, float, str].index) or [str]
 
     def parse(text: str) -> Any:
         if optional and text.strip().lower() == "none":
