@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from embedtune.cli.common import DeprecatedAlias, add_list_flag, command_config, command_line, format_table, print_json
@@ -59,16 +60,16 @@ def _stage_flag_aliases(stage: str) -> dict[str, tuple[str, ...]]:
     return {"learning_rate": (f"--{stage}-lr",)}
 
 
-def _preset_note(values: dict[str, Any]) -> Any:
+def _preset_note(values: dict[str, Any]) -> Callable[[str], str]:
     """``field -> " (preset: VALUE)"``: the value ``--preset pace`` gives the field (nothing where it is None)."""
     return lambda name: "" if values.get(name) is None else f" (preset: {values[name]})"
 
 
-def _every_stage_note(config: dict[str, Any]) -> Any:
-    """``field -> " (preset: VALUE)"`` for a flag that sets every stage: the stages' value under ``--preset pace``."""
+def _every_stage_note(config: dict[str, Any]) -> Callable[[str], str]:
+    """``field -> "; sets every stage (preset: VALUE)"``: the stages' value under ``--preset pace``."""
     def note(name: str) -> str:
         values = {config[stage][name] for stage in STAGES if config[stage] is not None}
-        return f" (preset: {values.pop()})" if len(values) == 1 else ""
+        return "; sets every stage" + (f" (preset: {values.pop()})" if len(values) == 1 else "")
     return note
 
 
