@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -159,13 +160,18 @@ def test_pace_stage_flags_come_from_the_stage_config_and_keep_the_preset():
     from embedtune.cli.finetune import EVERY_STAGE_FLAG_FIELDS, PACE_FLAG_FIELDS, STAGE_FLAG_FIELDS, TEXT_FLAG_FIELDS
     from embedtune.finetune import PACEConfig, preset_config
 
+    def without_stated_default(config_cls: type, name: str) -> str:
+        # A fine-tuning field's help ends with "(default: VALUE)"; the flag states the preset's value instead.
+        return re.sub(r"\s*\(default: [^()]*\)$", "", _help(config_cls, name))
+
     actions = _actions(_subparser("finetune", "pace"))
     for stage in ("stage1", "stage2"):
         for name in STAGE_FLAG_FIELDS:
-            assert actions[f"{stage}_{name}"].help.replace("%%", "%").startswith(_help(StageConfig, name))
+            assert actions[f"{stage}_{name}"].help.replace("%%", "%").startswith(without_stated_default(StageConfig, name))
     for config_cls, fields in ((StageConfig, EVERY_STAGE_FLAG_FIELDS), (PACEConfig, PACE_FLAG_FIELDS + TEXT_FLAG_FIELDS)):
         for name in fields:
-            assert actions[name].help.replace("%%", "%").startswith(_help(config_cls, name))
+            assert actions[name].help.replace("%%", "%").startswith(without_stated_default(config_cls, name))
+            assert "(default:" not in actions[name].help  # one default stated: the preset's
             if actions[name].choices is not None:
                 assert list(actions[name].choices) == field_choices(config_cls, name)
     # The pace preset's Stage II temperature ('auto') differs from StageConfig's default (0.1): a flag not given keeps it.

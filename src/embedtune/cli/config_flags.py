@@ -120,7 +120,7 @@ def add_config_flags(
     prefix: str = "",
     aliases: Mapping[str, Sequence[str]] | None = None,
     value_parsers: Mapping[str, Callable[[str], Any]] | None = None,
-    help_suffix: Callable[[str], str] | None = None,
+    help_text: Callable[[str, str], str] | None = None,
 ) -> list[argparse.Action]:
     """Add one flag per field of ``config_cls`` (``fields``: which; default all) to ``parser`` (or an argument group).
 
@@ -129,7 +129,8 @@ def add_config_flags(
         aliases: ``{field: ["--old-name", ...]}``, flag names kept working beside the generated one.
         value_parsers: ``{field: parse}`` where text needs more than the annotation says (e.g. ``'all'`` read as 0);
             the config still validates what it returns.
-        help_suffix: ``field -> text`` appended to the field's help (e.g. what a preset sets it to).
+        help_text: ``(field, the field's help) -> the flag's help``, where the command says more than the field (e.g.
+            what a preset sets it to); default: the field's help as it is.
 
     Returns:
         The added actions; each one's dest is the field name (with the prefix) and its default ``SUPPRESS``.
@@ -137,10 +138,10 @@ def add_config_flags(
     hints = typing.get_type_hints(config_cls)
     actions = []
     for name in flag_fields(config_cls, fields):
-        help_text = field_help(config_cls, name) + (help_suffix(name) if help_suffix else "")
+        text = field_help(config_cls, name) if help_text is None else help_text(name, field_help(config_cls, name))
         option_strings = [flag_name(name, prefix), *(aliases or {}).get(name, ())]
         common: dict[str, Any] = {"dest": _dest(name, prefix), "default": argparse.SUPPRESS,
-                                  "help": help_text.replace("%", "%%")}  # argparse %-formats help
+                                  "help": text.replace("%", "%%")}  # argparse %-formats help
         if hints[name] is bool:
             action = parser.add_argument(*option_strings, action=argparse.BooleanOptionalAction, **common)
         else:

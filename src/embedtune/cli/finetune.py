@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -60,16 +61,22 @@ def _stage_flag_aliases(stage: str) -> dict[str, tuple[str, ...]]:
     return {"learning_rate": (f"--{stage}-lr",)}
 
 
-def _preset_note(values: dict[str, Any]) -> Callable[[str], str]:
-    """``field -> " (preset: VALUE)"``: the value ``--preset pace`` gives the field (nothing where it is None)."""
-    return lambda name: "" if values.get(name) is None else f" (preset: {values[name]})"
+# A fine-tuning field's help ends with its dataclass default, "(default: VALUE...)"; a flag states the preset's instead.
+_STATED_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
 
 
-def _every_stage_note(config: dict[str, Any]) -> Callable[[str], str]:
-    """``field -> "; sets every stage (preset: VALUE)"``: the stages' value under ``--preset pace``."""
-    def note(name: str) -> str:
-        values = {config[stage][name] for stage in STAGES if config[stage] is not None}
-        return "; sets every stage" + (f" (preset: {values.pop()})" if len(values) == 1 else "")
+def _preset_note(values: dict[str, Any], every_stage: bool = False) -> Callable[[str, str], str]:
+    """``(field, help) -> help``, its "(default: ...)" replaced by "(preset: VALUE)", the value ``--preset pace`` gives
+    the field (none where that is None or False: "(default: None)" says nothing). ``values``: a config as a dict,
+    or, with ``every_stage``, the whole config, for a flag that sets every stage."""
+    def note(name: str, help_text: str) -> str:
+        if every_stage:
+            stated = {values[stage][name] for stage in STAGES if values[stage] is not None}
+            value = stated.pop() if len(stated) == 1 else None
+        else:
+            value = values.get(name)
+        shown = "" if value is None or value is False else f" (preset: {value})"
+        return _STATED_DEFAULT.sub("", help_text) + ("; sets every stage" if every_stage else "") + shown
     return note
 
 
@@ -99,7 +106,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_pace_flags(text, "text")
     group = text.add_argument_group("text backbone")
-    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_suffix=_preset_note(preset_config("pace").to_dict()))
+    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=_preset_note(preset_config("pace").to_dict()))
     group.add_argument("--evaluate-split", default=None, help="evaluate the final model on this qrels split (e.g. test)")
 
     vl = methods.add_parser(
@@ -118,7 +125,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     group = vl.add_argument_group("vision-language backbone")
     group.add_argument("--train", dest="data", action=DeprecatedAlias, replacement="--data", help=argparse.SUPPRESS)
     add_config_flags(group, VLOptions, VL_FLAG_FIELDS, aliases=_VL_FLAG_ALIASES,
-                     help_suffix=_preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
+                     help_text=_preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
     group.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     add_list_flag(group, "--eval-tasks", default=[], metavar="FILE", help="MMEB-eval-style files scored after training")
 
@@ -147,17 +154,17 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     preset = preset_config("pace", backbone=backbone).to_dict()
     stages = parser.add_argument_group(
         "stages (StageConfig fields)", "A flag given overrides the preset's (or --config's) value; one left out keeps it. "
-        "(preset: VALUE) is what --preset pace sets; (default: VALUE) is the config field's own default.")
+        "(preset: VALUE) is what --preset pace sets.")
     for stage in STAGES:
         add_config_flags(stages, StageConfig, STAGE_FLAG_FIELDS, prefix=f"{stage}-", aliases=_stage_flag_aliases(stage),
-                         help_suffix=_preset_note(preset[stage]))
+                         help_text=_preset_note(preset[stage]))
     stages.add_argument("--steps", type=int, default=None,
                         help="steps of a one-stage preset (default: PACE's updates, stage2-init step + stage2 steps; "
                              "direct-dot-full without stage steps: 5 epochs)")
-    add_config_flags(stages, StageConfig, EVERY_STAGE_FLAG_FIELDS, help_suffix=_every_stage_note(preset))
+    add_config_flags(stages, StageConfig, EVERY_STAGE_FLAG_FIELDS, help_text=_preset_note(preset, every_stage=True))
     batch = parser.add_argument_group("batch, loss and model (PACEConfig fields)")
     add_config_flags(batch, PACEConfig, PACE_FLAG_FIELDS, value_parsers={"stage2_init": parse_stage2_init},
-                     help_suffix=_preset_note(preset))
+                     help_text=_preset_note(preset))
     batch.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch CPU threads (the same as `embedtune --threads`)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.set_defaults(handler=run_finetune, backbone=backbone)

@@ -74,18 +74,19 @@ def _fit_sample_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _default_note(config_cls: type, method: str, presets: dict[str, dict[str, Any]]) -> Callable[[str], str]:
-    """``field -> " (DIVE's default: 0.7; presets best, robust: 0.4)"``: the dataclass default, and the presets that differ."""
+def _default_note(config_cls: type, method: str, presets: dict[str, dict[str, Any]]) -> Callable[[str, str], str]:
+    """``(field, help) -> help + " (DIVE's default: 0.7; presets best, robust: 0.4)"``: the field's help, its dataclass
+    default and the presets that differ."""
     defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
                 for f in dataclasses.fields(config_cls)}
 
-    def note(name: str) -> str:
+    def note(name: str, help_text: str) -> str:
         by_value: dict[str, list[str]] = {}
         for preset, values in presets.items():
             if name in values and values[name] != defaults[name]:
                 by_value.setdefault(str(values[name]), []).append(preset)
         differing = "".join(f"; preset{'s' if len(names) > 1 else ''} {', '.join(names)}: {value}" for value, names in by_value.items())
-        return f" ({method}'s default: {defaults[name]}{differing})"
+        return f"{help_text} ({method}'s default: {defaults[name]}{differing})"
 
     return note
 
@@ -98,10 +99,10 @@ def add_method_config_flags(parser: argparse.ArgumentParser) -> None:
         "method's field of the same name (e.g. --epochs, --learning-rate) and is refused where it has none. "
         "Every other config field: --set FIELD=VALUE.")
     add_config_flags(dive, DIVEConfig, DIVE_FLAG_FIELDS, aliases=DIVE_FLAG_ALIASES,
-                     help_suffix=_default_note(DIVEConfig, "DIVE", DIVEConfig.PRESETS))
+                     help_text=_default_note(DIVEConfig, "DIVE", DIVEConfig.PRESETS))
     pca = parser.add_argument_group("PCA settings (pca, pca-uncentred: PCAConfig fields)")
     add_config_flags(pca, PCAConfig, PCA_FLAG_FIELDS, value_parsers={"fit_sample": _fit_sample_value},
-                     help_suffix=_default_note(PCAConfig, "PCA", {}))
+                     help_text=_default_note(PCAConfig, "PCA", {}))
 
 
 def method_settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
