@@ -37,8 +37,8 @@ def test_dive_flags_state_the_configs_default(command):
 # The `finetune pace` flags whose help says "(preset: VALUE)", and where the preset keeps that value.
 _PACE_FIELDS = {
     "train_split": "train_split", "hard_pool": "hard_pool", "save_steps": "save_steps", "normalize": "normalize",
-    "model": "model", "data": "data", "stage2_init": "stage2_init", "stage1_lr": "stage1.learning_rate",
-    "stage2_lr": "stage2.learning_rate", "stage1_temperature": "stage1.temperature", "stage2_temperature": "stage2.temperature",
+    "model": "model", "data": "data", "stage2_init": "stage2_init", "stage1_learning_rate": "stage1.learning_rate",
+    "stage2_learning_rate": "stage2.learning_rate", "stage1_temperature": "stage1.temperature", "stage2_temperature": "stage2.temperature",
     "warmup_ratio": "stage1.warmup_ratio", "weighting": "stage1.weighting", "gamma": "stage1.gamma", "batch_size": "batch_size",
     "n_negatives": "n_negatives", "weight_temperature": "weight_temperature", "lora_rank": "lora_rank", "seed": "seed",
     "precision": "precision",

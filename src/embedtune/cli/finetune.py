@@ -10,14 +10,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from embedtune.cli.common import DeprecatedAlias, add_list_flag, command_config, command_line, format_table, print_json
+from embedtune.cli.config_flags import add_config_flags, config_overrides, flag_name
 from embedtune.data.beir import load_beir
 from embedtune.encoders.sentence_transformer import fingerprint_model_dir
 from embedtune.finetune.config import DEFAULT_PRESETS, PRESETS, TINY_VL_MODELS, PACEConfig, parse_stage2_init, preset_config
-from embedtune.finetune.loss_choices import WEIGHTINGS
+from embedtune.finetune.schema import StageConfig, VLOptions
 from embedtune.io import sha256_file
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.subset_report import finetune_subsets, subset_table_rows_line
@@ -33,9 +36,48 @@ from embedtune.workflows.results import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune"]
+__all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune", "PACE_FLAG_FIELDS", "TEXT_FLAG_FIELDS", "VL_FLAG_FIELDS",
+           "STAGE_FLAG_FIELDS", "EVERY_STAGE_FLAG_FIELDS"]
 
 COMMANDS = {"pace": "text", "pace-vl": "vl"}
+STAGES = ("stage1", "stage2")
+
+#: PACEConfig fields both backbones take as flags, one each (--model, --data and --out stay hand-written: paths).
+PACE_FLAG_FIELDS = ("stage2_init", "stop_stage1_at_init", "batch_size", "n_negatives", "max_seq_length", "weight_temperature",
+                    "lora_rank", "lora_alpha", "seed", "precision")
+#: PACEConfig fields only the text backbone takes as flags.
+TEXT_FLAG_FIELDS = ("train_split", "hard_pool", "save_steps", "mini_batch_size", "normalize", "deepspeed")
+#: VLOptions fields ``pace-vl`` takes as flags.
+VL_FLAG_FIELDS = ("image_root", "task", "instruction", "max_image_pixels")
+#: StageConfig fields each stage takes as --stage1-FIELD and --stage2-FIELD.
+STAGE_FLAG_FIELDS = ("steps", "learning_rate", "temperature")
+#: StageConfig fields one flag sets for every stage.
+EVERY_STAGE_FLAG_FIELDS = ("warmup_ratio", "weighting", "gamma")
+# Flag names kept working where they differ from the generated one.
+_VL_FLAG_ALIASES = {"task": ("--task-format",)}
+
+
+def _stage_flag_aliases(stage: str) -> dict[str, tuple[str, ...]]:
+    return {"learning_rate": (f"--{stage}-lr",)}
+
+
+# A fine-tuning field's help ends with its dataclass default, "(default: VALUE...)"; a flag states the preset's instead.
+_STATED_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
+
+
+def _preset_note(values: dict[str, Any], every_stage: bool = False) -> Callable[[str, str], str]:
+    """``(field, help) -> help``, its "(default: ...)" replaced by "(preset: VALUE)", the value ``--preset pace`` gives
+    the field (none where that is None or False: "(default: None)" says nothing). ``values``: a config as a dict,
+    or, with ``every_stage``, the whole config, for a flag that sets every stage."""
+    def note(name: str, help_text: str) -> str:
+        if every_stage:
+            stated = {values[stage][name] for stage in STAGES if values[stage] is not None}
+            value = stated.pop() if len(stated) == 1 else None
+        else:
+            value = values.get(name)
+        shown = "" if value is None or value is False else f" (preset: {value})"
+        return _STATED_DEFAULT.sub("", help_text) + ("; sets every stage" if every_stage else "") + shown
+    return note
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -64,15 +106,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_pace_flags(text, "text")
     group = text.add_argument_group("text backbone")
-    group.add_argument("--train-split", default=None, help="qrels split with the training (query, positive) pairs (preset: train)")
-    group.add_argument("--hard-pool", type=int, default=None, help="negatives are drawn from the frozen model's top-N (preset: 50)")
-    group.add_argument("--save-steps", type=int, default=None, help="save a Stage I checkpoint every N steps; the init step is always saved (preset: 500)")
-    group.add_argument("--mini-batch-size", type=int, default=None,
-                       help="GradCache mini-batch size (exact gradients, constant memory). Default: on a CPU, the size that keeps a "
-                            "step's activations under 1 GiB when the whole batch would not (MiniLM: 10 texts; a run then peaks "
-                            "near 3 GB instead of 20 GB); on a GPU, none")
-    group.add_argument("--normalize", default=None, choices=["global", "local"], help="unit-mean focal weights over the global batch or per process (preset: global)")
-    group.add_argument("--deepspeed", default=None, help="DeepSpeed JSON config (GPU), e.g. configs/deepspeed_zero2.json")
+    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=_preset_note(preset_config("pace").to_dict()))
     group.add_argument("--evaluate-split", default=None, help="evaluate the final model on this qrels split (e.g. test)")
 
     vl = methods.add_parser(
@@ -90,21 +124,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_pace_flags(vl, "vl")
     group = vl.add_argument_group("vision-language backbone")
     group.add_argument("--train", dest="data", action=DeprecatedAlias, replacement="--data", help=argparse.SUPPRESS)
-    group.add_argument("--image-root", default=None, help="folder image paths are relative to (default: the data file's)")
-    group.add_argument("--task-format", default=None, metavar="FORMAT",
-                       help="Table 5 instruction for every query: vqa, classification, t2i, i2t, composed, or 'auto' (by dataset name)")
-    group.add_argument("--instruction", default=None, help="literal instruction for every query (instead of --task-format)")
-    group.add_argument("--max-image-pixels", type=int, default=None, help="pixels per image at most (preset: 1605632)")
+    add_config_flags(group, VLOptions, VL_FLAG_FIELDS, aliases=_VL_FLAG_ALIASES,
+                     help_text=_preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
     group.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     add_list_flag(group, "--eval-tasks", default=[], metavar="FILE", help="MMEB-eval-style files scored after training")
 
 
-def _temperature(text: str) -> float | str:
-    return "auto" if text == "auto" else float(text)
-
-
 def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
-    """The flags ``pace`` and ``pace-vl`` share. Each defaults to None: "the preset's (or --config's) value"."""
+    """The flags ``pace`` and ``pace-vl`` share. One left out keeps the preset's (or --config's) value: the hand-written
+    ones default to None, the generated ones (config fields) leave nothing in the namespace."""
     data_help = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'" if backbone == "text" else "MMEB-train-style .jsonl or .parquet"
     model_help = ("'minilm', 'mpnet', or a local sentence-transformers folder" if backbone == "text"
                   else "checkpoint folder or hub id of a supported family, or a tiny-* name")
@@ -123,79 +151,48 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--output", dest="out", action=DeprecatedAlias, replacement="--out", help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true",
                         help=OVERWRITE_HELP + " (re-running the same command into its own --out resumes instead)")
-    stages = parser.add_argument_group("stages")
-    stages.add_argument("--stage1-steps", type=int, default=None, help="Stage I schedule length (preset: one epoch)")
-    stages.add_argument("--stage2-steps", type=int, default=None, help="Stage II schedule length (preset: one epoch)")
+    preset = preset_config("pace", backbone=backbone).to_dict()
+    stages = parser.add_argument_group(
+        "stages (StageConfig fields)", "A flag given overrides the preset's (or --config's) value; one left out keeps it. "
+        "(preset: VALUE) is what --preset pace sets.")
+    for stage in STAGES:
+        add_config_flags(stages, StageConfig, STAGE_FLAG_FIELDS, prefix=f"{stage}-", aliases=_stage_flag_aliases(stage),
+                         help_text=_preset_note(preset[stage]))
     stages.add_argument("--steps", type=int, default=None,
                         help="steps of a one-stage preset (default: PACE's updates, stage2-init step + stage2 steps; "
                              "direct-dot-full without stage steps: 5 epochs)")
-    stages.add_argument("--stage2-init", type=parse_stage2_init, default=None,
-                        help="Stage II init checkpoint: fraction of Stage I steps, a step, or 'final' (preset: 0.25)")
-    stages.add_argument("--stop-stage1-at-init", action="store_true", default=None,
-                        help="end Stage I at the Stage II init checkpoint (same weights, less compute)")
-    stages.add_argument("--stage1-lr", type=float, default=None, help="Stage I learning rate (preset: 2e-5)")
-    stages.add_argument("--stage2-lr", type=float, default=None, help="Stage II learning rate (preset: 2e-6)")
-    stages.add_argument("--stage1-temperature", type=_temperature, default=None, help="Stage I τ: a number or 'auto' (preset: 0.1)")
-    stages.add_argument("--stage2-temperature", type=_temperature, default=None,
-                        help="Stage II τ: 'auto' (τ1 × median ‖q‖·‖c‖) or a number (preset: " + ("auto" if backbone == "text" else "100, the paper's") + ")")
-    stages.add_argument("--warmup-ratio", type=float, default=None, help="linear warmup fraction of each stage (preset: 0.05)")
-    stages.add_argument("--weighting", default=None, choices=list(WEIGHTINGS), help="every stage's loss weighting (preset: focal)")
-    stages.add_argument("--gamma", type=float, default=None, help="every stage's focal γ (preset: 2)")
-    batch = parser.add_argument_group("batch, loss and model")
-    batch.add_argument("--batch-size", type=int, default=None, help="queries per batch and process (preset: 32)")
-    batch.add_argument("--n-negatives", type=int, default=None, help="hard negatives per query (preset: 5)")
-    batch.add_argument("--max-seq-length", type=int, default=None, help="cap on tokens per text (preset: " + ("the model's" if backbone == "text" else "8192") + ")")
-    batch.add_argument("--weight-temperature", type=float, default=None, help="τ_w of the cosine focal confidence (preset: 0.1)")
-    batch.add_argument("--lora-rank", type=int, default=None, help="LoRA rank (preset: 32)")
-    batch.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha (default 2 × rank)")
-    batch.add_argument("--seed", type=int, default=None, help="training, data order and mining seed (preset: " + ("2027" if backbone == "text" else "0") + ")")
-    batch.add_argument("--precision", default=None, choices=["auto", "bf16", "fp32"], help="auto: bf16 on a supporting GPU, else fp32 (preset: auto)")
+    add_config_flags(stages, StageConfig, EVERY_STAGE_FLAG_FIELDS, help_text=_preset_note(preset, every_stage=True))
+    batch = parser.add_argument_group("batch, loss and model (PACEConfig fields)")
+    add_config_flags(batch, PACEConfig, PACE_FLAG_FIELDS, value_parsers={"stage2_init": parse_stage2_init},
+                     help_text=_preset_note(preset))
     batch.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch CPU threads (the same as `embedtune --threads`)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.set_defaults(handler=run_finetune, backbone=backbone)
 
 
-# flag -> PACEConfig field; the flags of one backbone only are absent from the other's namespace
-_TOP_LEVEL = {
-    "model": "model", "data": "data", "out": "output_dir", "train_split": "train_split", "stage2_init": "stage2_init",
-    "stop_stage1_at_init": "stop_stage1_at_init", "save_steps": "save_steps", "batch_size": "batch_size",
-    "mini_batch_size": "mini_batch_size", "n_negatives": "n_negatives", "hard_pool": "hard_pool", "max_seq_length": "max_seq_length",
-    "weight_temperature": "weight_temperature", "normalize": "normalize", "lora_rank": "lora_rank", "lora_alpha": "lora_alpha",
-    "seed": "seed", "deepspeed": "deepspeed", "precision": "precision",
-}
-_VL_OPTIONS = {"image_root": "image_root", "task_format": "task", "instruction": "instruction", "max_image_pixels": "max_image_pixels"}
-# flag -> (stage, StageConfig field), applied on top of --config
-_PER_STAGE = {
-    "stage1_steps": ("stage1", "steps"), "stage2_steps": ("stage2", "steps"), "stage1_lr": ("stage1", "learning_rate"),
-    "stage2_lr": ("stage2", "learning_rate"), "stage1_temperature": ("stage1", "temperature"),
-    "stage2_temperature": ("stage2", "temperature"),
-}
-
-
-def _given(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
-    return {field: getattr(args, flag) for flag, field in names.items() if getattr(args, flag, None) is not None}
+# The hand-written flags that set a PACEConfig field: paths, named as every command names them.
+_PATH_FLAGS = {"model": "model", "data": "data", "out": "output_dir"}
 
 
 def config_from_args(args: argparse.Namespace) -> PACEConfig:
     """The validated :class:`PACEConfig`: ``--config`` or ``--preset``, then the flags that were given."""
     backbone = args.backbone
-    top_level = _given(args, _TOP_LEVEL)
-    vl_options = _given(args, _VL_OPTIONS)
+    top_level = {**{field: getattr(args, flag) for flag, field in _PATH_FLAGS.items() if getattr(args, flag, None) is not None},
+                 **config_overrides(args, PACEConfig, PACE_FLAG_FIELDS + TEXT_FLAG_FIELDS)}  # one backbone's flags only are there
+    vl_options = config_overrides(args, VLOptions, VL_FLAG_FIELDS)
+    per_stage = {stage: config_overrides(args, StageConfig, STAGE_FLAG_FIELDS, prefix=f"{stage}-") for stage in STAGES}
+    every_stage = config_overrides(args, StageConfig, EVERY_STAGE_FLAG_FIELDS)
     if args.config:
         values = PACEConfig.load(args.config).to_dict()
         if values["backbone"] != backbone:
             command = next(name for name, family in COMMANDS.items() if family == values["backbone"])
             raise ValueError(f"{args.config} is a config for backbone={values['backbone']!r}; run it with `embedtune finetune {command}`.")
-        for flag, (stage, name) in _PER_STAGE.items():
-            if getattr(args, flag) is None:
-                continue
-            if values[stage] is None:
-                raise ValueError(f"--{flag.replace('_', '-')} was given but the config (preset {values.get('preset')!r}) has no {stage}.")
-            values[stage][name] = getattr(args, flag)
-        for stage in ("stage1", "stage2"):
-            for flag, name in (("warmup_ratio", "warmup_ratio"), ("weighting", "weighting"), ("gamma", "gamma")):
-                if values[stage] is not None and getattr(args, flag) is not None:
-                    values[stage][name] = getattr(args, flag)
+        for stage, given in per_stage.items():
+            if given and values[stage] is None:
+                raise ValueError(f"{flag_name(next(iter(given)), f'{stage}-')} was given but the config (preset "
+                                 f"{values.get('preset')!r}) has no {stage}.")
+            if values[stage] is not None:
+                values[stage].update(given, **every_stage)
         if args.steps is not None:
             raise ValueError("--steps sets a one-stage preset's schedule; with --config, use --stage1-steps.")
     else:
@@ -204,10 +201,11 @@ def config_from_args(args: argparse.Namespace) -> PACEConfig:
             if getattr(args, flag) is None:
                 raise ValueError(f"--{flag} is required (or give --config with {name} set).")
         values = preset_config(
-            args.preset, backbone=backbone, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps, steps=args.steps,
-            weighting=args.weighting, gamma=args.gamma, stage1_learning_rate=args.stage1_lr, stage2_learning_rate=args.stage2_lr,
-            stage1_temperature=args.stage1_temperature, stage2_temperature=args.stage2_temperature, warmup_ratio=args.warmup_ratio,
-            **top_level,
+            args.preset, backbone=backbone, stage1_steps=per_stage["stage1"].get("steps"), stage2_steps=per_stage["stage2"].get("steps"),
+            steps=args.steps, weighting=every_stage.get("weighting"), gamma=every_stage.get("gamma"),
+            stage1_learning_rate=per_stage["stage1"].get("learning_rate"), stage2_learning_rate=per_stage["stage2"].get("learning_rate"),
+            stage1_temperature=per_stage["stage1"].get("temperature"), stage2_temperature=per_stage["stage2"].get("temperature"),
+            warmup_ratio=every_stage.get("warmup_ratio"), **top_level,
         ).to_dict()
     values.update(top_level)
     if vl_options:

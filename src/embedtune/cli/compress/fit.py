@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES
 from embedtune.cli.common import add_model_flags, encoder_options_from_args, print_json
 from embedtune.cli.compress.flags import (
     add_label_flags,
-    dive_field_help,
+    add_method_config_flags,
     finite_float_or_none,
     method_help,
     method_settings,
     positive_int_or_none,
 )
 from embedtune.compress import available_methods, get_compressor_class
-from embedtune.compress.pca import parse_fit_sample
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 from embedtune.workflows.fit import FIT_INFO_NAME, fit_on_all, supported_paths
 
@@ -59,15 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
                      "path with --set selection_signal=pseudo-queries: the source of the held-out documents' pseudo-queries "
                      "DIVE selects its start and epoch on (default title)")
-    fit.add_argument("--heads", default=None, help=dive_field_help("heads"))
-    fit.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
-    fit.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
-    fit.add_argument("--fit-sample", type=_fit_sample, default=None, metavar="N",
-                     help="pca and pca-uncentred: rows the axes are fitted on. Default (auto): min(N, max(65536, 100·d)) rows "
-                          "drawn with --seed (ArguAna, MiniLM, k=128: samples of only 10.7·d rows kept nDCG@10 retention within 0.004 of "
-                          "the full fit's, benchmarks/pca_fit_sample.py), so a fit takes seconds at millions of rows; a number: "
-                          "that many rows; 0 or 'all': every row. "
-                          "Recorded in the compressor's config.json and fit.json")
+    add_method_config_flags(fit)
     fit.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE", help="any other config field")
     val = fit.add_mutually_exclusive_group()
     val.add_argument("--val-split", default=None, metavar="SPLIT_OR_FILE",
@@ -85,22 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.set_defaults(handler=run_fit)
 
 
-def _fit_sample(text: str) -> int | str:
-    """argparse type of ``--fit-sample``: ``auto``, ``all`` (0) or a row count >= 0."""
-    try:
-        return parse_fit_sample(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).replace("fit_sample must be", "expected")) from None
-
-
 def run_fit(args: argparse.Namespace) -> int:
-    settings = method_settings(args)
-    if args.fit_sample is not None:
-        if "fit_sample" not in {f.name for f in dataclasses.fields(get_compressor_class(args.method).config_class)}:
-            raise ValueError(f"--fit-sample applies to PCA (pca, pca-uncentred), which fits on a sample of the corpus; "
-                             f"{args.method} does not: drop --fit-sample.")
-        settings["fit_sample"] = args.fit_sample
     cls = get_compressor_class(args.method)  # fail fast on a typo, before any encoding
+    settings = method_settings(args, args.method)
     preset = cls.get_preset(args.preset)
     mining = {name: getattr(args, name) for name in ("false_negative_margin", "max_triplets_per_query") if hasattr(args, name)}
     preset.mining.replace(**mining)

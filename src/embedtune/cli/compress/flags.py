@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
-from embedtune.compress import available_methods, describe_method
+from embedtune.cli.config_flags import add_config_flags, check_field_values, config_overrides, flag_fields, flag_name
+from embedtune.compress import available_methods, describe_method, get_compressor_class
 from embedtune.compress.dive.config import DIVEConfig  # torch-free: the config alone, not the method
+from embedtune.compress.pca import PCAConfig, parse_fit_sample
 
-__all__ = ["ADAPTER_HELP", "dive_field_help", "method_help", "preset_help", "parse_settings", "method_settings", "add_label_flags",
-           "non_negative_int", "positive_int", "finite_float", "finite_float_or_none", "positive_int_or_none"]
+__all__ = ["ADAPTER_HELP", "DIVE_FLAG_FIELDS", "DIVE_FLAG_ALIASES", "PCA_FLAG_FIELDS", "add_method_config_flags", "method_help",
+           "preset_help", "parse_settings", "method_settings", "add_label_flags", "non_negative_int", "positive_int", "finite_float",
+           "finite_float_or_none", "positive_int_or_none"]
 
 ADAPTER_HELP = "a fitted compressor's folder, or a `compress train --out` folder holding exactly one"
 
@@ -32,13 +36,6 @@ def preset_help() -> str:
     return "; ".join(parts)
 
 
-def dive_field_help(name: str) -> str:
-    """A DIVE config field's own help and default, so a flag that sets it says what the config does."""
-    field = {f.name: f for f in dataclasses.fields(DIVEConfig)}[name]
-    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-    return f"{field.metadata.get('help', name).rstrip('.')} (DIVE's default: {default}; other methods: their own)"
-
-
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -57,15 +54,74 @@ def parse_settings(pairs: list[str]) -> dict[str, Any]:
     return settings
 
 
-def method_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The method's config fields given by ``--set``, ``--heads``, ``--epochs`` and ``--lr``."""
+# DIVE's fields without a flag: the command's own flags set them (--dim; --seed or --seeds), the flag name is
+# the encoder's (--batch-size: texts per encoding batch), or the global -q decides them (progress bars).
+# --set still reaches every one of them.
+_DIVE_FIELDS_WITHOUT_FLAGS = ("dim", "seed", "batch_size", "progress")
+#: DIVE's config fields that ``compress train`` and ``compress fit`` take as flags, one each.
+DIVE_FLAG_FIELDS = tuple(flag_fields(DIVEConfig, exclude=_DIVE_FIELDS_WITHOUT_FLAGS))
+#: Flag names kept working where they differ from the generated one (documented in older commands).
+DIVE_FLAG_ALIASES = {"learning_rate": ("--lr",)}
+#: PCA's (pca, pca-uncentred) config fields taken as flags.
+PCA_FLAG_FIELDS = ("fit_sample",)
+
+
+def _fit_sample_value(text: str) -> int | str:
+    """``--fit-sample``: ``auto``, ``all`` (read as 0) or a row count >= 0, read as PCAConfig reads it."""
+    try:
+        return parse_fit_sample(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _default_note(config_cls: type, method: str, presets: dict[str, dict[str, Any]]) -> Callable[[str, str], str]:
+    """``(field, help) -> help + " (DIVE's default: 0.7; presets best, robust: 0.4)"``: the field's help, its dataclass
+    default and the presets that differ."""
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+                for f in dataclasses.fields(config_cls)}
+
+    def note(name: str, help_text: str) -> str:
+        by_value: dict[str, list[str]] = {}
+        for preset, values in presets.items():
+            if name in values and values[name] != defaults[name]:
+                by_value.setdefault(str(values[name]), []).append(preset)
+        differing = "".join(f"; preset{'s' if len(names) > 1 else ''} {', '.join(names)}: {value}" for value, names in by_value.items())
+        return f"{help_text} ({method}'s default: {defaults[name]}{differing})"
+
+    return note
+
+
+def add_method_config_flags(parser: argparse.ArgumentParser) -> None:
+    """The compressor config fields ``compress train`` and ``compress fit`` take as flags, generated from the configs."""
+    dive = parser.add_argument_group(
+        "DIVE settings (DIVEConfig fields, one flag each)",
+        "A flag given overrides the preset's value; one not given keeps it. With another --method, a flag sets that "
+        "method's field of the same name (e.g. --epochs, --learning-rate) and is refused where it has none. "
+        "Every other config field: --set FIELD=VALUE.")
+    add_config_flags(dive, DIVEConfig, DIVE_FLAG_FIELDS, aliases=DIVE_FLAG_ALIASES,
+                     help_text=_default_note(DIVEConfig, "DIVE", DIVEConfig.PRESETS))
+    pca = parser.add_argument_group("PCA settings (pca, pca-uncentred: PCAConfig fields)")
+    add_config_flags(pca, PCAConfig, PCA_FLAG_FIELDS, value_parsers={"fit_sample": _fit_sample_value},
+                     help_text=_default_note(PCAConfig, "PCA", {}))
+
+
+def method_settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """``method``'s config fields given by ``--set`` and by the generated flags (which win over ``--set``).
+
+    A flag for a field ``method`` lacks is refused, naming the flag; every value of a field it has is
+    checked against its config's declared constraints now, before any data is read.
+    """
     settings = parse_settings(args.settings)
-    if args.heads is not None:
-        settings["heads"] = args.heads if args.heads == "auto" else int(args.heads)
-    if args.epochs is not None:
-        settings["epochs"] = args.epochs
-    if args.lr is not None:
-        settings["learning_rate"] = args.lr
+    flags = {**config_overrides(args, DIVEConfig, DIVE_FLAG_FIELDS, check=False),
+             **config_overrides(args, PCAConfig, PCA_FLAG_FIELDS, check=False)}
+    config_cls = get_compressor_class(method).config_class
+    known = [f.name for f in dataclasses.fields(config_cls)]
+    for name in flags:
+        if name not in known:
+            raise ValueError(f"{flag_name(name)} sets the config field {name!r}, which {method} does not have "
+                             f"(its fields: {', '.join(known)}): drop {flag_name(name)}.")
+    settings.update(flags)
+    check_field_values(config_cls, {name: value for name, value in settings.items() if name in known})
     return settings
 
 

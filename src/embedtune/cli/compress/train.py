@@ -18,7 +18,7 @@ from embedtune.cli.common import (
 )
 from embedtune.cli.compress.flags import (
     add_label_flags,
-    dive_field_help,
+    add_method_config_flags,
     finite_float_or_none,
     method_help,
     method_settings,
@@ -70,10 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--dim", type=int, default=128, help="output dimension k")
     train.add_argument("--preset", default=None,
                        help="the method's named recipe (settings and triplet mining); default: the method's own (DIVE: robust). "
-                       f"{preset_help()}. --heads/--epochs/--lr/--set and the mining flags override it")
-    train.add_argument("--heads", default=None, help=dive_field_help("heads"))
-    train.add_argument("--epochs", type=int, default=None, help="training epochs (default: the method's, 50)")
-    train.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=None, help="learning rate (default: the method's)")
+                       f"{preset_help()}. The settings flags (--heads, --epochs, --learning-rate, ...), --set and the mining flags override it")
+    add_method_config_flags(train)
     train.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                        help="any other config field, e.g. --set margin=0.4 --set triplet_loss=softplus")
     train.add_argument("--final", action="store_true", help="train on train+val and evaluate on the held-out test queries")
@@ -116,9 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    settings = method_settings(args)
     for method in [args.method, *args.compare]:
         get_compressor_class(method)  # fail fast on a typo, before any encoding
+    settings = method_settings(args, args.method)
     preset = get_compressor_class(args.method).get_preset(args.preset)
     # Validated here, before any encoding; unset flags keep the preset's mining (the safety net's
     # when --method is unsupervised and supervised methods are compared).
