@@ -1,4 +1,4 @@
-"""Peak RSS of one MiniLM forward + backward over N texts of L tokens on the CPU (issue 29: where finetune pace spent 19.9 GB).
+"""Peak RSS of one MiniLM forward + backward over N texts of L tokens on the CPU (where finetune pace spent 19.9 GB).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/activation_probe.py 28 256 sdpa    # N texts, L tokens, sdpa|eager
 """

@@ -1,6 +1,6 @@
 """Re-score the committed `beir-train` protocol runs (benchmarks/results/dive-beir-train) on seen and unseen queries.
 
-Issue 27: these runs used the paper recipes and the `best` DIVE settings, selected before
+These runs used the paper recipes and the `best` DIVE settings, selected before
 positive-disjoint selection existed. Nothing is refitted: each run's per-query nDCG@10 (seed means)
 is split into the test queries whose positives were all train-qrels positives (seen) and those with
 none among them (unseen), with paired tests against the `best` DIVE on each subset.

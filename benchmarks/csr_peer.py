@@ -1,4 +1,4 @@
-"""CSR as a learned peer at equal bytes (issue 30, part 1): sentence-transformers' sparse autoencoder on frozen vectors.
+"""CSR as a learned peer at equal bytes: sentence-transformers' sparse autoencoder on frozen vectors.
 
 One run, nothing trained on queries: CSR (``SparseAutoEncoder`` with CSR's reconstruction terms,
 label-free, :mod:`embedtune.compress.csr`) is fitted on the frozen MiniLM vectors of the SciFact

@@ -1,4 +1,4 @@
-"""Encoding rows/s: single process against a Ray Data actor pool of 1 and 2 encoders (issues 19, 32).
+"""Encoding rows/s: single process against a Ray Data actor pool of 1 and 2 encoders.
 
     nice -n 10 .venv/bin/python benchmarks/efficiency_ray_encode.py --data scifact --model minilm --n 512 --shard-size 128
     .venv/bin/python benchmarks/efficiency_ray_encode.py --n 300 --shard-size 100 --backends torch onnx onnx-int8

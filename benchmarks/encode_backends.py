@@ -1,4 +1,4 @@
-"""CPU encoding backends side by side (issue 32): torch, onnx (fp32) and onnx-int8.
+"""CPU encoding backends side by side: torch, onnx (fp32) and onnx-int8.
 
 Speed: documents/s over a fixed slice of SciFact's corpus (the first ``--docs`` documents in file
 order, title + " " + text as embedtune encodes them), at one batch size and max sequence length,

@@ -1,4 +1,4 @@
-"""Quality per byte (issue 19): compressor × dimension × precision, FAISS PQ/OPQ peers, the Pareto frontier.
+"""Quality per byte: compressor × dimension × precision, FAISS PQ/OPQ peers, the Pareto frontier.
 
     nice -n 10 .venv/bin/python benchmarks/frontier.py --data scifact --model minilm        # run (resumable)
     .venv/bin/python benchmarks/frontier.py --data scifact --model minilm --report-only     # tables + PNG
@@ -76,7 +76,7 @@ TRAINED = {"dive", "mrl-adaptor"}
 PROJECTIONS = {"pca", "pca-uncentred"}  # unsupervised methods that also get PQ and the quantisers on their output
 FAMILY = {"frozen": "frozen", "truncate": "truncate", "pca": "PCA", "pca-uncentred": "uncentred PCA", "dive": "DIVE",
           "mrl-adaptor": "Matryoshka-Adaptor"}
-#: FAISS's RaBitQ, TurboQuant and 4-bit scalar codes (issue 30): peers on the frozen vectors and on PCA, and precisions
+#: FAISS's RaBitQ, TurboQuant and 4-bit scalar codes: peers on the frozen vectors and on PCA, and precisions
 #: on every compressor's output, at the bytes :func:`embedtune.workflows.plan.precision_rows` counts for each.
 QUANTISERS = tuple(code for codes in QUANTISER_PEERS.values() for code in codes)
 PQ_BUDGETS = (16, 32, 48, 64)
@@ -256,7 +256,7 @@ def budget_table(val: list[dict[str, Any]], test: list[dict[str, Any]], x: str =
 
 
 def test_subsets(data: str, protocol: str, test_ids: list[str]) -> tuple[dict[str, list[str]], str]:
-    """Issue 27's seen/unseen test queries, relative to the labels the test-phase fits used, and what "seen" means.
+    """The seen/unseen test queries, relative to the labels the test-phase fits used, and what "seen" means.
 
     ``beir-train`` fits on ``qrels/train.tsv`` (train and validation parts); the paper protocol fits
     on the train and validation parts of the query-disjoint split of ``qrels/test.tsv`` (seed 2027,
@@ -273,7 +273,7 @@ def test_subsets(data: str, protocol: str, test_ids: list[str]) -> tuple[dict[st
 
 def subset_budget_lines(budgets: list[dict[str, Any]], test: list[dict[str, Any]], groups: dict[str, list[str]],
                         seen_from: str = "a train-qrels query") -> list[str]:
-    """The val-chosen settings of each budget re-scored on seen and unseen test queries (issue 27), with a paired
+    """The val-chosen settings of each budget re-scored on seen and unseen test queries, with a paired
     test on each subset and the best setting of each side on unseen queries at the budget (chosen on test: an upper
     bound, never a selection). A subset without queries prints "–"."""
     by = {r["setting"]: r for r in test}
@@ -365,7 +365,7 @@ def report(args: argparse.Namespace) -> None:
                   f"(float vectors kept for rescoring count)", x="disk_bytes", group=lambda r: r["family"])
     choose_on = None
     if run_info["protocol"] == "beir-train" and getattr(args, "choose_on", "unseen-val") == "unseen-val":
-        # Choose on the validation queries whose positives no train-part query has (issue 27): the others
+        # Choose on the validation queries whose positives no train-part query has: the others
         # reward a compressor that learned where the popular documents lie.
         train_data = load_beir(args.data, "train")
         split = train_qrels_split(train_data, load_beir(args.data, "test"), 0.2, 2027)
@@ -386,7 +386,7 @@ def report(args: argparse.Namespace) -> None:
               else "Chosen on every validation query."), ""]
     lines += budget_lines(budgets)
     groups, seen_from = test_subsets(args.data, run_info["protocol"], sorted(test[0]["per_query"]))
-    lines += ["", "## Per budget, on seen and unseen test queries (issue 27)", ""]
+    lines += ["", "## Per budget, on seen and unseen test queries", ""]
     lines += subset_budget_lines(budgets, test, groups, seen_from)
     lines += ["", "## Per budget of bytes on disk (float vectors kept for rescoring count): chosen on validation, scored on test", ""]
     lines += budget_lines(budgets_disk)

@@ -1,4 +1,4 @@
-"""The label-free frontier (issue 30 §2-3): chosen without labels, scored with them afterwards.
+"""The label-free frontier: chosen without labels, scored with them afterwards.
 
     nice -n 10 .venv/bin/python benchmarks/frontier_label_free.py --data scifact --model minilm          # run (resumable)
     .venv/bin/python benchmarks/frontier_label_free.py --data scifact --model minilm --report-only       # REPORT.md + summary.json
@@ -13,7 +13,7 @@ a killed run resumes (fits are kept under ``--work``, not committed):
   1000), and the frozen vectors, at every precision, plus the FAISS peers, scored by each label-free
   objective (:func:`embedtune.workflows.label_free.label_free_validation`). No qrels are read.
 * ``test``: the same settings refitted on every document, scored on the labelled test queries
-  (SciFact ``beir-train``: the 300 test queries, with issue 27's seen/unseen split relative to
+  (SciFact ``beir-train``: the 300 test queries, with the seen/unseen split relative to
   ``qrels/train.tsv``; ArguAna: every judged query).
 
 At each budget (bytes per vector in RAM) the report gives, per objective, the plan's pick (the
@@ -225,7 +225,7 @@ def report(args: argparse.Namespace) -> None:
         raise SystemExit(f"{root}: no test results yet.")
     n_test = next(iter(test.values()))["n_queries"]
     groups: dict[str, list[str]] = {"all": sorted(next(iter(test.values()))["per_query"])}
-    if run_info["protocol"] == "beir-train":  # issue 27's subsets: relative to the train qrels
+    if run_info["protocol"] == "beir-train":  # the seen/unseen subsets: relative to the train qrels
         test_qrels = load_beir(args.data, "test").qrels
         sub = query_subsets({q: test_qrels[q] for q in groups["all"]}, training_positives(load_beir(args.data, "train").qrels))
         groups.update(seen=sub["seen"], unseen=sub["unseen"])

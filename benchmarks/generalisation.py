@@ -1,4 +1,4 @@
-"""Generalise, don't memorise (issue 27): every supervised method on all, seen and unseen queries.
+"""Generalise, don't memorise: every supervised method on all, seen and unseen queries.
 
 Two protocols, one JSON per cell under ``--results`` (finished cells are skipped, so a stopped
 run resumes where it stopped):
@@ -167,7 +167,7 @@ def _fmt(test: Mapping[str, Any] | None) -> str:
 
 def report(args: argparse.Namespace) -> None:
     """Print the tables and write them to ``RESULTS/REPORT.md``."""
-    lines: list[str] = ["# Seen and unseen (issue 27)", "",
+    lines: list[str] = ["# Seen and unseen", "",
                         "Built by `python benchmarks/generalisation.py --report` from the cell JSONs beside this file."]
 
     def emit(*parts: Any) -> None:

@@ -1,4 +1,4 @@
-"""Choose DIVE's geometry weight on selection queries only (issue 27): one line per (k, γ).
+"""Choose DIVE's geometry weight on selection queries only: one line per (k, γ).
 
 Fits the default DIVE (robust preset, positive-disjoint selection) with ``geometry_weight`` set,
 on SciFact `beir-train` (train+val), and prints the best held-out selection nDCG@10 (epoch 0

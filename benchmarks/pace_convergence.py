@@ -1,4 +1,4 @@
-"""PACE trained long enough to judge (issue 20): MiniLM on SciFact, every configuration on one budget.
+"""PACE trained long enough to judge: MiniLM on SciFact, every configuration on one budget.
 
 Usage (from the repo root, one torch thread; every step is resumable, rerun the same command):
 
@@ -33,7 +33,7 @@ a second-seed run may use ``scifact`` to spend its budget on the in-domain seed 
 ``PACE_UPDATES``, ``PACE_SCREEN_UPDATES``, ``PACE_PROTOCOL`` (below), ``PACE_MAX_SEQ`` (training, validation and
 test sequence cap, default 256; the split, tuples and validation pool were mined at 256 and stay those).
 
-Another readout (issue 31): ``--model FOLDER`` (or ``PACE_MODEL=FOLDER``) trains every configuration from
+Another readout: ``--model FOLDER`` (or ``PACE_MODEL=FOLDER``) trains every configuration from
 that model instead of MiniLM, on the same data: the split, the mined tuples and the validation pool
 stay those the frozen mean-pooling MiniLM chose (``$PACE_RUNS/data``, shared by every readout). Its
 runs and results go to a folder of their own, named ``PACE_MODEL_LABEL`` or the model folder's name::
@@ -41,7 +41,7 @@ runs and results go to a folder of their own, named ``PACE_MODEL_LABEL`` or the 
     python benchmarks/pace_convergence.py --model runs/minilm-lasttoken frozen infonce-lora pace
     # -> benchmarks/results/pace-convergence/minilm-lasttoken/<config>.json, runs under $PACE_RUNS/minilm-lasttoken/
 
-The paper's compute protocol (issue 31): ``PACE_PROTOCOL=paper`` runs PACE's Stage II for ``PACE_UPDATES``
+The paper's compute protocol: ``PACE_PROTOCOL=paper`` runs PACE's Stage II for ``PACE_UPDATES``
 (T) updates on top of Stage I's 0.25 T (Stage I still on the T-step schedule, stopped at 0.25 T), as
 the paper trains Stage II a full epoch from the Stage I checkpoint. The default, ``matched``, is the
 earlier study's: Stage II runs the remaining 0.75 T. One-stage arms take ``@x<f>`` for ``round(f T)``
@@ -113,7 +113,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The model every configuration trains from (the readout), and the one that chose the study's data.
 MODEL = os.environ.get("PACE_MODEL", "minilm")
 MINING_MODEL = "minilm"
-# The compute protocol (issue 31): "matched" (the default, the earlier study's) gives every arm UPDATES
+# The compute protocol: "matched" (the default, the earlier study's) gives every arm UPDATES
 # updates on its path, so Stage II runs UPDATES - 0.25 UPDATES; "paper" runs Stage II for UPDATES on top
 # of Stage I's 0.25 UPDATES, as the paper's Stage II trains a full epoch on the Stage I checkpoint.
 PROTOCOL = os.environ.get("PACE_PROTOCOL", "matched")

@@ -1,4 +1,4 @@
-"""Report of the PACE convergence study (issue 20): table, validation curves PNG, diagnostics, paired tests.
+"""Report of the PACE convergence study: table, validation curves PNG, diagnostics, paired tests.
 
 Usage: python benchmarks/pace_convergence_report.py [--results benchmarks/results/pace-convergence]
 
@@ -170,7 +170,7 @@ def significance(runs: dict[str, dict]) -> str:
 
 
 def subsets(runs: dict[str, dict], data: Path = SCIFACT) -> str:
-    """SciFact test nDCG@10 on all, seen and unseen queries (issue 27), with paired tests against frozen and direct-dot-full.
+    """SciFact test nDCG@10 on all, seen and unseen queries, with paired tests against frozen and direct-dot-full.
 
     Seen and unseen are relative to every judged query of ``qrels/train.tsv``: the study fitted on
     80 % of them and selected on the other 20 %, so all of them are labels it used.
@@ -256,13 +256,13 @@ def main() -> None:
         raise SystemExit(f"{folder}: no finished configuration yet.")
     plot(runs, folder / "curves.png")
     text = "\n\n".join([
-        "# PACE convergence study (issue 20)",
+        "# PACE convergence study",
         f"Built from {len(runs)} finished configuration(s) in `{folder}` by `benchmarks/pace_convergence_report.py`.",
         "## Test scores (all 300 SciFact test queries; all ArguAna queries, zero-shot)", table(runs),
         "Δθ: relative L2 change of the transformer weights, ‖θ_after − θ_before‖ / ‖θ_before‖, per stage. "
         "¹ Stage I is `pace`'s own (the same config and seed), reused from its checkpoint at the transition.",
         "## Validation curves", "![curves](curves.png)",
-        "## SciFact test by subset (issue 27)", subsets(runs),
+        "## SciFact test by subset", subsets(runs),
         "## Geometry diagnostics (SciFact train pairs)", diagnostics(runs),
         "## Paired tests (per-query nDCG@10; permutation p, bootstrap 95 % CI)", significance(runs),
         "## PACE settings chosen on validation", pace_selection(runs),

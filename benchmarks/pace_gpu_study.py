@@ -1,4 +1,4 @@
-"""PACE from an unconverged readout, on a lent GPU in one call of at most 10 minutes (issue 31, item 3).
+"""PACE from an unconverged readout, on a lent GPU in one call of at most 10 minutes.
 
 What it runs (``run``, the default), every run on the same data and one JSON per run:
 

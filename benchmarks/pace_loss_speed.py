@@ -1,4 +1,4 @@
-"""Focal Embedding Loss against sentence-transformers' MNRL, and GradCache focal against CMNRL (issue 20).
+"""Focal Embedding Loss against sentence-transformers' MNRL, and GradCache focal against CMNRL.
 
 Usage (from the repo root): python benchmarks/pace_loss_speed.py [--rounds 6] [--batch 16] [--seq 128]
 

@@ -4,7 +4,7 @@ on all test queries and on the seen / unseen subsets of the first file.
     .venv/bin/python benchmarks/paired_results.py A/results.json B/results.json
 
 Both files must score the same queries with the same split (e.g. DIVE-128 fitted on vectors of
-two encoding backends, issue 32). Prints A, B and A − B with the paired sign-flip p of
+two encoding backends). Prints A, B and A − B with the paired sign-flip p of
 :func:`embedtune.workflows.significance.paired_test`, per subset.
 """
 

@@ -1,4 +1,4 @@
-"""Quantiser peers at their bytes (issue 30, part 1): FAISS RaBitQ, TurboQuant and SQ4 against float32, int8 and sign bits.
+"""Quantiser peers at their bytes: FAISS RaBitQ, TurboQuant and SQ4 against float32, int8 and sign bits.
 
 One run, nothing trained on test queries: the frozen MiniLM vectors of SciFact and their
 uncentred PCA-128 (fitted on the corpus), each stored at every precision, scored on all 300 test

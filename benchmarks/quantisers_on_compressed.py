@@ -1,4 +1,4 @@
-"""RaBitQ, TurboQuant and int4 on compressed outputs (issue 30, part 1): do they beat sign bits on DIVE?
+"""RaBitQ, TurboQuant and int4 on compressed outputs: do they beat sign bits on DIVE?
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/quantisers_on_compressed.py --dims 128 64 --seeds 2027
     .venv/bin/python benchmarks/quantisers_on_compressed.py --report
@@ -7,7 +7,7 @@ SciFact ``beir-train`` (fit on ``qrels/train.tsv`` with the default preset, as `
 --protocol beir-train`` does; all 300 test queries scored). Each compressor (the default DIVE,
 uncentred and centred PCA, and the frozen vectors) is scored at every precision in
 :data:`PRECISIONS` on the test queries, and each score is split into ``seen`` and ``unseen``
-test queries (issue 27: whose positives were all / none training positives). One JSON per
+test queries (whose positives were all / none training positives). One JSON per
 (method, dim, seed) under ``--results``; a finished one is skipped, so a stopped run resumes.
 
 ``--report`` prints, per byte size, every setting with its nDCG@10 on all / seen / unseen, and

@@ -1,4 +1,4 @@
-"""A copy of a sentence-transformers model folder that reads its embedding out another way (issue 31).
+"""A copy of a sentence-transformers model folder that reads its embedding out another way.
 
 PACE's premise needs a readout that was not trained for similarity. MiniLM was trained with mean
 pooling; the same weights read at the last token (``[SEP]``) or at ``[CLS]`` give such a readout.

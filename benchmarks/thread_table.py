@@ -1,4 +1,4 @@
-"""Issue 29: compress fit, compress apply, embed-corpus and evaluate at the default and at 1 and 2 threads,
+"""Times compress fit, compress apply, embed-corpus and evaluate at the default and at 1 and 2 threads,
 on the machine as it is and with one more busy process, side by side in one run.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/thread_table.py --out benchmarks/results/threads

@@ -1,4 +1,4 @@
-"""Unsupervised compression study (issue 18, acceptance 1): every method fitted on corpus embeddings only.
+"""Unsupervised compression study: every method fitted on corpus embeddings only.
 
 No query is used in training, so every method is scored on **all** test queries of each
 dataset. Cells: SciFact and ArguAna x MiniLM (384-d) and mpnet (768-d) x k = d/6 and d/3.

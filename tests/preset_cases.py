@@ -1,7 +1,7 @@
 """Every preset × backbone × stage-steps combination (and a few overrides) that ``preset_config`` is pinned on.
 
 ``tests/fixtures/preset_configs.json`` holds the output of each case as the former if/elif
-``preset_config`` (before the preset table, issue 31) returned it, or the error it raised:
+``preset_config`` (before the preset table) returned it, or the error it raised:
 ``tests/test_preset_table.py`` checks that the table-driven function still returns exactly those.
 Regenerate only on a deliberate change of a preset: ``python tests/preset_cases.py``.
 """

@@ -1,4 +1,4 @@
-"""Issue 29: the bundled model's SciFact vectors ship as a verified embedding-cache entry.
+"""The bundled model's SciFact vectors ship as a verified embedding-cache entry.
 
 They are used only when the cache misses on exactly the key parts they were made from (model
 files, data file, text recipe) and after their sha256, ids, shape and dtype are checked;

@@ -1,4 +1,4 @@
-"""Issue 9 §6: the paper recipe collapses far below PCA under incomplete judgements; the robust one does not.
+"""The paper recipe collapses far below PCA under incomplete judgements; the robust one does not.
 
 The real failure: on a held-out dataset with many judged documents per query and incomplete
 judgements, DIVE trained the paper's way (hard negatives mined from the frozen top-50, 50

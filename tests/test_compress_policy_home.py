@@ -1,4 +1,4 @@
-"""Issue 28, item 7: `compress` is one module per subcommand, and the policy its handlers apply lives in the library.
+"""`compress` is one module per subcommand, and the policy its handlers apply lives in the library.
 
 - the PCA-variant pairing: :func:`embedtune.workflows.train_compressor.with_both_pca_variants`;
 - the similarity (the flag, else the model's own, else cosine) and the encoder options that go with it:

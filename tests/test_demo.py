@@ -1,4 +1,4 @@
-"""Issue 29: `make demo` is the main job; it reruns (exit 0, the table again) and needs no encoding.
+"""`make demo` is the main job; it reruns (exit 0, the table again) and needs no encoding.
 
 The Makefile's own demo command is read from the Makefile, so the test follows it; only the
 model and the data are swapped for the tiny test BERT on 40 documents (the real run is 40 s).

@@ -1,4 +1,4 @@
-"""What was scored is what is deployed, and every plan, cache and index file is checked before use (issue 28).
+"""What was scored is what is deployed, and every plan, cache and index file is checked before use.
 
 One test per defect; each printed a wrong number with exit 0 before. Small synthetic vectors (and
 the tiny random BERT where a command encodes text); no quality claims.
@@ -216,7 +216,7 @@ def test_a_plan_rerun_with_other_vectors_refits(tmp_path, caplog):
 
 
 def test_two_plans_without_work_share_one_sweep_per_data(tmp_path, monkeypatch):
-    """Issue 29: the README's second plan (another --out, no --work) reuses the first one's fits; other data gets its own folder."""
+    """The README's second plan (another --out, no --work) reuses the first one's fits; other data gets its own folder."""
     import embedtune.workflows.plan as plan_module
 
     fits = []

@@ -174,7 +174,7 @@ def test_corrupted_or_foreign_weights_give_errors_naming_the_file(fitted, tmp_pa
     # Without the digests (an adapter saved before they existed), the weights' shapes still give them away.
     meta = json.loads((folder / "config.json").read_text())
     del meta["content_sha256"], meta["weights_sha256"]
-    meta["embedtune_version"] = "0.0.9"  # of this version, missing digests are refused outright (issue 28)
+    meta["embedtune_version"] = "0.0.9"  # of this version, missing digests are refused outright
     (folder / "config.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="model.safetensors.*dive"):
         DIVECompressor.load(folder)

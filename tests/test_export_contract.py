@@ -30,7 +30,7 @@ K = 8
 FAST_SETTINGS = {"dim": K, "epochs": 3, "unsupervised_epochs": 1, "batch_size": 16, "learning_rate": 5e-2,
                  "selection_learning_rate": 5e-2, "progress": False, "device": "cpu", "seed": 3}
 # Library methods only: a test may register a toy method of its own. csr: a top-k sparse code has no
-# Dense/Normalize form, and its export is not built yet (issue 30); it is scored as a peer, not exported.
+# Dense/Normalize form, and its export is not built yet; it is scored as a peer, not exported.
 METHODS = [m for m in available_methods() if get_compressor_class(m).__module__.startswith("embedtune.") and m != "csr"]
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 

@@ -1,4 +1,4 @@
-"""`compress fit` / fit_on_all (issue 18 item 1) and `compress train --protocol beir-train` (item 4)."""
+"""`compress fit` / fit_on_all and `compress train --protocol beir-train`."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_val_split_file(own, one_torch_thread):
 
 
 def test_a_val_split_whose_positives_lack_vectors_is_refused(own, capsys):
-    """Issue 28: accepted, and selection scored against positives it could never retrieve."""
+    """The defect: such a split was accepted, and selection scored against positives it could never retrieve."""
     (own / "val.tsv").write_text("q0\td0\nq1\td1\nq1\td999\n")
     assert main(["compress", "fit", "--method", "dive", "--dim", "8", "--pairs", str(own / "pairs.tsv"), "--val-split", str(own / "val.tsv"),
                  *[f for key, path in vectors(own).items() for f in (f"--{key.replace('_', '-')}", str(path))],

@@ -1,4 +1,4 @@
-"""benchmarks/frontier.py scores every budget on seen and unseen test queries for both protocols (issue 30 §3):
+"""benchmarks/frontier.py scores every budget on seen and unseen test queries for both protocols:
 ``beir-train`` relative to qrels/train.tsv, the paper protocol relative to the train and validation parts of its split."""
 
 from __future__ import annotations

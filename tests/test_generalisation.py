@@ -1,4 +1,4 @@
-"""Issue 27: seen/unseen subsets, the new-documents protocol and selection memorisation cannot fool."""
+"""Seen/unseen subsets, the new-documents protocol and selection memorisation cannot fool."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def _diagnose_json(model_dir, data_dir, capsys, *extra: str) -> dict:
 
 
 def test_diagnose_strips_a_trailing_normalize(tiny_models, toy_beir, capsys):
-    """A cosine model saved with Normalize is diagnosed on its raw outputs (issue 31): the numbers of the
+    """A cosine model saved with Normalize is diagnosed on its raw outputs: the numbers of the
     same model without Normalize, and said so in the JSON; --keep-normalize diagnoses it as saved."""
     from sentence_transformers import SentenceTransformer
 

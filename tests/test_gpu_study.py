@@ -1,4 +1,4 @@
-"""The device script for a lent GPU (issue 31, item 3): its CPU dry run, its bundle format, its data and arms,
+"""The device script for a lent GPU: its CPU dry run, its bundle format, its data and arms,
 and the readout override of benchmarks/pace_convergence.py."""
 
 from __future__ import annotations

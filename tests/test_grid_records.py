@@ -1,6 +1,6 @@
 """Benchmark records are keyed by everything that shaped them, and run claims cannot hang the grid.
 
-Issue 17, rows 4 and 5: a results folder re-run with a changed config (split seed, negatives,
+A results folder re-run with a changed config (split seed, negatives,
 mining options, data) must not count stale runs as finished, and a claim whose PID now belongs
 to another process (as after a reboot) must be taken over instead of waited for silently.
 """

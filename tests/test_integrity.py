@@ -1,4 +1,4 @@
-"""Every file embedtune writes is checked before it is used again (issue 17, "every file is checked before use").
+"""Every file embedtune writes is checked before it is used again.
 
 One test per defect: damaged adapter weights and config, newer version stamps, non-deterministic
 safetensors bytes, unchecked FAISS index files, unchecked cache ids/meta, unchecked run records,
@@ -44,7 +44,7 @@ def _flip(path: Path, offset: int) -> None:
 
 # -- adapters ---------------------------------------------------------------------------------
 def test_overwritten_tensor_bytes_are_refused_before_use(tmp_path):
-    """Issue row 3: bytes in the tensor data (header intact) loaded fine and gave NaN rows."""
+    """The defect: bytes overwritten in the tensor data (header intact) loaded fine and gave NaN rows."""
     compressor, X = _fit_pca()
     compressor.save(tmp_path / "a")
     weights = tmp_path / "a" / "model.safetensors"
@@ -80,7 +80,7 @@ def test_an_adapter_saved_before_digests_loads_with_a_note(tmp_path, caplog):
 
 
 def test_an_adapter_of_this_version_with_both_digests_removed_is_refused(tmp_path):
-    """Issue 28: removing both digest fields made an edited adapter load "unchecked", exit 0."""
+    """The defect: removing both digest fields made an edited adapter load "unchecked", exit 0."""
     compressor, X = _fit_pca()
     compressor.save(tmp_path / "a")
     config = tmp_path / "a" / "config.json"

@@ -1,4 +1,4 @@
-"""The ONNX Runtime backend (issue 32): fp32 equals sentence-transformers, int8 stays close, caches never mix, exports fail cleanly.
+"""The ONNX Runtime backend: fp32 equals sentence-transformers, int8 stays close, caches never mix, exports fail cleanly.
 
 Needs the ``onnx`` extra (``pip install "embedtune[onnx]"``); skipped without it. The real-model
 tests use the bundled MiniLM on bundled SciFact texts; the rest a tiny random BERT.

@@ -1,4 +1,4 @@
-"""Nothing is overwritten unasked (issue 17): ``--out`` rules, the marker, ``--overwrite`` and inputs.
+"""Nothing is overwritten unasked: ``--out`` rules, the marker, ``--overwrite`` and inputs.
 
 One test per defect: ``compress export --overwrite`` deleted the whole tree (the adapter too),
 ``compress export`` into a non-empty folder ended in a traceback, ``compress apply`` with the
@@ -64,7 +64,7 @@ def test_overwrite_removes_only_what_embedtune_wrote(tmp_path):
     (out / "notes.md").write_text("the user's")
     prepare_output_dir(out, overwrite=True, command="compress train")
     assert sorted(p.name for p in out.iterdir()) == [MARKER_NAME, "notes.md"]
-    # An unfinished (killed) run owns what it recorded, nothing else (issue 28: not "all that was not there before").
+    # An unfinished (killed) run owns what it recorded, nothing else (not "all that was not there before").
     atomic_write_bytes(out / "pca" / "config.json", b"{}")
     (out / "later.md").write_text("added by the user after the kill")
     outputs._open.clear()  # the process died: nothing finished the marker
@@ -191,7 +191,7 @@ def test_index_build_refuses_a_non_empty_out(tmp_path, capsys):
     assert (tmp_path / "index" / "vectors" / "x.npy").is_file() and (tmp_path / "index" / "index.faiss").is_file()
 
 
-# -- issue 28: ownership is exact ---------------------------------------------------------------
+# -- ownership is exact -------------------------------------------------------------------------
 def _owned_adapter(folder: Path) -> Path:
     """An adapter in a folder an earlier embedtune command wrote (as `compress fit --out A` leaves it)."""
     prepare_output_dir(folder, command="compress fit")

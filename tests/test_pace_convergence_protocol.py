@@ -1,4 +1,4 @@
-"""The PACE study's step arithmetic under both compute protocols (issue 31).
+"""The PACE study's step arithmetic under both compute protocols.
 
 ``matched`` (the earlier study's, the default): every arm has T updates on its path, so Stage II runs
 T - 0.25 T. ``paper``: Stage II runs T on top of Stage I's 0.25 T, and ``direct-dot-full@x1.25`` is its

@@ -208,8 +208,8 @@ def test_cli_handler_one_stage_baseline_and_dot_evaluation(tiny_bert_dir, toy_da
 
 
 def test_default_preset_generalises_and_direct_dot_full_keeps_its_schedule(tiny_bert_dir, toy_data, tmp_path, capsys):
-    """Issue 27: with no preset named, text runs no-dot (cosine in both stages); VL keeps the paper's recipe.
-    direct-dot-full, chosen by name, still runs its measured 5 epochs (issue 20)."""
+    """With no preset named, text runs no-dot (cosine in both stages); VL keeps the paper's recipe.
+    direct-dot-full, chosen by name, still runs its measured 5 epochs."""
     from embedtune.cli import build_parser
     from embedtune.finetune.config import DEFAULT_PRESETS, ONE_STAGE_DEFAULT_EPOCHS, stage_steps
 

@@ -1,4 +1,4 @@
-"""The PACE convergence report (issue 20) reads what each run scored and never invents a figure.
+"""The PACE convergence report reads what each run scored and never invents a figure.
 
 A second-seed run may score SciFact only (``PACE_TEST_SETS=scifact``): the report must then mark its
 ArguAna cell "not scored", test the seeds on SciFact alone, and keep it out of the anchor tests.

@@ -1,4 +1,4 @@
-"""Labels without a BEIR folder (data.pairs) and precomputed vectors as first-class input (issue 18)."""
+"""Labels without a BEIR folder (data.pairs) and precomputed vectors as first-class input."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_duplicate_ids_and_missing_vectors_name_the_file_and_id(tmp_path, rng):
     ("qrels.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\n"),
 ])
 def test_a_byte_order_mark_in_a_pairs_or_qrels_file_is_accepted(tmp_path, name, text):
-    """Issue 28: refused with a wrong fix (an integer grade, one JSON object per line)."""
+    """The defect: a leading byte order mark was refused with a wrong fix (an integer grade, one JSON object per line)."""
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
     assert read_labels(path) == {"q1": {"d1": 1}}

@@ -1,4 +1,4 @@
-"""Issue 27 §4: the baselines' safety net starts at the stronger of the two PCA variants, as DIVE's does."""
+"""The baselines' safety net starts at the stronger of the two PCA variants, as DIVE's does."""
 
 from __future__ import annotations
 

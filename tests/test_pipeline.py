@@ -56,7 +56,7 @@ def test_pipeline_finetunes_compresses_evaluates_and_resumes(tiny_bert_dir, toy_
         assert 0 < c["p_value"] <= 1 and c["ci_low"] <= c["difference"] <= c["ci_high"] and c["n_queries"] == 10
         assert c["difference"] == pytest.approx(c["mean_a"] - c["mean_b"])
 
-    # Seen and unseen (issue 27): relative to the train qrels; the paired tests repeat on each subset.
+    # Seen and unseen: relative to the train qrels; the paired tests repeat on each subset.
     counts = result["subsets"]["counts"]
     assert counts["seen"] + counts["unseen"] + counts["mixed"] == 10
     for row in rows:

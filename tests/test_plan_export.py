@@ -97,7 +97,7 @@ def test_export_plan_cli_and_refusals(tmp_path, corpus, tiny_bert_dir, capsys):
     assert main(["compress", "export", "--plan", str(plan), "--model", str(tiny_bert_dir), "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / PRECISION_SUBFOLDER / CODEC_FILE).is_file()
     assert DeployedCodec.load(tmp_path / "m").precision.name == "rabitq1"
-    # A PQ/OPQ peer (faiss:FACTORY) ships its tables too: the ones the plan trained on the corpus (issue 29: the README's
+    # A PQ/OPQ peer (faiss:FACTORY) ships its tables too: the ones the plan trained on the corpus (the README's
     # 48-byte plan chose one on a slice of SciFact, and exporting it failed).
     faiss_plan = _plan(tmp_path, corpus, "faiss:PQ4x4fs")  # 16 centroids: the 40 toy documents train it
     assert (faiss_plan / CODEC_FILE).is_file()

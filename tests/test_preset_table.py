@@ -1,4 +1,4 @@
-"""The preset table (issue 31, "presets as data") returns exactly what the former if/elif ``preset_config`` did.
+"""The preset table returns exactly what the former if/elif ``preset_config`` did.
 
 ``tests/fixtures/preset_configs.json`` was written by the former function (commit 68d7bda) for every
 preset × backbone × stage-steps combination, four ``stage2_init`` values and a set of overrides; see

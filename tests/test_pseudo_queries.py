@@ -1,4 +1,4 @@
-"""Issue 27 §5: training-only pseudo-queries from the documents' own text."""
+"""Training-only pseudo-queries from the documents' own text."""
 
 from __future__ import annotations
 

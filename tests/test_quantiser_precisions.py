@@ -1,4 +1,4 @@
-"""The quantiser precisions of issue 30: FAISS RaBitQ (1-bit, + float rescore, 4-bit), TurboQuant (1-, 4-bit) and SQ4.
+"""The quantiser precisions: FAISS RaBitQ (1-bit, + float rescore, 4-bit), TurboQuant (1-, 4-bit) and SQ4.
 
 Each builds and searches, counts exactly the bytes FAISS stores per vector (codes and per-vector
 factors, checked against ``sa_code_size`` and the growth of the serialized index), round-trips

@@ -32,7 +32,7 @@ def test_local_sharded_encode_resumes_by_shard(tiny_bert_dir, tmp_path):
 
 
 def test_a_truncated_or_damaged_shard_is_not_complete(tiny_bert_dir, tmp_path, caplog):
-    """Issue 28: a truncated shard counted as complete, and reading it gave an error naming no file."""
+    """The defect: a truncated shard counted as complete, and reading it gave an error naming no file."""
     out = tmp_path / "shards"
     encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
     _, vectors = read_shards(out)
@@ -52,7 +52,7 @@ def test_a_truncated_or_damaged_shard_is_not_complete(tiny_bert_dir, tmp_path, c
 
 
 def test_a_rerun_with_other_texts_under_the_same_ids_is_refused(tiny_bert_dir, tmp_path):
-    """Issue 28: a resume was keyed by the ids only; edited texts would have mixed two encodings."""
+    """The defect: a resume was keyed by the ids only; edited texts would have mixed two encodings."""
     out = tmp_path / "shards"
     encode_sharded(IDS, TEXTS, str(tiny_bert_dir), out, shard_size=10)
     with pytest.raises(ValueError, match="other texts.*Fix: write to a new --out folder"):

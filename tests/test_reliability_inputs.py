@@ -1,4 +1,4 @@
-"""Every number comes from finite inputs, and every bad input is one clear error (issue 17, part A).
+"""Every number comes from finite inputs, and every bad input is one clear error.
 
 One test per defect: each printed a wrong number, ended in a traceback, or named no file before.
 Tiny synthetic BEIR folders and random vectors; no quality claims.
@@ -219,7 +219,7 @@ def test_evaluate_uses_the_models_own_similarity(tmp_path, dot_model, capsys):
 
 
 def test_compress_fit_uses_the_models_own_similarity(tmp_path, dot_model, capsys):
-    """Issue 28: `compress fit` normalised a dot model's vectors (it read only the flag), so the fit saw other rows."""
+    """The defect: `compress fit` normalised a dot model's vectors (it read only the flag), so the fit saw other rows."""
     data = _dataset(tmp_path, n_docs=40, n_queries=20)
     out = tmp_path / "fit"
     assert main(["compress", "fit", "--method", "pca", "--dim", "4", "--data", str(data), "--model", str(dot_model), "--unsupervised",
@@ -322,7 +322,7 @@ def test_data_format_errors_are_embedtune_errors():
     assert issubclass(DataFormatError, EmbedtuneError) and issubclass(EmbedtuneError, ValueError)
 
 
-# -- issue 28: every judged document needs a vector -----------------------------------------------
+# -- every judged document needs a vector ---------------------------------------------------------
 def test_evaluate_refuses_doc_vectors_that_miss_judged_documents(tmp_path, capsys):
     data, paths = _dataset(tmp_path), _vectors(tmp_path)
     docs = np.load(paths["docs"])
@@ -343,7 +343,7 @@ def test_evaluate_names_ids_that_differ_only_by_trailing_spaces(tmp_path, capsys
 
 
 def test_a_full_disk_during_compress_apply_names_the_output_and_the_fix(tmp_path):
-    """Issue 28: a full disk showed numpy's "N requested and M written". A file-size limit stands in for the disk."""
+    """The defect: a full disk showed numpy's "N requested and M written". A file-size limit stands in for the disk."""
     import subprocess
     import sys
     import textwrap
@@ -374,7 +374,7 @@ def test_a_full_disk_during_compress_apply_names_the_output_and_the_fix(tmp_path
     ([[1.0, 2.0], [None, 4.0], [3.0, 4.0]], "1 null values inside vectors (first: row 1, 0-based)"),
 ])
 def test_parquet_vectors_for_compress_fit_refuse_ragged_rows_and_nulls(tmp_path, capsys, vectors, message):
-    """Issue 28: ragged rows that happened to total n·d were reshaped into shifted vectors; nulls were dropped."""
+    """The defect: ragged rows that happened to total n·d were reshaped into shifted vectors; nulls were dropped."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

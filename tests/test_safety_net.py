@@ -1,4 +1,4 @@
-"""Issue 18 item 7: the safety net is the default of every supervised method, and it holds them at PCA.
+"""The safety net is the default of every supervised method, and it holds them at PCA.
 
 On ``tests/test_collapse.py``'s synthetic set (many relevant documents per query, most unjudged)
 the paper recipes of DIVE, Matryoshka-Adaptor and Search-Adaptor collapse far below PCA. With

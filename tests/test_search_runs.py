@@ -1,4 +1,4 @@
-"""`embedtune search` with query files and TREC/JSONL run files; MTEB-style metric names (issue 21)."""
+"""`embedtune search` with query files and TREC/JSONL run files; MTEB-style metric names."""
 
 from __future__ import annotations
 

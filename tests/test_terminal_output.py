@@ -1,5 +1,5 @@
 """What a person sees: one bar per long job, log lines never inside a bar, no internals at the default
-level, and one results layout from every command that scores something (issue 21).
+level, and one results layout from every command that scores something.
 
 Each command runs in-process through ``embedtune.cli.main`` on a tiny random BERT and toy data, with
 its terminal output captured. Bars are drawn from the first second on (``EMBEDTUNE_PROGRESS_DELAY=0``)
@@ -20,7 +20,7 @@ from embedtune.workflows.results import REQUIRED_KEYS, SCHEMA, read_results
 
 # A whole visible line that is one bar: "desc: 45%|███▌    | 9/20 [00:01<00:01, 5.1step/s, loss=0.8]".
 BAR = re.compile(r"^[\w ,.()/+-]*: *\d+%\|[^|]*\| *\d+/\d+ \[[^\]]*\]$")
-# Internals that belong to -v only (issue 21): each was printed at the default level before.
+# Internals that belong to -v only: each was printed at the default level before.
 INTERNALS = ("search kernel", "Normalize module", "cache hit", "cache miss", "embeddings:", "DIVE epoch 1/", "DIVE (select)",
              "step 1:", "LoRA r=", "mine_triplets", "temperature auto", "components of", "training tuples", "INFO ", "DEBUG ")
 

@@ -133,7 +133,7 @@ def test_load_rejects_bad_files_naming_them(tmp_path):
         load_triplets(truncated)
 
 
-# ---- False-negative filter and cap (issue 9 §6) -------------------------------------------------
+# ---- False-negative filter and cap --------------------------------------------------------------
 
 
 @pytest.fixture()

@@ -80,7 +80,7 @@ def test_cli_trains_stage1_then_stage2_and_saves_config_next_to_weights(tmp_path
                  "--out", str(tmp_path / "mmeb")]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["similarity"] == "dot" and scored["vqa"] == scored["per_dataset"]["OK-VQA"]
-    results = read_results(tmp_path / "mmeb")  # the one results layout (issue 21)
+    results = read_results(tmp_path / "mmeb")  # the one results layout
     assert results["metrics"]["main_score"] == scored["overall"] and results["model"]["similarity"] == "dot"
     assert [row["dataset"] for row in results["rows"]] == list(scored["per_dataset"])
 
