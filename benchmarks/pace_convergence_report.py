@@ -205,7 +205,7 @@ def figure_title(runs: dict[str, dict]) -> str:
     """Names the model the runs started from, as they recorded it (a readout label, else the model)."""
     models = sorted({run.get("readout") or run.get("model") or "model not recorded" for run in runs.values()})
     lengths = sorted({run["max_seq_length"] for run in runs.values() if run.get("max_seq_length")})
-    protocols = sorted({run.get("protocol") or "issue-20 split" for run in runs.values()})
+    protocols = sorted({run.get("protocol") or "80/20 train-qrels split" for run in runs.values()})
     return (f"PACE convergence study: {', '.join(models)}"
             + (f", max length {', '.join(map(str, lengths))}" if lengths else "")
             + f"\nSciFact ({', '.join(protocols)}), validation on a held-out 20 % of train queries")
