@@ -19,14 +19,11 @@ import numpy as np
 import pytest
 
 from conftest import write_beir
+from plan_checks import assert_served_as_scored, record_builds
 from embedtune.cli import main
-from embedtune.evaluate.metrics import evaluate_run
-from embedtune.evaluate.search import run_from_topk
 from embedtune.index import load_index
-from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.index.codecs import Precision
 from embedtune.index.deployment import deployment_recipe
-from embedtune.index.plan_export import plan_codec
-from embedtune.index.plan_format import load_plan
 from embedtune.index.planned import build_planned_index
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.label_free import held_out_documents, load_corpus_experiment, run_label_free_plan
@@ -34,7 +31,6 @@ from embedtune.workflows.plan import (
     CODEC_BUDGETS,
     DEFAULT_CODECS,
     REFERENCE_FAMILY_LABEL,
-    LabelledObjective,
     check_codecs,
     codec_precisions,
     faiss_cache_dir,
@@ -135,15 +131,7 @@ def test_every_row_carries_its_distortion_tier_and_amortised_bytes(toy, tmp_path
 
 def test_a_budget_only_a_codec_meets_is_met_by_the_codec_and_served_as_scored(toy, tmp_path, monkeypatch):
     """4 B a vector: no precision of 16-d truncations gets there (int8: 16 B); klt-pq4:4 does, and `index build --plan` serves it."""
-    built: list[tuple[str, np.ndarray, QuantizedIndex]] = []
-    real_build = QuantizedIndex.build.__func__
-
-    def recording_build(cls, xb, precision, *args, **kwargs):
-        index = real_build(cls, xb, precision, *args, **kwargs)
-        built.append((index.precision.name, np.array(xb, copy=True), index))
-        return index
-
-    monkeypatch.setattr(QuantizedIndex, "build", classmethod(recording_build))
+    built = record_builds(monkeypatch)
     experiment = _experiment(toy)
     out = tmp_path / "plan"
     plan = run_plan(experiment, out, budget_bytes=4, precisions=["float32", "float16", "int8"], work=tmp_path / "work", **QUICK)
@@ -152,23 +140,7 @@ def test_a_budget_only_a_codec_meets_is_met_by_the_codec_and_served_as_scored(to
     assert plan["allow_disk"] is False and plan["precision"]["name"] == chosen["precision"] and plan["ram_bytes"] == 4
     assert (out / "codec.faiss").is_file() and plan["index_kind"] == chosen["precision"] == plan["faiss_factory"]
     assert plan["deployment"] == deployment_recipe(Precision(chosen["precision"]), plan["dim"])
-    # The sweep's own index of the chosen setting: the first one built at its precision on its compressed vectors.
-    info, compressor, precision, _ = load_plan(out)
-    docs = compressor.transform(experiment.embeddings.doc_embeddings)
-    scored = next(index for name, xb, index in built if name == precision.name and xb.shape == docs.shape and np.array_equal(xb, docs))
-    index = load_index(build_planned_index(toy[1]["doc"][0], tmp_path / "index", out, ids=toy[1]["doc"][1]))
-    assert index.manifest["kind"] == precision.name and index.manifest["plan"]["codec"] == "codec.faiss"
-    queries = LabelledObjective(experiment).queries
-    xq = compressor.transform(queries.vectors)
-    _, I_scored = scored.search(xq, 10)
-    _, I_served = index.search(xq, 10)
-    assert np.array_equal(I_scored, I_served)
-    # `compress export --plan` ships the same codes: the plan's codec encodes new vectors as the index stored them.
-    assert np.array_equal(plan_codec(out).encode(docs[:20]), scored.backend.sa_encode(docs[:20]))
-    # ... and the served index gives the validation score the plan chose it by.
-    D, I = index.search(xq, 101)
-    served = evaluate_run(queries.judgments, run_from_topk(queries.ids, D, I, experiment.embeddings.doc_ids, 100, True), ("ndcg@10",))
-    assert served["ndcg@10"] == pytest.approx(chosen["ndcg@10"])
+    assert_served_as_scored(experiment, plan, out, built, toy[1]["doc"][0], toy[1]["doc"][1], tmp_path / "index")
 
 
 def test_a_disk_rescore_setting_is_chosen_only_when_allowed(toy, tmp_path):

@@ -12,17 +12,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedtune.evaluate.metrics import evaluate_run
-from embedtune.evaluate.search import run_from_topk
 from embedtune.index import load_index
 from embedtune.index.codecs import CODEC_FILE, DeployedCodec, Precision, QuantizedIndex
 from embedtune.index.codecs.weighted import ENCODER_FILE, SCORE_WEIGHT, KltWeightedPQ, ScoreWeightedIndex, score_weighting
 from embedtune.index.plan_export import plan_codec
 from embedtune.index.plan_format import load_plan
-from embedtune.index.planned import build_planned_index
 from embedtune.io import IntegrityError
 from embedtune.workflows.experiment import load_experiment
-from embedtune.workflows.plan import LabelledObjective, run_plan
+from embedtune.workflows.plan import run_plan
+from plan_checks import assert_served_as_scored, record_builds
 
 D = 32
 
@@ -151,15 +149,7 @@ def toy(tmp_path):
 
 def test_a_plan_that_chooses_klt_wpq_serves_what_it_scored(toy, tmp_path, monkeypatch):
     """4 B a vector: only a codec fits; `index build --plan`, `search` and `compress export --plan` use exactly the scored codes."""
-    built: list[tuple[str, np.ndarray, QuantizedIndex]] = []
-    real_build = QuantizedIndex.build.__func__
-
-    def recording_build(cls, xb, precision, *args, **kwargs):
-        index = real_build(cls, xb, precision, *args, **kwargs)
-        built.append((index.precision.name, np.array(xb, copy=True), index))
-        return index
-
-    monkeypatch.setattr(QuantizedIndex, "build", classmethod(recording_build))
+    built = record_builds(monkeypatch)
     root, paths = toy
     experiment = load_experiment(root, doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1],
                                  query_embeddings=paths["query"][0], query_ids=paths["query"][1])
@@ -170,23 +160,7 @@ def test_a_plan_that_chooses_klt_wpq_serves_what_it_scored(toy, tmp_path, monkey
     assert chosen["precision"] == "klt-wpq:4" and chosen["ram_bytes"] == 4 and chosen["tier"] == "ram"
     assert (out / CODEC_FILE).is_file() and (out / ENCODER_FILE).is_file()
     assert {CODEC_FILE, ENCODER_FILE} <= set(plan["files_sha256"])
-    info, compressor, precision, _ = load_plan(out)
-    docs = compressor.transform(experiment.embeddings.doc_embeddings)
-    # The sweep's own index of the chosen setting (the frozen space's vectors go through its compressor: equal up to float rounding).
-    scored = next(index for name, xb, index in built if name == precision.name and xb.shape == docs.shape
-                  and np.allclose(xb, docs, rtol=0, atol=1e-6))
-    index = load_index(build_planned_index(paths["doc"][0], tmp_path / "index", out, ids=paths["doc"][1]))
-    assert index.manifest["kind"] == "klt-wpq:4" and index.manifest["plan"]["codec"] == CODEC_FILE
-    xq = compressor.transform(LabelledObjective(experiment).queries.vectors)
-    _, I_scored = scored.search(xq, 10)
-    _, I_served = index.search(xq, 10)
-    assert np.array_equal(I_scored, I_served)
-    assert np.array_equal(plan_codec(out).encode(docs[:50]), scored.backend.sa_encode(docs[:50]))
-    queries = LabelledObjective(experiment).queries
-    D_served, I_served = index.search(xq, 101)
-    served = evaluate_run(queries.judgments, run_from_topk(queries.ids, D_served, I_served, experiment.embeddings.doc_ids, 100, True),
-                          ("ndcg@10",))
-    assert served["ndcg@10"] == pytest.approx(chosen["ndcg@10"])
+    assert_served_as_scored(experiment, plan, out, built, paths["doc"][0], paths["doc"][1], tmp_path / "index")
 
 
 def test_cli_plans_klt_wpq_by_name_and_index_build_serves_the_plan_codec(toy, tmp_path):

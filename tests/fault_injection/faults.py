@@ -469,13 +469,24 @@ def _context() -> Any:
     return context
 
 
-def _run_benchmark(context: Any, config: Path, results: Path, env: dict[str, str], kill_after: float | None) -> tuple[bool, float]:
-    """Start ``benchmark dive``; SIGKILL it after ``kill_after`` seconds. Returns (killed, seconds)."""
+def _run_benchmark(context: Any, config: Path, results: Path, env: dict[str, str], kill_after: float | None,
+                   after_runs: int = 0) -> tuple[bool, float]:
+    """Start ``benchmark dive``; SIGKILL it ``kill_after`` seconds after ``after_runs`` runs have finished in ``results``.
+
+    Timing a kill from progress (finished runs) rather than from the start keeps the kills spread over
+    the grid however loaded the machine is: a clock-only delay lands every kill during start-up when
+    the machine is slower than when the reference run was timed. Returns (killed, seconds).
+    """
     argv = ["--threads", "1", "benchmark", "dive", "--config", str(config), "--out", str(results), "--no-report"]
     process = context.Process(target=_benchmark_child, args=(argv, env, str(results) + ".log"))
     start = time.perf_counter()
     process.start()
-    process.join(kill_after)
+    if kill_after is None:
+        process.join()
+    else:
+        while process.is_alive() and _finished_runs(results) < after_runs:
+            process.join(0.02)
+        process.join(kill_after)
     killed = False
     if process.is_alive():
         try:
@@ -523,9 +534,10 @@ def kill_benchmark(workdir: Path, model_dir: Path, n_kills: int, seed: int = 0, 
     """Kill a tiny ``benchmark dive`` at random points ``n_kills`` times, resume it each time, and compare.
 
     One uninterrupted run gives the reference records. Then episodes: a fresh results folder is
-    run, SIGKILLed after a random delay (uniform over the reference run's duration), resumed, and
-    so on until it finishes; its records must equal the reference's. Episodes repeat until
-    ``n_kills`` kills landed.
+    run and SIGKILLed at a random point, resumed, and so on until it finishes; its records must
+    equal the reference's. Episodes repeat until ``n_kills`` kills landed. Each kill waits for 0 or
+    1 more finished runs (drawn), then a delay drawn uniformly over one run's share of the reference
+    duration, so the kills fall at different points of the grid on a fast or a loaded machine alike.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -539,6 +551,7 @@ def kill_benchmark(workdir: Path, model_dir: Path, n_kills: int, seed: int = 0, 
     _run_benchmark(context, config, workdir / "warm-up", env, None)  # the fork server starts; the embeddings are cached
     _, reference_seconds = _run_benchmark(context, config, workdir / "reference", env, None)
     reference = comparable_records(workdir / "reference")
+    seconds_per_run = reference_seconds / max(1, len(reference))
     kills = episodes = 0
     mismatches: list[str] = []
     trials: list[Trial] = []
@@ -549,8 +562,9 @@ def kill_benchmark(workdir: Path, model_dir: Path, n_kills: int, seed: int = 0, 
         results = workdir / f"episode-{episodes}"
         killed_here = 0
         while True:
-            delay = float(rng.uniform(0, reference_seconds))
-            killed, _ = _run_benchmark(context, config, results, env, delay if kills < n_kills else None)
+            delay = float(rng.uniform(0, seconds_per_run))
+            after_runs = _finished_runs(results) + int(rng.integers(0, 2))
+            killed, _ = _run_benchmark(context, config, results, env, delay if kills < n_kills else None, after_runs)
             if not killed:
                 break
             finished_at_kill.append(_finished_runs(results))
