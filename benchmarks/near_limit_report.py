@@ -17,6 +17,12 @@ held-out corpus documents as queries), then scored on the judged test queries:
 "share" is nDCG@10 over the float32 model's on the same queries; Δ and p are paired (permutation
 test over queries, :func:`embedtune.workflows.significance.paired_test`) against embedtune's pick; dB
 is the pick's MSE above the Gaussian rate-distortion bound at ``8 B`` bits for that corpus's spectrum.
+
+Under each table, the bill of each pick (:func:`embedtune.index.bill.vector_bill`): its bytes as a
+share of the float32 vector's, vectors per GB (10^9 bytes), RAM at a million, a hundred million and
+a billion vectors (codebooks and other fixed tables included), dollars a month at a billion at
+``$PRICE`` per GB-month (an assumption, as in ``compress plan --price-per-gb-month``), and what
+the disk tier reads per query.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, disk_read_per_query, scale_label, vector_bill
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -36,6 +43,8 @@ RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
 OURS = {"embedtune codec", "embedtune learned + codec"}
 TEXTBOOK = {"textbook transform coder"}
+#: Rows read from disk per query by the disk tier (``near_limit.RESCORE_CANDIDATES``).
+RESCORE_CANDIDATES = 100
 ORDER = ("scifact-minilm", "arguana-minilm", "npl-minilm", "cacm-minilm", "med-minilm", "scifact-mpnet", "arguana-mpnet")
 
 
@@ -71,7 +80,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
              "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
              "| textbook | share | its dB | Δ textbook − pick (p) | disk tier (RAM B) | share | fit s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    summary = []
+    summary, bills = [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
         if budget not in measured:  # the run has not reached this budget (or was not asked for it): no row rather than a stale pick
@@ -112,7 +121,34 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "peer_share": None if peer is None else peer["ndcg@10"] / base,
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
-    return lines, summary
+        bills.append((budget, ours, disk))
+    return lines + ["", *bill_table(bills, int(meta["dim"]))], summary
+
+
+def gigabytes(value: float) -> str:
+    """Three significant digits below 100 GB, whole gigabytes above (``0.0449``, ``3.21``, ``1,536``)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def bill_table(bills: list[tuple[int, dict[str, Any], dict[str, Any] | None]], dim: int,
+               price: float = DEFAULT_PRICE_PER_GB_MONTH) -> list[str]:
+    """What each budget's pick costs at scale, beside float32: bytes, vectors per GB, RAM at 1M/100M/1B, $/month at 1B."""
+    scales = [scale_label(n) for n in BILL_SCALES]
+    largest = scales[-1]
+    lines = [f"| budget | pick | RAM B / vector | share of float32 bytes | vectors per GB | RAM at {' / '.join(scales)} (GB) "
+             f"| $/month at {largest} | disk tier: read per query |", "|---|---|---|---|---|---|---|---|"]
+
+    def row(label: str, name: str, ram: float, fixed: float, disk: dict[str, Any] | None) -> str:
+        bill = vector_bill(ram, dim, fixed, 0, price)
+        read = "–" if disk is None else f"{disk_read_per_query(True, dim, RESCORE_CANDIDATES) / 1000:.1f} kB (`{disk['setting'].removeprefix('disk/')}`)"
+        return (f"| {label} | {name} | {ram:g} | {100 * bill['float32_share']:.2f} % | {bill['vectors_per_gb']:,.0f} "
+                f"| {' / '.join(gigabytes(bill['ram_gb@' + s]) for s in scales)} | ${bill[f'usd_month@{largest}']:,.0f} | {read} |")
+
+    lines.append(row("float32", "`float32`", 4 * dim, 0, None))
+    for budget, ours, disk in bills:
+        name = ours["setting"].removeprefix("frozen/")
+        lines.append(row(f"{budget} B", f"`{name}`", ours["ram_bytes"], ours.get("fixed_bytes") or 0, disk))
+    return lines
 
 
 #: The block of the quality-per-byte results page this script owns: everything between the two markers is rewritten.
@@ -195,7 +231,8 @@ def main() -> int:
                       "commands " + ", ".join(f"`.venv/bin/python {c}`" for c in meta.get("commands", [meta["command"]])) + ".", ""]
         sections += lines
         summary += part
-    text = "\n".join(["# In-RAM codes near the limit", "", (__doc__ or "").split("\n\n", 2)[2].strip(), "", *sections])
+    intro = (__doc__ or "").split("\n\n", 2)[2].strip().replace("$PRICE", f"${DEFAULT_PRICE_PER_GB_MONTH:g}")
+    text = "\n".join(["# In-RAM codes near the limit", "", intro, "", *sections])
     atomic_write(RESULTS / "REPORT.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     update_results_page("\n".join(sections).strip())
     atomic_write_json(RESULTS / "summary.json", summary)
