@@ -45,6 +45,7 @@ from embedtune.bench.efficiency import machine_info
 from embedtune.data.beir import load_beir
 from embedtune.data.splits import query_disjoint_split, train_qrels_split
 from embedtune.evaluate.subsets import query_subsets, training_positives
+from embedtune.index.bill import BillLine, bill_table
 from embedtune.index.codecs import QuantizedIndex
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.runtime import set_progress, set_threads
@@ -334,6 +335,20 @@ def qat_table(test: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["bytes"], r["setting"]))
 
 
+def bill_lines(budgets: list[dict[str, Any]], test: list[dict[str, Any]], run_info: dict[str, Any]) -> list[str]:
+    """The bill of each budget's two chosen settings (:func:`embedtune.index.bill.bill_table`), float32 first."""
+    by_setting = {r["setting"]: r for r in test}
+    dim = int(run_info.get("input_dim") or max(run_info["dims"]))
+    rows = []
+    for b in budgets:
+        for side in ("embedtune", "peer"):
+            if side in b:
+                r = by_setting[b[side]]
+                read = f"{r['disk_bytes'] - r['ram_bytes']:g} B" if r["disk_bytes"] > r["ram_bytes"] else "–"
+                rows.append(BillLine(f"{b['budget']} B ({side})", f"`{r['setting']}`", r["ram_bytes"], r.get("fixed_bytes") or 0.0, read))
+    return bill_table(rows, dim, disk_header="kept on disk per vector (float rows for rescoring)")
+
+
 def budget_lines(budgets: list[dict[str, Any]]) -> list[str]:
     lines = ["| budget | embedtune (val-chosen) | B | nDCG@10 (test) | best peer (val-chosen) | B | nDCG@10 (test) | Δ [95 % CI] | p | verdict "
              "| best on test: embedtune / peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -385,6 +400,8 @@ def report(args: argparse.Namespace) -> None:
              (f"Chosen on the {len(choose_on)} validation queries whose positives no train-part query has." if choose_on is not None
               else "Chosen on every validation query."), ""]
     lines += budget_lines(budgets)
+    lines += ["", "What each chosen setting costs at scale (RAM bytes, fixed tables included; price an assumption, as in "
+              "`compress plan --price-per-gb-month`):", "", *bill_lines(budgets, test, run_info)]
     groups, seen_from = test_subsets(args.data, run_info["protocol"], sorted(test[0]["per_query"]))
     lines += ["", "## Per budget, on seen and unseen test queries", ""]
     lines += subset_budget_lines(budgets, test, groups, seen_from)

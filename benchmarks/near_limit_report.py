@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, disk_read_per_query, scale_label, vector_bill
+from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -122,33 +122,15 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
         bills.append((budget, ours, disk))
-    return lines + ["", *bill_table(bills, int(meta["dim"]))], summary
+    return lines + ["", *bill_lines(bills, int(meta["dim"]))], summary
 
 
-def gigabytes(value: float) -> str:
-    """Three significant digits below 100 GB, whole gigabytes above (``0.0449``, ``3.21``, ``1,536``)."""
-    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-
-
-def bill_table(bills: list[tuple[int, dict[str, Any], dict[str, Any] | None]], dim: int,
-               price: float = DEFAULT_PRICE_PER_GB_MONTH) -> list[str]:
-    """What each budget's pick costs at scale, beside float32: bytes, vectors per GB, RAM at 1M/100M/1B, $/month at 1B."""
-    scales = [scale_label(n) for n in BILL_SCALES]
-    largest = scales[-1]
-    lines = [f"| budget | pick | RAM B / vector | share of float32 bytes | vectors per GB | RAM at {' / '.join(scales)} (GB) "
-             f"| $/month at {largest} | disk tier: read per query |", "|---|---|---|---|---|---|---|---|"]
-
-    def row(label: str, name: str, ram: float, fixed: float, disk: dict[str, Any] | None) -> str:
-        bill = vector_bill(ram, dim, fixed, 0, price)
-        read = "–" if disk is None else f"{disk_read_per_query(True, dim, RESCORE_CANDIDATES) / 1000:.1f} kB (`{disk['setting'].removeprefix('disk/')}`)"
-        return (f"| {label} | {name} | {ram:g} | {100 * bill['float32_share']:.2f} % | {bill['vectors_per_gb']:,.0f} "
-                f"| {' / '.join(gigabytes(bill['ram_gb@' + s]) for s in scales)} | ${bill[f'usd_month@{largest}']:,.0f} | {read} |")
-
-    lines.append(row("float32", "`float32`", 4 * dim, 0, None))
-    for budget, ours, disk in bills:
-        name = ours["setting"].removeprefix("frozen/")
-        lines.append(row(f"{budget} B", f"`{name}`", ours["ram_bytes"], ours.get("fixed_bytes") or 0, disk))
-    return lines
+def bill_lines(bills: list[tuple[int, dict[str, Any], dict[str, Any] | None]], dim: int) -> list[str]:
+    """What each budget's pick costs at scale, beside float32, and what its disk tier reads per query."""
+    read = lambda disk: "–" if disk is None else (  # noqa: E731
+        f"disk tier: {disk_read_per_query(True, dim, RESCORE_CANDIDATES) / 1000:.1f} kB (`{disk['setting'].removeprefix('disk/')}`)")
+    return bill_table([BillLine(f"{budget} B", f"`{ours['setting'].removeprefix('frozen/')}`", ours["ram_bytes"],
+                                ours.get("fixed_bytes") or 0.0, read(disk)) for budget, ours, disk in bills], dim)
 
 
 #: The block of the quality-per-byte results page this script owns: everything between the two markers is rewritten.

@@ -13,6 +13,8 @@ from embedtune.data.beir import BeirDataset
 from embedtune.index.bill import (
     BILL_SCALES,
     DEFAULT_PRICE_PER_GB_MONTH,
+    BillLine,
+    bill_table,
     bill_record,
     disk_read_per_query,
     monthly_cost,
@@ -71,6 +73,16 @@ def test_bill_arithmetic():
         vector_bill(0, 384)
     assert bill_record()["price_per_gb_month"] == DEFAULT_PRICE_PER_GB_MONTH and "assumption" in bill_record()["price_source"]
     assert bill_record(2.5)["price_source"] == "given by the user"
+
+
+def test_bill_table_puts_float32_first_and_counts_the_fixed_tables_at_scale():
+    lines = bill_table([BillLine("32 B", "`klt-pq:32`", 32, fixed_bytes=5_000_000, disk_read="none")], 384, price_per_gb_month=2.0)
+    assert lines[0].startswith("| budget |") and "RAM at 1M / 100M / 1B (GB)" in lines[0] and "$2/GB-month" in lines[0]
+    float32_cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert float32_cells == ["float32", "`float32`", "1536", "100.00 %", "651,042", "1.54 / 154 / 1,536", "$3,072", "–"]
+    cells = [c.strip() for c in lines[3].strip("|").split("|")]
+    # 1M x 32 B + 5 MB of tables = 0.037 GB; 100M: 3.205 GB; 1B: 32.005 GB, at $2: $64 a month.
+    assert cells == ["32 B", "`klt-pq:32`", "32", "2.08 %", "31,250,000", "0.037 / 3.21 / 32", "$64", "none"]
 
 
 # -- streamed exact top-k --------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "BYTES_PER_GB",
@@ -24,6 +24,8 @@ __all__ = [
     "monthly_cost",
     "vector_bill",
     "bill_record",
+    "BillLine",
+    "bill_table",
 ]
 
 #: Bytes in a gigabyte, as cloud price lists count them.
@@ -103,3 +105,37 @@ def bill_record(price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH, scales: 
     return {"price_per_gb_month": float(price_per_gb_month), "currency": "USD", "bytes_per_gb": BYTES_PER_GB,
             "price_source": PRICE_ASSUMPTION if price_per_gb_month == DEFAULT_PRICE_PER_GB_MONTH else "given by the user",
             "scales": [int(n) for n in scales], "ram": "bytes per vector x vectors + the fixed tables (codebooks, ranges)"}
+
+
+class BillLine(NamedTuple):
+    """One row of :func:`bill_table`: a label (the budget), the setting's name, its bytes, and what it reads from disk."""
+
+    label: str
+    setting: str
+    ram_bytes: float
+    fixed_bytes: float = 0.0
+    disk_read: str = "–"
+
+
+def _gigabytes(value: float) -> str:
+    """Three significant digits below 100 GB, whole gigabytes above (``0.0449``, ``3.21``, ``1,536``)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def bill_table(lines: Sequence[BillLine], input_dim: int, price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
+               scales: Sequence[int] = BILL_SCALES, disk_header: str = "read from disk per query") -> list[str]:
+    """A Markdown table of the bills of ``lines``, float32 first: bytes, share of float32, vectors per GB, RAM and $ at scale.
+
+    The reports' form of :func:`vector_bill`: RAM at each of ``scales`` includes the fixed tables, and the
+    dollars are at the largest scale. ``disk_header`` names the last column (each line's ``disk_read``).
+    """
+    labels = [scale_label(n) for n in scales]
+    largest = labels[-1]
+    out = [f"| budget | setting | RAM B / vector | share of float32 bytes | vectors per GB | RAM at {' / '.join(labels)} (GB) "
+           f"| $/month at {largest} (at ${price_per_gb_month:g}/GB-month) | {disk_header} |", "|---|---|---|---|---|---|---|---|"]
+    for line in (BillLine("float32", "`float32`", float32_bytes(input_dim)), *lines):
+        bill = vector_bill(line.ram_bytes, input_dim, line.fixed_bytes, 0, price_per_gb_month, scales)
+        ram = " / ".join(_gigabytes(bill[f"ram_gb@{label}"]) for label in labels)
+        out.append(f"| {line.label} | {line.setting} | {line.ram_bytes:g} | {100 * bill['float32_share']:.2f} % | {bill['vectors_per_gb']:,.0f} "
+                   f"| {ram} | ${bill[f'usd_month@{largest}']:,.0f} | {line.disk_read} |")
+    return out
