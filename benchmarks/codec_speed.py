@@ -14,7 +14,7 @@ Codecs, at 32 and 64 bytes per vector:
   wrapped as ``QuantizedIndex(precision, d, index, n)``: exactly the body of
   ``QuantizedIndex.build`` for a registered codec, split so fit and add are timed apart; searched
   through ``QuantizedIndex.search`` (what a user calls; it adds ``break_ties`` on the ``(1000, 10)``
-  result): ``klt-pq:B``, ``klt-pq4:B``, ``klt-rq:B`` (32 B only; its fit + add is given 20 minutes)
+  result): ``klt-pq:B``, ``klt-wpq:B``, ``klt-pq4:B``, ``klt-rq:B`` (32 B only; its fit + add is given 20 minutes)
   and the numpy reference ``klt-sq:B`` (each search of the batch is given 10 minutes at 1M rows;
   past that it is measured on the first 100,000 rows instead);
 * FAISS's own exhaustive scans at the same bytes, built with
@@ -29,7 +29,7 @@ Each (codec, budget) runs in its own process (so its peak RSS is its own), one t
 (``faiss.omp_set_num_threads(1)``; set ``OMP_NUM_THREADS=1`` as well): build, free the float
 corpus, one warm-up search of the 1,000 queries at k = 10 (its result gives recall@10), then
 three timed searches of the batch; queries/s is 1,000 over the median. The ratio is embedtune's
-queries/s over FAISS's scan of the same code type at the same bytes (klt-pq vs ``PQ{B}``,
+queries/s over FAISS's scan of the same code type at the same bytes (klt-pq and klt-wpq vs ``PQ{B}``,
 klt-pq4 vs ``PQ{2B}x4fs``, klt-rq vs ``PQ{B}``); above 1 embedtune is faster.
 
 Resumable: one JSON per (codec, budget) in ``--out``; a JSON already there is not run again
@@ -101,7 +101,7 @@ def jobs(budgets: list[int]) -> list[tuple[str, int]]:
     """(codec, budget) in the order they run: exact search first (its top-10 is every recall's truth), slow ones last."""
     out: list[tuple[str, int]] = [("Flat", 1536)]
     for b in budgets:
-        out += [(f"PQ{b}", b), (f"klt-pq:{b}", b), (f"PQ{2 * b}x4fs", b), (f"klt-pq4:{b}", b)]
+        out += [(f"PQ{b}", b), (f"klt-pq:{b}", b), (f"klt-wpq:{b}", b), (f"PQ{2 * b}x4fs", b), (f"klt-pq4:{b}", b)]
     out += [("klt-rq:32", 32)] if 32 in budgets else []
     out += [(f"klt-sq:{b}", b) for b in budgets]
     out += [(f"OPQ{b},PQ{b}", b) for b in budgets]  # optional extra peers: last, so a time budget cuts them first
@@ -116,7 +116,7 @@ def family(codec: str) -> str:
 
 def peer_of(codec: str, budget: int) -> str | None:
     """FAISS's scan of the same code type at the same bytes (the ratio's denominator)."""
-    return {"klt-pq": f"PQ{budget}", "klt-pq4": f"PQ{2 * budget}x4fs", "klt-rq": f"PQ{budget}"}.get(family(codec))
+    return {"klt-pq": f"PQ{budget}", "klt-wpq": f"PQ{budget}", "klt-pq4": f"PQ{2 * budget}x4fs", "klt-rq": f"PQ{budget}"}.get(family(codec))
 
 
 def key(codec: str, rows: int, threads: int = 1) -> str:
@@ -197,6 +197,9 @@ def worker(codec: str, budget: int, rows: int, out: Path, progress: str | None, 
                                                       if isinstance(trained, faiss.IndexPreTransform) else "")
         if isinstance(trained, faiss.IndexPreTransform):
             result["kept_axes"] = int(trained.index.d)
+        elif hasattr(trained, "encoder"):  # klt-wpq: its weighted encoder maps onto the kept axes
+            result["backend"] = f"ScoreWeightedIndex({type(trained.search_index).__name__})"
+            result["kept_axes"] = int(faiss.downcast_index(trained.encoder.index).d)
         else:
             result["kept_axes"] = int(trained.axes.shape[1])
     else:
@@ -361,7 +364,7 @@ def _machine() -> dict:
 def write_report(out: Path, args: argparse.Namespace) -> str:
     import faiss
 
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != PAIRED_FILE]
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name not in (PAIRED_FILE, PAIRED_ADDITIVE_FILE)]
     commands = (out / COMMAND_FILE).read_text().split("\n") if (out / COMMAND_FILE).exists() else ["?"]
     command = "`; then `".join(c for c in commands if c.strip())
     by_name = {(r["codec"], r["rows"], r.get("threads", 1)): r for r in results}
@@ -416,6 +419,7 @@ def write_report(out: Path, args: argparse.Namespace) -> str:
               "a 32-64 B code does not keep" + (f" (on average {share:.1f} of the exact 10 are copies of one document)" if share else "")
               + ". Compare recall across codecs at the same bytes, not with recall on a real corpus."]
     lines += paired_lines(out)
+    lines += paired_additive_lines(out)
     text = "\n".join(lines) + "\n"
     (out / "REPORT.md").write_text(text)
     return text
@@ -503,6 +507,70 @@ def paired(out: Path, rounds: int = 2) -> dict:
     return result
 
 
+PAIRED_ADDITIVE_FILE = "paired-additive.json"
+
+
+def paired_additive(out: Path, rounds: int = 3) -> dict:
+    """The additive codecs' scans (``klt-rq:32``: 200 axes; ``klt-wpq:32``: 384), timed alternately in one process:
+    FAISS's own ``IndexResidualQuantizer`` LUT scan, embedtune's search of the same index
+    (:func:`embedtune.index.codecs.additive_scan.additive_search`: the product quantiser's scan on the same codes)
+    and ``PQ32``. Codebooks trained on 4,096 rows (beam 1), 1M random codes set with ``add_sa_codes`` (a LUT scan's
+    cost does not depend on the codes' values); the top-10 of both scans of one index are compared too.
+    """
+    import faiss
+
+    from embedtune.index.codecs.additive_scan import additive_search
+    from embedtune.index.codecs.transform import training_sample
+
+    faiss.omp_set_num_threads(1)
+    xq, xb = load_queries(), make_corpus(ROWS)
+    sample = np.ascontiguousarray(training_sample(xb, seed=SEED)[:16_384])
+    pq = faiss.index_factory(384, "PQ32", faiss.METRIC_INNER_PRODUCT)
+    pq.train(sample)
+    pq.add(xb)
+    del xb
+    gc.collect()
+    codes = np.random.default_rng(SEED).integers(0, 256, size=(ROWS, 32), dtype=np.uint8)
+    result: dict = {"rows": ROWS, "queries": len(xq), "k": K, "rounds": rounds, "seconds": {}, "load1": [], "same_top10": {}}
+    pairs: dict = {"PQ32": pq.search}
+    for dim in (200, 384):
+        rq = faiss.IndexResidualQuantizer(dim, 32, 8, faiss.METRIC_INNER_PRODUCT, faiss.AdditiveQuantizer.ST_LUT_nonorm)
+        rq.rq.max_beam_size = 1
+        rq.train(np.ascontiguousarray(sample[:4096, :dim]))
+        rq.add_sa_codes(codes)
+        q = np.ascontiguousarray(xq[:, :dim])
+        pairs[f"FAISS RQ scan {dim}-d 32x8"] = lambda _q, k, rq=rq, q=q: rq.search(q, k)
+        pairs[f"embedtune scan {dim}-d 32x8"] = lambda _q, k, rq=rq, q=q: additive_search(rq, q, k)
+        _, I_faiss = rq.search(q, K)
+        _, I_ours = additive_search(rq, q, K)
+        result["same_top10"][f"{dim}-d"] = float((I_faiss == I_ours).mean())
+    for _ in range(rounds):
+        result["load1"].append(round(os.getloadavg()[0], 2))
+        for name, search in pairs.items():
+            result["seconds"].setdefault(name, []).append(_median_time(search, xq, 1))
+        print(json.dumps(result["seconds"]), flush=True)
+    result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    (out / PAIRED_ADDITIVE_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def paired_additive_lines(out: Path) -> list[str]:
+    path = out / PAIRED_ADDITIVE_FILE
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
+    lines = ["", f"Additive codecs' scan (`--paired-additive`, {r['date']}): one process, timed alternately, {r['rounds']} rounds "
+             f"(1-min load {min(r['load1']):.2f} to {max(r['load1']):.2f}); 1M random 32-byte codes. Seconds per batch of 1,000 "
+             "queries; ratio = PQ32 s / scan s (1: PQ's speed; the target is ≥ 0.67).", "",
+             "| scan | s | ratio vs PQ32 | top-10 equal to FAISS's scan |", "|---|---|---|---|"]
+    for name in sec:
+        dim = name.split(" ")[-2] if "scan" in name else None
+        same = f"{100 * r['same_top10'][dim]:.2f} %" if name.startswith("embedtune") else "–"
+        lines.append(f"| {name} | {sec[name]:.2f} | {sec['PQ32'] / sec[name]:.2f} | {same} |")
+    return lines
+
+
 def paired_lines(out: Path) -> list[str]:
     path = out / PAIRED_FILE
     if not path.exists():
@@ -535,6 +603,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--paired-additive", action="store_true",
+                        help="only time the additive codecs' scans against FAISS's RQ scan and PQ32, alternately")
     parser.add_argument("--threads", type=int, default=1, help="FAISS / BLAS threads of each job (default 1)")
     parser.add_argument("--stop-after", type=float, default=0,
                         help="minutes: jobs not started by then are recorded as skipped (0: no limit)")
@@ -551,6 +621,10 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(result, indent=2))
         return
     if args.report:
+        print(write_report(Path(args.out), args))
+        return
+    if args.paired_additive:
+        paired_additive(Path(args.out))
         print(write_report(Path(args.out), args))
         return
     if args.paired:

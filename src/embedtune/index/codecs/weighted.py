@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from embedtune.index.codecs.additive_scan import additive_search
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
 from embedtune.index.codecs.transform import KltPQ, training_sample
@@ -112,7 +113,7 @@ class ScoreWeightedIndex:
         self.search_index.add_sa_codes(self.sa_encode(x))
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.search_index.search(np.ascontiguousarray(x, dtype=np.float32), k)
+        return additive_search(self.search_index, x, k)
 
     def reset(self) -> None:
         self.search_index.reset()
