@@ -128,14 +128,14 @@ def test_mteb_file_holds_mtebs_metrics_and_version(toy40, tiny_bert_dir, tmp_pat
 
 
 def test_pipeline_help_states_the_defaults_it_uses():
+    from embedtune.cli.pipeline import configs_from_args
     from embedtune.finetune.config import DEFAULT_PRESETS, preset_config
 
     parser = build_parser()._subparsers._group_actions[0].choices["pipeline"]
     actions = {a.dest: a for a in parser._actions}
     assert f"default: {DEFAULT_PRESETS['text']}" in actions["preset"].help
     assert "one pass over the training tuples" in actions["stage1_steps"].help and "direct-dot-full 5 epochs" in actions["stage1_steps"].help
-    args = parser.parse_args(["--out", "x"])
-    config = preset_config(args.preset, stage1_steps=args.stage1_steps, stage2_steps=args.stage2_steps)
+    config = configs_from_args(parser.parse_args(["--out", "x"]))[0]
     assert config.stage1.steps is None and config.stage1.epochs == 1.0  # one pass, as the help says
     assert config.stage2 is not None and config.stage2.steps is None and config.stage2.epochs == 1.0
     assert preset_config("direct-dot-full").stage1.epochs == 5.0

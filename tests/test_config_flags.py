@@ -193,3 +193,98 @@ def test_a_bad_pace_value_gets_the_configs_error_naming_the_field():
         _pace("--stage2-lr", "-1")
     with pytest.raises(ValueError, match=r"^lora_rank must be a positive integer; got 0.$"):
         _pace("--lora-rank", "0")
+
+
+@pytest.mark.parametrize("command", [("compress", "train"), ("compress", "fit")])
+def test_compress_mining_flags_come_from_mining_options(command):
+    from embedtune.cli.compress.flags import MINING_FLAG_FIELDS
+    from embedtune.compress.presets import MiningOptions
+
+    actions = _actions(_subparser(*command))
+    assert MINING_FLAG_FIELDS == tuple(f.name for f in dataclasses.fields(MiningOptions))
+    for name in MINING_FLAG_FIELDS:
+        action = actions[name]
+        assert action.option_strings == [flag_name(name)] and action.default is argparse.SUPPRESS
+        # The field's help less its dataclass default, then the default the command uses (test_config_declarations checks it).
+        assert action.help.startswith(re.sub(r" \(default: [^()]*\)$", " (default: ", _help(MiningOptions, name))), name
+        assert action.choices is None or list(action.choices) == field_choices(MiningOptions, name)
+
+
+def _mining(command: tuple[str, ...], preset: str, *argv: str):
+    from embedtune.cli.compress.flags import mining_overrides
+
+    extra = ["--out", "unused"] if command[-1] == "fit" else []
+    args = build_parser().parse_args([*command, *extra, "--preset", preset, *argv])
+    # What fit_compressor and fit_on_all do with the flags given: the preset's mining, changed by them.
+    return get_compressor_class("dive").get_preset(preset).mining.replace(**mining_overrides(args))
+
+
+@pytest.mark.parametrize("command", [("compress", "train"), ("compress", "fit")])
+def test_a_mining_flag_given_overrides_the_preset_and_one_left_out_keeps_it(command):
+    robust, paper = (get_compressor_class("dive").get_preset(name).mining for name in ("robust", "paper"))
+    assert robust != paper
+    assert _mining(command, "robust") == robust and _mining(command, "paper") == paper
+    given = _mining(command, "paper", "--max-triplets-per-query", "5", "--false-negative-reference", "query-min", "--n-negatives", "2")
+    assert (given.max_triplets_per_query, given.false_negative_reference, given.n_negatives) == (5, "query-min", 2)
+    assert (given.skip_top, given.false_negative_margin, given.negatives) == (paper.skip_top, paper.false_negative_margin, paper.negatives)
+    # 'none' turns the preset's filter off on purpose (None cannot mean "not given").
+    off = _mining(command, "robust", "--false-negative-margin", "none")
+    assert off.false_negative_margin is None and off.max_triplets_per_query == robust.max_triplets_per_query
+    with pytest.raises(ValueError, match=r"^n_negatives must be a positive integer; got 0\.$"):
+        _mining(command, "robust", "--n-negatives", "0")
+
+
+def test_pipeline_flags_come_from_the_pipeline_and_pace_configs():
+    from embedtune.cli.pipeline import PIPELINE_FLAG_ALIASES, PIPELINE_FLAG_FIELDS, PIPELINE_PACE_FLAG_FIELDS
+    from embedtune.finetune import PACEConfig
+    from embedtune.workflows.pipeline import PipelineConfig
+
+    actions = _actions(_subparser("pipeline"))
+    for config_cls, fields in ((PipelineConfig, PIPELINE_FLAG_FIELDS), (PACEConfig, PIPELINE_PACE_FLAG_FIELDS)):
+        for name in fields:
+            action = actions[name]
+            assert action.option_strings[0] == flag_name(name) and action.default is argparse.SUPPRESS
+            assert set(PIPELINE_FLAG_ALIASES.get(name, ())) <= set(action.option_strings)
+            assert action.help.replace("%%", "%").startswith(re.sub(r"\s*\(default: [^()]*\)$", "", _help(config_cls, name))), name
+            assert action.choices is None or list(action.choices) == field_choices(config_cls, name)
+    assert {"stage1_steps", "stage2_steps"} <= set(actions) and "--no-base" in actions["compare_base"].option_strings
+
+
+def _pipeline(*argv: str):
+    from embedtune.cli.pipeline import configs_from_args
+
+    return configs_from_args(build_parser().parse_args(["pipeline", "--out", "unused", *argv]))
+
+
+def test_a_pipeline_flag_given_overrides_the_preset_and_one_left_out_keeps_it():
+    from embedtune.finetune import preset_config
+    from embedtune.workflows.pipeline import PipelineConfig
+
+    # Fine-tuning: the --preset's value (here pace, the paper's two stages) unless a flag is given.
+    preset = preset_config("pace")
+    pace, config = _pipeline("--preset", "pace")
+    assert (pace.batch_size, pace.stage2_init, pace.seed, pace.stage1.steps) == (preset.batch_size, preset.stage2_init, preset.seed, None)
+    assert config == PipelineConfig(split_seed=preset.seed)  # no compression flag: every field's default
+    pace, config = _pipeline("--preset", "pace", "--batch-size", "8", "--stage2-init", "final", "--stage1-steps", "3", "--seed", "5",
+                             "--no-stop-stage1-at-init", "--dim", "16", "--methods", "dive,pca", "--seeds", "1", "2",
+                             "--dive-preset", "paper", "--val-fraction", "0.3", "--no-base", "--norm-preserving")
+    assert (pace.batch_size, pace.stage2_init, pace.stage1.steps, pace.seed, pace.stop_stage1_at_init) == (8, "final", 3, 5, False)
+    assert pace.stage2.learning_rate == preset.stage2.learning_rate and pace.train_split == preset.train_split
+    assert (config.dim, config.methods, config.seeds, config.dive_preset, config.val_fraction) == (16, ["dive", "pca"], [1, 2], "paper", 0.3)
+    assert config.split_seed == 5 and config.compare_base is False and config.test_split == "test"
+    assert config.variants == {"norm-preserving": {"method": "dive", "output_norm": "input"}}
+    assert _pipeline("--compare-base")[1].compare_base is True
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--dim", "0"], "dim must be a positive integer; got 0."),
+    (["--val-fraction", "1"], "val_fraction must be a number in (0, 1); got 1.0."),
+    (["--batch-size", "0"], "batch_size must be a positive integer; got 0."),
+])
+def test_a_bad_pipeline_value_gets_the_configs_error_before_any_work(argv, message, tmp_path, capsys):
+    with pytest.raises(ValueError) as caught:
+        _pipeline(*argv)
+    assert str(caught.value) == message
+    # Through the command: refused before the model (which does not exist) is read, and before --out is made.
+    assert main(["pipeline", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"), *argv]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "run").exists()

@@ -88,7 +88,9 @@ def test_pipeline_cli_applies_the_dive_preset(tiny_bert_dir, toy_train_test, tmp
     from embedtune.cli import build_parser, main
 
     # One default preset across commands: robust, as in `compress train`.
-    assert build_parser().parse_args(["pipeline", "--out", "x"]).dive_preset == "robust"
+    from embedtune.cli.pipeline import configs_from_args
+
+    assert configs_from_args(build_parser().parse_args(["pipeline", "--out", "x"]))[1].dive_preset == "robust"
     code = main(["pipeline", "--model", str(tiny_bert_dir), "--data", str(toy_train_test), "--out", str(tmp_path / "run"),
                  "--stage1-steps", "2", "--stage2-steps", "1", "--stage2-init", "1", "--batch-size", "4", "--dim", "8",
                  "--methods", "dive", "--dive-preset", "best", "--no-base", "--json"])

@@ -2,7 +2,7 @@
 
 Each field becomes one flag: ``hidden_dim`` is ``--hidden-dim``, its type comes from the annotation
 (``int``, ``float``, ``str``, unions of them, ``X | None`` with ``none`` for None, ``bool`` as
-``--flag/--no-flag``), its choices from a ``Literal`` annotation or the field's :class:`~embedtune.constraints.Options`
+``--flag/--no-flag``, ``list[X]`` as ``--flag a b c`` or ``--flag a,b,c``), its choices from a ``Literal`` annotation or the field's :class:`~embedtune.constraints.Options`
 constraint, and its help from ``metadata["help"]``::
 
     group = parser.add_argument_group("DIVE settings")
@@ -113,6 +113,24 @@ def _value_parser(annotation: Any, field_name: str) -> Callable[[str], Any]:
     return parse
 
 
+class _ListValues(argparse.Action):
+    """A ``list[X]`` field's flag: ``--flag a b c``, or ``--flag a,b,c`` (both may mix); ``--flag ''`` is the empty list."""
+
+    def __init__(self, *args: Any, item_parser: Callable[[str], Any], **kwargs: Any) -> None:
+        self.item_parser = item_parser
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        items = []
+        for part in (part.strip() for value in values for part in str(value).split(",")):
+            if part:
+                try:
+                    items.append(self.item_parser(part))
+                except (argparse.ArgumentTypeError, ValueError) as error:
+                    parser.error(f"argument {option_string}: {error}")
+        setattr(namespace, self.dest, items)
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     config_cls: type,
@@ -144,6 +162,9 @@ def add_config_flags(
                                   "help": text.replace("%", "%%")}  # argparse %-formats help
         if hints[name] is bool:
             action = parser.add_argument(*option_strings, action=argparse.BooleanOptionalAction, **common)
+        elif typing.get_origin(hints[name]) is list:
+            parse = (value_parsers or {}).get(name) or _value_parser(typing.get_args(hints[name])[0], name)
+            action = parser.add_argument(*option_strings, nargs="+", action=_ListValues, item_parser=parse, **common)
         else:
             parse = (value_parsers or {}).get(name) or _value_parser(hints[name], name)
             choices = field_choices(config_cls, name)

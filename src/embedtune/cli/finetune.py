@@ -36,7 +36,7 @@ from embedtune.workflows.results import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune", "PACE_FLAG_FIELDS", "TEXT_FLAG_FIELDS", "VL_FLAG_FIELDS",
+__all__ = ["register", "add_pace_flags", "config_from_args", "run_finetune", "preset_note", "PACE_FLAG_FIELDS", "TEXT_FLAG_FIELDS", "VL_FLAG_FIELDS",
            "STAGE_FLAG_FIELDS", "EVERY_STAGE_FLAG_FIELDS"]
 
 COMMANDS = {"pace": "text", "pace-vl": "vl"}
@@ -65,7 +65,7 @@ def _stage_flag_aliases(stage: str) -> dict[str, tuple[str, ...]]:
 _STATED_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
 
 
-def _preset_note(values: dict[str, Any], every_stage: bool = False) -> Callable[[str, str], str]:
+def preset_note(values: dict[str, Any], every_stage: bool = False) -> Callable[[str, str], str]:
     """``(field, help) -> help``, its "(default: ...)" replaced by "(preset: VALUE)", the value ``--preset pace`` gives
     the field (none where that is None or False: "(default: None)" says nothing). ``values``: a config as a dict,
     or, with ``every_stage``, the whole config, for a flag that sets every stage."""
@@ -106,7 +106,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_pace_flags(text, "text")
     group = text.add_argument_group("text backbone")
-    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=_preset_note(preset_config("pace").to_dict()))
+    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=preset_note(preset_config("pace").to_dict()))
     group.add_argument("--evaluate-split", default=None, help="evaluate the final model on this qrels split (e.g. test)")
 
     vl = methods.add_parser(
@@ -125,7 +125,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     group = vl.add_argument_group("vision-language backbone")
     group.add_argument("--train", dest="data", action=DeprecatedAlias, replacement="--data", help=argparse.SUPPRESS)
     add_config_flags(group, VLOptions, VL_FLAG_FIELDS, aliases=_VL_FLAG_ALIASES,
-                     help_text=_preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
+                     help_text=preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
     group.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     add_list_flag(group, "--eval-tasks", default=[], metavar="FILE", help="MMEB-eval-style files scored after training")
 
@@ -157,14 +157,14 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
         "(preset: VALUE) is what --preset pace sets.")
     for stage in STAGES:
         add_config_flags(stages, StageConfig, STAGE_FLAG_FIELDS, prefix=f"{stage}-", aliases=_stage_flag_aliases(stage),
-                         help_text=_preset_note(preset[stage]))
+                         help_text=preset_note(preset[stage]))
     stages.add_argument("--steps", type=int, default=None,
                         help="steps of a one-stage preset (default: PACE's updates, stage2-init step + stage2 steps; "
                              "direct-dot-full without stage steps: 5 epochs)")
-    add_config_flags(stages, StageConfig, EVERY_STAGE_FLAG_FIELDS, help_text=_preset_note(preset, every_stage=True))
+    add_config_flags(stages, StageConfig, EVERY_STAGE_FLAG_FIELDS, help_text=preset_note(preset, every_stage=True))
     batch = parser.add_argument_group("batch, loss and model (PACEConfig fields)")
     add_config_flags(batch, PACEConfig, PACE_FLAG_FIELDS, value_parsers={"stage2_init": parse_stage2_init},
-                     help_text=_preset_note(preset))
+                     help_text=preset_note(preset))
     batch.add_argument("--threads", type=int, default=argparse.SUPPRESS, help="torch CPU threads (the same as `embedtune --threads`)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     parser.set_defaults(handler=run_finetune, backbone=backbone)

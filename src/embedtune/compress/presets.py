@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from embedtune.data.triplets import check_mining_options, mining_options
+from embedtune.constraints import Constraint, validate_constraints
+from embedtune.data.triplets import MINING_CONSTRAINTS, check_random_negatives, mining_options
 
 __all__ = ["MiningOptions", "Preset", "presets_from_config", "SAFETY_NET_MINING", "SAFETY_NET_SETTINGS", "safety_net_preset",
            "with_safety_net"]
@@ -25,25 +26,28 @@ __all__ = ["MiningOptions", "Preset", "presets_from_config", "SAFETY_NET_MINING"
 class MiningOptions:
     """How the shared training triplets are mined (see :func:`embedtune.data.triplets.mine_triplets`).
 
-    The defaults are the DIVE paper's plain mining: top-50 hard negatives, no filter, no cap.
+    The defaults are the DIVE paper's plain mining: top-50 hard negatives, no filter, no cap. What each
+    field accepts is declared once, in :data:`embedtune.data.triplets.MINING_CONSTRAINTS`.
     """
 
-    negatives: str = field(default="hard", metadata={"help": "'hard' (the frozen model's top-50 non-relevant docs) or 'random'."})
-    n_negatives: int = field(default=4, metadata={"help": "Negatives per (query, relevant doc) pair."})
-    skip_top: int = field(default=0, metadata={"help": "Never use the frozen model's top-N non-relevant docs."})
-    false_negative_margin: float | None = field(
-        default=None, metadata={"help": "Drop candidates scoring above score(query, positive) - margin; None: no filter."}
-    )
-    false_negative_reference: str = field(
-        default="pair", metadata={"help": "'pair' (the pair's own positive score) or 'query-min' (the query's lowest)."}
-    )
-    max_triplets_per_query: int | None = field(default=None, metadata={"help": "Cap on each query's triplets; None: no cap."})
+    negatives: str = field(default="hard", metadata={
+        "help": "'hard' (the frozen model's top-50 non-relevant docs) or 'random' (default: 'hard')"})
+    n_negatives: int = field(default=4, metadata={"help": "Negatives per (query, relevant doc) pair (default: 4)"})
+    skip_top: int = field(default=0, metadata={
+        "help": "Hard negatives: never use the frozen model's top-N non-relevant docs, likely unjudged positives (default: 0)"})
+    false_negative_margin: float | None = field(default=None, metadata={
+        "help": "Hard negatives: drop candidates scoring above score(query, positive) - margin; None: no filter (default: None)"})
+    false_negative_reference: str = field(default="pair", metadata={
+        "help": "The positive score the margin is taken from: 'pair' (the pair's own) or 'query-min' (the query's lowest, as "
+                "sentence-transformers does) (default: 'pair')"})
+    max_triplets_per_query: int | None = field(default=None, metadata={
+        "help": "Cap on each query's triplets, spread over its relevant docs; None: no cap (default: None)"})
+
+    _parameter_constraints: ClassVar[dict[str, list[Constraint]]] = MINING_CONSTRAINTS
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_negatives, bool) or not isinstance(self.n_negatives, int) or self.n_negatives < 1:
-            raise ValueError(f"mining: n_negatives must be an integer >= 1; got {self.n_negatives!r}.")
-        check_mining_options(self.negatives, self.skip_top, self.false_negative_margin, self.false_negative_reference,
-                             self.max_triplets_per_query, where="mining")
+        validate_constraints(self)
+        check_random_negatives(self.negatives, self.skip_top, self.false_negative_margin)
 
     def replace(self, **changes: Any) -> "MiningOptions":
         """A copy with ``changes`` applied (and validated).

@@ -16,10 +16,12 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
 
+from embedtune.constraints import Constraint, Interval, Options, validate_constraints
 from embedtune.data.errors import DataFormatError
 from embedtune.evaluate.search import exact_search
 from embedtune.io import atomic_write_bytes
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "mine_triplets",
     "check_mining_options",
+    "check_random_negatives",
+    "MINING_CONSTRAINTS",
     "mining_options",
     "save_triplets",
     "load_triplets",
@@ -47,6 +51,16 @@ MINING_DEFAULTS: dict[str, Any] = {
     "false_negative_margin": None,
     "false_negative_reference": "pair",
     "max_triplets_per_query": None,
+}
+#: What each triplet-mining option accepts, declared once: :class:`embedtune.compress.MiningOptions` declares
+#: these (its ``_parameter_constraints``), and :func:`check_mining_options` checks :func:`mine_triplets`'s arguments with them.
+MINING_CONSTRAINTS: dict[str, list[Constraint]] = {
+    "negatives": [Options(NEGATIVE_KINDS)],
+    "n_negatives": [Interval(int, 1, None)],
+    "skip_top": [Interval(int, 0, None, means="0 skips nothing")],
+    "false_negative_margin": [Interval(float, None, None), Options((None,), means="no filter")],
+    "false_negative_reference": [Options(MARGIN_REFERENCES)],
+    "max_triplets_per_query": [Interval(int, 1, None), Options((None,), means="no cap")],
 }
 TRIPLETS_FORMAT = "embedtune.triplets"
 TRIPLETS_VERSION = 1
@@ -72,27 +86,27 @@ def check_mining_options(
 ) -> None:
     """Raise ``ValueError`` (naming ``where``) unless the robustness options are valid.
 
-    Shared by :func:`mine_triplets`, the protocol TOML and the CLI, so all three fail the same
-    way and before any encoding.
+    Each value is checked against :data:`MINING_CONSTRAINTS`, the declaration
+    :class:`embedtune.compress.MiningOptions` (and so the CLI and the protocol TOML) checks too, so
+    all of them fail the same way and before any encoding.
     """
-    if negatives not in NEGATIVE_KINDS:
-        raise ValueError(f"{where}: negatives must be one of {list(NEGATIVE_KINDS)}; got {negatives!r}.")
-    if isinstance(skip_top, bool) or not isinstance(skip_top, (int, np.integer)) or skip_top < 0:
-        raise ValueError(f"{where}: skip_top must be an integer >= 0 (0 skips nothing); got {skip_top!r}.")
-    if false_negative_margin is not None:
-        if isinstance(false_negative_margin, bool) or not isinstance(false_negative_margin, (int, float, np.floating, np.integer)):
-            raise ValueError(f"{where}: false_negative_margin must be a number or None (no filter); got {false_negative_margin!r}.")
-        if not np.isfinite(false_negative_margin):
-            raise ValueError(f"{where}: false_negative_margin must be finite; got {false_negative_margin!r}.")
-    if false_negative_reference not in MARGIN_REFERENCES:
-        raise ValueError(f"{where}: false_negative_reference must be one of {list(MARGIN_REFERENCES)}; got {false_negative_reference!r}.")
-    if max_triplets_per_query is not None and (
-        isinstance(max_triplets_per_query, bool) or not isinstance(max_triplets_per_query, (int, np.integer)) or max_triplets_per_query < 1
-    ):
-        raise ValueError(f"{where}: max_triplets_per_query must be an integer >= 1 or None (no cap); got {max_triplets_per_query!r}.")
+    values = {"negatives": negatives, "skip_top": skip_top, "false_negative_margin": false_negative_margin,
+              "false_negative_reference": false_negative_reference, "max_triplets_per_query": max_triplets_per_query}
+    # numpy scalars (a count read from an array) are checked as the Python numbers they hold.
+    values = {name: value.item() if isinstance(value, np.generic) else value for name, value in values.items()}
+    try:
+        validate_constraints(SimpleNamespace(**values), {name: MINING_CONSTRAINTS[name] for name in values})
+        check_random_negatives(negatives, values["skip_top"], values["false_negative_margin"])
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+
+
+def check_random_negatives(negatives: str, skip_top: int, false_negative_margin: float | None) -> None:
+    """Refuse a hard-negative filter with ``negatives='random'`` (what relates the fields; each one's own
+    range is :data:`MINING_CONSTRAINTS`')."""
     if negatives == "random" and (skip_top != 0 or false_negative_margin is not None):
         raise ValueError(
-            f"{where}: skip_top and false_negative_margin filter hard negatives; with negatives='random' leave them at "
+            "skip_top and false_negative_margin filter hard negatives; with negatives='random' leave them at "
             "their defaults (0 and None)."
         )
 

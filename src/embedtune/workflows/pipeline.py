@@ -23,18 +23,17 @@ import dataclasses
 import logging
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embedtune.compress import get_compressor_class
-from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir
 from embedtune.evaluate.subsets import query_subsets, training_positives
 from embedtune.finetune.recipe import train_pace
 from embedtune.result_files import RESULTS_NAME, find_results, results_details, write_results
 from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.fit_and_score import fit_and_evaluate
+from embedtune.workflows.pipeline_config import PipelineConfig
 from embedtune.workflows.results import describe_data, pipeline_summary
 from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.subset_report import SUBSET_DEFINITION
@@ -51,41 +50,6 @@ LEGACY_RESULT_NAME = "pipeline_result.json"
 COMPRESSORS_DIR = "compressors"
 # PACEConfig fields that do not change the trained weights: a finished run with other values is reused.
 _RECIPE_NEUTRAL = {"output_dir", "save_steps", "logging_steps", "deepspeed", "precision", "preset"}
-
-
-@dataclass
-class PipelineConfig:
-    """What to compress after fine-tuning, and how to evaluate it.
-
-    Every DIVE run (in ``methods`` or a variant) starts from the ``dive_preset`` settings, under
-    ``compressor_overrides["dive"]`` and the variant's own; the shared triplets are mined with
-    ``mining``, or the preset's mining when it is None.
-    """
-
-    methods: list[str] = field(default_factory=lambda: ["dive"], metadata={"help": "Compressors fitted on the fine-tuned model's vectors (registered names)."})
-    dim: int = field(default=128, metadata={"help": 'Output dimension k of every compressor.'})
-    seeds: list[int] = field(default_factory=lambda: [2027], metadata={"help": 'Training seeds; mean and spread are reported over them.'})
-    dive_preset: str = field(default="robust", metadata={"help": 'The DIVE preset every DIVE run starts from.'})
-    compressor_overrides: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": 'Config overrides per method: {method: {field: value}}.'})
-    variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={"help": "Named extra compressor runs: {name: {'method': ..., field: value}}."})
-    test_split: str = field(default="test", metadata={"help": 'The qrels split scored as held-out test.'})
-    val_fraction: float = field(default=0.2, metadata={"help": 'Share of the training queries held out for validation (epoch and preset selection).'})
-    split_seed: int = field(default=2027, metadata={"help": 'Seed of the validation split.'})
-    mining: MiningOptions | None = field(default=None, metadata={"help": "Triplet mining of the shared triplets; None: the preset's own mining."})
-    compare_base: bool = field(default=True, metadata={"help": "Also compress the base model's vectors, to compare with the fine-tuned model's."})
-
-    def __post_init__(self) -> None:
-        get_compressor_class("dive").get_preset(self.dive_preset)  # fail fast on an unknown preset
-        if not self.methods and not self.variants:
-            raise ValueError("pipeline: give at least one compressor method (e.g. methods=['dive']).")
-        for method in self.methods:
-            get_compressor_class(method)
-        for name, overrides in self.variants.items():
-            get_compressor_class(overrides.get("method", "dive"))
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"pipeline: dim must be a positive integer; got {self.dim!r}.")
-        if not self.seeds:
-            raise ValueError("pipeline: give at least one seed.")
 
 
 def _finished_finetune(directory: Path, pace_config: Any) -> dict[str, Any] | None:

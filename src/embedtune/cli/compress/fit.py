@@ -9,10 +9,10 @@ from embedtune.cli.common import add_model_flags, encoder_options_from_args, pri
 from embedtune.cli.compress.flags import (
     add_label_flags,
     add_method_config_flags,
-    finite_float_or_none,
+    add_mining_flags,
     method_help,
     method_settings,
-    positive_int_or_none,
+    mining_overrides,
 )
 from embedtune.compress import available_methods, get_compressor_class
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
@@ -65,10 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "or a pairs/qrels file. Default: the method's own hold-out of training queries, then a refit on all")
     val.add_argument("--val-fraction", type=float, default=None, help="or hold out this fraction of the labelled queries instead")
     fit.add_argument("--seed", type=int, default=2027, help="training, mining and hold-out seed")
-    for name in ("--false-negative-margin", "--max-triplets-per-query"):
-        kind = finite_float_or_none if name == "--false-negative-margin" else positive_int_or_none
-        fit.add_argument(name, type=kind, default=argparse.SUPPRESS,
-                         help="as in `compress train`; default: the preset's (the safety net: 0.05 / 32); 'none' disables it")
+    add_mining_flags(fit, description="A flag given overrides the preset's mining (supervised path only); one left out keeps it. "
+                                      "'none' turns the false-negative filter or the cap off.")
     fit.add_argument("--out", required=True, help="folder for the compressor itself (load_compressor(OUT)) and fit.json")
     fit.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     fit.add_argument("--json", action="store_true", help="print fit.json instead of a summary")
@@ -79,7 +77,7 @@ def run_fit(args: argparse.Namespace) -> int:
     cls = get_compressor_class(args.method)  # fail fast on a typo, before any encoding
     settings = method_settings(args, args.method)
     preset = cls.get_preset(args.preset)
-    mining = {name: getattr(args, name) for name in ("false_negative_margin", "max_triplets_per_query") if hasattr(args, name)}
+    mining = mining_overrides(args)
     preset.mining.replace(**mining)
     prepare_output_dir(args.out, args.overwrite, command="compress fit", inputs=[
         args.data, args.labels, args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -12,10 +13,11 @@ from embedtune.cli.config_flags import add_config_flags, check_field_values, con
 from embedtune.compress import available_methods, describe_method, get_compressor_class
 from embedtune.compress.dive.config import DIVEConfig  # torch-free: the config alone, not the method
 from embedtune.compress.pca import PCAConfig, parse_fit_sample
+from embedtune.compress.presets import SAFETY_NET_MINING, MiningOptions
 
-__all__ = ["ADAPTER_HELP", "DIVE_FLAG_FIELDS", "DIVE_FLAG_ALIASES", "PCA_FLAG_FIELDS", "add_method_config_flags", "method_help",
-           "preset_help", "parse_settings", "method_settings", "add_label_flags", "non_negative_int", "positive_int", "finite_float",
-           "finite_float_or_none", "positive_int_or_none"]
+__all__ = ["ADAPTER_HELP", "DIVE_FLAG_FIELDS", "DIVE_FLAG_ALIASES", "PCA_FLAG_FIELDS", "MINING_FLAG_FIELDS", "add_method_config_flags",
+           "add_mining_flags", "mining_overrides", "mining_help", "method_help",
+           "preset_help", "parse_settings", "method_settings", "add_label_flags"]
 
 ADAPTER_HELP = "a fitted compressor's folder, or a `compress train --out` folder holding exactly one"
 
@@ -105,6 +107,39 @@ def add_method_config_flags(parser: argparse.ArgumentParser) -> None:
                      help_text=_default_note(PCAConfig, "PCA", {}))
 
 
+#: MiningOptions fields taken as flags, one each (every field).
+MINING_FLAG_FIELDS = tuple(flag_fields(MiningOptions))
+# A field's help ends with its dataclass default, "(default: VALUE)"; a flag states the command's default instead.
+_STATED_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
+
+
+def mining_help(base: MiningOptions = SAFETY_NET_MINING, base_name: str = "the safety net of the default preset, robust",
+                other: str = "the paper's plain mining, e.g. --preset paper") -> Callable[[str, str], str]:
+    """``(field, help) -> help``: the field's help, then the value a command uses when the flag is left out (``base``'s,
+    named ``base_name``) and, where it differs, MiningOptions' own default (the mining of ``other``)."""
+    defaults = MiningOptions()
+
+    def note(name: str, help_text: str) -> str:
+        value, plain = getattr(base, name), getattr(defaults, name)
+        stated = f"default: {value!r}" + (f", {base_name}; {plain!r} with {other}" if value != plain else "")
+        return f"{_STATED_DEFAULT.sub('', help_text)} ({stated})"
+
+    return note
+
+
+def add_mining_flags(parser: argparse.ArgumentParser, help_text: Callable[[str, str], str] | None = None,
+                     description: str = "A flag given overrides the preset's mining; one left out keeps it. "
+                                        "'none' turns the false-negative filter or the cap off.") -> None:
+    """The triplet-mining flags, one per :class:`MiningOptions` field, generated from it."""
+    group = parser.add_argument_group("triplet mining (MiningOptions fields)", description)
+    add_config_flags(group, MiningOptions, MINING_FLAG_FIELDS, help_text=help_text or mining_help())
+
+
+def mining_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The mining fields whose flags were given, each checked by MiningOptions' declared constraints (before any encoding)."""
+    return config_overrides(args, MiningOptions, MINING_FLAG_FIELDS)
+
+
 def method_settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
     """``method``'s config fields given by ``--set`` and by the generated flags (which win over ``--set``).
 
@@ -123,47 +158,6 @@ def method_settings(args: argparse.Namespace, method: str) -> dict[str, Any]:
     settings.update(flags)
     check_field_values(config_cls, {name: value for name, value in settings.items() if name in known})
     return settings
-
-
-def _int_at_least(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}; got {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}; got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _int_at_least(text, 0)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (worded as the other ``compress`` types are)."""
-    return _int_at_least(text, 1)
-
-
-def finite_float(text: str) -> float:
-    """argparse type: a finite number (no nan or inf)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number; got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number; got {text!r}")
-    return value
-
-
-def finite_float_or_none(text: str) -> float | None:
-    """argparse type: a finite number, or ``none`` (a filter turned off)."""
-    return None if text.strip().lower() == "none" else finite_float(text)
-
-
-def positive_int_or_none(text: str) -> int | None:
-    """argparse type: an integer >= 1, or ``none`` (a cap turned off)."""
-    return None if text.strip().lower() == "none" else positive_int(text)
 
 
 def add_label_flags(parser: argparse.ArgumentParser) -> None:

@@ -18,13 +18,12 @@ from embedtune.cli.common import (
 )
 from embedtune.cli.compress.flags import (
     add_label_flags,
+    MINING_FLAG_FIELDS,
     add_method_config_flags,
-    finite_float_or_none,
+    add_mining_flags,
     method_help,
     method_settings,
-    non_negative_int,
-    positive_int,
-    positive_int_or_none,
+    mining_overrides,
     preset_help,
 )
 from embedtune.compress import get_compressor_class
@@ -43,8 +42,8 @@ __all__ = ["register", "run_train", "MINING_FLAGS"]
 
 logger = logging.getLogger(__name__)
 
-# The mining flags, each a MiningOptions field; unset flags keep the preset's value.
-MINING_FLAGS = ("negatives", "n_negatives", "skip_top", "false_negative_margin", "false_negative_reference", "max_triplets_per_query")
+# The mining flags, each a MiningOptions field (generated from it); unset flags keep the preset's value.
+MINING_FLAGS = MINING_FLAG_FIELDS
 
 
 def _fraction(text: str) -> float:
@@ -76,21 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="any other config field, e.g. --set margin=0.4 --set triplet_loss=softplus")
     train.add_argument("--final", action="store_true", help="train on train+val and evaluate on the held-out test queries")
     add_list_flag(train, "--seeds", default=None, item_type=int, help="training seeds; mean ± std is reported (default: 2027)")
-    train.add_argument("--negatives", default=argparse.SUPPRESS, choices=["hard", "random"], help="triplet negatives; default hard")
-    train.add_argument("--n-negatives", type=positive_int, default=argparse.SUPPRESS,
-                       help="negatives per (query, relevant doc) pair; default 4")
-    # Mining flags default to the preset's (Preset.mining); 'none' turns a filter off explicitly.
-    train.add_argument("--skip-top", type=non_negative_int, default=argparse.SUPPRESS,
-                       help="hard negatives: never use the frozen model's top-N non-relevant docs (likely unjudged positives); default 0")
-    train.add_argument("--false-negative-margin", type=finite_float_or_none, default=argparse.SUPPRESS, metavar="MARGIN",
-                       help="hard negatives: drop candidates scoring above score(query, positive) - MARGIN; 'none' disables the filter. "
-                       "Default: 0.05 with the default preset, none with --preset paper/best")
-    train.add_argument("--false-negative-reference", choices=["pair", "query-min"], default=argparse.SUPPRESS,
-                       help="the positive score the margin is taken from: the pair's own, or the query's lowest (sentence-transformers); "
-                       "default: query-min with the default preset, else pair")
-    train.add_argument("--max-triplets-per-query", type=positive_int_or_none, default=argparse.SUPPRESS, metavar="N",
-                       help="cap the triplets of each query, spread over its relevant docs; 'none' disables it. "
-                       "Default: 32 with the default preset, none with --preset paper/best")
+    add_mining_flags(train)
     add_list_flag(train, "--compare", default=["frozen", "truncate", "pca", "pca-uncentred"],
                   help="methods to run beside --method ('' for none), each with its default preset; the report gives a paired test "
                   "of --method against each, and its gain over the stronger PCA variant (given one, the other is added)")
@@ -120,7 +105,7 @@ def run_train(args: argparse.Namespace) -> int:
     preset = get_compressor_class(args.method).get_preset(args.preset)
     # Validated here, before any encoding; unset flags keep the preset's mining (the safety net's
     # when --method is unsupervised and supervised methods are compared).
-    mining = {name: getattr(args, name) for name in MINING_FLAGS if hasattr(args, name)}
+    mining = mining_overrides(args)
     base_mining = preset.mining if get_compressor_class(args.method).supervised else SAFETY_NET_MINING
     base_mining.replace(**mining)
     args.compare = with_both_pca_variants(args.method, args.compare)
