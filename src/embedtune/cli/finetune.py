@@ -66,8 +66,8 @@ _STATED_DEFAULT = re.compile(r"\s*\(default: [^()]*\)$")
 
 
 def preset_note(values: dict[str, Any], every_stage: bool = False) -> Callable[[str, str], str]:
-    """``(field, help) -> help``, its "(default: ...)" replaced by "(preset: VALUE)", the value ``--preset pace`` gives
-    the field (none where that is None or False: "(default: None)" says nothing). ``values``: a config as a dict,
+    """``(field, help) -> help``, its "(default: ...)" replaced by "(preset: VALUE)", the value the command's default
+    preset (what runs without ``--preset``) gives the field (none where that is None or False: "(default: None)" says nothing). ``values``: a config as a dict,
     or, with ``every_stage``, the whole config, for a flag that sets every stage."""
     def note(name: str, help_text: str) -> str:
         if every_stage:
@@ -106,7 +106,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_pace_flags(text, "text")
     group = text.add_argument_group("text backbone")
-    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=preset_note(preset_config("pace").to_dict()))
+    add_config_flags(group, PACEConfig, TEXT_FLAG_FIELDS, help_text=preset_note(preset_config(DEFAULT_PRESETS["text"]).to_dict()))
     group.add_argument("--evaluate-split", default=None, help="evaluate the final model on this qrels split (e.g. test)")
 
     vl = methods.add_parser(
@@ -125,7 +125,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     group = vl.add_argument_group("vision-language backbone")
     group.add_argument("--train", dest="data", action=DeprecatedAlias, replacement="--data", help=argparse.SUPPRESS)
     add_config_flags(group, VLOptions, VL_FLAG_FIELDS, aliases=_VL_FLAG_ALIASES,
-                     help_text=preset_note(preset_config("pace", backbone="vl").to_dict()["vl"]))
+                     help_text=preset_note(preset_config(DEFAULT_PRESETS["vl"], backbone="vl").to_dict()["vl"]))
     group.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     add_list_flag(group, "--eval-tasks", default=[], metavar="FILE", help="MMEB-eval-style files scored after training")
 
@@ -151,10 +151,10 @@ def add_pace_flags(parser: argparse.ArgumentParser, backbone: str) -> None:
     parser.add_argument("--output", dest="out", action=DeprecatedAlias, replacement="--out", help=argparse.SUPPRESS)
     parser.add_argument("--overwrite", action="store_true",
                         help=OVERWRITE_HELP + " (re-running the same command into its own --out resumes instead)")
-    preset = preset_config("pace", backbone=backbone).to_dict()
+    preset = preset_config(DEFAULT_PRESETS[backbone], backbone=backbone).to_dict()
     stages = parser.add_argument_group(
         "stages (StageConfig fields)", "A flag given overrides the preset's (or --config's) value; one left out keeps it. "
-        "(preset: VALUE) is what --preset pace sets.")
+        f"(preset: VALUE) is what the default preset, {DEFAULT_PRESETS[backbone]}, sets.")
     for stage in STAGES:
         add_config_flags(stages, StageConfig, STAGE_FLAG_FIELDS, prefix=f"{stage}-", aliases=_stage_flag_aliases(stage),
                          help_text=preset_note(preset[stage]))
