@@ -15,7 +15,8 @@ Every (phase, compressor, dim, seed, precision) is one JSON under
 ``RESULTS/<dataset>-<model>/<phase>/<candidate>/s<seed>/<precision>.json``; a group whose JSONs
 all exist is skipped, so a killed run resumes. Fitted compressors go under ``--work`` (not
 committed). ``--report-only`` reads the JSONs and writes ``REPORT.md``, ``summary.json`` and
-``frontier.png`` into ``RESULTS/<dataset>-<model>/``.
+``frontier.png`` (and ``frontier_disk.png``, ``frontier_cost.png``: quality against the RAM bill at a billion
+vectors) into ``RESULTS/<dataset>-<model>/``.
 
 Budgets: at each of 16, 32, 48, 64, 128, 384 bytes per vector (RAM), embedtune's best setting
 (a trained compressor — DIVE ``robust``, its quantisation-aware variants, Matryoshka-Adaptor —
@@ -45,7 +46,7 @@ from embedtune.bench.efficiency import machine_info
 from embedtune.data.beir import load_beir
 from embedtune.data.splits import query_disjoint_split, train_qrels_split
 from embedtune.evaluate.subsets import query_subsets, training_positives
-from embedtune.index.bill import BillLine, bill_table
+from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, scale_label, vector_bill
 from embedtune.index.codecs import QuantizedIndex
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.runtime import set_progress, set_threads
@@ -335,6 +336,11 @@ def qat_table(test: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["bytes"], r["setting"]))
 
 
+#: The corpus size the cost plot bills (the largest of the bill's scales) and its column.
+BILL_AT = scale_label(BILL_SCALES[-1])
+COST = f"usd_month@{BILL_AT}"
+
+
 def bill_lines(budgets: list[dict[str, Any]], test: list[dict[str, Any]], run_info: dict[str, Any]) -> list[str]:
     """The bill of each budget's two chosen settings (:func:`embedtune.index.bill.bill_table`), float32 first."""
     by_setting = {r["setting"]: r for r in test}
@@ -378,6 +384,11 @@ def report(args: argparse.Namespace) -> None:
                   f"(trained: mean of seeds)", group=lambda r: r["family"])
     plot_frontier(test, root / "frontier_disk.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs bytes on disk "
                   f"(float vectors kept for rescoring count)", x="disk_bytes", group=lambda r: r["family"])
+    dim = int(run_info.get("input_dim") or max(run_info["dims"]))
+    billed = [{**r, COST: vector_bill(r["ram_bytes"], dim, r.get("fixed_bytes") or 0.0)[COST]} for r in test]
+    plot_frontier(billed, root / "frontier_cost.png", f"{args.data_name} / {args.model}: nDCG@10 on {n_queries} test queries vs the RAM "
+                  f"bill of {BILL_AT} vectors", x=COST, group=lambda r: r["family"],
+                  x_label=f"dollars a month for {BILL_AT} vectors in RAM at ${DEFAULT_PRICE_PER_GB_MONTH:g} per GB-month (an assumption)")
     choose_on = None
     if run_info["protocol"] == "beir-train" and getattr(args, "choose_on", "unseen-val") == "unseen-val":
         # Choose on the validation queries whose positives no train-part query has: the others
