@@ -13,14 +13,19 @@ on a large score ``q · x``, the expected squared score error is
 ScaNN's anisotropic loss, in ``y``. Its parallel term couples the sub-quantisers (a codeword in one sub-space
 changes the parallel residual that the others should cancel), so the codes are chosen by iterated conditional
 modes (ICM): start from the PQ codes, then per sub-quantiser take the codeword that minimises the loss given the
-others, a few sweeps. With η = 1 the loss is separable and the PQ codes are already optimal (ICM changes nothing:
-checked below). The codebooks, the served ``IndexResidualQuantizer`` and its search stay klt-wpq's; only the
+others, a few sweeps. With η = 1 the loss is separable and the PQ codes are already optimal (ICM changes nothing;
+``tests/test_anisotropic_codec.py`` checks it). The codebooks, the served ``IndexResidualQuantizer`` and its search stay klt-wpq's; only the
 codes added with ``add_sa_codes`` change.
 
 Variants: ``kept`` (the loss on the kept axes only) and ``full`` (the parallel residual also counts the left-out
 axes' part, centred by its mean over the fit sample). Every document is encoded by tables fitted on the other half
 of the corpus (``near_limit.cross_fitted``); η is chosen per corpus and budget by the label-free agreement (held-out
-documents as queries), never by the test qrels, and every η's test figures are printed for the record.
+documents as queries), never by the test qrels, and every η's test figures are printed for the record. The codec
+this led to is ``klt-apq`` (:mod:`embedtune.index.codecs.anisotropic`: ``full``, η = 8).
+
+Also, for the record (neither won): ``--refit-etas`` re-fits the PQ codewords under the anisotropic loss on the fit
+half (ScaNN-style alternation), and ``--rq-beams`` codes the same weighted kept axes with a FAISS residual quantiser
+(beam search, then ICM). Figures: ``benchmarks/results/score-aware/REPORT.md``.
 """
 
 from __future__ import annotations
@@ -80,12 +85,52 @@ class Half:
         fit_y = fit_x @ root
         kept = to_kept @ np.linalg.inv(root)  # (r, d) orthonormal rows
         drop_mean = (fit_y - (fit_y @ kept.T) @ kept).mean(0)
-        y = x @ root
-        norm = np.linalg.norm(y, axis=1)
-        self.u_full = self.yk / norm[:, None]
-        self.p0_full = ((norm ** 2 - (self.yk ** 2).sum(1)) - y @ drop_mean) / norm
+        self.root, self.kept, self.drop_mean = root, kept, drop_mean
+        _, self.u_full, self.p0_full = self.terms(x)
         self.u_kept = self.yk / np.linalg.norm(self.yk, axis=1)[:, None]
         self.p0_kept = np.zeros(len(rows))
+
+    def terms(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(y on the kept axes, u on the kept axes, the parallel residual outside them) of ``x``'s rows (the ``full`` variant)."""
+        y = np.asarray(x, dtype=np.float64) @ self.root
+        yk = y @ self.kept.T
+        norm = np.linalg.norm(y, axis=1)
+        return yk, yk / norm[:, None], ((norm ** 2 - (yk ** 2).sum(1)) - y @ self.drop_mean) / norm
+
+    def refit(self, fit_x: np.ndarray, eta: float, rounds: int = 3) -> np.ndarray:
+        """Codewords re-fitted under the anisotropic loss on the fit rows (ScaNN-style): alternately the codes (ICM) and, per
+        sub-quantiser, each codeword's closed form ``(Σ I + λ u uᵀ)⁻¹ Σ (y_j + λ u_j s)`` given the others; returns the new
+        (M, K, dsub) centroids (empty codewords keep theirs)."""
+        yk, u, p0 = self.terms(fit_x)
+        cent = self.centroids.copy()
+        m, k, dsub = cent.shape
+        lam = eta - 1.0
+        rows = np.arange(len(yk))
+        for _ in range(rounds):
+            plain = np.stack([((yk[:, j * dsub:(j + 1) * dsub, None] - cent[j].T[None]) ** 2).sum(1).argmin(1) for j in range(m)], 1)
+            codes = anisotropic_codes(yk, cent, plain.astype(np.uint8), u, p0, eta).astype(np.int64)
+            decoded = np.concatenate([cent[j][codes[:, j]] for j in range(m)], axis=1)
+            parallel = np.einsum("nr,nr->n", u, yk - decoded) + p0
+            for j in range(m):
+                sub = slice(j * dsub, (j + 1) * dsub)
+                uj, yj = u[:, sub], yk[:, sub]
+                rest = parallel + np.einsum("nr,nr->n", uj, cent[j][codes[:, j]])  # without codeword j
+                a = np.zeros((k, dsub, dsub))
+                np.add.at(a, codes[:, j], np.eye(dsub)[None] + lam * uj[:, :, None] * uj[:, None, :])
+                rhs = np.zeros((k, dsub))
+                np.add.at(rhs, codes[:, j], yj + lam * uj * rest[:, None])
+                used = np.bincount(codes[:, j], minlength=k) > 0
+                cent[j][used] = np.linalg.solve(a[used], rhs[used][:, :, None])[:, :, 0]
+                parallel = rest - np.einsum("nr,nr->n", uj, cent[j][codes[:, j]])
+        return cent
+
+    def padded(self, centroids: np.ndarray) -> np.ndarray:
+        """PQ codewords as full-width (M, K, r) additive codebooks (zero outside their sub-space)."""
+        m, k, dsub = centroids.shape
+        out = np.zeros((m, k, m * dsub))
+        for j in range(m):
+            out[j, :, j * dsub:(j + 1) * dsub] = centroids[j]
+        return out
 
     def decode_y(self, codes: np.ndarray) -> np.ndarray:
         m = self.centroids.shape[0]
@@ -179,7 +224,7 @@ def cross_searcher(ds: dict[str, Any], parts: list[tuple[Half, np.ndarray]], bud
 
 
 def run(data: str, model: str, budgets: list[int], etas: list[float], variants: list[str], out: Path | None,
-        rq_beams: list[int] | None = None, rq_eta: float = 8.0) -> list[dict[str, Any]]:
+        rq_beams: list[int] | None = None, rq_eta: float = 8.0, refit_etas: list[float] | None = None) -> list[dict[str, Any]]:
     ds = load(data, model)
     docs = ds["docs"]
     base = json.loads((HERE / "results" / "near-limit" / f"{data}-{model}" / "frozen__float32.json").read_text())["ndcg@10"]
@@ -229,6 +274,22 @@ def run(data: str, model: str, budgets: list[int], etas: list[float], variants: 
                 coded = [(half, anisotropic_codes(half.yk, half.centroids, half.codes0, *terms(variant)(half), eta)) for half in parts]
                 record("klt-wpq" if eta == 1.0 else f"aniso-{variant} η={eta:g}", variant, eta, coded, pq_decode, terms(variant),
                        time.perf_counter() - start)
+        # Codebooks re-fitted under the anisotropic loss on the other half, then anisotropic codes with them.
+        for eta in refit_etas or []:
+            start = time.perf_counter()
+            coded, indexes, books_of = [], [], {}
+            for half, fit_rows in zip(parts, (b, a)):
+                cent = half.refit(docs[fit_rows], eta)
+                plain = np.stack([((half.yk[:, j * cent.shape[2]:(j + 1) * cent.shape[2], None] - cent[j].T[None]) ** 2).sum(1).argmin(1)
+                                  for j in range(cent.shape[0])], 1).astype(np.uint8)
+                codes = anisotropic_codes(half.yk, cent, plain, half.u_full, half.p0_full, eta)
+                books = half.padded(cent)
+                books_of[id(half)] = books
+                coded.append((half, codes))
+                indexes.append(rq_search_index(half, books, codes))
+            record(f"refit + aniso η={eta:g}", "full", eta, coded,
+                   lambda h, c: sum(books_of[id(h)][j][c[:, j]] for j in range(c.shape[1])), terms("full"),
+                   time.perf_counter() - start, indexes)
         # Residual quantisation on the same weighted, kept axes: beam search, then ICM (plain, then anisotropic).
         for train_beam in ([5] if rq_beams else []):  # FAISS's default training beam
             fitted = []
@@ -297,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["kept", "full"], choices=["kept", "full"])
     parser.add_argument("--rq-beams", type=int, nargs="*", default=[],
                         help="also residual quantisation on the same weighted kept axes (trained with beam 5), encoded with these beams")
+    parser.add_argument("--refit-etas", type=float, nargs="*", default=[],
+                        help="also re-fit the PQ codewords under the anisotropic loss at these η (ScaNN-style), then code with them")
     parser.add_argument("--out", type=Path, help="write the rows (JSON) here after each budget")
     parser.add_argument("--table", type=Path, nargs="+", help="print the markdown table of these saved rows and exit")
     args = parser.parse_args(argv)
@@ -304,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(args.table))
         return 0
     set_threads(1)
-    run(args.data, args.model, args.budgets, args.etas, args.variants, args.out, args.rq_beams)
+    run(args.data, args.model, args.budgets, args.etas, args.variants, args.out, args.rq_beams, refit_etas=args.refit_etas)
     return 0
 
 
