@@ -20,7 +20,8 @@ every setting is fitted on the corpus's vectors alone and scored twice:
 The settings (every one on the frozen vectors unless named otherwise):
 
 * **embedtune's codecs** (:mod:`embedtune.index.codecs.transform`): ``klt-pq:B``, ``klt-pq4:B``,
-  ``klt-rq:B`` (up to 32 B: more residual stages take too long to train on this CPU);
+  ``klt-rq:B`` (up to 32 B: more residual stages take too long to train on this CPU), ``klt-wpq:B``
+  (weighted for the score's error) and ``klt-apq:B`` (its codes chosen by the anisotropic loss);
 * with ``--learned``, **a label-free learned transform in front** (DIVE's unsupervised preset, fitted
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
   codecs on the plain vectors at equal bytes;
@@ -71,7 +72,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
-CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq")
+CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq", "klt-apq")
 RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32

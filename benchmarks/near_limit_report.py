@@ -6,7 +6,7 @@
 Every choice is made without labels, by the agreement objective (recall@10 of the float32 top-10,
 held-out corpus documents as queries), then scored on the judged test queries:
 
-* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq`` where run) that fits the budget;
+* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq`` where run) that fits the budget;
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
   RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;

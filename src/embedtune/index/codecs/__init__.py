@@ -70,7 +70,8 @@ built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.quantized_index` (a corpus at one precision, searched as deployed),
 :mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once),
 :mod:`~embedtune.index.codecs.transform` (the KLT codecs), :mod:`~embedtune.index.codecs.weighted` (``klt-wpq``:
-the KLT codec weighted for the score's error, served as a FAISS additive quantiser).
+the KLT codec weighted for the score's error, served as a FAISS additive quantiser), :mod:`~embedtune.index.codecs.anisotropic`
+(``klt-apq``: its codes chosen for the score error of the queries that rank a document high).
 
 >>> from embedtune.index.codecs import Precision, QuantizedIndex
 >>> index = QuantizedIndex.build(doc_vectors, Precision("int8"))          # doctest: +SKIP
@@ -112,6 +113,7 @@ from embedtune.index.codecs.registry import CodecFamily, codec_family, is_regist
 from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltRQ
 from embedtune.index.codecs.textbook import KltSQ
 from embedtune.index.codecs.weighted import KltWeightedPQ
+from embedtune.index.codecs.anisotropic import KltAnisotropicPQ
 
 __all__ = [
     "PRECISIONS",
@@ -160,6 +162,7 @@ __all__ = [
     "KltRQ",
     "KltSQ",
     "KltWeightedPQ",
+    "KltAnisotropicPQ",
     "corpus_spectrum",
     "water_level",
     "gaussian_bound",

@@ -18,7 +18,7 @@ and ``compress export`` need nothing new. A family that cannot be a FAISS index 
 >>> family.code_size(384), family.bits(384)
 (32, 256)
 >>> sorted(registered_codecs())                                     # doctest: +SKIP
-['klt-pq', 'klt-pq4', 'klt-rq', 'klt-sq', 'klt-wpq']
+['klt-apq', 'klt-pq', 'klt-pq4', 'klt-rq', 'klt-sq', 'klt-wpq']
 """
 
 from __future__ import annotations

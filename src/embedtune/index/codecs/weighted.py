@@ -163,6 +163,11 @@ class KltWeightedPQ(KltPQ):
     alpha: ClassVar[float] = SCORE_WEIGHT
 
     def train(self, x: np.ndarray, seed: int = 0) -> ScoreWeightedIndex:
+        return self.fit_weighted(x, seed)[0]
+
+    def fit_weighted(self, x: np.ndarray, seed: int = 0) -> tuple[ScoreWeightedIndex, np.ndarray, np.ndarray, np.ndarray]:
+        """The trained, empty index, with what a subclass's encoder may need beside it: the fit sample, ``S^{1/2}`` and
+        the kept axes of ``y`` (``(r, d)``, orthonormal rows)."""
         import faiss
 
         x = np.asarray(x)
@@ -192,7 +197,7 @@ class KltWeightedPQ(KltPQ):
         faiss.copy_array_to_vector(np.ascontiguousarray(codebooks, dtype=np.float32).ravel(), search_index.rq.codebooks)
         search_index.rq.is_trained = True
         search_index.is_trained = True
-        return ScoreWeightedIndex(search_index, encoder)
+        return ScoreWeightedIndex(search_index, encoder), sample, root, kept
 
     def read_trained(self, directory: Path) -> ScoreWeightedIndex:
         return ScoreWeightedIndex.read(Path(directory))

@@ -1,0 +1,189 @@
+"""klt-apq: klt-wpq's tables and served index, with codes chosen by the anisotropic loss (iterated conditional modes).
+
+The registry's contract (build, bytes, save, load, search, tampering) is checked for every registered codec in
+``tests/test_codec_registry.py``; here: what is particular to the anisotropic encoder. Its codes lower the loss
+they are chosen by, below the plain codes'; with η = 1 they are the plain codes; its search is the ``y``-space
+computation ``z · ŷ`` of those codes; ``codec.faiss`` alone searches them in plain FAISS; and a plan that chooses
+it serves exactly what it scored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_weighted_codec import _shared_mean_corpus, toy  # noqa: F401  (a fixture)
+
+from embedtune.evaluate.metrics import evaluate_run
+from embedtune.evaluate.search import run_from_topk
+from embedtune.index import load_index
+from embedtune.index.codecs import CODEC_FILE, DeployedCodec, QuantizedIndex
+from embedtune.index.codecs.anisotropic import (
+    ANISOTROPY,
+    ANISOTROPY_FILE,
+    AnisotropicIndex,
+    KltAnisotropicPQ,
+    anisotropic_codes,
+    anisotropic_loss,
+)
+from embedtune.index.codecs.weighted import ENCODER_FILE, SCORE_WEIGHT, score_weighting
+from embedtune.index.plan_export import plan_codec
+from embedtune.index.plan_format import load_plan
+from embedtune.index.planned import build_planned_index
+from embedtune.io import IntegrityError
+from embedtune.workflows.experiment import load_experiment
+from embedtune.workflows.plan import LabelledObjective, run_plan
+
+D = 32
+
+
+def _pq_tables(backend: AnisotropicIndex) -> tuple[np.ndarray, np.ndarray]:
+    """The kept axes of ``y`` (``(r, d)``, from the encoder's transform and ``S^{-1/2}``) and the PQ codewords."""
+    import faiss
+
+    to_kept = faiss.downcast_VectorTransform(backend.encoder.chain.at(0))
+    matrix = faiss.vector_to_array(to_kept.A).reshape(to_kept.d_out, to_kept.d_in).astype(np.float64)
+    pq = faiss.downcast_index(backend.encoder.index).pq
+    return matrix, faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)
+
+
+def _decode_y(centroids: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    return np.concatenate([centroids[j][codes[:, j]] for j in range(centroids.shape[0])], axis=1).astype(np.float64)
+
+
+def test_the_codes_lower_the_anisotropic_loss_below_the_plain_codes():
+    docs, _ = _shared_mean_corpus(3000)
+    backend = KltAnisotropicPQ(8).train(docs)
+    assert isinstance(backend, AnisotropicIndex) and backend.eta == ANISOTROPY
+    plain = backend.encoder.sa_encode(docs)  # klt-wpq's codes: the nearest codeword per sub-quantiser
+    codes = backend.sa_encode(docs)
+    assert codes.shape == plain.shape == (3000, 8) and codes.dtype == np.uint8
+    y, u, offset = backend.directions(docs)
+    _, centroids = _pq_tables(backend)
+    before = anisotropic_loss(y, _decode_y(centroids, plain), u, offset, ANISOTROPY)
+    after = anisotropic_loss(y, _decode_y(centroids, codes), u, offset, ANISOTROPY)
+    assert (after <= before + 1e-9).all()  # every step of the search lowers a row's loss or keeps it
+    assert after.mean() < 0.95 * before.mean()
+    # ... at the price of a little more plain squared error: the other side of the trade.
+    assert ((y - _decode_y(centroids, codes)) ** 2).sum(1).mean() > ((y - _decode_y(centroids, plain)) ** 2).sum(1).mean()
+    # No single sub-quantiser's change lowers a row's loss further: a fixed point of the search (run to convergence).
+    converged = anisotropic_codes(y, centroids, plain, u, offset, ANISOTROPY, sweeps=50)
+    base = anisotropic_loss(y, _decode_y(centroids, converged), u, offset, ANISOTROPY)
+    rows = np.arange(200)
+    for j in range(centroids.shape[0]):
+        for k in range(0, centroids.shape[1], 17):
+            other = converged[rows].copy()
+            other[:, j] = k
+            assert (anisotropic_loss(y[rows], _decode_y(centroids, other), u[rows], offset[rows], ANISOTROPY) >= base[rows] - 1e-9).all()
+
+
+def test_with_no_anisotropy_the_codes_are_the_plain_codes():
+    docs, _ = _shared_mean_corpus(2000)
+    backend = KltAnisotropicPQ(8).train(docs)
+    plain = backend.encoder.sa_encode(docs)
+    y, u, offset = backend.directions(docs)
+    _, centroids = _pq_tables(backend)
+    assert np.array_equal(anisotropic_codes(y, centroids, plain, u, offset, 1.0), plain)
+    # η = 1 makes the loss separable over orthogonal sub-spaces: ICM from the nearest codewords moves nothing.
+    assert np.array_equal(anisotropic_codes(y, centroids, plain, u, offset, 1.0 + 1e-12, sweeps=3), plain)
+    flat = AnisotropicIndex(backend.search_index, backend.encoder, backend.to_dropped, backend.dropped_mean, 1.0)
+    assert np.array_equal(flat.sa_encode(docs), plain)
+
+
+def test_the_parallel_direction_and_offset_are_those_of_y():
+    docs, _ = _shared_mean_corpus(2000)
+    backend = KltAnisotropicPQ(8).train(docs)
+    root, inverse_root = score_weighting(docs, SCORE_WEIGHT)
+    kept_in_y, _ = _pq_tables(backend)
+    kept = kept_in_y @ inverse_root  # orthonormal rows: the kept axes of y
+    y_full = docs.astype(np.float64) @ root
+    y, u, offset = backend.directions(docs)
+    assert np.allclose(y, y_full @ kept.T, atol=1e-4)
+    norm = np.linalg.norm(y_full, axis=1)
+    assert np.allclose(u, (y_full @ kept.T) / norm[:, None], atol=1e-5)
+    dropped = y_full - (y_full @ kept.T) @ kept
+    expected = ((dropped**2).sum(1) - dropped @ backend.dropped_mean.astype(np.float64)) / norm
+    assert np.allclose(offset, expected, atol=1e-5)
+    # A zero row has no direction: its codes are the plain ones, and nothing is NaN.
+    zero = np.zeros((1, D), dtype=np.float32)
+    assert np.array_equal(backend.sa_encode(zero), backend.encoder.sa_encode(zero))
+
+
+def test_search_is_the_y_space_inner_product_of_the_anisotropic_codes():
+    docs, queries = _shared_mean_corpus(3000)
+    index = QuantizedIndex.build(docs, "klt-apq:8")
+    backend = index.backend
+    assert isinstance(backend, AnisotropicIndex) and backend.sa_code_size() == 8 and index.ram_bytes() == 8
+    scores, rows = index.search(queries, 20)
+    root, inverse_root = score_weighting(docs, SCORE_WEIGHT)
+    kept_in_y, centroids = _pq_tables(backend)
+    kept = kept_in_y @ inverse_root
+    y_decoded = _decode_y(centroids, backend.sa_encode(docs))
+    z = queries.astype(np.float64) @ inverse_root @ kept.T
+    expected = z @ y_decoded.T
+    assert np.allclose(scores, np.take_along_axis(expected, rows.astype(np.int64), axis=1), rtol=1e-4, atol=1e-4)
+    assert np.allclose(queries @ index.reconstruct(docs).T, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_codec_faiss_alone_searches_the_anisotropic_codes_in_plain_faiss(tmp_path):
+    import faiss
+
+    docs, queries = _shared_mean_corpus(3000)
+    index = QuantizedIndex.build(docs, "klt-apq:8")
+    index.save_precision(tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"precision.json", CODEC_FILE, ENCODER_FILE, ANISOTROPY_FILE}
+    codec = DeployedCodec.load(tmp_path)
+    assert np.array_equal(codec.encode(docs), index.backend.sa_encode(docs))
+    plain = faiss.read_index(str(tmp_path / CODEC_FILE))
+    assert isinstance(plain, faiss.IndexResidualQuantizer) and plain.metric_type == faiss.METRIC_INNER_PRODUCT
+    plain.add_sa_codes(codec.encode(docs))
+    _, rows = index.search(queries, 10)
+    assert np.array_equal(plain.search(queries, 10)[1], rows)
+
+
+def test_a_missing_or_foreign_anisotropy_file_is_refused(tmp_path):
+    docs, _ = _shared_mean_corpus(3000)
+    QuantizedIndex.build(docs, "klt-apq:8").save_precision(tmp_path / "a")
+    other, _ = _shared_mean_corpus(3000, seed=1)  # another corpus: another weighting, other directions
+    QuantizedIndex.build(other, "klt-apq:8").save_precision(tmp_path / "b")
+    (tmp_path / "a" / ANISOTROPY_FILE).write_bytes((tmp_path / "b" / ANISOTROPY_FILE).read_bytes())
+    with pytest.raises(IntegrityError, match="sha256 mismatch"):
+        DeployedCodec.load(tmp_path / "a")
+    (tmp_path / "b" / ANISOTROPY_FILE).unlink()
+    with pytest.raises((IntegrityError, FileNotFoundError), match=ANISOTROPY_FILE):
+        DeployedCodec.load(tmp_path / "b")
+
+
+def test_a_plan_that_chooses_klt_apq_serves_what_it_scored(toy, tmp_path, monkeypatch):  # noqa: F811
+    """4 B a vector: only a codec fits; `index build --plan` and the plan's codec use exactly the scored codes."""
+    built: list[tuple[str, np.ndarray, QuantizedIndex]] = []
+    real_build = QuantizedIndex.build.__func__
+
+    def recording_build(cls, xb, precision, *args, **kwargs):
+        index = real_build(cls, xb, precision, *args, **kwargs)
+        built.append((index.precision.name, np.array(xb, copy=True), index))
+        return index
+
+    monkeypatch.setattr(QuantizedIndex, "build", classmethod(recording_build))
+    root, paths = toy
+    experiment = load_experiment(root, doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1],
+                                 query_embeddings=paths["query"][0], query_ids=paths["query"][1])
+    out = tmp_path / "plan"
+    plan = run_plan(experiment, out, budget_bytes=4, precisions=["float32", "int8"], work=tmp_path / "work", methods=["truncate"],
+                    dims=[16], peers=[], codecs=("klt-apq",), codec_budgets=(4,), rounds=0)
+    chosen = plan["chosen"]
+    assert chosen["precision"] == "klt-apq:4" and chosen["ram_bytes"] == 4 and chosen["tier"] == "ram"
+    assert {CODEC_FILE, ENCODER_FILE, ANISOTROPY_FILE} <= set(plan["files_sha256"])
+    info, compressor, precision, _ = load_plan(out)
+    docs = compressor.transform(experiment.embeddings.doc_embeddings)
+    scored = next(index for name, xb, index in built if name == precision.name and xb.shape == docs.shape
+                  and np.allclose(xb, docs, rtol=0, atol=1e-6))
+    index = load_index(build_planned_index(paths["doc"][0], tmp_path / "index", out, ids=paths["doc"][1]))
+    assert index.manifest["kind"] == "klt-apq:4" and index.manifest["plan"]["codec"] == CODEC_FILE
+    xq = compressor.transform(LabelledObjective(experiment).queries.vectors)
+    assert np.array_equal(scored.search(xq, 10)[1], index.search(xq, 10)[1])
+    assert np.array_equal(plan_codec(out).encode(docs[:50]), scored.backend.sa_encode(docs[:50]))
+    queries = LabelledObjective(experiment).queries
+    D_served, I_served = index.search(xq, 101)
+    served = evaluate_run(queries.judgments, run_from_topk(queries.ids, D_served, I_served, experiment.embeddings.doc_ids, 100, True),
+                          ("ndcg@10",))
+    assert served["ndcg@10"] == pytest.approx(chosen["ndcg@10"])
