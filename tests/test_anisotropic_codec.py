@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_weighted_codec import _shared_mean_corpus, toy  # noqa: F401  (a fixture)
+from test_weighted_codec import _shared_mean_corpus
 
-from embedtune.evaluate.metrics import evaluate_run
-from embedtune.evaluate.search import run_from_topk
-from embedtune.index import load_index
 from embedtune.index.codecs import CODEC_FILE, DeployedCodec, QuantizedIndex
 from embedtune.index.codecs.anisotropic import (
     ANISOTROPY,
@@ -26,12 +23,7 @@ from embedtune.index.codecs.anisotropic import (
     anisotropic_loss,
 )
 from embedtune.index.codecs.weighted import ENCODER_FILE, SCORE_WEIGHT, score_weighting
-from embedtune.index.plan_export import plan_codec
-from embedtune.index.plan_format import load_plan
-from embedtune.index.planned import build_planned_index
 from embedtune.io import IntegrityError
-from embedtune.workflows.experiment import load_experiment
-from embedtune.workflows.plan import LabelledObjective, run_plan
 
 D = 32
 
@@ -151,39 +143,3 @@ def test_a_missing_or_foreign_anisotropy_file_is_refused(tmp_path):
     (tmp_path / "b" / ANISOTROPY_FILE).unlink()
     with pytest.raises((IntegrityError, FileNotFoundError), match=ANISOTROPY_FILE):
         DeployedCodec.load(tmp_path / "b")
-
-
-def test_a_plan_that_chooses_klt_apq_serves_what_it_scored(toy, tmp_path, monkeypatch):  # noqa: F811
-    """4 B a vector: only a codec fits; `index build --plan` and the plan's codec use exactly the scored codes."""
-    built: list[tuple[str, np.ndarray, QuantizedIndex]] = []
-    real_build = QuantizedIndex.build.__func__
-
-    def recording_build(cls, xb, precision, *args, **kwargs):
-        index = real_build(cls, xb, precision, *args, **kwargs)
-        built.append((index.precision.name, np.array(xb, copy=True), index))
-        return index
-
-    monkeypatch.setattr(QuantizedIndex, "build", classmethod(recording_build))
-    root, paths = toy
-    experiment = load_experiment(root, doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1],
-                                 query_embeddings=paths["query"][0], query_ids=paths["query"][1])
-    out = tmp_path / "plan"
-    plan = run_plan(experiment, out, budget_bytes=4, precisions=["float32", "int8"], work=tmp_path / "work", methods=["truncate"],
-                    dims=[16], peers=[], codecs=("klt-apq",), codec_budgets=(4,), rounds=0)
-    chosen = plan["chosen"]
-    assert chosen["precision"] == "klt-apq:4" and chosen["ram_bytes"] == 4 and chosen["tier"] == "ram"
-    assert {CODEC_FILE, ENCODER_FILE, ANISOTROPY_FILE} <= set(plan["files_sha256"])
-    info, compressor, precision, _ = load_plan(out)
-    docs = compressor.transform(experiment.embeddings.doc_embeddings)
-    scored = next(index for name, xb, index in built if name == precision.name and xb.shape == docs.shape
-                  and np.allclose(xb, docs, rtol=0, atol=1e-6))
-    index = load_index(build_planned_index(paths["doc"][0], tmp_path / "index", out, ids=paths["doc"][1]))
-    assert index.manifest["kind"] == "klt-apq:4" and index.manifest["plan"]["codec"] == CODEC_FILE
-    xq = compressor.transform(LabelledObjective(experiment).queries.vectors)
-    assert np.array_equal(scored.search(xq, 10)[1], index.search(xq, 10)[1])
-    assert np.array_equal(plan_codec(out).encode(docs[:50]), scored.backend.sa_encode(docs[:50]))
-    queries = LabelledObjective(experiment).queries
-    D_served, I_served = index.search(xq, 101)
-    served = evaluate_run(queries.judgments, run_from_topk(queries.ids, D_served, I_served, experiment.embeddings.doc_ids, 100, True),
-                          ("ndcg@10",))
-    assert served["ndcg@10"] == pytest.approx(chosen["ndcg@10"])

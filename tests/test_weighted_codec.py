@@ -14,6 +14,7 @@ import pytest
 
 from embedtune.index import load_index
 from embedtune.index.codecs import CODEC_FILE, DeployedCodec, Precision, QuantizedIndex
+from embedtune.index.codecs.anisotropic import ANISOTROPY_FILE
 from embedtune.index.codecs.weighted import ENCODER_FILE, SCORE_WEIGHT, KltWeightedPQ, ScoreWeightedIndex, score_weighting
 from embedtune.index.plan_export import plan_codec
 from embedtune.index.plan_format import load_plan
@@ -147,7 +148,9 @@ def toy(tmp_path):
     return root, paths
 
 
-def test_a_plan_that_chooses_klt_wpq_serves_what_it_scored(toy, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("family", "files"), [("klt-wpq", (CODEC_FILE, ENCODER_FILE)),
+                                               ("klt-apq", (CODEC_FILE, ENCODER_FILE, ANISOTROPY_FILE))])
+def test_a_plan_that_chooses_a_weighted_codec_serves_what_it_scored(family, files, toy, tmp_path, monkeypatch):
     """4 B a vector: only a codec fits; `index build --plan`, `search` and `compress export --plan` use exactly the scored codes."""
     built = record_builds(monkeypatch)
     root, paths = toy
@@ -155,11 +158,10 @@ def test_a_plan_that_chooses_klt_wpq_serves_what_it_scored(toy, tmp_path, monkey
                                  query_embeddings=paths["query"][0], query_ids=paths["query"][1])
     out = tmp_path / "plan"
     plan = run_plan(experiment, out, budget_bytes=4, precisions=["float32", "int8"], work=tmp_path / "work", methods=["truncate"],
-                    dims=[16], peers=[], codecs=("klt-wpq",), codec_budgets=(4,), rounds=0)
+                    dims=[16], peers=[], codecs=(family,), codec_budgets=(4,), rounds=0)
     chosen = plan["chosen"]
-    assert chosen["precision"] == "klt-wpq:4" and chosen["ram_bytes"] == 4 and chosen["tier"] == "ram"
-    assert (out / CODEC_FILE).is_file() and (out / ENCODER_FILE).is_file()
-    assert {CODEC_FILE, ENCODER_FILE} <= set(plan["files_sha256"])
+    assert chosen["precision"] == f"{family}:4" and chosen["ram_bytes"] == 4 and chosen["tier"] == "ram"
+    assert all((out / name).is_file() for name in files) and set(files) <= set(plan["files_sha256"])
     assert_served_as_scored(experiment, plan, out, built, paths["doc"][0], paths["doc"][1], tmp_path / "index")
 
 
