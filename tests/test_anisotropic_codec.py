@@ -3,8 +3,8 @@
 The registry's contract (build, bytes, save, load, search, tampering) is checked for every registered codec in
 ``tests/test_codec_registry.py``; here: what is particular to the anisotropic encoder. Its codes lower the loss
 they are chosen by, below the plain codes'; with η = 1 they are the plain codes; its search is the ``y``-space
-computation ``z · ŷ`` of those codes; ``codec.faiss`` alone searches them in plain FAISS; and a plan that chooses
-it serves exactly what it scored.
+computation ``z · ŷ`` of those codes; ``codec.faiss`` alone searches them in plain FAISS. That a plan which chooses
+it serves exactly what it scored is checked with ``klt-wpq``'s, in ``tests/test_weighted_codec.py``.
 """
 
 from __future__ import annotations
