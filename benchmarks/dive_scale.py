@@ -1,0 +1,192 @@
+"""DIVE's unsupervised fit at scale: where quality plateaus with the training sample, and what a fit costs at N rows.
+
+Two measurements, each resumable (finished cells are kept in ``--out``/``dive-scale.json`` and skipped):
+
+* ``plateau``: on real MiniLM vectors (SciFact, bundled; ArguAna, ``benchmarks/data/vectors``), the
+  ``unsupervised`` preset (k = 128) fitted on training samples of ``--samples`` documents
+  (``max_train_docs``; ``0`` = every document), then scored on the dataset's judged test queries
+  (nDCG@10, exact cosine search over the whole corpus) and label-free (agreement@10: the share of
+  the uncompressed exact top-10 of each of those queries that the compressed space also ranks in
+  its top 10). The samples are nested: for one seed a smaller sample is a prefix of a larger one.
+
+      python benchmarks/dive_scale.py plateau --beir /work/shared/data/beir
+
+* ``timing``: ``compress fit --method dive --unsupervised --doc-embeddings`` in a fresh process on
+  N tiled MiniLM vectors (``benchmarks/scale_plan.py``'s generator: the bundled vectors tiled with
+  seeded Gaussian noise, unit rows, 384-d, written under ``--work``), one thread; wall seconds and
+  the child's peak RSS (``os.wait4``), the epochs run and the rows trained on.
+
+      python benchmarks/dive_scale.py timing --rows 10000 100000 1000000 --work /tmp/divescale
+
+``report`` writes ``REPORT.md`` beside the JSON from what has been measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = {
+    "scifact": REPO / "src/embedtune/datasets/scifact-minilm-vectors.npz",
+    "arguana": REPO / "benchmarks/data/vectors/arguana-minilm-vectors.npz",
+}
+K = 128
+AT = 10
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs visible, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def load_results(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"plateau": {}, "timing": {}}
+
+
+def save_results(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# -- plateau ---------------------------------------------------------------------------------
+def top_k(queries: np.ndarray, docs: np.ndarray, k: int = AT) -> np.ndarray:
+    from embedtune.evaluate.search import exact_search
+
+    return exact_search(np.ascontiguousarray(queries), np.ascontiguousarray(docs), k=k)[1]
+
+
+def plateau(args: argparse.Namespace) -> None:
+    from embedtune.compress.dive import DIVECompressor, DIVEConfig
+    from embedtune.compress.dive.unsupervised import holdout_documents
+    from embedtune.evaluate.retrieval import evaluate_embeddings
+
+    out = Path(args.out) / "dive-scale.json"
+    results = load_results(out)
+    for name in args.datasets:
+        z = np.load(DATASETS[name])
+        docs, queries = z["document"].astype(np.float32), z["query"].astype(np.float32)
+        docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        doc_ids, query_ids = [str(i) for i in z["document_ids"]], [str(i) for i in z["query_ids"]]
+        qrels: dict[str, dict[str, int]] = {}
+        with open(Path(args.beir) / name / "qrels" / "test.tsv", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle, delimiter="\t"):
+                qrels.setdefault(row["query-id"], {})[row["corpus-id"]] = int(row["score"])
+        judged = [i for i, qid in enumerate(query_ids) if qid in qrels]
+        ids, q = [query_ids[i] for i in judged], queries[judged]
+        frozen_top = top_k(q, docs)
+
+        def score(qv: np.ndarray, dv: np.ndarray) -> dict[str, float]:
+            ndcg = float(evaluate_embeddings(ids, qv, doc_ids, dv, qrels, similarity="cosine").aggregate["ndcg@10"])
+            found = top_k(qv, dv)
+            agree = np.mean([len(set(a) & set(b)) / AT for a, b in zip(found, frozen_top)])
+            return {"ndcg@10": ndcg, "agreement@10": float(agree)}
+
+        cells = results["plateau"].setdefault(name, {})
+        cells.setdefault("frozen", {**score(q, docs), "documents": len(docs), "judged_queries": len(ids)})
+        print(f"{name}: {len(docs)} documents, {len(ids)} judged queries; frozen nDCG@10 {cells['frozen']['ndcg@10']:.4f}", flush=True)
+        for seed in args.seeds:
+            fit_rows = len(holdout_documents(len(docs), DIVEConfig.preset("unsupervised", seed=seed))[1])
+            for sample in args.samples:
+                rows = fit_rows if sample == 0 or sample >= fit_rows else sample
+                key = f"s{seed}-n{rows}"
+                if key in cells:
+                    continue
+                config = DIVEConfig.preset("unsupervised", dim=K, seed=seed, max_train_docs=rows, progress=False, device="cpu")
+                start = time.perf_counter()
+                model = DIVECompressor(config).fit_unsupervised(docs)
+                seconds = time.perf_counter() - start
+                cell = {**score(model.transform(q), model.transform(docs)), "seed": seed, "train_docs": rows, "fit_seconds": round(seconds, 1),
+                        "selected_epoch": model.selected_epoch_, "epochs_run": len(model.history_) - 1,
+                        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+                cells[key] = cell
+                save_results(out, results)
+                print(f"  seed {seed}, {rows} training docs: nDCG@10 {cell['ndcg@10']:.4f}, agreement@10 {cell['agreement@10']:.4f}, "
+                      f"epoch {cell['selected_epoch']} of {cell['epochs_run']}, {seconds:.0f}s", flush=True)
+    results.setdefault("meta", {})["plateau"] = {"machine": machine(), "command": " ".join(["python", *sys.argv])}
+    save_results(out, results)
+
+
+# -- timing ----------------------------------------------------------------------------------
+def timing(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from scale_plan import make_vectors
+
+    out = Path(args.out) / "dive-scale.json"
+    results = load_results(out)
+    work = Path(args.work)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(REPO / "src")}
+    for n in args.rows:
+        key = f"{args.label}-n{n}"
+        if key in results["timing"]:
+            continue
+        vectors, ids = make_vectors(n, work)
+        fit_dir = work / f"fit{n}-{args.label}"
+        command = [sys.executable, "-m", "embedtune", "--threads", "1", "-q", "compress", "fit", "--method", "dive", "--unsupervised",
+                   "--doc-embeddings", str(vectors), "--doc-ids", str(ids), "--dim", str(K), "--out", str(fit_dir), "--overwrite", "--json",
+                   *[part for setting in args.set for part in ("--set", setting)]]
+        start = time.perf_counter()
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        stdout, stderr = child.stdout.read(), child.stderr.read()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"n={n}: the fit failed:\n{stderr[-3000:]}")
+        info = json.loads(stdout)
+        log = [json.loads(line) for line in (fit_dir / "training_log.jsonl").read_text().splitlines() if line.strip()]
+        cell = {"rows": n, "wall_seconds": round(wall, 1), "fit_seconds": info["fit_seconds"], "peak_rss_mib": round(usage.ru_maxrss / 1024),
+                "epochs_run": len(log) - 1, "selected_epoch": info.get("selected_epoch"), "fit_details": info.get("fit_details"),
+                "max_train_docs": info["config"].get("max_train_docs"),
+                "command": " ".join(["python", *command[1:]]).replace(str(work), "$WORK"), "machine": machine(),
+                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        results["timing"][key] = cell
+        save_results(out, results)
+        print(f"{key}: wall {wall:.0f}s, peak RSS {cell['peak_rss_mib']} MiB, {cell['epochs_run']} epochs (kept {cell['selected_epoch']})", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/dive-scale"))
+    sub = parser.add_subparsers(dest="step", required=True)
+    p = sub.add_parser("plateau")
+    p.add_argument("--beir", required=True, help="folder of BEIR datasets (<name>/qrels/test.tsv)")
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--samples", type=int, nargs="+", default=[500, 1000, 2000, 4000, 0], help="training documents; 0: all")
+    p.add_argument("--seeds", type=int, nargs="+", default=[2027])
+    t = sub.add_parser("timing")
+    t.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    t.add_argument("--work", required=True, help="folder for the tiled vectors and the fits (not in the repository)")
+    t.add_argument("--label", default="after", help="names the cells (e.g. before/after a change)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to compress fit")
+    sub.add_parser("report")
+    args = parser.parse_args()
+    if args.step == "plateau":
+        plateau(args)
+    elif args.step == "timing":
+        timing(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
