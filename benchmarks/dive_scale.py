@@ -14,7 +14,9 @@ Two measurements, each resumable (finished cells are kept in ``--out``/``dive-sc
 * ``timing``: ``compress fit --method dive --unsupervised --doc-embeddings`` in a fresh process on
   N tiled MiniLM vectors (``benchmarks/scale_plan.py``'s generator: the bundled vectors tiled with
   seeded Gaussian noise, unit rows, 384-d, written under ``--work``), one thread; wall seconds and
-  the child's peak RSS (``os.wait4``), the epochs run and the rows trained on.
+  the child's peak RSS (``os.wait4``: it counts the memory-mapped corpus's pages that streaming passes
+  touched, which the kernel can drop) and its peak anonymous memory (``RssAnon``, sampled every 0.2 s:
+  what it allocated), the epochs run and the rows trained on.
 
       python benchmarks/dive_scale.py timing --rows 10000 100000 1000000 --work /tmp/divescale
 
@@ -31,6 +33,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -128,6 +131,17 @@ def plateau(args: argparse.Namespace) -> None:
 
 
 # -- timing ----------------------------------------------------------------------------------
+def rss_anon_kib(pid: int) -> int:
+    """The process's resident anonymous memory (kB), 0 once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def timing(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from scale_plan import make_vectors
@@ -136,7 +150,7 @@ def timing(args: argparse.Namespace) -> None:
     results = load_results(out)
     work = Path(args.work)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": str(REPO / "src")}
+           "PYTHONPATH": str(Path(args.src).resolve())}
     for n in args.rows:
         key = f"{args.label}-n{n}"
         if key in results["timing"]:
@@ -147,22 +161,102 @@ def timing(args: argparse.Namespace) -> None:
                    "--doc-embeddings", str(vectors), "--doc-ids", str(ids), "--dim", str(K), "--out", str(fit_dir), "--overwrite", "--json",
                    *[part for setting in args.set for part in ("--set", setting)]]
         start = time.perf_counter()
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        stdout, stderr = child.stdout.read(), child.stderr.read()
+        with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+            child = subprocess.Popen(command, env=env, stdout=out_file, stderr=err_file, text=True)
+            peak_anon = 0
+            while True:  # the child's anonymous memory, sampled: what it allocated, not the mapped file's cached pages
+                pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+                if pid:
+                    break
+                peak_anon = max(peak_anon, rss_anon_kib(child.pid))
+                time.sleep(0.2)
+            wall = time.perf_counter() - start
+            out_file.seek(0)
+            err_file.seek(0)
+            stdout, stderr = out_file.read(), err_file.read()
         if os.waitstatus_to_exitcode(status) != 0:
             raise SystemExit(f"n={n}: the fit failed:\n{stderr[-3000:]}")
         info = json.loads(stdout)
         log = [json.loads(line) for line in (fit_dir / "training_log.jsonl").read_text().splitlines() if line.strip()]
-        cell = {"rows": n, "wall_seconds": round(wall, 1), "fit_seconds": info["fit_seconds"], "peak_rss_mib": round(usage.ru_maxrss / 1024),
+        cell = {"rows": n, "wall_seconds": round(wall, 1), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1),
+                "load_average": os.getloadavg()[0], "fit_seconds": info["fit_seconds"], "peak_rss_mib": round(usage.ru_maxrss / 1024),
+                "peak_anon_mib": round(peak_anon / 1024),
                 "epochs_run": len(log) - 1, "selected_epoch": info.get("selected_epoch"), "fit_details": info.get("fit_details"),
                 "max_train_docs": info["config"].get("max_train_docs"),
                 "command": " ".join(["python", *command[1:]]).replace(str(work), "$WORK"), "machine": machine(),
                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         results["timing"][key] = cell
         save_results(out, results)
-        print(f"{key}: wall {wall:.0f}s, peak RSS {cell['peak_rss_mib']} MiB, {cell['epochs_run']} epochs (kept {cell['selected_epoch']})", flush=True)
+        print(f"{key}: wall {wall:.0f}s, CPU {cell['cpu_seconds']:.0f}s, peak RSS {cell['peak_rss_mib']} MiB (anonymous {cell['peak_anon_mib']} MiB), {cell['epochs_run']} epochs (kept {cell['selected_epoch']})", flush=True)
+
+
+# -- report ----------------------------------------------------------------------------------
+def report(args: argparse.Namespace) -> None:
+    out = Path(args.out) / "dive-scale.json"
+    results = load_results(out)
+    for other in args.merge:
+        extra = load_results(Path(other))
+        for name, cells in extra.get("plateau", {}).items():
+            results["plateau"].setdefault(name, {}).update(cells)
+        results["timing"].update(extra.get("timing", {}))
+        for key, value in extra.get("meta", {}).items():
+            results.setdefault("meta", {}).setdefault(key, value)
+    save_results(out, results)
+    lines = ["# DIVE's unsupervised fit at scale", "",
+             f"Generated by `benchmarks/dive_scale.py report` from `dive-scale.json` beside this report. k = {K}, the "
+             "`unsupervised` preset (`compress fit --method dive --unsupervised`), one thread.", ""]
+    meta = results.get("meta", {}).get("plateau", {})
+    lines += ["## Where quality plateaus: training sample against nDCG@10 and agreement@10", "",
+              f"- machine: {meta.get('machine', machine())}",
+              f"- command: `{meta.get('command', 'python benchmarks/dive_scale.py plateau --beir BEIR')}` (one process per dataset)", "",
+              "Judged nDCG@10 of the dataset's test queries, exact cosine search over the whole corpus; agreement@10: the share "
+              "of each of those queries' uncompressed exact top-10 that the compressed space also ranks in its top 10 (no labels "
+              "read). The held-out documents that select the start and the epoch (a tenth of the corpus, at most 1,000) are "
+              "never in the sample. Each cell: the mean over the seeds, then each seed's value.", ""]
+    for name, cells in results["plateau"].items():
+        frozen = cells.get("frozen", {})
+        lines += [f"### {name}: {frozen.get('documents')} documents, {frozen.get('judged_queries')} judged queries; "
+                  f"uncompressed nDCG@10 {frozen.get('ndcg@10', float('nan')):.4f}", "",
+                  "| training documents | nDCG@10 | agreement@10 | epochs run (kept) | fit s |", "|---|---|---|---|---|"]
+        by_size: dict[int, list[dict]] = {}
+        for key, cell in cells.items():
+            if key != "frozen":
+                by_size.setdefault(cell["train_docs"], []).append(cell)
+        for size in sorted(by_size):
+            group = sorted(by_size[size], key=lambda c: c["seed"])
+
+            def col(metric: str) -> str:
+                values = [c[metric] for c in group]
+                return f"{np.mean(values):.4f} ({' / '.join(f'{v:.4f}' for v in values)})"
+
+            epochs = ", ".join(f"{c['epochs_run']} ({c['selected_epoch']})" for c in group)
+            seconds = ", ".join(f"{c['fit_seconds']:.0f}" for c in group)
+            lines.append(f"| {size:,} | {col('ndcg@10')} | {col('agreement@10')} | {epochs} | {seconds} |")
+        lines.append("")
+    if results["timing"]:
+        lines += ["## Fit time and memory at N rows", "",
+                  "`compress fit --method dive --unsupervised --doc-embeddings v<N>.npy` in a fresh process, one thread. The "
+                  "vectors: the bundled MiniLM document vectors (ArguAna, NPL, CACM, MED) tiled to N rows with seeded Gaussian "
+                  "noise (sigma 0.01), unit rows, 384-d (`benchmarks/scale_plan.py`'s generator). Peak RSS counts the "
+                  "memory-mapped corpus's pages that a streaming pass touched (clean page cache the kernel can drop); peak "
+                  "anonymous memory is what the process allocated (sampled every 0.2 s). CPU s is the child's user + system time, which "
+                  "other sessions' load on the shared machine does not inflate as it does wall time; load is the 1-minute load "
+                  "average when the run ended. `before` is the code before this "
+                  "change; `epochs=0` cells stop at the PCA start (loading, checks, sampling, PCA, neighbours, selection).", "",
+                  "| run | N | wall s | CPU s | load | epochs run (kept) | trained on | PCA rows | peak RSS MiB | peak anonymous MiB |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for key, cell in sorted(results["timing"].items(), key=lambda kv: (kv[0].rsplit("-n", 1)[0], kv[1]["rows"])):
+            details = cell.get("fit_details") or {}
+            lines.append(f"| {key.rsplit('-n', 1)[0]} | {cell['rows']:,} | {cell['wall_seconds']:.0f} | {cell.get('cpu_seconds', float('nan')):.0f} | "
+                         f"{cell.get('load_average', float('nan')):.1f} | "
+                         f"{cell['epochs_run']} ({cell['selected_epoch']}) | {details.get('train_docs', cell.get('max_train_docs', '?'))} | "
+                         f"{details.get('pca_rows', 'all')} | {cell['peak_rss_mib']:,} | {cell.get('peak_anon_mib', '–')} |")
+        first = next(iter(results["timing"].values()))
+        lines += ["", f"- machine: {first['machine']}", "- commands (`$WORK` = `--work`):", ""]
+        lines += [f"  - {key} ({cell['date']}): `{cell['command']}`" for key, cell in sorted(results["timing"].items())]
+        lines.append("")
+    (Path(args.out) / "REPORT.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def main() -> int:
@@ -179,12 +273,16 @@ def main() -> int:
     t.add_argument("--work", required=True, help="folder for the tiled vectors and the fits (not in the repository)")
     t.add_argument("--label", default="after", help="names the cells (e.g. before/after a change)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to compress fit")
-    sub.add_parser("report")
+    t.add_argument("--src", default=str(REPO / "src"), help="the embedtune source to time (e.g. an older checkout's src/)")
+    r = sub.add_parser("report")
+    r.add_argument("--merge", nargs="*", default=[], help="other dive-scale.json files whose cells to add first")
     args = parser.parse_args()
     if args.step == "plateau":
         plateau(args)
     elif args.step == "timing":
         timing(args)
+    else:
+        report(args)
     return 0
 
 

@@ -113,5 +113,8 @@ def test_the_default_training_sample():
     n = DEFAULT_TRAIN_DOCS * 3
     held, fit_rows = holdout_documents(n, config)
     assert len(fit_rows) == DEFAULT_TRAIN_DOCS and len(held) == min(config.holdout_docs, n // 10)
+    small = np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32)
+    fitted = DIVECompressor(dataclasses.replace(config, dim=4, epochs=1, progress=False, device="cpu")).fit_unsupervised(small)
+    assert "pca_rows" not in fitted.fit_details() and "train_docs" not in fitted.fit_details()  # every row was read
     _, every = holdout_documents(n, dataclasses.replace(config, max_train_docs=None))
     assert len(every) == n - len(held)

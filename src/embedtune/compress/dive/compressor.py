@@ -105,7 +105,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         self.pca_start_: str | None = None
         self.pca_start_scores_: dict[str, float] = {}
         self.history_: list[dict[str, Any]] = []
-        #: Rows of the corpus the PCA start was estimated from, and (unsupervised mode) the documents trained on.
+        #: Rows of the corpus the PCA start was estimated from, and the documents the unsupervised mode trained on,
+        #: where those were samples of a larger corpus (else None: every row).
         self.pca_rows_: int | None = None
         self.train_docs_: int | None = None
         self._log_path: Path | None = None
@@ -150,7 +151,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         return residual_mlp_layers(adapter.mlp, self.config.activation, np.arange(adapter.dim), adapter.rotation, adapter.normalize_input)
 
     def fit_details(self) -> dict[str, Any]:
-        """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start."""
+        """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start;
+        on a corpus larger than a sample, the rows the PCA start and the unsupervised training read (``pca_rows``, ``train_docs``)."""
         details: dict[str, Any] = {"heads": int(self.heads_)} if self.heads_ is not None else {}
         if self.pca_rows_ is not None:
             details["pca_rows"] = int(self.pca_rows_)
@@ -218,7 +220,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             rows = pca_start_rows(train.doc_embeddings, config.seed)
             rotation = corpus_pca_rotation(rows, config.normalize_input)
             self._centring = centred_start_bias(rows, rotation, config.normalize_input)
-            self.pca_rows_ = len(rows)
+            self.pca_rows_ = len(rows) if len(rows) < len(train.doc_embeddings) else None
             del rows
         self.heads_ = heads
         self.selected_epoch_ = None

@@ -118,7 +118,8 @@ class UnsupervisedTraining:
         """The unsupervised mode: train on corpus embeddings only; returns the selected epoch (None: 'last')."""
         config = self.config
         held, fit_rows = holdout_documents(len(train.doc_embeddings), config)
-        n_holdout, self.train_docs_ = len(held), len(fit_rows)
+        n_holdout = len(held)
+        self.train_docs_ = len(fit_rows) if len(fit_rows) + n_holdout < len(train.doc_embeddings) else None  # None: every document
         # Only the sampled and the held-out documents are copied (a large corpus is not); rows below are local to them.
         universe = np.sort(np.concatenate([fit_rows, held]))
         fit_local, held_local = np.searchsorted(universe, fit_rows), np.searchsorted(universe, held)
