@@ -52,7 +52,11 @@ buries the topics), so ``selection_signal='pseudo-queries'`` selects instead on 
 held-out documents' pseudo-queries (a title or first sentence each, encoded as a query,
 ``TrainingData.pseudo_queries``) retrieving their own document among the candidates. (Held-out neighbour
 recall@10 is logged too; it flattens after a few epochs while the ranking keeps improving, so it
-is not selected on.) Corpora above ``max_train_docs`` train on a seeded sample.
+is not selected on.) Corpora above ``max_train_docs`` (default
+:data:`~embedtune.compress.dive.config.DEFAULT_TRAIN_DOCS`) train on a seeded sample of that many
+documents, and with ``init="pca"`` the start (rotation and centring mean) of a corpus above the
+``pca`` baseline's fit sample is estimated on that baseline's seeded sample: only sampled rows are
+read and normalised, so a memory-mapped corpus of any size is never copied whole.
 
 The package, one idea a module:
 

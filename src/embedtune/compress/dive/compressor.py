@@ -18,7 +18,7 @@ import torch
 
 from embedtune.compress.base import Compressor, TrainingData
 from embedtune.compress.dive.config import DIVEConfig, resolve_heads
-from embedtune.compress.dive.network import DIVEAdapter, DIVEEncoder, corpus_pca_rotation
+from embedtune.compress.dive.network import DIVEAdapter, DIVEEncoder, centred_start_bias, corpus_pca_rotation, pca_start_rows
 from embedtune.compress.dive.supervised import SupervisedTraining
 from embedtune.compress.dive.unsupervised import UnsupervisedTraining, holdout_documents
 from embedtune.compress.export_layers import ExportLayer, residual_mlp_layers
@@ -105,7 +105,13 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         self.pca_start_: str | None = None
         self.pca_start_scores_: dict[str, float] = {}
         self.history_: list[dict[str, Any]] = []
+        #: Rows of the corpus the PCA start was estimated from, and the documents the unsupervised mode trained on,
+        #: where those were samples of a larger corpus (else None: every row).
+        self.pca_rows_: int | None = None
+        self.train_docs_: int | None = None
         self._log_path: Path | None = None
+        # During a fit with init='pca': the adapter output bias of the centred start (centred_start_bias).
+        self._centring: np.ndarray | None = None
 
     # -- public API -------------------------------------------------------------------------
     def fit(self, train: TrainingData, val: TrainingData | None = None, log_path: str | Path | None = None) -> "DIVECompressor":
@@ -118,7 +124,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             log_path: when given, each epoch's diagnostics row is appended to this JSONL file.
         """
         self.input_dim_, self.adapter_, self.heads_, self.history_, self.selected_epoch_ = None, None, None, [], None
-        self.pca_start_, self.pca_start_scores_ = None, {}
+        self.pca_start_, self.pca_start_scores_, self.pca_rows_, self.train_docs_ = None, {}, None, None
         self._log_path = Path(log_path) if log_path is not None else None
         try:
             return super().fit(train, val)
@@ -126,7 +132,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             self.input_dim_ = None  # a failed fit must not look fitted
             raise
         finally:
-            self._log_path = None
+            self._log_path, self._centring = None, None
 
     def torch_module(self) -> DIVEEncoder:
         """A CPU copy of the inference path as an ``nn.Module`` (for export), in eval mode."""
@@ -145,8 +151,13 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         return residual_mlp_layers(adapter.mlp, self.config.activation, np.arange(adapter.dim), adapter.rotation, adapter.normalize_input)
 
     def fit_details(self) -> dict[str, Any]:
-        """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start."""
+        """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start;
+        on a corpus larger than a sample, the rows the PCA start and the unsupervised training read (``pca_rows``, ``train_docs``)."""
         details: dict[str, Any] = {"heads": int(self.heads_)} if self.heads_ is not None else {}
+        if self.pca_rows_ is not None:
+            details["pca_rows"] = int(self.pca_rows_)
+        if self.train_docs_ is not None:
+            details["train_docs"] = int(self.train_docs_)
         start = next((row["start"] for row in self.history_ if row.get("epoch") == 0 and "start" in row), None)
         if start is None and self.pca_start_scores_:  # the supervised mode chose between the two PCA starts
             start = self.pca_start_
@@ -203,7 +214,14 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             train.require_triplets(self.method)
         hidden_dim = config.hidden_dim or max(1, train.dim // 2)
         device = resolve_device(config.device)
-        rotation = corpus_pca_rotation(train.doc_embeddings, config.normalize_input) if config.init == "pca" else None
+        rotation = None
+        if config.init == "pca":
+            # Estimated on a sample of a large corpus (pca_start_rows): only those rows are read and normalised.
+            rows = pca_start_rows(train.doc_embeddings, config.seed)
+            rotation = corpus_pca_rotation(rows, config.normalize_input)
+            self._centring = centred_start_bias(rows, rotation, config.normalize_input)
+            self.pca_rows_ = len(rows) if len(rows) < len(train.doc_embeddings) else None
+            del rows
         self.heads_ = heads
         self.selected_epoch_ = None
         if config.mode == "unsupervised":

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedtune.compress.pca import principal_axes
+from embedtune.compress.pca import fit_sample_rows, principal_axes
 from embedtune.compress.residual_mlp import ResidualMLP
 from embedtune.evaluate.search import exact_search
 
 # unit_float32, corpus_mean, centred_start_bias and nearest_neighbors serve the training algorithms of this package.
-__all__ = ["DIVEAdapter", "DIVEEncoder", "corpus_pca_rotation"]
+__all__ = ["DIVEAdapter", "DIVEEncoder", "corpus_pca_rotation", "pca_start_rows"]
 
 
 class DIVEAdapter(nn.Module):
@@ -86,6 +86,23 @@ class DIVEEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         head = self.adapter.head_one(x)
         return head * x.norm(dim=-1, keepdim=True) if self.scale_by_input_norm else head
+
+
+def pca_start_rows(doc_embeddings: np.ndarray, seed: int) -> np.ndarray:
+    """The corpus rows DIVE's PCA start (``init='pca'``) is estimated from: the rotation and the centred start's mean.
+
+    The ``pca`` baseline's sample (:func:`embedtune.compress.pca.fit_sample_rows`, ``'auto'``:
+    ``min(N, max(65536, 100·d))`` rows), drawn with ``seed`` as that baseline draws it, so the
+    centred start is still the ``pca`` baseline of the same seed. A corpus no larger than the sample
+    is returned itself (no copy); a larger one, memory-mapped or not, has only the sampled rows read,
+    in file order.
+    """
+    n, d = doc_embeddings.shape
+    m = fit_sample_rows(n, d)
+    if m >= n:
+        return doc_embeddings
+    picked = np.sort(np.random.default_rng(seed).choice(n, size=m, replace=False))
+    return np.asarray(doc_embeddings[picked])
 
 
 def corpus_pca_rotation(doc_embeddings: np.ndarray, normalize_input: bool = True) -> np.ndarray:

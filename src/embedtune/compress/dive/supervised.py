@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from embedtune.compress.base import TrainingData
 from embedtune.compress.dive.config import DIVEConfig
-from embedtune.compress.dive.network import DIVEAdapter, centred_start_bias
+from embedtune.compress.dive.network import DIVEAdapter
 from embedtune.compress.holdout import holdout_split
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss
 from embedtune.compress.quantization_aware import quantization_aware_triplet_loss
@@ -49,6 +49,7 @@ class SupervisedTraining:
     history_: list[dict[str, Any]]
     pca_start_: str | None
     pca_start_scores_: dict[str, float]
+    _centring: np.ndarray | None
     _validate: Callable[[TrainingData], float]
     _append_log: Callable[[dict[str, Any]], None]
 
@@ -173,7 +174,9 @@ class SupervisedTraining:
         """Put the adapter at the uncentred or the centred PCA projection, as ``pca_start`` says.
 
         The centred start is the uncentred one with the output bias ``−μR`` (μ the mean unit row of
-        the corpus), which is exactly the ``pca`` baseline's projection, so an adapter kept at epoch
+        the corpus; of a large corpus, of the ``pca`` baseline's sample of it,
+        :func:`~embedtune.compress.dive.network.pca_start_rows`), which is exactly the ``pca``
+        baseline's projection, so an adapter kept at epoch
         0 is the stronger of the two PCA variants on the selection queries. With ``'stronger'``,
         both are scored on ``holdout`` and the choice is kept for a later refit; returns the
         epoch-0 history row (empty without a rotation).
@@ -181,7 +184,7 @@ class SupervisedTraining:
         config = self.config
         if rotation is None:
             return {}
-        centring = torch.from_numpy(centred_start_bias(train.doc_embeddings, rotation, config.normalize_input)).to(adapter.mlp.down.bias.device)
+        centring = torch.from_numpy(self._centring).to(adapter.mlp.down.bias.device)
         row: dict[str, Any] = {"epoch": 0, "phase": phase}
         choice = config.pca_start
         if choice == "stronger":

@@ -21,7 +21,7 @@ import torch
 
 from embedtune.compress.base import PseudoQueries, TrainingData
 from embedtune.compress.dive.config import DIVEConfig
-from embedtune.compress.dive.network import DIVEAdapter, centred_start_bias, nearest_neighbors, unit_float32
+from embedtune.compress.dive.network import DIVEAdapter, nearest_neighbors, unit_float32
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX
 from embedtune.evaluate.search import exact_search
@@ -100,6 +100,8 @@ class UnsupervisedTraining:
     config: DIVEConfig
     adapter_: DIVEAdapter | None
     history_: list[dict[str, Any]]
+    train_docs_: int | None
+    _centring: np.ndarray | None
     transform: Callable[[Any], np.ndarray]
     _validate: Callable[[TrainingData], float]
     _append_log: Callable[[dict[str, Any]], None]
@@ -117,6 +119,7 @@ class UnsupervisedTraining:
         config = self.config
         held, fit_rows = holdout_documents(len(train.doc_embeddings), config)
         n_holdout = len(held)
+        self.train_docs_ = len(fit_rows) if len(fit_rows) + n_holdout < len(train.doc_embeddings) else None  # None: every document
         # Only the sampled and the held-out documents are copied (a large corpus is not); rows below are local to them.
         universe = np.sort(np.concatenate([fit_rows, held]))
         fit_local, held_local = np.searchsorted(universe, fit_rows), np.searchsorted(universe, held)
@@ -167,7 +170,7 @@ class UnsupervisedTraining:
             if rotation is not None:
                 # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR),
                 # which is the pca baseline.
-                centring = torch.from_numpy(centred_start_bias(train.doc_embeddings, rotation, config.normalize_input)).to(device)
+                centring = torch.from_numpy(self._centring).to(device)
                 with torch.no_grad():
                     adapter.mlp.down.bias.copy_(centring)
                 starts["centred"] = measure()
