@@ -262,3 +262,27 @@ def test_the_corpus_is_hashed_once_per_plan_not_once_per_candidate(scifact_slice
     assert {path: path.stat().st_mtime_ns for path in (tmp_path / "work").rglob("key.json")} == keys
     assert second["chosen"]["setting"] == first["chosen"]["setting"]
     assert label_free._array_sha(scifact_slice[1].doc_embeddings) == label_free._array_sha(scifact_slice[1].doc_embeddings, real(scifact_slice[1].doc_embeddings))
+
+
+def test_a_cached_label_free_fit_is_not_reused_once_a_config_default_changes(tmp_path, monkeypatch):
+    """The fit's key holds the whole resolved config, defaults included, not only the settings a candidate names."""
+    from embedtune.workflows import label_free
+    from embedtune.workflows.plan import candidate_for
+
+    docs = np.random.default_rng(0).standard_normal((80, 16)).astype(np.float32)
+    ids = [f"d{i}" for i in range(80)]
+    candidate = candidate_for("pca", 4)
+    first, _ = label_free.fit_label_free(candidate, ids, docs, seed=0, work=tmp_path)
+    again, _ = label_free.fit_label_free(candidate, ids, docs, seed=0, work=tmp_path)
+    assert again.state_sha256() == first.state_sha256()
+    keys = list(tmp_path.rglob("key.json"))
+    written = {path: path.stat().st_mtime_ns for path in keys}
+    real_build = label_free.build_config
+
+    def other_default(method, dim, seed, overrides=None):
+        config = real_build(method, dim, seed, overrides)
+        return dataclasses.replace(config, center=not config.center)  # as if the default had changed
+
+    monkeypatch.setattr(label_free, "build_config", other_default)
+    label_free.fit_label_free(candidate, ids, docs, seed=0, work=tmp_path)
+    assert {path: path.stat().st_mtime_ns for path in keys} != written  # fitted again, under the new key

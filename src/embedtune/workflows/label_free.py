@@ -330,17 +330,20 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
     settings = _fit_settings(candidate, docs.shape[1])
+    config = build_config(candidate.method, candidate.dim, seed, settings)
     folder = key = None
     if work is not None:
         folder = Path(work) / "label-free" / part / candidate.name / f"s{seed}"
+        # The whole resolved config, defaults included: a fit made under another default (e.g. a smaller training
+        # sample) is not the fit this call would make.
         key = {"documents": sha256_json(list(doc_ids)), "vectors": _array_sha(docs, vectors_digest), "method": candidate.method, "dim": candidate.dim,
-               "variant": candidate.variant, "settings": json.loads(json.dumps(settings, sort_keys=True, default=str)), "seed": seed,
-               "embedtune_version": __version__}
+               "variant": candidate.variant, "config": json.loads(json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)),
+               "seed": seed, "embedtune_version": __version__}
         cached = _cached_fit(folder, candidate.method, key)
         if cached is not None:
             return cached
     cls = get_compressor_class(candidate.method)
-    compressor = cls(build_config(candidate.method, candidate.dim, seed, settings))
+    compressor = cls(config)
     start = time.perf_counter()
     compressor.fit_unsupervised(TrainingData.corpus_only(docs, list(doc_ids)))
     fit_s = time.perf_counter() - start
