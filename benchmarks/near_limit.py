@@ -81,9 +81,11 @@ PCA_PRECISIONS = ("int8", "int4", "turboquant1", "turboquant4", "binary-asym", "
 FROZEN_PRECISIONS = ("binary-asym", "turboquant1", "rabitq1", "rabitq4", "int4", "turboquant4", "int8", "float16")
 RESCORE_CANDIDATES = 100
 #: The learned transforms in front of a codec (``--learned``): DIVE's unsupervised preset at 64 and 128 dims, then
-#: the codec at 16 and 32 B, and int4 (the label-free plan's best on ArguAna before the codecs).
+#: the codec at 16, 32 and 48 B (klt-pq4, and klt-apq, the best codec on the plain vectors), and int4 (the label-free
+#: plan's best on ArguAna before the codecs).
 LEARNED = (("dive", 64, "klt-pq4:16"), ("dive", 64, "klt-pq4:32"), ("dive", 64, "int4"), ("dive", 128, "klt-pq4:32"),
-           ("dive", 128, "klt-pq4:48"))
+           ("dive", 128, "klt-pq4:48"), ("dive", 64, "klt-apq:16"), ("dive", 64, "klt-apq:32"), ("dive", 128, "klt-apq:32"),
+           ("dive", 128, "klt-apq:48"))
 FETCH = 101  # one extra: a document whose id is the query's is dropped, as BEIR does
 
 #: Vectors: (data, model) -> npz with document/query arrays and their ids.

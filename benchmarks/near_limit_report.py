@@ -6,7 +6,10 @@
 Every choice is made without labels, by the agreement objective (recall@10 of the float32 top-10,
 held-out corpus documents as queries), then scored on the judged test queries:
 
-* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq`` where run) that fits the budget;
+* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq`` where run) that fits the budget,
+  or, where run (``--learned``), label-free DIVE (``compress fit --unsupervised``, fitted on the other half's documents) in
+  front of a codec (``dive-128/klt-apq:32``): a learned transform is picked only where its agreement beats every codec
+  on the plain vectors at the same bytes;
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
   RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
@@ -41,7 +44,8 @@ from embedtune.workflows.significance import align_by_query, paired_test
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
-OURS = {"embedtune codec", "embedtune learned + codec"}
+LEARNED = "embedtune learned + codec"
+OURS = {"embedtune codec", LEARNED}
 TEXTBOOK = {"textbook transform coder"}
 #: Rows read from disk per query by the disk tier (``near_limit.RESCORE_CANDIDATES``).
 RESCORE_CANDIDATES = 100
@@ -80,7 +84,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
              "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
              "| textbook | share | its dB | Δ textbook − pick (p) | disk tier (RAM B) | share | fit s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    summary, bills = [], []
+    summary, bills, learned_lines = [], [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
         if budget not in measured:  # the run has not reached this budget (or was not asked for it): no row rather than a stale pick
@@ -122,6 +126,21 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
         bills.append((budget, ours, disk))
+        learned = pick([r for r in fits if r["family"] == LEARNED and r["ram_bytes"] == budget])
+        if learned is not None:
+            plain = pick([r for r in fits if r["family"] == "embedtune codec"])
+            versus = paired_test(*align_by_query(learned["per_query"], plain["per_query"]))
+            summary[-1].update(learned=learned["setting"], learned_share=learned["ndcg@10"] / base, plain=plain["setting"],
+                               plain_share=plain["ndcg@10"] / base, learned_minus_plain=versus.mean_difference,
+                               learned_minus_plain_p=versus.p_value, learned_picked=learned is ours)
+            learned_lines.append(
+                f"- {budget} B: {_pretty(learned['setting'])} keeps {100 * learned['ndcg@10'] / base:.1f} % (agreement "
+                f"{learned['agreement']:.3f}); the best codec on the plain vectors, {_pretty(plain['setting'])}, keeps "
+                f"{100 * plain['ndcg@10'] / base:.1f} % (agreement {plain['agreement']:.3f}): learned − plain "
+                f"{versus.mean_difference:+.4f} (p {versus.p_value:.3f}); {'picked' if learned is ours else 'not picked'}.")
+    if learned_lines:
+        lines += ["", "Label-free DIVE in front of a codec, against the best codec on the plain vectors at the same bytes "
+                  "(each chosen by agreement, no labels; every test query is unseen):", "", *learned_lines]
     return lines + ["", *bill_lines(bills, int(meta["dim"]))], summary
 
 
@@ -187,6 +206,12 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
     lines += ["", f"Over all {len(cells)} corpus × budget cells measured ({', '.join(corpora)}), the pick is significantly "
               f"above the best other in-RAM code (paired test, p < {SIGNIFICANT}, one test per cell) in {len(above)} "
               f"({where(above)}) and significantly below it in {len(below)} ({where(below)}); the rest are ties."]
+    learned = [r for r in summary if r.get("learned_picked")]
+    if learned:
+        lines[-1] += (" Label-free DIVE in front of a codec is the pick where its agreement beats every codec on the plain "
+                      f"vectors: {len(learned)} of the {sum(1 for r in summary if 'learned' in r)} cells where it ran ("
+                      + ", ".join(f"{r['corpus']} at {r['budget']} B, {r['learned_minus_plain']:+.4f} nDCG@10 over the plain codec, "
+                                  f"p {r['learned_minus_plain_p']:.3f}" for r in learned) + ").")
     return "\n".join(lines)
 
 

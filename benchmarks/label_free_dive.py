@@ -1,0 +1,197 @@
+"""Label-free DIVE against PCA on every judged collection: is unsupervised DIVE ever worth its fit?
+
+For each collection, k and seed: DIVE's ``unsupervised`` preset as ``compress fit --unsupervised``
+runs it (its defaults: at most 50 corpus passes, patience 5, a seeded sample of at most 4,096
+training documents, start and epoch selected on held-out documents' rank KL to the frozen space),
+beside centred and uncentred PCA fitted on the same documents. No query and no label fits or
+selects anything, so every judged query is one whose positives training never saw: "all" is
+"unseen" here.
+
+Scored: nDCG@10 on every judged test query. The comparison is with the **stronger PCA variant
+on the test queries** (chosen after the fact, which favours PCA), paired over queries with DIVE's
+per-query nDCG@10 averaged over the seeds (:func:`embedtune.workflows.significance.paired_test`).
+
+One JSON per (collection, k, method, seed) under ``--out``; finished cells are skipped, so a
+stopped run resumes. ``--report`` writes ``REPORT.md`` from the cells.
+
+Usage::
+
+    python benchmarks/label_free_dive.py                                   # scifact arguana npl cacm med, k = 64 128, 3 seeds
+    python benchmarks/label_free_dive.py --datasets med --dims 64 --seeds 2027
+    python benchmarks/label_free_dive.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from embedtune import __version__  # noqa: E402
+from embedtune.bench.efficiency import machine_info  # noqa: E402
+from embedtune.compress import get_compressor_class  # noqa: E402
+from embedtune.compress.base import TrainingData  # noqa: E402
+from embedtune.compress.dive import DIVECompressor, DIVEConfig  # noqa: E402
+from embedtune.data.beir import load_beir  # noqa: E402
+from embedtune.evaluate.retrieval import evaluate_embeddings  # noqa: E402
+from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
+from embedtune.workflows.significance import align_by_query, paired_test  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "label-free-dive"
+DATASETS = ("scifact", "arguana", "npl", "cacm", "med")
+SEEDS = (2027, 2028, 2029)
+
+
+def vectors_path(name: str) -> Path:
+    committed = ROOT / "benchmarks" / "data" / "vectors" / f"{name}-minilm-vectors.npz"
+    return committed if committed.is_file() else ROOT / "src" / "embedtune" / "datasets" / f"{name}-minilm-vectors.npz"
+
+
+def load(name: str, data_root: Path) -> dict[str, Any]:
+    """The committed MiniLM vectors of ``name`` and its judged test queries."""
+    data = load_beir(data_root / name, "test")
+    with np.load(vectors_path(name), allow_pickle=False) as bundle:
+        doc_ids = [str(i) for i in bundle["document_ids"]]
+        docs = np.ascontiguousarray(bundle["document"], dtype=np.float32)
+        all_ids = [str(i) for i in bundle["query_ids"]]
+        all_queries = np.ascontiguousarray(bundle["query"], dtype=np.float32)
+    judged = [i for i, q in enumerate(all_ids) if any(rel > 0 for rel in data.qrels.get(q, {}).values())]
+    return {"name": name, "qrels": data.qrels, "doc_ids": doc_ids, "docs": docs,
+            "query_ids": [all_ids[i] for i in judged], "queries": all_queries[judged], "vectors": str(vectors_path(name).relative_to(ROOT))}
+
+
+def score(ds: dict[str, Any], transform) -> tuple[float, dict[str, float]]:
+    metrics = evaluate_embeddings(ds["query_ids"], transform(ds["queries"]), ds["doc_ids"], transform(ds["docs"]), ds["qrels"])
+    return float(metrics.aggregate["ndcg@10"]), {q: round(float(v["ndcg@10"]), 6) for q, v in metrics.per_query.items()}
+
+
+def cell_file(out: Path, name: str, dim: int, method: str, seed: int) -> Path:
+    return out / name / f"k{dim}-{method}-s{seed}.json"
+
+
+def run(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    command = " ".join(["python", *sys.argv])
+    # Read when the run starts: the code it imported, even if the branch moves on while it runs.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+    base = {"command": command, "git_commit": commit, "embedtune_version": __version__, "machine": machine_info()}
+    for name in args.datasets:
+        ds = load(name, Path(args.data_root))
+        frozen_path = cell_file(out, name, ds["docs"].shape[1], "frozen", 0)
+        if not frozen_path.is_file():
+            value, per_query = score(ds, lambda x: x)
+            atomic_write_json(frozen_path, {**base, "dataset": name, "dim": ds["docs"].shape[1], "method": "frozen", "seed": None,
+                                            "n_docs": len(ds["docs"]), "n_queries": len(ds["query_ids"]), "vectors": ds["vectors"],
+                                            "ndcg@10": value, "per_query": per_query})
+        for dim in args.dims:
+            for seed in args.seeds:
+                for method in ("pca", "pca-uncentred", "dive"):
+                    path = cell_file(out, name, dim, method, seed)
+                    if path.is_file() or (method != "dive" and seed != args.seeds[0]):  # PCA is fitted once per k
+                        continue
+                    start = time.perf_counter()
+                    if method == "dive":
+                        compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu"))
+                        compressor.fit_unsupervised(TrainingData.corpus_only(ds["docs"], ds["doc_ids"]))
+                    else:
+                        cls = get_compressor_class(method)
+                        compressor = cls(cls.config_class(dim=dim, seed=seed)).fit_unsupervised(ds["docs"])
+                    fit_s = time.perf_counter() - start
+                    value, per_query = score(ds, compressor.transform)
+                    row: dict[str, Any] = {**base, "dataset": name, "dim": dim, "method": method, "seed": seed, "ndcg@10": value,
+                                           "per_query": per_query, "fit_s": round(fit_s, 1),
+                                           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+                    if method == "dive":
+                        row.update(start=compressor.fit_details().get("start"), selected_epoch=compressor.selected_epoch_,
+                                   epochs_run=len(compressor.history_) - 1, config=compressor.config.to_dict())
+                    atomic_write_json(path, row)
+                    print(f"{name} k={dim} {method} seed {seed}: nDCG@10 {value:.4f} ({fit_s:.0f}s"
+                          + (f", {row['start']}, epoch {row['selected_epoch']} of {row['epochs_run']})" if method == "dive" else ")"), flush=True)
+
+
+def _mean_per_query(rows: list[dict[str, Any]]) -> dict[str, float]:
+    return {q: float(np.mean([r["per_query"][q] for r in rows])) for q in rows[0]["per_query"]}
+
+
+def report(out: Path) -> str:
+    lines = ["# Label-free DIVE against PCA on every judged collection", "",
+             (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), "",
+             "| collection (judged queries) | k | frozen | PCA centred | PCA uncentred | label-free DIVE, mean over seeds (start, epoch per seed) "
+             "| DIVE − stronger PCA (p) | DIVE − frozen (p) |", "|---|---|---|---|---|---|---|---|"]
+    cells = []
+    commands, dates, machines, fit_seconds = set(), [], set(), []
+    for name in DATASETS:
+        folder = out / name
+        if not folder.is_dir():
+            continue
+        rows = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.json"))]
+        frozen = next(r for r in rows if r["method"] == "frozen")
+        for row in rows:
+            commands.add(row["command"])
+            machines.add(f"{row['machine'].get('cpu', '?')}")
+            if row.get("date"):
+                dates.append(row["date"])
+            if row["method"] == "dive":
+                fit_seconds.append(row["fit_s"])
+        for dim in sorted({r["dim"] for r in rows if r["method"] != "frozen"}):
+            at = [r for r in rows if r["dim"] == dim]
+            dive = sorted((r for r in at if r["method"] == "dive"), key=lambda r: r["seed"])
+            pca = {m: next((r for r in at if r["method"] == m), None) for m in ("pca", "pca-uncentred")}
+            if not dive or None in pca.values():
+                continue
+            stronger = max(pca.values(), key=lambda r: r["ndcg@10"])
+            ours = _mean_per_query(dive)
+            versus_pca = paired_test(*align_by_query(ours, stronger["per_query"]))
+            versus_frozen = paired_test(*align_by_query(ours, frozen["per_query"]))
+            kept = "; ".join(f"{(r['start'] or '?').split()[0]} {r['selected_epoch']}" for r in dive)
+            mean = float(np.mean([r["ndcg@10"] for r in dive]))
+            lines.append(f"| {name} ({frozen['n_queries']}) | {dim} | {frozen['ndcg@10']:.4f} | {pca['pca']['ndcg@10']:.4f} | "
+                         f"{pca['pca-uncentred']['ndcg@10']:.4f} | {mean:.4f} ({kept}) | "
+                         f"{versus_pca.mean_difference:+.4f} ({versus_pca.p_value:.3f}) | {versus_frozen.mean_difference:+.4f} ({versus_frozen.p_value:.3f}) |")
+            cells.append((versus_pca.mean_difference, versus_pca.p_value, len(dive)))
+    above = sum(1 for d, p, _ in cells if d > 0 and p < 0.05)
+    below = sum(1 for d, p, _ in cells if d < 0 and p < 0.05)
+    at_least = sum(1 for d, _, _ in cells if d >= 0)
+    lines += ["", f"Over {len(cells)} cells: DIVE at or above the stronger PCA variant in {at_least}, significantly above it in {above} "
+              f"and significantly below it in {below} (p < 0.05). Seeds per DIVE cell: {sorted({n for _, _, n in cells})}. "
+              f"DIVE fits took {min(fit_seconds, default=0):.0f}–{max(fit_seconds, default=0):.0f} s each on one thread.", "",
+              f"Machine: {', '.join(sorted(machines))}, one torch thread; cells written {min(dates, default='?')} to {max(dates, default='?')}. "
+              "Commands:", "", "```bash", *sorted(commands), "python benchmarks/label_free_dive.py --report", "```", ""]
+    text = "\n".join(lines)
+    atomic_write_bytes(out / "REPORT.md", text.encode("utf-8"))
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--dims", nargs="+", type=int, default=[64, 128], help="k (MiniLM's d / 6 and d / 3 by default)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "beir"))
+    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--report", action="store_true", help="write REPORT.md from the finished cells and print it")
+    args = parser.parse_args()
+    if args.report:
+        print(report(Path(args.out)))
+        return
+    torch.set_num_threads(args.threads)
+    run(args)
+    print(report(Path(args.out)))
+
+
+if __name__ == "__main__":
+    main()
