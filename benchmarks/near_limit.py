@@ -340,10 +340,14 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learn
     ds = load(data, model)
     d = ds["docs"].shape[1]
     command = " ".join(sys.argv)
-    earlier = json.loads((root / "meta.json").read_text(encoding="utf-8")).get("commands", []) if (root / "meta.json").is_file() else []
+    before = json.loads((root / "meta.json").read_text(encoding="utf-8")) if (root / "meta.json").is_file() else {}
+    machine = machine_info()
+    machines = before.get("machines", [before["machine"].get("cpu")] if "machine" in before else [])
     meta = {"data": data, "model": model, "vectors": ds["vectors"], "n_docs": len(ds["docs"]), "dim": d,
-            "n_test_queries": len(ds["query_ids"]), "machine": machine_info(), "command": command,
-            "commands": list(dict.fromkeys([*earlier, command]))}  # every invocation that added rows here
+            "n_test_queries": len(ds["query_ids"]), "machine": machine, "command": command,
+            # every invocation that added rows here, and every machine they ran on (rows carry their own dates)
+            "commands": list(dict.fromkeys([*before.get("commands", []), command])),
+            "machines": list(dict.fromkeys([*machines, machine.get("cpu")]))}
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
     for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes):

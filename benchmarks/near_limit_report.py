@@ -206,12 +206,18 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
     lines += ["", f"Over all {len(cells)} corpus × budget cells measured ({', '.join(corpora)}), the pick is significantly "
               f"above the best other in-RAM code (paired test, p < {SIGNIFICANT}, one test per cell) in {len(above)} "
               f"({where(above)}) and significantly below it in {len(below)} ({where(below)}); the rest are ties."]
-    learned = [r for r in summary if r.get("learned_picked")]
-    if learned:
-        lines[-1] += (" Label-free DIVE in front of a codec is the pick where its agreement beats every codec on the plain "
-                      f"vectors: {len(learned)} of the {sum(1 for r in summary if 'learned' in r)} cells where it ran ("
-                      + ", ".join(f"{r['corpus']} at {r['budget']} B, {r['learned_minus_plain']:+.4f} nDCG@10 over the plain codec, "
-                                  f"p {r['learned_minus_plain_p']:.3f}" for r in learned) + ").")
+    ran = [r for r in summary if "learned" in r]
+    picked = [r for r in ran if r["learned_picked"]]
+    if ran:
+        significant = [r for r in picked if r["learned_minus_plain_p"] < SIGNIFICANT]
+        avoided = [r for r in ran if not r["learned_picked"] and r["learned_minus_plain_p"] < SIGNIFICANT and r["learned_minus_plain"] < 0]
+        worse = [r for r in picked if r["learned_minus_plain"] < 0]
+        lines[-1] += (f" Label-free DIVE in front of a codec ran in {len(ran)} cells and was picked, by agreement alone, in "
+                      f"{len(picked)}" + (f" ({where(picked)})" if picked else "")
+                      + (f": {min(r['learned_minus_plain'] for r in picked):+.4f} to {max(r['learned_minus_plain'] for r in picked):+.4f} "
+                         f"nDCG@10 over the best codec on the plain vectors, significant in {len(significant)} ({where(significant)})"
+                         if picked else "")
+                      + f"; picked where it was worse: {len(worse)}; left out where it was significantly worse: {len(avoided)}.")
     return "\n".join(lines)
 
 
@@ -234,7 +240,8 @@ def main() -> int:
         fit_total = sum(r.get("fit_s") or 0 for r in rows if r.get("tier", "ram") == "ram")
         lines += ["", f"Rows: `{folder.relative_to(HERE.parent)}/` ({len(rows)} settings, {dates[0]} to {dates[-1]}); "
                       f"fitting every setting took {fit_total / 60:.0f} minutes on one thread (both halves, a shared machine), peak RSS {peak:.0f} MB; "
-                      f"vectors `{meta['vectors']}`; machine {meta['machine'].get('cpu', meta['machine'])}; "
+                      f"vectors `{meta['vectors']}`; machine{'s' if len(meta.get('machines', [])) > 1 else ''} "
+                      f"{', '.join(meta.get('machines') or [meta['machine'].get('cpu', meta['machine'])])}; "
                       "commands " + ", ".join(f"`.venv/bin/python {c}`" for c in meta.get("commands", [meta["command"]])) + ".", ""]
         sections += lines
         summary += part
