@@ -86,6 +86,9 @@ RESCORE_CANDIDATES = 100
 LEARNED = (("dive", 64, "klt-pq4:16"), ("dive", 64, "klt-pq4:32"), ("dive", 64, "int4"), ("dive", 128, "klt-pq4:32"),
            ("dive", 128, "klt-pq4:48"), ("dive", 64, "klt-apq:16"), ("dive", 64, "klt-apq:32"), ("dive", 128, "klt-apq:32"),
            ("dive", 128, "klt-apq:48"))
+#: PCA to k dims in front of the codec (``--truncated``): the spaces a plan scores its codecs on besides the plain vectors.
+#: At 16-32 B a codec over all d axes spreads its bits thin; dropping the weakest axes first may keep more.
+TRUNCATED = (("pca", 64, "klt-apq:16"), ("pca", 128, "klt-apq:16"), ("pca", 128, "klt-apq:32"), ("pca", 192, "klt-apq:48"))
 FETCH = 101  # one extra: a document whose id is the query's is dropped, as BEIR does
 
 #: Vectors: (data, model) -> npz with document/query arrays and their ids.
@@ -288,7 +291,8 @@ def score(ds: dict[str, Any], searcher: Searcher, budget_bits: int) -> dict[str,
     return row
 
 
-def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
+def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
+             truncated: bool = False) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
     """Every (setting name, budget, family, tier, builder) of the run, cheapest first."""
     out: list[tuple[str, int, str, str, Callable[..., Searcher | None]]] = []
     for name in ("float32", *FROZEN_PRECISIONS):
@@ -327,6 +331,11 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
         for method, k, precision in LEARNED:
             out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "embedtune learned + codec", "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
+    if truncated:
+        for method, k, precision in TRUNCATED:
+            if k < d:
+                out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "embedtune codec", "ram",
+                            lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
     return out
 
 
@@ -334,7 +343,8 @@ def cell_path(root: Path, setting: str) -> Path:
     return root / (setting.replace("/", "__").replace(":", "_").replace(",", "+") + ".json")
 
 
-def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES) -> Path:
+def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
+        truncated: bool = False) -> Path:
     root = RESULTS / f"{data}-{model}"
     root.mkdir(parents=True, exist_ok=True)
     ds = load(data, model)
@@ -350,7 +360,7 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learn
             "machines": list(dict.fromkeys([*machines, machine.get("cpu")]))}
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
-    for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes):
+    for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes, truncated):
         if only and only not in setting:
             continue
         path = cell_path(root, setting)
@@ -394,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--learned", action="store_true",
                         help="also a label-free learned transform in front of a codec (DIVE unsupervised; minutes per fit)")
+    parser.add_argument("--truncated", action="store_true",
+                        help="also PCA to k dims in front of klt-apq (the plan's PCA spaces; seconds to a minute per setting)")
     parser.add_argument("--rq-max-bytes", type=int, default=RQ_MAX_BYTES,
                         help="klt-rq only up to this budget (its cross-fitted fit takes minutes per budget here)")
     parser.add_argument("--only", help="only settings whose name contains this")
@@ -404,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     set_threads(args.threads)
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(HERE / "data" / "vectors"))
-    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes)
+    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated)
     return 0
 
 

@@ -8,8 +8,9 @@ held-out corpus documents as queries), then scored on the judged test queries:
 
 * **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq`` where run) that fits the budget,
   or, where run (``--learned``), label-free DIVE (``compress fit --unsupervised``, fitted on the other half's documents) in
-  front of a codec (``dive-128/klt-apq:32``): a learned transform is picked only where its agreement beats every codec
-  on the plain vectors at the same bytes;
+  front of a codec (``dive-128/klt-apq:32``), and, where run (``--truncated``), PCA to k dims in front of ``klt-apq``
+  (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
+  every codec without one at the same bytes;
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
   RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
@@ -135,12 +136,13 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                                learned_minus_plain_p=versus.p_value, learned_picked=learned is ours)
             learned_lines.append(
                 f"- {budget} B: {_pretty(learned['setting'])} keeps {100 * learned['ndcg@10'] / base:.1f} % (agreement "
-                f"{learned['agreement']:.3f}); the best codec on the plain vectors, {_pretty(plain['setting'])}, keeps "
+                f"{learned['agreement']:.3f}); the best codec without a learned transform, {_pretty(plain['setting'])}, keeps "
                 f"{100 * plain['ndcg@10'] / base:.1f} % (agreement {plain['agreement']:.3f}): learned − plain "
                 f"{versus.mean_difference:+.4f} (p {versus.p_value:.3f}); {'picked' if learned is ours else 'not picked'}.")
     if learned_lines:
-        lines += ["", "Label-free DIVE in front of a codec, against the best codec on the plain vectors at the same bytes "
-                  "(each chosen by agreement, no labels; every test query is unseen):", "", *learned_lines]
+        lines += ["", "Label-free DIVE in front of a codec, against the best codec without a learned transform (on the plain "
+                  "vectors, or after PCA where run) at the same bytes (each chosen by agreement, no labels; every test query is "
+                  "unseen):", "", *learned_lines]
     return lines + ["", *bill_lines(bills, int(meta["dim"]))], summary
 
 
@@ -215,7 +217,7 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
         lines[-1] += (f" Label-free DIVE in front of a codec ran in {len(ran)} cells and was picked, by agreement alone, in "
                       f"{len(picked)}" + (f" ({where(picked)})" if picked else "")
                       + (f": {min(r['learned_minus_plain'] for r in picked):+.4f} to {max(r['learned_minus_plain'] for r in picked):+.4f} "
-                         f"nDCG@10 over the best codec on the plain vectors, significant in {len(significant)} ({where(significant)})"
+                         f"nDCG@10 over the best codec without a learned transform, significant in {len(significant)} ({where(significant)})"
                          if picked else "")
                       + f"; picked where it was worse: {len(worse)}; left out where it was significantly worse: {len(avoided)}.")
     return "\n".join(lines)
