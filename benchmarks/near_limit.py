@@ -231,16 +231,27 @@ def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> 
     from embedtune.workflows.plan import candidate_for
 
     docs, ids = ds["docs"], ds["doc_ids"]
+    in_space: list[dict[str, Any]] = []
 
     def build_half(rows: np.ndarray, fit_rows: np.ndarray):
         compressor, _ = fit_label_free(candidate_for(method, k), [ids[i] for i in fit_rows], docs[fit_rows], seed=2027,
                                        work=Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}")
         xb = np.ascontiguousarray(compressor.transform(docs[rows]), dtype=np.float32)
         index = QuantizedIndex.build(xb, Precision(precision), train=np.ascontiguousarray(compressor.transform(docs[fit_rows]), dtype=np.float32))
+        # The transform's output has no decoding back to the d-dim vectors, so the codec's distance from the bound is
+        # measured where it codes: on this half's k-dim vectors, against the bound for their own spectrum.
+        rec = index.reconstruct(xb)
+        if rec is not None:
+            in_space.append(distortion_report(xb, rec, 8 * index.ram_bytes()))
         return (index, lambda q, k_: index.search(np.ascontiguousarray(compressor.transform(q), dtype=np.float32), k_), None,
                 index.ram_bytes(), index.fixed_bytes())
 
-    return cross_fitted(ds, build_half)
+    searcher = cross_fitted(ds, build_half)
+    if len(in_space) == 2:
+        searcher.info.update(space=f"{method}-{k}", space_mse=float(np.mean([r["mse"] for r in in_space])),
+                             space_bound_mse=float(np.mean([r["bound_mse"] for r in in_space])),
+                             space_gap_db=float(np.mean([r["gap_db"] for r in in_space])))
+    return searcher
 
 
 def peer_setting(ds: dict[str, Any], name: str, budget: int) -> Searcher | None:

@@ -20,7 +20,9 @@ held-out corpus documents as queries), then scored on the judged test queries:
 
 "share" is nDCG@10 over the float32 model's on the same queries; Δ and p are paired (permutation
 test over queries, :func:`embedtune.workflows.significance.paired_test`) against embedtune's pick; dB
-is the pick's MSE above the Gaussian rate-distortion bound at ``8 B`` bits for that corpus's spectrum.
+is the pick's MSE above the Gaussian rate-distortion bound at ``8 B`` bits for that corpus's spectrum; for a pick
+with a transform in front (DIVE, PCA), which cannot be decoded back to the d-dim vectors, it is measured in the
+transform's own k-dim space, against the bound for that space's spectrum, and marked †.
 
 Under each table, the bill of each pick (:func:`embedtune.index.bill.vector_bill`): its bytes as a
 share of the float32 vector's, vectors per GB (10^9 bytes), RAM at a million, a hundred million and
@@ -108,6 +110,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
             return "–" if row is None else f"{100 * row['ndcg@10'] / base:.1f} %"
 
         def db(row: dict[str, Any] | None) -> str:
+            if row is not None and row.get("gap_db") is None and row.get("space_gap_db") is not None:
+                return f"{row['space_gap_db']:.2f}†"  # measured in the transform's own k-dim space
             return "–" if row is None or row.get("gap_db") is None else f"{row['gap_db']:.2f}"
 
         gap = db(ours)
@@ -122,7 +126,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
                         "pick_minus_peer": None if versus_peer is None else versus_peer.mean_difference,
                         "pick_minus_peer_p": None if versus_peer is None else versus_peer.p_value,
-                        "pick_gap_db": ours.get("gap_db"), "peer": None if peer is None else peer["setting"],
+                        "pick_gap_db": ours.get("gap_db") if ours.get("gap_db") is not None else ours.get("space_gap_db"),
+                        "pick_gap_db_in_transform_space": ours.get("gap_db") is None and ours.get("space_gap_db") is not None, "peer": None if peer is None else peer["setting"],
                         "peer_share": None if peer is None else peer["ndcg@10"] / base,
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
