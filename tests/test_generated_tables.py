@@ -35,3 +35,21 @@ def test_the_headline_verdict_counts_wins_and_losses_from_the_paired_tests():
     assert "| 16 | 96x | `klt-pq:16` | 80.0 % | `faiss:PQ16` | 70.0 % | – | – |" in text
     assert "above the best other in-RAM code (paired test, p < 0.05, one test per cell) in 1 (scifact-minilm at 16 B)" in text
     assert "significantly below it in 1 (arguana-minilm at 32 B)" in text
+
+
+def test_the_headline_counts_where_label_free_learning_was_kept_and_where_it_was_left_out():
+    base = {"pick_share": 0.8, "peer": None, "peer_share": None, "disk": None, "disk_share": None,
+            "pick_minus_peer": None, "pick_minus_peer_p": None}
+    rows = [
+        {**base, "corpus": "arguana-minilm", "budget": 16, "pick": "dive-64/klt-apq:16", "learned": "dive-64/klt-apq:16",
+         "learned_picked": True, "learned_minus_plain": 0.03, "learned_minus_plain_p": 0.001},
+        {**base, "corpus": "arguana-minilm", "budget": 32, "pick": "dive-128/klt-apq:32", "learned": "dive-128/klt-apq:32",
+         "learned_picked": True, "learned_minus_plain": 0.01, "learned_minus_plain_p": 0.4},
+        {**base, "corpus": "arguana-minilm", "budget": 48, "pick": "frozen/klt-apq:48", "learned": "dive-128/klt-apq:48",
+         "learned_picked": False, "learned_minus_plain": -0.02, "learned_minus_plain_p": 0.01},
+        {**base, "corpus": "scifact-minilm", "budget": 48, "pick": "frozen/klt-apq:48"},
+    ]
+    text = near_limit_report.headline(rows, 384)
+    assert "ran in 3 cells and was picked, by agreement alone, in 2 (arguana-minilm at 16 B, arguana-minilm at 32 B)" in text
+    assert "+0.0100 to +0.0300 nDCG@10 over the best codec without a learned transform, significant in 1 (arguana-minilm at 16 B)" in text
+    assert "picked where it was worse: 0; left out where it was significantly worse: 1." in text
