@@ -11,6 +11,10 @@ module:
     2013: each sub-space gets a balanced product of eigenvalues) and product-quantised with 256
     centroids each (8 bits). ``r`` is the number of axes whose reconstruction error on held-out
     corpus rows is lowest; the axes left out cost no bits (reverse water-filling gives them none).
+    When the budget pays for more than ``d / 2`` sub-quantisers, one axis each would leave the
+    ``d − B`` weakest axes out; the choice then also tries every axis, zero-padded to ``2B``
+    (:func:`padded_transform`): each sub-quantiser codes two axes, some of them an always-zero
+    padded one (eigenvalue 0), so the strongest axes get a sub-quantiser of their own.
 ``klt-pq4:B``
     the same with 4-bit sub-quantisers (``2B`` of them, 16 centroids each) searched by FAISS's
     fast-scan kernels: smaller tables (a corpus of a few thousand documents trains them well) and
@@ -41,7 +45,8 @@ from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.runtime import native_chatter_filtered
 
-__all__ = ["FIT_SAMPLE", "fit_klt", "eigenvalue_allocation", "klt_transform", "KltPQ", "KltPQ4", "KltRQ", "training_sample"]
+__all__ = ["FIT_SAMPLE", "fit_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
+           "KltRQ", "training_sample"]
 
 #: Rows a transform codec is fitted on, at most (the KLT, the choice of axes and the quantisers' tables).
 FIT_SAMPLE = 65_536
@@ -110,6 +115,52 @@ def klt_transform(axes: np.ndarray) -> Any:
     return transform
 
 
+def padded_transform(axes: np.ndarray, perm: np.ndarray) -> list[Any]:
+    """FAISS transforms ``x -> y`` (``r = len(perm)`` outputs) for axes ``perm`` of ``axes`` (``(d, d)``), where indices
+    ``>= d`` are padded, always-zero axes.
+
+    With no padded index, one :func:`klt_transform` (as always). With padded ones (``r > d``), the rotation onto the
+    real axes in ``perm``'s order (a square, orthonormal ``LinearTransform``), then a ``RemapDimensionsTransform`` that
+    places them among the ``r − d`` zero outputs: both invertible in any FAISS (``sa_decode`` after ``read_index``).
+    """
+    import faiss
+
+    d = axes.shape[1]
+    perm = np.asarray(perm, dtype=np.int64)
+    if perm.max(initial=-1) < d:
+        return [klt_transform(axes[:, perm])]
+    real = perm[perm < d]
+    if len(real) != d or len(np.unique(real)) != d:
+        raise ValueError(f"a padded transform keeps every one of the {d} axes once; got {len(np.unique(real))} distinct of {len(real)}.")
+    slots = np.full(len(perm), -1, dtype=np.int32)
+    slots[perm < d] = np.arange(d, dtype=np.int32)
+    remap = faiss.RemapDimensionsTransform(int(d), int(len(perm)), faiss.swig_ptr(slots))
+    return [klt_transform(axes[:, real]), remap]
+
+
+def transform_matrix(index: Any) -> np.ndarray:
+    """``(d_out, d_in)`` (float64): the linear map of an ``IndexPreTransform``'s chain (``LinearTransform`` without bias and
+    ``RemapDimensionsTransform`` steps), so ``y = matrix · x``."""
+    import faiss
+
+    matrix: np.ndarray | None = None
+    for i in range(index.chain.size()):
+        step = faiss.downcast_VectorTransform(index.chain.at(i))
+        if isinstance(step, faiss.RemapDimensionsTransform):
+            slots = faiss.vector_to_array(step.map)
+            part = np.zeros((step.d_out, step.d_in))
+            rows = np.flatnonzero(slots >= 0)
+            part[rows, slots[rows]] = 1.0
+        elif isinstance(step, faiss.LinearTransform) and not step.have_bias:
+            part = faiss.vector_to_array(step.A).reshape(step.d_out, step.d_in).astype(np.float64)
+        else:
+            raise ValueError(f"a KLT codec's transform is linear with no bias; step {i} is {type(step).__name__}.")
+        matrix = part if matrix is None else part @ matrix
+    if matrix is None:
+        raise ValueError("the index has no transform.")
+    return matrix
+
+
 def _held_out_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     held = min(MAX_HELD_OUT, max(1, int(n * HELD_OUT_FRACTION)))
     order = np.random.default_rng(seed + 1).permutation(n)
@@ -144,6 +195,11 @@ class _KltCodec(CodecFamily):
         options = sorted({m * k for k in self.axes_per_group if m * k <= d})
         if not options:
             raise ValueError(f"codec {self.name!r}: {m} sub-quantisers need at least {m} dimensions; the vectors have {d}.")
+        if 2 * m > d and options[-1] < d:
+            # One axis per sub-quantiser would drop the d − m weakest axes: also try every axis, zero-padded to the
+            # smallest multiple of m that holds them (2m; held-out error decides). Never for m ≤ d / 2 (unchanged).
+            padded = [m * k for k in self.axes_per_group if d <= m * k <= 2 * d]
+            options += padded[:1]
         # Those from about a third of the active axes to all of them (and the nearest above): PQ codes spend few
         # bits per axis, so the best r is below the Gaussian water-filling count, never far above it.
         lower = [r for r in options if r <= active]
@@ -158,13 +214,21 @@ class _KltCodec(CodecFamily):
                              f"the vectors have {dim}. Use a smaller budget, or int8 / float16 at this dimension.")
 
     def _index(self, axes: np.ndarray, r: int, perm: np.ndarray | None) -> Any:
+        """The untrained codec on axes ``perm`` (the first ``r`` when None); indices ``>= d`` are zero-padded axes."""
         import faiss
 
-        chosen = axes[:, :r] if perm is None else axes[:, perm]
-        return faiss.IndexPreTransform(klt_transform(chosen), self.quantiser(r))
+        if perm is None and r <= axes.shape[1]:
+            return faiss.IndexPreTransform(klt_transform(axes[:, :r]), self.quantiser(r))
+        steps = padded_transform(axes, np.arange(r) if perm is None else perm)
+        index = faiss.IndexPreTransform(steps[-1], self.quantiser(r))
+        for step in reversed(steps[:-1]):
+            index.prepend_transform(step)
+        return index
 
     def _permutation(self, eigenvalues: np.ndarray, r: int) -> np.ndarray | None:
-        return eigenvalue_allocation(eigenvalues, r, self.groups())
+        # Beyond d, padded axes of eigenvalue 0 (dealt last, so the strongest axes get the groups of their own).
+        padded = np.concatenate([eigenvalues, np.zeros(max(0, r - len(eigenvalues)))])
+        return eigenvalue_allocation(padded, r, self.groups())
 
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
         x = np.asarray(x)

@@ -34,7 +34,7 @@ import numpy as np
 from embedtune.index.codecs.additive_scan import additive_search
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
-from embedtune.index.codecs.transform import KltPQ, training_sample
+from embedtune.index.codecs.transform import KltPQ, training_sample, transform_matrix
 from embedtune.io import atomic_write
 
 __all__ = ["SCORE_WEIGHT", "ENCODER_FILE", "KltWeightedPQ", "ScoreWeightedIndex", "score_weighting"]
@@ -167,7 +167,7 @@ class KltWeightedPQ(KltPQ):
 
     def fit_weighted(self, x: np.ndarray, seed: int = 0) -> tuple[ScoreWeightedIndex, np.ndarray, np.ndarray, np.ndarray]:
         """The trained, empty index, with what a subclass's encoder may need beside it: the fit sample, ``S^{1/2}`` and
-        the kept axes of ``y`` (``(r, d)``, orthonormal rows)."""
+        the kept axes of ``y`` (``(r, d)``, orthonormal rows, and zero rows for padded axes)."""
         import faiss
 
         x = np.asarray(x)
@@ -179,11 +179,11 @@ class KltWeightedPQ(KltPQ):
         weighted = np.ascontiguousarray(sample.astype(np.float64) @ root, dtype=np.float32)
         # The plain coder on y = x S^{1/2}: its KLT, its choice of axes and its codebooks, all in y.
         inner = KltPQ(self.code_bytes).train(weighted, seed=seed)
-        rotation = faiss.downcast_VectorTransform(inner.chain.at(0))
-        kept = faiss.vector_to_array(rotation.A).reshape(rotation.d_out, rotation.d_in).astype(np.float64)  # (r, d): y_r = kept · y
+        # (r, d): y_r = kept · y; rows of padded axes (r > d, every axis kept) are zero.
+        kept = transform_matrix(inner)
         pq_index = faiss.downcast_index(inner.index)
         pq = pq_index.pq
-        d, r, groups = x.shape[1], int(rotation.d_out), int(pq.M)
+        d, r, groups = x.shape[1], int(kept.shape[0]), int(pq.M)
         # The encoder: x -> kept · S^{1/2} x, then the same product quantiser.
         to_kept = faiss.LinearTransform(d, r, False)
         faiss.copy_array_to_vector(np.ascontiguousarray(kept @ root, dtype=np.float32).ravel(), to_kept.A)
