@@ -217,8 +217,6 @@ class _KltCodec(CodecFamily):
         """The untrained codec on axes ``perm`` (the first ``r`` when None); indices ``>= d`` are zero-padded axes."""
         import faiss
 
-        if perm is None and r <= axes.shape[1]:
-            return faiss.IndexPreTransform(klt_transform(axes[:, :r]), self.quantiser(r))
         steps = padded_transform(axes, np.arange(r) if perm is None else perm)
         index = faiss.IndexPreTransform(steps[-1], self.quantiser(r))
         for step in reversed(steps[:-1]):
