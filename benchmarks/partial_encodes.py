@@ -8,9 +8,11 @@ The embedding cache writes an encode shard by shard (2,048 texts each) under
 (:meth:`embedtune.encoders.cache.EmbeddingCache.get_or_compute`). The key is a sha256 of the model
 files, the data file, the text recipe and the encoder options, so it is the same on every machine
 with the same model package and data. ``save`` copies the finished shards of the entries whose key
-starts with the given prefixes, with a manifest of their sha256; ``restore`` checks every shard
-against the manifest and copies it back, so the next run of the same command encodes only the
-rest. A complete entry is never touched.
+starts with the given prefixes, with their records (each shard's ``<lo>-<hi>.json`` and the encode's ``run.json``, which the cache
+checks before it reuses a shard) and a manifest of every file's sha256; ``restore`` checks every
+file against the manifest and copies it back, so the next run of the same command encodes only the
+rest. A complete entry is never touched. An entry saved without its records (before the cache kept
+them) is refused by ``restore``: the cache would encode those shards again.
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ def save(prefixes: list[str]) -> int:
         return 1
     for partial in found:
         key = partial.parent.name
-        shards = sorted(partial.glob("*.npy"))
+        shards = sorted(s for s in partial.glob("*.npy") if s.with_suffix(".json").is_file())
+        records = [s.with_suffix(".json") for s in shards] + [partial / "run.json"]
         target = STORE / key
         target.mkdir(parents=True, exist_ok=True)
-        for shard in shards:
-            shutil.copy2(shard, target / shard.name)
-        atomic_write_json(target / MANIFEST, {"key": key, "shards": {s.name: sha256_file(s) for s in shards}})
-        print(f"{key[:12]}: {len(shards)} finished shard(s) saved to {target}")
+        for path in shards + records:
+            shutil.copy2(path, target / path.name)
+        atomic_write_json(target / MANIFEST, {"key": key, "shards": {s.name: sha256_file(s) for s in shards},
+                                              "records": {r.name: sha256_file(r) for r in records}})
+        print(f"{key[:12]}: {len(shards)} finished shard(s) and their records saved to {target}")
     return 0
 
 
@@ -56,14 +60,18 @@ def restore() -> int:
         if (entry / "meta.json").is_file():
             print(f"{key[:12]}: already complete in the cache; nothing restored")
             continue
+        if "records" not in manifest:
+            print(f"{manifest_path}: saved without the shards' records, which the embedding cache checks before it reuses a "
+                  "shard; not restored (save the entry again from a cache that holds them, or encode it whole)", file=sys.stderr)
+            return 1
         (entry / "partial").mkdir(parents=True, exist_ok=True)
-        for name, digest in manifest["shards"].items():
+        for name, digest in {**manifest["shards"], **manifest["records"]}.items():
             source = manifest_path.parent / name
             if sha256_file(source) != digest:
                 print(f"{source}: sha256 differs from {manifest_path}; not restored", file=sys.stderr)
                 return 1
             shutil.copy2(source, entry / "partial" / name)
-        print(f"{key[:12]}: {len(manifest['shards'])} shard(s) restored; the next encode of this entry resumes after them")
+        print(f"{key[:12]}: {len(manifest['shards'])} shard(s) and their records restored; the next encode of this entry resumes after them")
     return 0
 
 
