@@ -338,7 +338,7 @@ def test_an_unknown_precision_lists_the_registered_ones():
         Precision("int3")
 
 
-# -- every axis kept when the budget pays for more than d / 2 sub-quantisers (zero-padded axes) ---------------------
+# -- every axis kept when no whole number of axes per sub-quantiser covers the dimension (zero-padded axes) --------
 
 PAD_D, PAD_N = 64, 4000
 
@@ -364,20 +364,37 @@ def _unpadded_candidate_axes(codec, eigenvalues: np.ndarray) -> list[int]:
     return keep + [r for r in options if r > active][:1]
 
 
-def test_the_candidate_axes_are_unchanged_when_the_groups_are_at_most_half_the_dimensions():
+def _covers(codec, d: int) -> bool:
+    """A whole number of axes per sub-quantiser (of those tried) codes every axis, or none up to 2d does."""
+    multiples = [codec.groups() * k for k in codec.axes_per_group]
+    return d in multiples or not any(d < r <= 2 * d for r in multiples)
+
+
+def test_the_candidate_axes_are_unchanged_where_a_multiple_of_the_groups_covers_the_dimension():
     rng = np.random.default_rng(3)
-    for d in (64, 100, 384):
+    for d in (64, 100, 128, 384, 768):
         spectra = [np.geomspace(1.0, 0.05, d), 0.9 ** np.arange(d) + 0.05, np.sort(rng.exponential(size=d))[::-1]]
         for family in ("klt-pq", "klt-pq4"):
-            for code_bytes in range(1, d + 1):
+            for code_bytes in range(1, d // 2 + 1):
                 codec = codec_family(f"{family}:{code_bytes}")
-                if codec.groups() > d // 2:
+                if codec.groups() > d or not _covers(codec, d):
                     continue
                 for eigenvalues in spectra:
                     assert codec.candidate_axes(eigenvalues) == _unpadded_candidate_axes(codec, eigenvalues), (family, code_bytes, d)
-    assert codec_family("klt-pq:32").candidate_axes(np.geomspace(1.0, 0.01, 384)) == \
-        _unpadded_candidate_axes(codec_family("klt-pq:32"), np.geomspace(1.0, 0.01, 384))
+    # The budgets of the near-limit tables on 384-d and 768-d vectors are among them: their choices are the old ones.
+    for d in (384, 768):
+        for code_bytes in (16, 32, 48, 64):
+            assert _covers(codec_family(f"klt-pq:{code_bytes}"), d), (code_bytes, d)
     assert max(codec_family("klt-pq:16").candidate_axes(0.9 ** np.arange(64) + 0.05)) <= 64
+
+
+def test_groups_that_no_whole_number_of_axes_covers_also_try_every_axis_zero_padded():
+    flat = 0.9 ** np.arange(128) + 0.05
+    # 48 sub-quantisers on 128 axes: 48 or 96 axes drop the weakest; all 128 padded to 144 keep them.
+    assert codec_family("klt-pq:48").candidate_axes(flat) == [48, 96, 144]
+    four_each = codec_family("klt-pq:32")  # four axes each cover them all: nothing to pad
+    assert max(four_each.candidate_axes(flat)) == 128
+    assert four_each.candidate_axes(flat) == _unpadded_candidate_axes(four_each, flat)
 
 
 def test_more_groups_than_half_the_dimensions_also_try_every_axis_zero_padded():

@@ -11,10 +11,11 @@ module:
     2013: each sub-space gets a balanced product of eigenvalues) and product-quantised with 256
     centroids each (8 bits). ``r`` is the number of axes whose reconstruction error on held-out
     corpus rows is lowest; the axes left out cost no bits (reverse water-filling gives them none).
-    When the budget pays for more than ``d / 2`` sub-quantisers, one axis each would leave the
-    ``d − B`` weakest axes out; the choice then also tries every axis, zero-padded to ``2B``
-    (:func:`padded_transform`): each sub-quantiser codes two axes, some of them an always-zero
-    padded one (eigenvalue 0), so the strongest axes get a sub-quantiser of their own.
+    When no whole number of axes per sub-quantiser covers all ``d`` (48 sub-quantisers on 64 or on
+    128 axes), every option leaves the weakest axes out; the choice then also tries every axis,
+    zero-padded to the smallest multiple of ``B`` that holds them, at most ``2d``
+    (:func:`padded_transform`): some sub-quantisers code an always-zero padded axis (eigenvalue 0)
+    beside a real one, so the strongest axes get more of a sub-quantiser than the weakest.
 ``klt-pq4:B``
     the same with 4-bit sub-quantisers (``2B`` of them, 16 centroids each) searched by FAISS's
     fast-scan kernels: smaller tables (a corpus of a few thousand documents trains them well) and
@@ -195,9 +196,10 @@ class _KltCodec(CodecFamily):
         options = sorted({m * k for k in self.axes_per_group if m * k <= d})
         if not options:
             raise ValueError(f"codec {self.name!r}: {m} sub-quantisers need at least {m} dimensions; the vectors have {d}.")
-        if 2 * m > d and options[-1] < d:
-            # One axis per sub-quantiser would drop the d − m weakest axes: also try every axis, zero-padded to the
-            # smallest multiple of m that holds them (2m; held-out error decides). Never for m ≤ d / 2 (unchanged).
+        if options[-1] < d:
+            # No whole number of axes per sub-quantiser covers d (48 groups on 64 or on 128 axes): the largest option
+            # drops the weakest axes. Also try every axis, zero-padded to the smallest multiple of m that holds them
+            # (at most 2d; held-out error decides).
             padded = [m * k for k in self.axes_per_group if d <= m * k <= 2 * d]
             options += padded[:1]
         # Those from about a third of the active axes to all of them (and the nearest above): PQ codes spend few
