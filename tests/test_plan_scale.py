@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from importlib.resources import files
 
@@ -161,6 +162,57 @@ def test_label_free_plan_runs_on_the_sample_and_records_it_and_the_bill(corpus_e
     assert written["fit_sample"] == sample and "usd_month@1B" in written["frontier"][0]
 
 
+def test_a_plan_on_a_sample_measures_its_choice_over_every_document(corpus_experiment, tmp_path):
+    from embedtune.index.plan_format import load_plan
+    from embedtune.workflows.label_free import label_free_validation
+
+    plan = run_label_free_plan(corpus_experiment, tmp_path / "plan", "agreement", target_retention=0.3, methods=["truncate"],
+                               dims=[48], precisions=["float32"], peers=[], codecs=(), rounds=0, work=tmp_path / "work",
+                               held_out_fraction=0.1, fit_sample=300)
+    full = plan["full_corpus"]
+    assert full["setting"] == plan["chosen"]["setting"] == "truncate-48/float32"
+    assert full["n_documents"] == N_DOCS and full["n_queries"] == plan["objective"]["n_queries"]
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["full_corpus"] == full
+    # The same figure by hand: the plan's held-out documents (of its sample) search all 600 documents, each never finding
+    # itself; its compressor's float32 top-10 against the uncompressed top-10.
+    sampled, _ = plan_sample(corpus_experiment, fit_sample=300)
+    validation = label_free_validation(sampled, "agreement", held_out_fraction=0.1)
+    _, compressor, _, _ = load_plan(tmp_path / "plan")
+    docs, ids = corpus_experiment.embeddings.doc_embeddings, corpus_experiment.embeddings.doc_ids
+    rows = np.array([ids.index(d) for d in validation.held_out])
+    exact, coded = docs[rows] @ docs.T, compressor.transform(docs[rows]) @ compressor.transform(docs).T
+    exact[np.arange(len(rows)), rows] = coded[np.arange(len(rows)), rows] = -np.inf
+    top = lambda scores: np.argsort(-scores, axis=1, kind="stable")[:, :10]  # noqa: E731
+    by_hand = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top(exact), top(coded))])
+    assert full["agreement@10"] == pytest.approx(by_hand, abs=1e-9)
+    assert full["on_sample"] == plan["chosen"]["objective"]
+    # A corpus no larger than the sample is its own check: nothing more is measured.
+    whole = run_label_free_plan(corpus_experiment, tmp_path / "whole", "agreement", target_retention=0.9, methods=["truncate"], dims=[48],
+                                precisions=["float32"], peers=[], codecs=(), rounds=0, work=tmp_path / "work", held_out_fraction=0.1)
+    assert "full_corpus" not in whole
+
+
+def test_the_full_corpus_check_encodes_in_blocks_with_the_plans_trained_tables(corpus_experiment, tmp_path):
+    from embedtune.workflows.full_corpus_check import full_corpus_agreement
+    from embedtune.workflows.label_free import label_free_validation
+
+    plan = run_label_free_plan(corpus_experiment, tmp_path / "plan", "agreement", target_retention=0.5, methods=["pca"], dims=[64],
+                               precisions=["int4"], peers=[], codecs=(), rounds=0, work=tmp_path / "work", held_out_fraction=0.1,
+                               fit_sample=300, check_full_corpus=False)
+    assert "full_corpus" not in plan and plan["chosen"]["setting"] == "pca-64/int4"
+    sampled, _ = plan_sample(corpus_experiment, fit_sample=300)
+    validation = label_free_validation(sampled, "agreement", held_out_fraction=0.1)
+    whole = full_corpus_agreement(corpus_experiment, tmp_path / "plan", validation)
+    blocks = full_corpus_agreement(corpus_experiment, tmp_path / "plan", validation, block=37)
+    assert blocks["agreement@10"] == whole["agreement@10"] and 0.2 < whole["agreement@10"] < 1.0
+    with pytest.raises(ValueError, match="measures agreement"):
+        full_corpus_agreement(corpus_experiment, tmp_path / "plan", dataclasses.replace(validation, objective="pseudo-queries"))
+
+
+def plan_chosen(tmp_path) -> str:
+    return json.loads((tmp_path / "plan" / "plan.json").read_text())["chosen"]["setting"]
+
+
 def test_cli_plan_prints_the_sample_and_the_bill(corpus_experiment, tmp_path, capsys):
     from embedtune.cli import main
 
@@ -172,6 +224,7 @@ def test_cli_plan_prints_the_sample_and_the_bill(corpus_experiment, tmp_path, ca
     assert main([*args, "--out", str(tmp_path / "plan")]) == 0
     printed = capsys.readouterr().out
     assert f"fit sample: 400 of {N_DOCS} rows (--fit-sample 400, seed 2027)" in printed
+    assert f"full-corpus check: {plan_chosen(tmp_path)} finds " in printed and f"over all {N_DOCS:,} documents" in printed
     assert "$/mo@1B" in printed and "RAM@1B" in printed and "bill: $2 per GB" in printed and "given by the user" in printed
     plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
     int8 = next(r for r in plan["sweep"] if r["setting"] == "frozen-384/int8")

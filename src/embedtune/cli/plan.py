@@ -127,6 +127,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                             "of an N x d corpus). A label-free plan runs its whole sweep on the sample (fits, held-out documents, "
                             "indexes, scores) and refits the choice on it; a labelled plan trains its FAISS peers and codecs on it. "
                             "Recorded in plan.json (fit_sample)")
+    scale.add_argument("--no-full-corpus-check", action="store_true",
+                       help="a label-free agreement plan that ran on a sample measures its choice over every document "
+                            "afterwards (plan.json: full_corpus), since a denser corpus lowers agreement; skip that check")
     scale.add_argument("--price-per-gb-month", type=float, default=DEFAULT_PRICE_PER_GB_MONTH, metavar="USD",
                        help=f"dollars per GB (10^9 bytes) of RAM a month for the bill's columns (default {DEFAULT_PRICE_PER_GB_MONTH:g}: "
                             f"{PRICE_ASSUMPTION.replace('%', '%%')})")
@@ -198,7 +201,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    final=args.final, work=args.work, labels=labels, held_out_fraction=args.held_out_fraction, queries=queries,
                                    pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
-                                   price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates)
+                                   price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
+                                   check_full_corpus=not args.no_full_corpus_check)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
@@ -251,6 +255,10 @@ def _print_scale(plan: dict) -> None:
     if skipped:
         print(f"not trained ({len(skipped)} FAISS peers the choice could not be; absent from the frontier): "
               + "; ".join(f"{p['setting']}: {p['reason']}" for p in skipped))
+    full = plan.get("full_corpus")
+    if full:
+        print(f"full-corpus check: {full['setting']} finds {full['agreement@10']:.4f} of the exact top-10 over all "
+              f"{full['n_documents']:,} documents ({full['on_sample']:.4f} on the sample), {full['n_queries']} queries")
     bill = plan.get("bill")
     if bill:
         print(f"bill: ${bill['price_per_gb_month']:g} per GB (10^9 bytes) of RAM a month, {bill['price_source']}")

@@ -544,6 +544,7 @@ def run_label_free_plan(
     fit_sample: int | None = None,
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
+    check_full_corpus: bool = True,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -564,6 +565,9 @@ def run_label_free_plan(
             holds out, indexes and scores that seeded sample, and the choice is refitted on it; recorded in
             ``plan.json`` under ``fit_sample``. A corpus no larger than the sample is used whole.
         price_per_gb_month: the bill's price (see :func:`~embedtune.workflows.plan.run_sweep`).
+        check_full_corpus: where the plan ran on a sample and scores agreement, also measure the choice over
+            every document (:func:`~embedtune.workflows.full_corpus_check.full_corpus_agreement`), recorded in
+            ``plan.json`` under ``full_corpus``, with a warning when it falls below ``target_retention``.
 
     Returns:
         The plan (also ``OUT/plan.json``, whose ``objective`` records what chose it).
@@ -577,8 +581,18 @@ def run_label_free_plan(
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
                      refine_candidates=refine_candidates)
+    if sampled is not experiment and check_full_corpus and validation.objective == "agreement":
+        from embedtune.workflows.full_corpus_check import full_corpus_agreement  # built on this module
+
+        plan["full_corpus"] = checked = full_corpus_agreement(experiment, out, validation)
+        if target_retention is not None and checked["agreement@10"] < target_retention:
+            logger.warning("label-free plan: %s keeps agreement@10 %.4f on the %d-row sample but %.4f over all %d documents, below the "
+                           "target %.3g: a larger corpus is denser. Plan with a larger --fit-sample, or a larger --target-retention.",
+                           checked["setting"], checked["on_sample"], len(sampled.embeddings.doc_ids), checked["agreement@10"],
+                           checked["n_documents"], target_retention)
     if final and sampled is not experiment:  # the labelled test queries search the whole corpus, as deployed
         plan["test"] = score_plan(experiment, out, "test")
+    if sampled is not experiment and ("full_corpus" in plan or final):
         write_json_with_digest(Path(out) / PLAN_FILE, plan)
     return plan
 

@@ -1,0 +1,110 @@
+"""Check a label-free plan fitted on a sample against the whole corpus it will index.
+
+A label-free plan on a large corpus runs on a seeded sample of its rows
+(:func:`~embedtune.workflows.label_free.plan_sample`). Agreement@10 (the share of the exact
+float32 top-10 a setting finds in its own top-10) falls as the corpus grows: a larger corpus is
+denser, so the same codes must separate more near neighbours. The sample's figure is then a
+promise the full index may not keep (a tiled 1M-row corpus: 0.958 on a 16k sample, 0.715 on every
+row; ``benchmarks/results/scale/REPORT.md``).
+
+:func:`full_corpus_agreement` measures the chosen setting as ``index build --plan`` serves it: the
+plan's compressor and trained codec tables (nothing refitted), every corpus row encoded in blocks,
+searched with the plan's own validation queries, against their exact float32 top-10 over every
+row (:func:`~embedtune.workflows.label_free.exact_top_k`, streamed over the corpus).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedtune.index.codecs import QuantizedIndex, read_codec_index
+from embedtune.index.plan_format import load_plan
+from embedtune.index.refine import RefinedIndex, plan_refine
+from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.label_free import AGREEMENT_K, LabelFreeValidation, exact_top_k
+
+__all__ = ["full_corpus_agreement", "CHECK_BLOCK"]
+
+logger = logging.getLogger(__name__)
+
+#: Corpus rows transformed and encoded at a time: memory for the check's floats stays at this many rows.
+CHECK_BLOCK = 65536
+
+
+def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, Any, dict[str, Any]]:
+    """The plan's index over every row of ``docs``, encoded ``block`` rows at a time with the plan's trained tables."""
+    plan, compressor, precision, calibration = load_plan(directory)
+    dim = int(plan["dim"])
+    trained = None
+    if precision.precision_codec.faiss_backed and (directory / "codec.faiss").is_file():
+        trained = read_codec_index(directory, precision, dim)
+    if trained is not None and not precision.rescores_float:
+        for lo in range(0, len(docs), block):  # FAISS codes only: no copy of the compressed floats
+            trained.add(np.ascontiguousarray(compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32)),
+                                             dtype=np.float32))
+        index = QuantizedIndex(precision, dim, trained, len(docs), calibration=calibration)
+    else:
+        xb = np.concatenate([compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32))
+                             for lo in range(0, len(docs), block)])
+        index = QuantizedIndex.build(xb, precision, calibration=calibration, trained_index=trained)
+    refine = plan_refine(plan, str(directory / "plan.json"))
+    if refine is not None:  # as `index build --plan` serves it: the codes' candidates, ranked by the original vectors
+        index = RefinedIndex(index, compressor.normalize_input(np.ascontiguousarray(docs, dtype=np.float32)), refine, compressor)
+    return index, compressor, plan
+
+
+def full_corpus_agreement(experiment: Experiment, directory: str | Path, validation: LabelFreeValidation,
+                          block: int = CHECK_BLOCK) -> dict[str, Any]:
+    """Agreement@10 of plan ``directory``'s choice over every document of ``experiment`` (the whole corpus).
+
+    The queries are the plan's validation queries (its held-out documents, each excluded from its own
+    results, or the user's unlabelled queries). Returns what ``plan.json`` records under
+    ``full_corpus``: the agreement, the number of queries and documents, and the seconds each part took.
+
+    Raises:
+        ValueError: the validation is not an agreement one (pseudo-queries' targets are their own
+            documents, which a larger corpus does not change), or a held-out document is not in the corpus.
+    """
+    if validation.objective != "agreement":
+        raise ValueError(f"the full-corpus check measures agreement; the plan's objective is {validation.objective!r}.")
+    directory = Path(directory)
+    doc_ids = list(experiment.embeddings.doc_ids)
+    docs = experiment.embeddings.doc_embeddings  # may be a memory map: read a block at a time
+    queries = np.ascontiguousarray(validation.queries.vectors, dtype=np.float32)
+    exclude = None
+    if validation.held_out:
+        position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+        missing = [d for d in validation.held_out if d not in position]
+        if missing:
+            raise ValueError(f"{len(missing)} held-out documents of the plan are not in the corpus, e.g. {missing[0]!r}.")
+        exclude = np.array([position[d] for d in validation.held_out], dtype=np.int64)
+    logger.info("full-corpus check: exact top-%d of %d queries over %d documents", AGREEMENT_K, len(queries), len(doc_ids))
+    start = time.perf_counter()
+    truth = exact_top_k(queries, docs, AGREEMENT_K, exclude)
+    truth_s = time.perf_counter() - start
+    start = time.perf_counter()
+    index, compressor, plan = _planned_index(directory, docs, block)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    wanted = AGREEMENT_K + (exclude is not None)
+    if isinstance(index, RefinedIndex):
+        _, found = index.search(queries, wanted)
+    else:
+        _, found = index.search(np.ascontiguousarray(compressor.transform(queries), dtype=np.float32), wanted)
+    search_s = time.perf_counter() - start
+    shares = []
+    for row, (result, target) in enumerate(zip(found, truth)):
+        own = -1 if exclude is None else exclude[row]
+        top = [r for r in result.tolist() if r != own and r >= 0][:AGREEMENT_K]
+        shares.append(len(set(top) & set(target.tolist())) / AGREEMENT_K)
+    agreement = float(np.mean(shares))
+    logger.info("full-corpus check: agreement@%d %.4f over %d documents (%.4f on the plan's sample)", AGREEMENT_K, agreement,
+                len(doc_ids), plan["chosen"]["objective"])
+    return {"setting": plan["chosen"]["setting"], "agreement@10": agreement, "on_sample": float(plan["chosen"]["objective"]),
+            "n_queries": len(queries), "n_documents": len(doc_ids), "truth_s": round(truth_s, 3), "build_s": round(build_s, 3),
+            "search_s": round(search_s, 3)}
