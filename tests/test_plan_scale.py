@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from importlib.resources import files
 
@@ -184,7 +183,7 @@ def test_a_plan_on_a_sample_measures_its_choice_over_every_document(corpus_exper
     exact[np.arange(len(rows)), rows] = coded[np.arange(len(rows)), rows] = -np.inf
     top = lambda scores: np.argsort(-scores, axis=1, kind="stable")[:, :10]  # noqa: E731
     by_hand = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(top(exact), top(coded))])
-    assert full["agreement@10"] == pytest.approx(by_hand, abs=1e-9)
+    assert full["agreement"] == pytest.approx(by_hand, abs=1e-9)
     assert full["on_sample"] == plan["chosen"]["objective"]
     # A corpus no larger than the sample is its own check: nothing more is measured.
     whole = run_label_free_plan(corpus_experiment, tmp_path / "whole", "agreement", target_retention=0.9, methods=["truncate"], dims=[48],
@@ -202,11 +201,14 @@ def test_the_full_corpus_check_encodes_in_blocks_with_the_plans_trained_tables(c
     assert "full_corpus" not in plan and plan["chosen"]["setting"] == "pca-64/int4"
     sampled, _ = plan_sample(corpus_experiment, fit_sample=300)
     validation = label_free_validation(sampled, "agreement", held_out_fraction=0.1)
-    whole = full_corpus_agreement(corpus_experiment, tmp_path / "plan", validation)
-    blocks = full_corpus_agreement(corpus_experiment, tmp_path / "plan", validation, block=37)
-    assert blocks["agreement@10"] == whole["agreement@10"] and 0.2 < whole["agreement@10"] < 1.0
-    with pytest.raises(ValueError, match="measures agreement"):
-        full_corpus_agreement(corpus_experiment, tmp_path / "plan", dataclasses.replace(validation, objective="pseudo-queries"))
+    queries, held_out = validation.queries.vectors, validation.held_out
+    whole = full_corpus_agreement(corpus_experiment, tmp_path / "plan", queries, held_out)
+    blocks = full_corpus_agreement(corpus_experiment, tmp_path / "plan", queries, held_out, block=37)
+    assert blocks["agreement"] == whole["agreement"] and 0.2 < whole["agreement"] < 1.0
+    with pytest.raises(ValueError, match="one id per query"):
+        full_corpus_agreement(corpus_experiment, tmp_path / "plan", queries, held_out[:-1])
+    with pytest.raises(ValueError, match="not in the corpus, e.g. 'no-such-document'"):
+        full_corpus_agreement(corpus_experiment, tmp_path / "plan", queries, [*held_out[:-1], "no-such-document"])
 
 
 def plan_chosen(tmp_path) -> str:

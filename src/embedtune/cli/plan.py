@@ -257,7 +257,7 @@ def _print_scale(plan: dict) -> None:
               + "; ".join(f"{p['setting']}: {p['reason']}" for p in skipped))
     full = plan.get("full_corpus")
     if full:
-        print(f"full-corpus check: {full['setting']} finds {full['agreement@10']:.4f} of the exact top-10 over all "
+        print(f"full-corpus check: {full['setting']} finds {full['agreement']:.4f} of the exact top-{full['k']} over all "
               f"{full['n_documents']:,} documents ({full['on_sample']:.4f} on the sample), {full['n_queries']} queries")
     bill = plan.get("bill")
     if bill:

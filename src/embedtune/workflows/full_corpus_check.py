@@ -10,7 +10,7 @@ row; ``benchmarks/results/scale/REPORT.md``).
 :func:`full_corpus_agreement` measures the chosen setting as ``index build --plan`` serves it: the
 plan's compressor and trained codec tables (nothing refitted), every corpus row encoded in blocks,
 searched with the plan's own validation queries, against their exact float32 top-10 over every
-row (:func:`~embedtune.workflows.label_free.exact_top_k`, streamed over the corpus).
+row (:func:`~embedtune.evaluate.streamed_top_k.exact_top_k`, streamed over the corpus).
 """
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from embedtune.evaluate.streamed_top_k import exact_top_k
 
 from embedtune.index.codecs import QuantizedIndex, read_codec_index
 from embedtune.index.plan_format import load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
 from embedtune.workflows.experiment import Experiment
-from embedtune.workflows.label_free import AGREEMENT_K, LabelFreeValidation, exact_top_k
 
 __all__ = ["full_corpus_agreement", "CHECK_BLOCK"]
 
@@ -58,40 +60,40 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
     return index, compressor, plan
 
 
-def full_corpus_agreement(experiment: Experiment, directory: str | Path, validation: LabelFreeValidation,
-                          block: int = CHECK_BLOCK) -> dict[str, Any]:
-    """Agreement@10 of plan ``directory``'s choice over every document of ``experiment`` (the whole corpus).
+def full_corpus_agreement(experiment: Experiment, directory: str | Path, queries: np.ndarray, held_out: Sequence[str] = (),
+                          k: int = 10, block: int = CHECK_BLOCK) -> dict[str, Any]:
+    """Agreement@``k`` of plan ``directory``'s choice over every document of ``experiment`` (the whole corpus).
 
-    The queries are the plan's validation queries (its held-out documents, each excluded from its own
-    results, or the user's unlabelled queries). Returns what ``plan.json`` records under
-    ``full_corpus``: the agreement, the number of queries and documents, and the seconds each part took.
+    ``queries`` are the plan's validation queries: its held-out documents' vectors (``held_out`` their
+    ids, each then excluded from its own results and targets), or the user's unlabelled queries
+    (``held_out`` empty). Returns what ``plan.json`` records under ``full_corpus``: the agreement,
+    the figure on the plan's sample, the numbers of queries and documents, and the seconds each part took.
 
     Raises:
-        ValueError: the validation is not an agreement one (pseudo-queries' targets are their own
-            documents, which a larger corpus does not change), or a held-out document is not in the corpus.
+        ValueError: ``held_out`` does not match the queries, or names a document that is not in the corpus.
     """
-    if validation.objective != "agreement":
-        raise ValueError(f"the full-corpus check measures agreement; the plan's objective is {validation.objective!r}.")
     directory = Path(directory)
     doc_ids = list(experiment.embeddings.doc_ids)
     docs = experiment.embeddings.doc_embeddings  # may be a memory map: read a block at a time
-    queries = np.ascontiguousarray(validation.queries.vectors, dtype=np.float32)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
     exclude = None
-    if validation.held_out:
+    if len(held_out):
+        if len(held_out) != len(queries):
+            raise ValueError(f"{len(held_out)} held-out document ids for {len(queries)} query vectors: one id per query.")
         position = {doc_id: row for row, doc_id in enumerate(doc_ids)}
-        missing = [d for d in validation.held_out if d not in position]
+        missing = [d for d in held_out if d not in position]
         if missing:
             raise ValueError(f"{len(missing)} held-out documents of the plan are not in the corpus, e.g. {missing[0]!r}.")
-        exclude = np.array([position[d] for d in validation.held_out], dtype=np.int64)
-    logger.info("full-corpus check: exact top-%d of %d queries over %d documents", AGREEMENT_K, len(queries), len(doc_ids))
+        exclude = np.array([position[d] for d in held_out], dtype=np.int64)
+    logger.info("full-corpus check: exact top-%d of %d queries over %d documents", k, len(queries), len(doc_ids))
     start = time.perf_counter()
-    truth = exact_top_k(queries, docs, AGREEMENT_K, exclude)
+    truth = exact_top_k(queries, docs, k, exclude)
     truth_s = time.perf_counter() - start
     start = time.perf_counter()
     index, compressor, plan = _planned_index(directory, docs, block)
     build_s = time.perf_counter() - start
     start = time.perf_counter()
-    wanted = AGREEMENT_K + (exclude is not None)
+    wanted = k + (exclude is not None)
     if isinstance(index, RefinedIndex):
         _, found = index.search(queries, wanted)
     else:
@@ -100,11 +102,11 @@ def full_corpus_agreement(experiment: Experiment, directory: str | Path, validat
     shares = []
     for row, (result, target) in enumerate(zip(found, truth)):
         own = -1 if exclude is None else exclude[row]
-        top = [r for r in result.tolist() if r != own and r >= 0][:AGREEMENT_K]
-        shares.append(len(set(top) & set(target.tolist())) / AGREEMENT_K)
+        top = [r for r in result.tolist() if r != own and r >= 0][:k]
+        shares.append(len(set(top) & set(target.tolist())) / k)
     agreement = float(np.mean(shares))
-    logger.info("full-corpus check: agreement@%d %.4f over %d documents (%.4f on the plan's sample)", AGREEMENT_K, agreement,
+    logger.info("full-corpus check: agreement@%d %.4f over %d documents (%.4f on the plan's sample)", k, agreement,
                 len(doc_ids), plan["chosen"]["objective"])
-    return {"setting": plan["chosen"]["setting"], "agreement@10": agreement, "on_sample": float(plan["chosen"]["objective"]),
+    return {"setting": plan["chosen"]["setting"], "k": k, "agreement": agreement, "on_sample": float(plan["chosen"]["objective"]),
             "n_queries": len(queries), "n_documents": len(doc_ids), "truth_s": round(truth_s, 3), "build_s": round(build_s, 3),
             "search_s": round(search_s, 3)}

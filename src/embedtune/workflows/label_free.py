@@ -53,6 +53,7 @@ from embedtune.encoders.recipe import recipe_beside
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
+from embedtune.evaluate.streamed_top_k import exact_top_k
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH
 from embedtune.index.codecs import PRECISIONS
 from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
@@ -60,6 +61,7 @@ from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_s
 from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
+from embedtune.workflows.full_corpus_check import full_corpus_agreement
 from embedtune.workflows.plan import (
     PLAN_FILE,
     CODEC_BUDGETS,
@@ -134,52 +136,6 @@ def held_out_documents(doc_ids: Sequence[str], fraction: float = DEFAULT_HELD_OU
     share = min(float(fraction), max_documents / len(ids))
     withheld = withheld_documents(ids, share, seed)
     return [doc_id for doc_id in ids if doc_id in withheld]
-
-
-#: Rows of the corpus :func:`exact_top_k` scores at a time: a (queries x rows) block of scores, never queries x corpus.
-TOP_K_DOC_BLOCK = 65_536
-
-
-def exact_top_k(xq: np.ndarray, xb: np.ndarray, k: int, exclude: np.ndarray | None = None, block: int = 256,
-                doc_block: int = TOP_K_DOC_BLOCK) -> np.ndarray:
-    """``I`` of shape (n_queries, k): the rows of ``xb`` with the ``k`` highest inner products per query, best first
-    (equal scores: the lower row first).
-
-    ``exclude`` (one ``xb`` row per query, or -1 for none) is never returned for its query: a corpus
-    document used as a query does not find itself. The corpus is streamed: ``block`` queries against
-    ``doc_block`` rows at a time, each block's best ``k`` merged into the running best, so memory is
-    ``block x doc_block`` scores whatever the corpus size (``xb`` may be a memory map; each block is
-    read as float32 once). The result does not depend on the block sizes.
-    """
-    xq = np.ascontiguousarray(xq, dtype=np.float32)
-    assert xq.ndim == 2 and xb.ndim == 2 and xq.shape[1] == xb.shape[1], (xq.shape, xb.shape)
-    if block < 1 or doc_block < 1:
-        raise ValueError(f"block sizes must be positive; got {block} and {doc_block}.")
-    n_docs = len(xb)
-    n_keep = n_docs - (0 if exclude is None else 1)
-    if not 0 < k <= n_keep:
-        raise ValueError(f"k must be in 1..{n_keep} (the documents a query can find); got {k}.")
-    own_all = None if exclude is None else np.asarray(exclude, dtype=np.int64)
-    best_s = np.full((len(xq), k), -np.inf, dtype=np.float32)
-    best_i = np.full((len(xq), k), np.iinfo(np.int64).max, dtype=np.int64)
-    for lo in range(0, n_docs, doc_block):
-        docs = np.ascontiguousarray(xb[lo : lo + doc_block], dtype=np.float32)
-        for start in range(0, len(xq), block):
-            scores = xq[start : start + block] @ docs.T  # (block, doc_block)
-            if own_all is not None:
-                own = own_all[start : start + block] - lo
-                hit = (own >= 0) & (own < len(docs))
-                scores[np.flatnonzero(hit), own[hit]] = -np.inf
-            take = min(k, scores.shape[1])
-            part = np.argpartition(-scores, take - 1, axis=1)[:, :take] if take < scores.shape[1] else \
-                np.broadcast_to(np.arange(scores.shape[1]), scores.shape).copy()
-            cand_s = np.concatenate([best_s[start : start + block], np.take_along_axis(scores, part, axis=1)], axis=1)
-            cand_i = np.concatenate([best_i[start : start + block], part + lo], axis=1)
-            # Best first, equal scores by ascending row: the same order whatever blocks the corpus came in.
-            order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
-            best_s[start : start + block] = np.take_along_axis(cand_s, order, axis=1)
-            best_i[start : start + block] = np.take_along_axis(cand_i, order, axis=1)
-    return best_i
 
 
 def agreement_queries(doc_ids: Sequence[str], doc_embeddings: np.ndarray, query_ids: Sequence[str], query_embeddings: np.ndarray,
@@ -582,13 +538,12 @@ def run_label_free_plan(
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
                      refine_candidates=refine_candidates)
     if sampled is not experiment and check_full_corpus and validation.objective == "agreement":
-        from embedtune.workflows.full_corpus_check import full_corpus_agreement  # built on this module
-
-        plan["full_corpus"] = checked = full_corpus_agreement(experiment, out, validation)
-        if target_retention is not None and checked["agreement@10"] < target_retention:
+        plan["full_corpus"] = checked = full_corpus_agreement(experiment, out, validation.queries.vectors, validation.held_out,
+                                                              AGREEMENT_K)
+        if target_retention is not None and checked["agreement"] < target_retention:
             logger.warning("label-free plan: %s keeps agreement@10 %.4f on the %d-row sample but %.4f over all %d documents, below the "
                            "target %.3g: a larger corpus is denser. Plan with a larger --fit-sample, or a larger --target-retention.",
-                           checked["setting"], checked["on_sample"], len(sampled.embeddings.doc_ids), checked["agreement@10"],
+                           checked["setting"], checked["on_sample"], len(sampled.embeddings.doc_ids), checked["agreement"],
                            checked["n_documents"], target_retention)
     if final and sampled is not experiment:  # the labelled test queries search the whole corpus, as deployed
         plan["test"] = score_plan(experiment, out, "test")
