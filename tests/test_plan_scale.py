@@ -191,14 +191,15 @@ def test_a_plan_on_a_sample_measures_its_choice_over_every_document(corpus_exper
     assert "full_corpus" not in whole
 
 
-def test_the_full_corpus_check_encodes_in_blocks_with_the_plans_trained_tables(corpus_experiment, tmp_path):
+@pytest.mark.parametrize("precision", ["int4", "int8", "float16"])  # trained tables, the plan's int8 ranges, nothing fitted
+def test_the_full_corpus_check_encodes_in_blocks_with_the_plans_trained_tables(precision, corpus_experiment, tmp_path):
     from embedtune.workflows.full_corpus_check import full_corpus_agreement
     from embedtune.workflows.label_free import label_free_validation
 
     plan = run_label_free_plan(corpus_experiment, tmp_path / "plan", "agreement", target_retention=0.5, methods=["pca"], dims=[64],
-                               precisions=["int4"], peers=[], codecs=(), rounds=0, work=tmp_path / "work", held_out_fraction=0.1,
+                               precisions=[precision], peers=[], codecs=(), rounds=0, work=tmp_path / "work", held_out_fraction=0.1,
                                fit_sample=300, check_full_corpus=False)
-    assert "full_corpus" not in plan and plan["chosen"]["setting"] == "pca-64/int4"
+    assert "full_corpus" not in plan and plan["chosen"]["setting"] == f"pca-64/{precision}"
     sampled, _ = plan_sample(corpus_experiment, fit_sample=300)
     validation = label_free_validation(sampled, "agreement", held_out_fraction=0.1)
     queries, held_out = validation.queries.vectors, validation.held_out

@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 CHECK_BLOCK = 65536
 
 
+def _block(compressor: Any, docs: np.ndarray, lo: int, block: int) -> np.ndarray:
+    """Rows ``lo .. lo + block`` of ``docs`` (a memory map is read here), through the plan's compressor, as float32 rows."""
+    return np.ascontiguousarray(compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32)), dtype=np.float32)
+
+
 def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, Any, dict[str, Any]]:
     """The plan's index over every row of ``docs``, encoded ``block`` rows at a time with the plan's trained tables."""
     plan, compressor, precision, calibration = load_plan(directory)
@@ -45,14 +50,21 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
     trained = None
     if precision.precision_codec.faiss_backed and (directory / "codec.faiss").is_file():
         trained = read_codec_index(directory, precision, dim)
-    if trained is not None and not precision.rescores_float:
-        for lo in range(0, len(docs), block):  # FAISS codes only: no copy of the compressed floats
-            trained.add(np.ascontiguousarray(compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32)),
-                                             dtype=np.float32))
-        index = QuantizedIndex(precision, dim, trained, len(docs), calibration=calibration)
-    else:
-        xb = np.concatenate([compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32))
-                             for lo in range(0, len(docs), block)])
+    index = None
+    if (trained is not None or calibration is not None) and not precision.rescores_float:
+        # Nothing left to fit (the plan's trained tables or int8 ranges): encode block by block into one FAISS index,
+        # as `index build --plan` does, so no copy of the compressed floats is held.
+        index = QuantizedIndex.build(_block(compressor, docs, 0, block), precision, calibration=calibration, trained_index=trained)
+        if index.codes is None and index.float_vectors is None:
+            for lo in range(block, len(docs), block):
+                index.backend.add(_block(compressor, docs, lo, block))
+            index.ntotal = len(docs)
+        else:
+            index = None
+    if index is None:
+        if trained is not None:  # the first try added its first block to the plan's tables: read them again
+            trained = read_codec_index(directory, precision, dim)
+        xb = np.concatenate([_block(compressor, docs, lo, block) for lo in range(0, len(docs), block)])
         index = QuantizedIndex.build(xb, precision, calibration=calibration, trained_index=trained)
     refine = plan_refine(plan, str(directory / "plan.json"))
     if refine is not None:  # as `index build --plan` serves it: the codes' candidates, ranked by the original vectors
