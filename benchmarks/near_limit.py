@@ -96,7 +96,7 @@ VECTORS = {
     ("scifact", "minilm"): ROOT / "src/embedtune/datasets/scifact-minilm-vectors.npz",
     ("scifact", "mpnet"): HERE / "data/vectors/scifact-mpnet-vectors.npz",
     ("arguana", "minilm"): HERE / "data/vectors/arguana-minilm-vectors.npz",
-    ("arguana", "mpnet"): HERE / "data/vectors/arguana-mpnet-vectors.npz",
+    ("arguana", "mpnet"): HERE / "data/vectors/arguana-mpnet-vectors.npz",  # not committed (29 MB): see data/vectors/README.md
     ("npl", "minilm"): HERE / "data/vectors/npl-minilm-vectors.npz",
     ("cacm", "minilm"): HERE / "data/vectors/cacm-minilm-vectors.npz",
     ("med", "minilm"): HERE / "data/vectors/med-minilm-vectors.npz",
