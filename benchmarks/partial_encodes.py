@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -28,6 +29,9 @@ from embedtune.io import atomic_write_json, sha256_file
 
 STORE = Path(__file__).resolve().parent / "data" / "partial-encodes"
 MANIFEST = "manifest.json"
+#: What a manifest may name: a cache key, and files of a cache entry's partial/ folder (nothing that leaves it).
+_KEY = re.compile(r"[0-9a-f]{64}")
+_SHARD_FILE = re.compile(r"\d{10}-\d{10}\.(npy|json)|run\.json")
 
 
 def _entry(key: str) -> Path:
@@ -64,8 +68,14 @@ def restore() -> int:
             print(f"{manifest_path}: saved without the shards' records, which the embedding cache checks before it reuses a "
                   "shard; not restored (save the entry again from a cache that holds them, or encode it whole)", file=sys.stderr)
             return 1
+        files = {**manifest["shards"], **manifest["records"]}
+        strange = [name for name in files if not _SHARD_FILE.fullmatch(name)] + ([] if _KEY.fullmatch(str(key)) else [str(key)])
+        if strange:
+            print(f"{manifest_path}: {strange[0]!r} is not a cache key or a shard file name (<lo>-<hi>.npy/.json, run.json); "
+                  "not restored", file=sys.stderr)
+            return 1
         (entry / "partial").mkdir(parents=True, exist_ok=True)
-        for name, digest in {**manifest["shards"], **manifest["records"]}.items():
+        for name, digest in files.items():
             source = manifest_path.parent / name
             if sha256_file(source) != digest:
                 print(f"{source}: sha256 differs from {manifest_path}; not restored", file=sys.stderr)

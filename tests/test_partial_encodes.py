@@ -63,3 +63,16 @@ def test_a_store_without_the_shards_records_is_refused(tmp_path: Path, monkeypat
     (entry / "manifest.json").write_text(json.dumps({"key": "ab" * 32, "shards": {"0000000000-0000000004.npy": "0" * 64}}))
     assert partial_encodes.restore() == 1
     assert "saved without the shards' records" in capsys.readouterr().err
+
+
+def test_a_manifest_naming_a_file_outside_the_partial_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    monkeypatch.setattr(partial_encodes, "STORE", store)
+    monkeypatch.setenv("EMBEDTUNE_CACHE", str(tmp_path / "cache"))
+    entry = store / ("ab" * 32)
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text(json.dumps({"key": "ab" * 32, "shards": {"../../escape.npy": "0" * 64}, "records": {}}))
+    assert partial_encodes.restore() == 1
+    assert "'../../escape.npy' is not a cache key or a shard file name" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
