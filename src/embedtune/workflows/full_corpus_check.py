@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embedtune.evaluate.streamed_top_k import exact_top_k
-
-from embedtune.index.codecs import QuantizedIndex, read_codec_index
-from embedtune.index.plan_format import load_plan
+from embedtune.index.codecs import CODEC_FILE, QuantizedIndex, read_codec_index
+from embedtune.index.plan_format import PLAN_FILE, load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
 from embedtune.workflows.experiment import Experiment
 
@@ -48,7 +47,7 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
     plan, compressor, precision, calibration = load_plan(directory)
     dim = int(plan["dim"])
     trained = None
-    if precision.precision_codec.faiss_backed and (directory / "codec.faiss").is_file():
+    if precision.precision_codec.faiss_backed and (directory / CODEC_FILE).is_file():
         trained = read_codec_index(directory, precision, dim)
     index = None
     if (trained is not None or calibration is not None) and not precision.rescores_float:
@@ -66,7 +65,7 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
             trained = read_codec_index(directory, precision, dim)
         xb = np.concatenate([_block(compressor, docs, lo, block) for lo in range(0, len(docs), block)])
         index = QuantizedIndex.build(xb, precision, calibration=calibration, trained_index=trained)
-    refine = plan_refine(plan, str(directory / "plan.json"))
+    refine = plan_refine(plan, str(directory / PLAN_FILE))
     if refine is not None:  # as `index build --plan` serves it: the codes' candidates, ranked by the original vectors
         index = RefinedIndex(index, compressor.normalize_input(np.ascontiguousarray(docs, dtype=np.float32)), refine, compressor)
     return index, compressor, plan
