@@ -123,7 +123,7 @@ def test_uncentred_pca_is_in_the_label_free_sweep(scifact_slice, tmp_path):
     assert {"truncate", "pca", "pca-uncentred"} <= set(LABEL_FREE_METHODS)
     assert inspect.signature(run_label_free_plan).parameters["methods"].default == LABEL_FREE_METHODS
     plan = run_label_free_plan(_experiment(scifact_slice), tmp_path / "plan", "agreement", budget_bytes=16, methods=FAST_METHODS, **SWEEP,
-                               work=tmp_path / "work")
+                               work=tmp_path / "work", full_sweep=True)
     settings = {r["setting"] for r in plan["sweep"]}
     assert {"pca-uncentred-32/int4", "pca-uncentred-64/rabitq1", "pca-32/binary-rescore", "truncate-64/int8"} <= settings
     assert {"frozen-384/rabitq1", "frozen-384/int4", "frozen-384/turboquant1", "frozen-384/faiss:PQ32x4fs"} <= settings  # the peers
@@ -220,7 +220,7 @@ def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_
     with caplog.at_level(logging.INFO, logger="embedtune.workflows.label_free"):
         plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=64, methods=["truncate", "pca-uncentred"],
                                    dims=[384, 64], precisions=["float32", "int8"], peers=[], rounds=1, work=tmp_path / "work",
-                                   held_out_fraction=0.1)
+                                   held_out_fraction=0.1, full_sweep=True)
     settings = {r["setting"] for r in plan["sweep"]}
     fitting = plan["objective"]["fit_documents"]
     assert fitting < 384 and "pca-uncentred-64/int8" in settings and "truncate-384/int8" in settings

@@ -26,7 +26,7 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
 ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "allow_disk", "codecs",
-                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep", "fit_sample", "bill", "skipped_peers"}
+                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
               "choosable", "mse", "score_mse", "bound_mse", "gap_db", "score_error", "ndcg@10", "recall@10", "recall@100", "n_queries", "queries",
@@ -109,8 +109,9 @@ def test_the_labelled_plan_keeps_its_structure(toy, tmp_path, engine_calls):
     """Fields, references, rows and the order of the sweep, as the labelled plan wrote them before the engine was shared."""
     plan = run_plan(_experiment(toy), tmp_path / "plan", target_retention=0.9, methods=["truncate", "pca"], dims=[16, 8],
                     precisions=["float32", "int8", "binary-rescore"], peers=["pq-fs", "int4"], final=True, rounds=0, work=tmp_path / "work",
-                    labels={"model": "toy"})
+                    labels={"model": "toy"}, full_sweep=True)
     assert set(engine_calls[0]["plan"]) == ENGINE_FIELDS
+    assert plan["skipped_settings"] == []
     folder_fields = {"precision", "dim", "faiss_factory", "ram_bytes", "disk_bytes", "index_kind", "compressor_state_sha256", "files_sha256"}
     assert set(plan) == ENGINE_FIELDS | folder_fields | {"test"}
     assert set(json.loads((tmp_path / "plan" / "plan.json").read_text())) == set(plan) | {"content_sha256"}
@@ -186,3 +187,25 @@ def test_cli_label_free_plan_takes_the_csr_peer(toy, tmp_path, capsys):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["split_seed"] is None and plan["chosen"]["method"] != "csr"
     assert [r["setting"] for r in plan["sweep"] if r["method"] == "csr"] == ["csr+k8-96/sparse-fp16"]
+
+
+@pytest.mark.parametrize("target", [{"target_retention": 0.9}, {"budget_bytes": 24}, {"target_retention": 0.8, "budget_bytes": 48}])
+def test_the_sweep_skips_only_settings_the_choice_could_not_be(toy, tmp_path, target):
+    """The pruned sweep chooses what the full sweep chooses, and scores every row the full sweep scores at or below the choice."""
+    settings = dict(methods=["truncate", "pca"], dims=[16, 8], precisions=["float32", "int8", "int4", "binary"], peers=["pq-fs", "pq", "int4"],
+                    rounds=0, labels={"model": "toy"})
+    full = run_plan(_experiment(toy), tmp_path / "full", **target, **settings, work=tmp_path / "work-full", full_sweep=True)
+    pruned = run_plan(_experiment(toy), tmp_path / "pruned", **target, **settings, work=tmp_path / "work-pruned")
+    assert pruned["chosen"]["setting"] == full["chosen"]["setting"]
+    assert pruned["chosen"]["ndcg@10"] == full["chosen"]["ndcg@10"]
+    scored = {r["setting"] for r in pruned["sweep"]}
+    skipped = {s["setting"]: s for s in pruned["skipped_settings"]}
+    assert skipped, "the toy sweep has settings dearer than the choice: some must be skipped"
+    assert not scored & set(skipped)
+    full_rows = {r["setting"]: r for r in full["sweep"]}
+    assert set(skipped) <= set(full_rows)
+    for setting, entry in skipped.items():
+        assert entry["ram_bytes"] == full_rows[setting]["ram_bytes"]
+        assert entry["ram_bytes"] > pruned["chosen"]["ram_bytes"], setting
+        assert "budget" in entry["reason"] or "keeps the target" in entry["reason"]
+    assert {s for s, r in full_rows.items() if r["ram_bytes"] <= pruned["chosen"]["ram_bytes"]} <= scored

@@ -130,6 +130,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     scale.add_argument("--no-full-corpus-check", action="store_true",
                        help="a label-free agreement plan that ran on a sample measures its choice over every document "
                             "afterwards (plan.json: full_corpus), since a denser corpus lowers agreement; skip that check")
+    scale.add_argument("--full-sweep", action="store_true",
+                       help="fit and score every setting of the sweep, the whole frontier; by default a setting the choice could "
+                            "not be (above --budget-bytes, or dearer than a scored setting that keeps --target-retention) is skipped "
+                            "and listed in plan.json (skipped_settings, skipped_peers). The choice is the same either way")
     scale.add_argument("--price-per-gb-month", type=float, default=DEFAULT_PRICE_PER_GB_MONTH, metavar="USD",
                        help=f"dollars per GB (10^9 bytes) of RAM a month for the bill's columns (default {DEFAULT_PRICE_PER_GB_MONTH:g}: "
                             f"{PRICE_ASSUMPTION.replace('%', '%%')})")
@@ -202,13 +206,13 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
-                                   check_full_corpus=not args.no_full_corpus_check)
+                                   check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
                         allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
-                        refine_candidates=args.refine_candidates)
+                        refine_candidates=args.refine_candidates, full_sweep=args.full_sweep)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
@@ -255,6 +259,10 @@ def _print_scale(plan: dict) -> None:
     if skipped:
         print(f"not trained ({len(skipped)} FAISS peers the choice could not be; absent from the frontier): "
               + "; ".join(f"{p['setting']}: {p['reason']}" for p in skipped))
+    settings = plan.get("skipped_settings") or []
+    if settings:
+        print(f"not scored: {len(settings)} settings of the sweep above the budget or dearer than a setting that keeps the target "
+              f"(listed in plan.json under skipped_settings)")
     full = plan.get("full_corpus")
     if full:
         print(f"full-corpus check: {full['setting']} finds {full['agreement']:.4f} of the exact top-{full['k']} over all "

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, exact_search
+from embedtune.index.codecs.faiss_codes import without_polysemous_training
 from embedtune.runtime import native_chatter_filtered
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def build_factory_index(xb: np.ndarray, factory: str, train_size: int = 100_000,
 
     xb = as_rows(xb, "xb")
     start = time.perf_counter()
-    index = faiss.index_factory(xb.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    index = without_polysemous_training(faiss.index_factory(xb.shape[1], factory, faiss.METRIC_INNER_PRODUCT))
     if not index.is_trained:
         rows = np.sort(np.random.default_rng(seed).choice(len(xb), min(len(xb), train_size), replace=False))
         with native_chatter_filtered():  # FAISS's "WARNING clustering" lines, unless -v

@@ -56,6 +56,7 @@ from embedtune.index.codecs import (
     sq8_index,
     sq8_search,
 )
+from embedtune.index.codecs.faiss_codes import without_polysemous_training
 from embedtune.index.codecs.precision_registry import faiss_index_of
 from embedtune.index.ann import default_params, set_search_params
 from embedtune.index.refine import ORIGINAL_VECTORS_FILE, refine_candidates
@@ -399,7 +400,7 @@ def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | Non
         raise EmbedtuneError(f"--kind {kind!r}: give flat, sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'.")
     check_faiss_supports(kind, faiss_module=faiss)  # RaBitQ / TurboQuant on an older FAISS: name the release that has them
     try:
-        return faiss.index_factory(int(d), kind, faiss.METRIC_INNER_PRODUCT)
+        return without_polysemous_training(faiss.index_factory(int(d), kind, faiss.METRIC_INNER_PRODUCT))
     except RuntimeError as error:
         if faiss_release_needed(kind) is not None and "index_factory" in str(error):
             raise faiss_version_error(kind, faiss_module=faiss) from None

@@ -501,6 +501,7 @@ def run_label_free_plan(
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
     check_full_corpus: bool = True,
+    full_sweep: bool = False,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -516,7 +517,7 @@ def run_label_free_plan(
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
         final: also score the choice on the experiment's labelled test queries, after it is made.
-        codecs, codec_budgets, allow_disk, refine_candidates: as in ``run_plan`` (the codecs are fitted on every document the index holds).
+        codecs, codec_budgets, allow_disk, refine_candidates, full_sweep: as in ``run_plan`` (the codecs are fitted on every document the index holds).
         fit_sample: the corpus rows the whole plan runs on (default: :func:`plan_sample`'s rule): the sweep fits,
             holds out, indexes and scores that seeded sample, and the choice is refitted on it; recorded in
             ``plan.json`` under ``fit_sample``. A corpus no larger than the sample is used whole.
@@ -536,7 +537,7 @@ def run_label_free_plan(
     plan = run_sweep(LabelFreeObjective(sampled, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
-                     refine_candidates=refine_candidates)
+                     refine_candidates=refine_candidates, full_sweep=full_sweep)
     if sampled is not experiment and check_full_corpus and validation.objective == "agreement":
         plan["full_corpus"] = checked = full_corpus_agreement(experiment, out, validation.queries.vectors, validation.held_out,
                                                               AGREEMENT_K)

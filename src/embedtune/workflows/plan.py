@@ -1001,6 +1001,7 @@ def run_sweep(
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     sample_record: Mapping[str, Any] | None = None,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
+    full_sweep: bool = False,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1019,6 +1020,10 @@ def run_sweep(
     experiment's labelled test queries. ``fit_sample`` (default: :func:`~embedtune.index.fit_sample.fit_sample_size`'s
     rule) caps the corpus rows the FAISS peers and codecs train on (a seeded sample); ``sample_record`` is what
     ``plan.json`` records under ``fit_sample`` when the caller sampled the corpus itself (a label-free plan).
+    Phase 2 fits and scores only what the choice could still be: a setting above ``budget_bytes``, or dearer than a
+    scored setting that already keeps ``target_retention``, is listed under ``skipped_settings`` instead (a candidate
+    none of whose settings could be chosen is not fitted). The frontier therefore stops at the choice's bytes;
+    ``full_sweep`` scores every setting (the whole frontier, for a report), and chooses the same.
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
     not be is left out (:func:`_peer_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
     columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
@@ -1105,23 +1110,40 @@ def run_sweep(
         reference = next(r[y] for r in rows if r["precision"] == "float32")
         if "csr" in peers:  # a learned peer fitted on the corpus alone: compared, never chosen
             rows += sweep_csr_rows(objective, budgets, seed, work, rounds)
-        # Phase 2 of 3: fit (or reuse from WORK) every candidate, score it at every precision.
+        _mark_choosable(rows, allow_disk)
+        # Phase 2 of 3: fit (or reuse from WORK) every candidate, score it at every precision the choice could still be:
+        # a setting above the budget, or dearer than a scored setting that already keeps the target, is neither fitted
+        # nor scored (skipped_settings says which and why; it is absent from the frontier).
         sweep = objective.candidates([candidate_for(method, dim, variant) for method in methods if method != "frozen" for dim in dims
                                       for variant in ["default", *(v for v in variants if variant_applies(method, v))]])
+        skipped_settings: list[dict[str, Any]] = []
         with progress_bar(len(sweep), f"{name} 2/3, fitting and scoring the sweep", unit="fit") as bar:
             for candidate in sweep:
                 bar.set_postfix_str(candidate.name, refresh=False)
+                space_codecs = [p for p in codec_precisions(deployable, codec_budgets, candidate.dim, n_docs) if p not in precisions]
+                space_precisions = []
+                for spec in [*precisions, *space_codecs]:
+                    reason = None if full_sweep else _peer_skip_reason(rows, Precision(spec).ram_bytes(candidate.dim), budget_bytes,
+                                                                       target_retention, reference, y)
+                    if reason is None:
+                        space_precisions.append(spec)
+                    else:
+                        skipped_settings.append({"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
+                                                 "reason": reason})
+                if not space_precisions:
+                    bar.update(1)
+                    continue
                 compressor, fit_s = objective.fit(candidate, seed, work, final=False)
                 family = candidate.method if candidate.variant == "default" else f"{candidate.method}+{candidate.variant}"
-                space_codecs = [p for p in codec_precisions(deployable, codec_budgets, compressor.output_dim, n_docs) if p not in precisions]
                 # The codecs (and any faiss: precision) fitted on this compressor's output: reused by a later plan on the same fit.
                 space_dir, space_probe = space_cache_dir(work, docs_digest, compressor), compressor.transform(probe)
                 space_indexes = load_faiss_cache(space_dir, space_probe)
-                for row in _label_codec_rows(sweep_rows(objective, compressor, [*precisions, *space_codecs],
+                for row in _label_codec_rows(sweep_rows(objective, compressor, space_precisions,
                                                         {"method": candidate.method, "variant": candidate.variant, "family": family,
                                                          "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
                                                         train_rows=train_rows, refine=refine)):
                     row["setting"] = _setting(candidate.name, row)
+                    _mark_choosable([row], allow_disk)
                     rows.append(row)
                 save_faiss_cache(space_dir, space_indexes, space_probe)
                 del space_indexes  # every index of this space: freed before the next candidate's
@@ -1136,7 +1158,7 @@ def run_sweep(
                           postfix=f"{sum(s in frozen_indexes for *_, s in peer_specs)} cached" if peer_specs else None) as bar:
             for peer_bytes in sorted({item[0] for item in peer_specs}):
                 level = [item for item in peer_specs if item[0] == peer_bytes]
-                reason = _peer_skip_reason(rows, peer_bytes, budget_bytes, target_retention, reference, y)
+                reason = None if full_sweep else _peer_skip_reason(rows, peer_bytes, budget_bytes, target_retention, reference, y)
                 if reason is not None and not all(spec in frozen_indexes for *_, spec in level):
                     skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": peer_bytes, "reason": reason}
                                       for _, _, family, spec in level]
@@ -1153,6 +1175,8 @@ def run_sweep(
         if skipped_peers:
             logger.info("%s: %d FAISS peers not trained, as the choice could not be them: %s", name, len(skipped_peers),
                         "; ".join(f"{p['setting']} ({p['reason']})" for p in skipped_peers))
+        if skipped_settings:
+            logger.info("%s: %d settings of the sweep not scored, as the choice could not be them", name, len(skipped_settings))
         for row in rows:
             row.update(_bill_columns(row, input_dim, price_per_gb_month))
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
@@ -1195,6 +1219,7 @@ def run_sweep(
             "fit_sample": dict(sample_record),
             "bill": dict(bill_record(price_per_gb_month)),
             "skipped_peers": skipped_peers,
+            "skipped_settings": skipped_settings,
             # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
             "deployment": deployment,
             "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
@@ -1306,6 +1331,7 @@ def run_plan(
     fit_sample: int | None = None,
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
+    full_sweep: bool = False,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1346,6 +1372,9 @@ def run_plan(
             :func:`~embedtune.index.fit_sample.fit_sample_size`); recorded in ``plan.json``.
         price_per_gb_month: dollars per GB of RAM a month for the bill's columns (an assumption by default:
             :data:`embedtune.index.bill.DEFAULT_PRICE_PER_GB_MONTH`).
+        full_sweep: fit and score every setting, even those the choice could not be (above the budget, or dearer
+            than a scored setting that keeps the target); by default they are listed under ``skipped_settings``
+            and the FAISS peers among them are not trained. The choice is the same either way.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1358,7 +1387,7 @@ def run_plan(
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
-                     price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates)
+                     price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
