@@ -63,9 +63,10 @@ def make_vectors(n: int, work: Path) -> tuple[Path, Path]:
 
 
 def plan_command(args: argparse.Namespace, n: int, vectors: Path, ids: Path) -> list[str]:
+    suffix = f"-{args.tag}" if args.tag else ""  # a tagged sweep fits in its own folders: nothing reused from another sweep
     command = [sys.executable, "-m", "embedtune", "--threads", str(args.threads), "-q", "compress", "plan", "--label-free", "agreement",
                "--doc-embeddings", str(vectors), "--doc-ids", str(ids), "--target-retention", str(args.target_retention),
-               "--out", str(args.work / f"plan{n}"), "--work", str(args.work / f"sweep{n}"), "--overwrite", "--json"]
+               "--out", str(args.work / f"plan{n}{suffix}"), "--work", str(args.work / f"sweep{n}{suffix}"), "--overwrite", "--json"]
     if args.fit_sample:
         command += ["--fit-sample", str(args.fit_sample)]
     if args.methods:
@@ -189,6 +190,8 @@ def main() -> int:
     parser.add_argument("--methods", nargs="*", default=["truncate", "pca", "pca-uncentred"],
                         help="label-free methods (default: all but DIVE, whose unsupervised fit takes minutes per dimension)")
     parser.add_argument("--fit-sample", type=int, default=None, help="pass --fit-sample to the plan (results: n<N>-s<ROWS>.json)")
+    parser.add_argument("--tag", default=None, help="a name for this sweep in the result file (n<N>[-s<ROWS>]-<TAG>.json), so runs of "
+                        "other sweeps on the same size are kept side by side")
     parser.add_argument("--force", action="store_true", help="rerun sizes whose JSON exists")
     parser.add_argument("--check", nargs=3, metavar=("PLAN", "VECTORS", "IDS"), help=argparse.SUPPRESS)
     parser.add_argument("plan_args", nargs="*", help="more `compress plan` flags, after --")
@@ -200,7 +203,7 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "HF_HUB_OFFLINE": "1", "EMBEDTUNE_CACHE": str(args.work / "cache")}
     for n in args.sizes:
-        tag = f"{n}" + (f"-s{args.fit_sample}" if args.fit_sample else "")
+        tag = f"{n}" + (f"-s{args.fit_sample}" if args.fit_sample else "") + (f"-{args.tag}" if args.tag else "")
         result_path = args.out / f"n{tag}.json"
         if result_path.is_file() and not args.force:
             print(f"N={n}: {result_path} exists, kept (--force reruns)")
@@ -213,7 +216,7 @@ def main() -> int:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
         plan = json.loads(done.stdout)
-        check_wall, check_rss, checked = run_child([sys.executable, __file__, "--check", str(args.work / f"plan{n}"), str(vectors), str(ids)], env)
+        check_wall, check_rss, checked = run_child([sys.executable, __file__, "--check", str(args.work / (f"plan{n}" + (f"-{args.tag}" if args.tag else ""))), str(vectors), str(ids)], env)
         if checked.returncode:
             print(checked.stderr[-3000:], file=sys.stderr)
             return checked.returncode

@@ -93,7 +93,10 @@ def _rounding_bound(xq: np.ndarray, xb: np.ndarray, I: np.ndarray) -> np.ndarray
     """Per-query bound on float32 dot-product rounding, ``d * 2^-23 * |q| * max |x|`` over candidates."""
     d = xq.shape[1]
     query_norms = np.linalg.norm(xq, axis=1)
-    candidate_norms = np.linalg.norm(xb[I.ravel()], axis=1).reshape(I.shape).max(axis=1)
+    if I.size >= len(xb):  # more candidates than rows: every row's norm once, not a gathered copy of the candidates
+        candidate_norms = np.sqrt(np.einsum("ij,ij->i", xb, xb, dtype=np.float64))[I].max(axis=1)
+    else:
+        candidate_norms = np.linalg.norm(xb[I.ravel()], axis=1).reshape(I.shape).max(axis=1)
     return d * 2.0**-23 * query_norms * candidate_norms
 
 
