@@ -246,3 +246,31 @@ def test_timed_rounds_search_a_bounded_sample_of_the_queries_and_every_query_is_
     queries = QuerySet(ids, docs[:n_queries] + 0.01, {q: {f"d{i}": 1} for i, q in enumerate(ids)}, "val", ignore_identical_ids=False)
     rows = score_precisions(queries, [f"d{i}" for i in range(300)], docs, None, ["float32", "int8"], rounds=1)
     assert all(r["latency_queries"] == TIMING_QUERIES and r["n_queries"] == n_queries for r in rows)
+
+
+def test_a_choice_that_falls_short_over_every_document_gives_way_to_a_dearer_one(corpus_experiment, tmp_path, caplog, monkeypatch):
+    from embedtune.index.plan_format import load_plan
+    from embedtune.workflows import plan as plan_module
+
+    settings = dict(methods=["pca"], dims=[8, 32], precisions=["float32"], peers=[], codecs=(), rounds=0, held_out_fraction=0.1,
+                    fit_sample=200)
+    first = run_label_free_plan(corpus_experiment, tmp_path / "first", "agreement", target_retention=0.05, work=tmp_path / "work", **settings)
+    assert first["chosen"]["setting"] == "pca-8/float32" and len(first["full_corpus_checks"]) == 1
+    on_sample, served = first["full_corpus"]["on_sample"], first["full_corpus"]["agreement"]
+    assert served < on_sample, "600 documents are denser than the 200 of the sample"
+    target = (on_sample + served) / 2  # pca-8 keeps it on the sample, not over every document
+    plan = run_label_free_plan(corpus_experiment, tmp_path / "plan", "agreement", target_retention=target, work=tmp_path / "work", **settings)
+    checks = plan["full_corpus_checks"]
+    assert [c["setting"] for c in checks] == ["pca-8/float32", "pca-32/float32"]
+    assert checks[0]["agreement"] == served < target <= checks[1]["agreement"]
+    assert plan["chosen"]["setting"] == plan["full_corpus"]["setting"] == "pca-32/float32" and plan["full_corpus"] == checks[1]
+    assert plan["chosen"]["ram_bytes"] >= plan_module.VERIFY_STEP * 32
+    written, compressor, precision, _ = load_plan(tmp_path / "plan")  # the folder holds the setting kept, its digests intact
+    assert written["chosen"]["setting"] == "pca-32/float32" and written["full_corpus_checks"] == checks
+    assert compressor.output_dim == 32 and precision.name == "float32"
+    # With one measurement allowed, the plan keeps its sample's choice and warns.
+    caplog.clear()
+    monkeypatch.setattr(plan_module, "MAX_VERIFIED", 1)
+    single = run_label_free_plan(corpus_experiment, tmp_path / "single", "agreement", target_retention=target, work=tmp_path / "work", **settings)
+    assert single["chosen"]["setting"] == "pca-8/float32" and len(single["full_corpus_checks"]) == 1
+    assert "below the target" in caplog.text and "the best of 1 settings measured" in caplog.text

@@ -264,6 +264,10 @@ def _print_scale(plan: dict) -> None:
         print(f"not scored: {len(settings)} settings of the sweep above the budget or dearer than a setting that keeps the target "
               f"(listed in plan.json under skipped_settings)")
     full = plan.get("full_corpus")
+    tried = [c for c in plan.get("full_corpus_checks") or [] if c["setting"] != (full or {}).get("setting")]
+    if tried:
+        print("full-corpus check, settings that fell short of the target over every document: "
+              + "; ".join(f"{c['setting']} {c['agreement']:.4f} ({c['on_sample']:.4f} on the sample)" for c in tried))
     if full:
         print(f"full-corpus check: {full['setting']} finds {full['agreement']:.4f} of the exact top-{full['k']} over all "
               f"{full['n_documents']:,} documents ({full['on_sample']:.4f} on the sample), {full['n_queries']} queries")

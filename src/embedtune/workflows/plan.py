@@ -1002,6 +1002,7 @@ def run_sweep(
     sample_record: Mapping[str, Any] | None = None,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
     full_sweep: bool = False,
+    verify: Callable[[Path], tuple[bool, Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1024,6 +1025,10 @@ def run_sweep(
     scored setting that already keeps ``target_retention``, is listed under ``skipped_settings`` instead (a candidate
     none of whose settings could be chosen is not fitted). The frontier therefore stops at the choice's bytes;
     ``full_sweep`` scores every setting (the whole frontier, for a report), and chooses the same.
+    ``verify(out)`` (a label-free plan on a sample: :mod:`~embedtune.workflows.full_corpus_check`) measures the written
+    plan as served and says whether it keeps the target; when not, the next dearer scored setting
+    (:func:`_dearer_choice`) is written and measured, up to :data:`MAX_VERIFIED`, and ``plan.json`` records every
+    measurement under ``full_corpus_checks`` and the kept one under ``full_corpus``.
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
     not be is left out (:func:`_peer_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
     columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
@@ -1182,52 +1187,81 @@ def run_sweep(
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
         frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
         out.mkdir(parents=True, exist_ok=True)
-        plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
-        plot_frontier(rows, out / COST_PLOT, f"{experiment.dataset.name}: {y} against the RAM bill of {BILL_AT} vectors",
-                      x=f"usd_month@{BILL_AT}", y=y, chosen=chosen,
-                      x_label=f"dollars a month for {BILL_AT} vectors in RAM at ${price_per_gb_month:g} per GB-month")
-        # Phase 3 of 3: refit the choice (a labelled plan: on train+val, what compress train --final does) and write the folder.
-        logger.info("%s 3/3, %s, writing %s", name, f"refitting {chosen['setting']} on {objective.refit_on}" if chosen.get("candidate")
-                    else f"chose {chosen['setting']} (no fit)", out)
-        if chosen.get("candidate"):
-            candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
-            compressor, _ = objective.fit(candidate, seed, work, final=True)
-            reuse = None
-        else:
-            compressor = objective.fit_frozen()
-            reuse = frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
-        chosen_refine = Refine(int(chosen["refine"]), input_dim) if chosen.get("refine") else None
-        deployment = deployment_recipe(Precision(chosen["precision"]), compressor.output_dim)
-        if chosen_refine is not None:
-            deployment["refine"] = chosen_refine.recipe()
-        # Only a refined choice passes ``refine``, and only a plan with the disk tier records its N: without
-        # --allow-disk-rescore the plan folder is what it always was.
-        plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse,
-                          **({"refine": chosen_refine} if chosen_refine is not None else {}), plan={
-            "embedtune_version": __version__,
-            **(labels or {}),
-            "dataset": experiment.dataset.name,
-            "split_seed": experiment.split.seed if experiment.split is not None else None,
-            "seed": seed,
-            "budget_bytes": budget_bytes,
-            "target_retention": target_retention,
-            "allow_disk": allow_disk,
-            **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
-            "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
-                       "reference": REFERENCE_CODEC if codecs else None},
-            "chosen": _public(chosen),
-            "fit_sample": dict(sample_record),
-            "bill": dict(bill_record(price_per_gb_month)),
-            "skipped_peers": skipped_peers,
-            "skipped_settings": skipped_settings,
-            # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
-            "deployment": deployment,
-            "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
-            **objective.record(),
-            "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
-            "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
-            "sweep": [_public(r) for r in rows],
-        })
+
+        def write(chosen: dict[str, Any]) -> dict[str, Any]:
+            plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
+            plot_frontier(rows, out / COST_PLOT, f"{experiment.dataset.name}: {y} against the RAM bill of {BILL_AT} vectors",
+                          x=f"usd_month@{BILL_AT}", y=y, chosen=chosen,
+                          x_label=f"dollars a month for {BILL_AT} vectors in RAM at ${price_per_gb_month:g} per GB-month")
+            # Phase 3 of 3: refit the choice (a labelled plan: on train+val, what compress train --final does) and write the folder.
+            logger.info("%s 3/3, %s, writing %s", name, f"refitting {chosen['setting']} on {objective.refit_on}" if chosen.get("candidate")
+                        else f"chose {chosen['setting']} (no fit)", out)
+            if chosen.get("candidate"):
+                candidate = candidate_for(chosen["method"], int(chosen["dim"]), chosen.get("variant", "default"))
+                compressor, _ = objective.fit(candidate, seed, work, final=True)
+                reuse = None
+            else:
+                compressor = objective.fit_frozen()
+                reuse = frozen_indexes.get(chosen["precision"], (None, 0.0))[0]  # a chosen PQ/OPQ peer: not retrained
+            chosen_refine = Refine(int(chosen["refine"]), input_dim) if chosen.get("refine") else None
+            deployment = deployment_recipe(Precision(chosen["precision"]), compressor.output_dim)
+            if chosen_refine is not None:
+                deployment["refine"] = chosen_refine.recipe()
+            # Only a refined choice passes ``refine``, and only a plan with the disk tier records its N: without
+            # --allow-disk-rescore the plan folder is what it always was.
+            plan = write_plan(out, compressor, Precision(chosen["precision"]), docs, prebuilt=reuse,
+                              **({"refine": chosen_refine} if chosen_refine is not None else {}), plan={
+                "embedtune_version": __version__,
+                **(labels or {}),
+                "dataset": experiment.dataset.name,
+                "split_seed": experiment.split.seed if experiment.split is not None else None,
+                "seed": seed,
+                "budget_bytes": budget_bytes,
+                "target_retention": target_retention,
+                "allow_disk": allow_disk,
+                **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
+                "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
+                           "reference": REFERENCE_CODEC if codecs else None},
+                "chosen": _public(chosen),
+                "fit_sample": dict(sample_record),
+                "bill": dict(bill_record(price_per_gb_month)),
+                "skipped_peers": skipped_peers,
+                "skipped_settings": skipped_settings,
+                # How to serve the choice: FAISS's factory string and the equivalent LanceDB settings (index/deployment.py).
+                "deployment": deployment,
+                "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
+                **objective.record(),
+                "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
+                "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+                "sweep": [_public(r) for r in rows],
+            })
+            return plan
+
+        plan = write(chosen)
+        if verify is not None:
+            # The choice was made on what the objective scored (a label-free plan: its sample); ``verify`` measures the
+            # written plan as it will serve (every corpus row). Below the target, the next dearer setting is written and
+            # measured, up to MAX_VERIFIED settings; the first that keeps the target stays, else the best measured.
+            checks: list[tuple[dict[str, Any], bool, dict[str, Any]]] = []
+            while True:
+                meets, record = verify(out)
+                checks.append((chosen, meets, dict(record)))
+                if meets or len(checks) >= MAX_VERIFIED:
+                    break
+                following = _dearer_choice(rows, chosen, budget_bytes, target_retention, reference, y)
+                if following is None:
+                    break
+                logger.info("%s: %s keeps %.4f when served, below the target; trying %s (%g B)", name, chosen["setting"],
+                            record.get("agreement", float("nan")), following["setting"], following["ram_bytes"])
+                chosen = following
+                plan = write(chosen)
+            kept = next((c for c in checks if c[1]), None) or max(checks, key=lambda c: c[2].get("agreement", 0.0))
+            if kept[0] is not chosen:
+                chosen = kept[0]
+                plan = write(chosen)
+            plan["full_corpus"] = kept[2]
+            plan["full_corpus_checks"] = [c[2] for c in checks]
+            write_json_with_digest(out / PLAN_FILE, plan)
         if final:
             plan["test"] = score_plan(experiment, out, "test")
             write_json_with_digest(out / PLAN_FILE, plan)
@@ -1255,6 +1289,30 @@ def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
     for row in rows:
         # A disk-rescore setting reads float32 vectors from disk for every query: another tier of serving, chosen only when asked.
         row["choosable"] = row.get("choosable", True) and (allow_disk or row.get("tier", "ram") == "ram")
+
+
+#: The most settings a plan writes and measures as served (``run_sweep``'s ``verify``) before it keeps the best of them.
+MAX_VERIFIED = 4
+#: Each setting tried after one that fell short as served costs at least this many times its bytes: a denser corpus
+#: usually needs a clearly larger code, and every try encodes and searches the whole corpus.
+VERIFY_STEP = 1.5
+
+
+def _dearer_choice(rows: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any], budget_bytes: float | None,
+                   target_retention: float | None, reference: float, y: str) -> dict[str, Any] | None:
+    """The setting to try after ``chosen`` fell short as served, or None.
+
+    Among the choosable rows within the budget costing at least :data:`VERIFY_STEP` times ``chosen``'s bytes and keeping
+    the target where they were scored, the cheapest (the best-scored at those bytes); without a target, none.
+    """
+    if target_retention is None:
+        return None
+    floor = VERIFY_STEP * float(chosen["ram_bytes"])
+    pool = [r for r in rows if r.get("choosable") and r["ram_bytes"] >= floor and r[y] >= target_retention * reference
+            and (budget_bytes is None or r["ram_bytes"] <= budget_bytes)]
+    if not pool:
+        return None
+    return dict(min(pool, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", "")))))
 
 
 def _peer_skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budget_bytes: float | None, target_retention: float | None,
