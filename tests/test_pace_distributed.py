@@ -74,8 +74,18 @@ def test_two_processes_equal_one_process(tmp_path):
     ``local`` equals one process normalising within each process's block of queries."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
-    results = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+    for attempt in range(2):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        try:
+            mp.spawn(_worker, args=(str(out),), nprocs=WORLD, join=True)
+            break
+        except mp.ProcessExitedException as error:
+            # A worker killed by a signal (gloo aborted once on a loaded 2-core machine): one fresh try. A worker that
+            # raised, or results that differ, still fail.
+            if attempt or error.exit_code is None or error.exit_code >= 0:
+                raise
+    results = [torch.load(out / f"rank{rank}.pt") for rank in range(WORLD)]
     columns = _global_inputs()
     references = {"global": _loss_and_grads(_encoder(), columns, normalize="global", **OPTIONS)}
     model = _encoder()
