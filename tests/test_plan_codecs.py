@@ -117,7 +117,8 @@ def test_every_row_carries_its_distortion_tier_and_amortised_bytes(toy, tmp_path
     assert [r["setting"] for r in references] == ["frozen-32/klt-sq:4", "frozen-32/klt-sq:8"]
     assert not any(r["choosable"] for r in references) and all(r["gap_db"] is not None for r in references)
     assert rows["frozen-32/klt-pq4:8"]["mse"] < rows["frozen-32/klt-pq4:4"]["mse"]  # more bytes, less error
-    assert plan["codecs"] == {"families": ["klt-pq4"], "budgets": [4, 8], "reference": "klt-sq"}
+    assert plan["codecs"] == {"families": ["klt-pq4"], "budgets": [4, 8], "reference": "klt-sq",
+                              "searched": {"families": ["klt-apq"], "budgets": [16, 32, 48, 64, 96, 128]}}
     # The codecs' indexes are cached (the frozen vectors' beside the FAISS peers, a compressor's under its fit's digest),
     # and a second plan on the same fits reuses them: the same index, so the same recorded build time.
     cached = load_faiss_cache(faiss_cache_dir(tmp_path / "work", _experiment(toy).embeddings.doc_embeddings))
@@ -223,7 +224,7 @@ def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_s
     experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
     out, work = tmp_path / "plan", tmp_path / "work"
     plan = run_label_free_plan(experiment, out, "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "int8", "binary"],
-                               peers=[], codecs=("klt-pq4",), codec_budgets=(16, 32), rounds=0, work=work)
+                               peers=[], codecs=("klt-pq4",), codec_budgets=(16, 32), rounds=0, work=work, searched_codecs=())
     chosen = plan["chosen"]
     assert Precision(chosen["precision"]).is_codec and chosen["ram_bytes"] <= 32 and chosen["tier"] == "ram"
     assert chosen["objective"] > 0.5  # agreement@10 with the float32 top-10 of the held-out documents
@@ -239,3 +240,34 @@ def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_s
     _, I_scored = scored.search(held_out, 10)
     _, I_served = index.search(held_out, 10)
     assert np.array_equal(I_scored, I_served)
+
+
+@pytest.mark.slow
+def test_the_searched_codec_is_fitted_at_the_budget_and_served_as_scored(tmp_path):
+    """klt-apq on the bundled SciFact vectors: with 32 B alone only klt-apq:32 is fitted, and `index build --plan` finds what it scored."""
+    bundled = np.load(files("embedtune.datasets") / "scifact-minilm-vectors.npz")
+    docs = np.ascontiguousarray(bundled["document"], dtype=np.float32)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "docs.txt").write_text("".join(f"{i}\n" for i in bundled["document_ids"]))
+    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "binary"],
+                               peers=[], codecs=("klt-pq4",), codec_budgets=(32,), rounds=0, work=tmp_path / "work")
+    searched = {r["setting"]: r for r in plan["sweep"] if "klt-apq" in r["setting"]}
+    assert list(searched) == ["frozen-384/klt-apq:32"]  # a budget alone: the dearest level within it
+    skipped = {s["setting"]: s["reason"] for s in plan["skipped_settings"]}
+    assert "above the budget" in skipped["frozen-384/klt-apq:48"] and "fits the budget" in skipped["frozen-384/klt-apq:16"]
+    row = searched["frozen-384/klt-apq:32"]
+    assert row["choosable"] and row["tier"] == "ram" and row["family"] == "embedtune codec (klt-apq)"
+    assert row["objective"] > next(r for r in plan["sweep"] if r["setting"] == "frozen-384/klt-pq4:32")["objective"]
+    assert plan["chosen"]["setting"] == "frozen-384/klt-apq:32"
+    # The index built from the plan scores the held-out documents' agreement@10 the sweep recorded.
+    index = load_index(build_planned_index(tmp_path / "docs.npy", tmp_path / "index", tmp_path / "plan", ids=tmp_path / "docs.txt"))
+    position = {doc_id: i for i, doc_id in enumerate(experiment.embeddings.doc_ids)}
+    rows = np.array([position[d] for d in held_out_documents(experiment.embeddings.doc_ids)])
+    exact = docs[rows] @ docs.T
+    exact[np.arange(len(rows)), rows] = -np.inf
+    truth = np.argsort(-exact, axis=1, kind="stable")[:, :10]
+    _, served = index.search(docs[rows], 11)
+    found = [[r for r in result if r != own][:10] for result, own in zip(served.tolist(), rows)]
+    agreement = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, truth.tolist())])
+    assert agreement == pytest.approx(row["objective"], abs=1e-9)

@@ -209,3 +209,43 @@ def test_the_sweep_skips_only_settings_the_choice_could_not_be(toy, tmp_path, ta
         assert entry["ram_bytes"] > pruned["chosen"]["ram_bytes"], setting
         assert "budget" in entry["reason"] or "keeps the target" in entry["reason"]
     assert {s for s, r in full_rows.items() if r["ram_bytes"] <= pruned["chosen"]["ram_bytes"]} <= scored
+
+
+LEVELS = [f"klt-apq:{b}" for b in (16, 32, 48, 64, 96, 128)]
+
+
+def _bytes(level: str) -> int:
+    return int(level.split(":")[1])
+
+
+@pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
+def test_searched_codec_budgets_find_the_cheapest_keeping_the_target_in_few_fits(keeps_from):
+    scored: list[str] = []
+
+    def score(level):
+        scored.append(level)
+        return _bytes(level) >= keeps_from
+
+    not_scored = plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True)
+    keeping = [level for level in scored if _bytes(level) >= keeps_from]
+    exhaustive = [level for level in LEVELS if _bytes(level) >= keeps_from]
+    assert (min(keeping, key=_bytes) if keeping else None) == (exhaustive[0] if exhaustive else None)
+    assert len(scored) <= 3 and len(set(scored)) == len(scored)
+    assert set(scored) | set(not_scored) == set(LEVELS) and not set(scored) & set(not_scored)
+    for level, reason in not_scored.items():
+        assert ("fell short" in reason and _bytes(level) < keeps_from) or ("keeps the target" in reason and _bytes(level) > keeps_from)
+
+
+def test_searched_codec_budgets_respect_the_budget_and_a_cheaper_setting_that_keeps_the_target():
+    scored: list[str] = []
+    dearer_than_48 = lambda level: "dearer than x (48 B), which already keeps the target" if _bytes(level) > 48 else None  # noqa: E731
+    not_scored = plan_module.search_budgets(LEVELS, dearer_than_48, lambda level: scored.append(level) or False, has_target=True)
+    assert all(_bytes(level) <= 48 for level in scored) and "dearer than x" in not_scored["klt-apq:128"]
+    scored.clear()
+    above_64 = lambda level: "above the budget" if _bytes(level) > 64 else None  # noqa: E731
+    not_scored = plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=False)
+    assert scored == ["klt-apq:64"]  # a budget alone: the family's best within it is its dearest
+    assert not_scored["klt-apq:96"] == "above the budget" and "costs more and fits the budget" in not_scored["klt-apq:16"]
+    scored.clear()
+    assert plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=True, everything=True) == {}
+    assert scored == LEVELS

@@ -31,6 +31,8 @@ from embedtune.workflows.label_free import (
 from embedtune.workflows.plan import (
     CODEC_BUDGETS,
     DEFAULT_CODECS,
+    SEARCHED_CODEC_BUDGETS,
+    SEARCHED_CODECS,
     DEFAULT_PEERS,
     DEFAULT_PRECISIONS,
     REFERENCE_CODEC,
@@ -95,6 +97,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                   "per budget and space, klt-rq for minutes: opt-in. klt-apq kept the most of float32 retrieval in the "
                   "near-limit benchmark at 16-48 B on most corpora, docs/codecs.md); with any, the textbook transform coder "
                   f"({REFERENCE_CODEC}) is scored on the uncompressed vectors as their reference, never chosen ('none' for none)")
+    add_list_flag(plan, "--searched-codecs", default=list(SEARCHED_CODECS),
+                  help="codec families fitted on the uncompressed vectors only, at the fewest of "
+                       f"{' '.join(map(str, SEARCHED_CODEC_BUDGETS))} bytes that find the cheapest keeping --target-retention "
+                       "(a bisection: a family's quality grows with its bytes), or the dearest within --budget-bytes "
+                       f"(default: {' '.join(SEARCHED_CODECS)}, about a minute a budget on 65,536 rows; 'none' for none)")
     add_list_flag(plan, "--codec-budgets", default=list(CODEC_BUDGETS), item_type=int, help="bytes per vector the codecs are scored at")
     plan.add_argument("--allow-disk-rescore", action="store_true",
                       help="let the choice be a setting that rescores its candidates with float32 vectors read from disk at query time "
@@ -183,6 +190,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--price-per-gb-month is a non-negative number of dollars; got {args.price_per_gb_month}.")
     codecs = [] if [c.lower() for c in args.codecs] == ["none"] else list(args.codecs)
     check_codecs(codecs, args.codec_budgets)
+    searched_codecs = [] if [c.lower() for c in args.searched_codecs] == ["none"] else list(args.searched_codecs)
+    check_codecs(searched_codecs)
     label_free = args.label_free is not None
     methods = args.methods if args.methods is not None else list(LABEL_FREE_METHODS if label_free else SUPERVISED_METHODS)
     precisions = args.precisions if args.precisions is not None else (list(PRECISIONS) if label_free else list(DEFAULT_PRECISIONS))
@@ -206,13 +215,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    pseudo_query_source=args.pseudo_query_source, cache=not args.no_cache, codecs=codecs,
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
-                                   check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep)
+                                   check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep,
+                                   searched_codecs=searched_codecs)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
                         allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
-                        refine_candidates=args.refine_candidates, full_sweep=args.full_sweep)
+                        refine_candidates=args.refine_candidates, full_sweep=args.full_sweep, searched_codecs=searched_codecs)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)

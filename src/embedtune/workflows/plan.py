@@ -149,6 +149,12 @@ CSR_LATENT_MULTIPLE = 4  # m = 4d latents, the width the CSR paper and s-t's exa
 DEFAULT_CODECS = ("klt-pq4",)
 #: The bytes per vector each codec family is scored at (where the dimension allows; see :func:`codec_precisions`).
 CODEC_BUDGETS = (16, 32, 48, 64)
+#: Codec families a plan fits on the uncompressed vectors only, at the fewest of :data:`SEARCHED_CODEC_BUDGETS` that find the
+#: cheapest keeping the target (:func:`search_budgets`). klt-apq came nearest the textbook coder in the near-limit benchmark
+#: (agreement@10 0.949 at 128 B on NPL's 11,429 MiniLM vectors, against 0.849 for klt-pq4 and 0.928 for TurboQuant at
+#: 192 B), but fits for about a minute a budget on 65,536 rows: too slow for every compressor's space.
+SEARCHED_CODECS = ("klt-apq",)
+SEARCHED_CODEC_BUDGETS = (16, 32, 48, 64, 96, 128)
 #: The textbook transform coder: scored on the uncompressed vectors beside the codecs, as the reference they are
 #: measured against, and never chosen (it is not a FAISS index, so a plan could not ship it).
 REFERENCE_CODEC = "klt-sq"
@@ -1003,6 +1009,7 @@ def run_sweep(
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
     full_sweep: bool = False,
     verify: Callable[[Path], tuple[bool, Mapping[str, Any]]] | None = None,
+    searched_codecs: Sequence[str] = SEARCHED_CODECS,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1154,6 +1161,31 @@ def run_sweep(
                 del space_indexes  # every index of this space: freed before the next candidate's
                 bar.update(1)
         _mark_choosable(rows, allow_disk)
+        # The searched codecs (klt-apq: near the textbook coder, a minute a budget on 65,536 rows) on the uncompressed vectors, at
+        # the fewest budgets that find the cheapest keeping the target (quality grows with a family's bytes), before the peers.
+        levels = {family: [p for p in codec_precisions([family], SEARCHED_CODEC_BUDGETS, input_dim, n_docs) if p not in frozen_precisions]
+                  for family in searched_codecs}
+        with progress_bar(sum(map(len, levels.values())), f"{name} 2/3, searched codecs on the uncompressed vectors", unit="budget") as bar:
+            for family, names in levels.items():
+                def skip_reason(spec: str) -> str | None:
+                    if full_sweep:
+                        return None
+                    return _peer_skip_reason(rows, Precision(spec).ram_bytes(input_dim), budget_bytes, target_retention, reference, y)
+
+                def score(spec: str) -> bool:
+                    scored = _label_codec_rows(sweep_rows(objective, None, [spec], {"method": "frozen", "family": "codec"}, rounds,
+                                                          prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
+                    _name_frozen_rows(scored, input_dim)
+                    _mark_choosable(scored, allow_disk)
+                    rows.extend(scored)
+                    save_faiss_cache(cache_dir, frozen_indexes, probe)
+                    bar.update(1)
+                    return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
+
+                not_scored = search_budgets(names, skip_reason, score, target_retention is not None, everything=full_sweep)
+                skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
+                                      "reason": reason} for spec, reason in not_scored.items()]
+                bar.update(len(not_scored))
         # The 8-bit FAISS PQ/OPQ and additive peers (minutes each to train on a small CPU), cheapest first: a peer the choice could not
         # be (above the byte budget, or dearer than a setting already keeping the target) is not trained, and the plan says so.
         peer_specs = sorted(((Precision(spec).ram_bytes(input_dim), order, family, spec) for order, (family, specs) in enumerate(deferred.items())
@@ -1221,7 +1253,8 @@ def run_sweep(
                 "allow_disk": allow_disk,
                 **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
                 "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
-                           "reference": REFERENCE_CODEC if codecs else None},
+                           "reference": REFERENCE_CODEC if codecs else None,
+                           "searched": {"families": list(searched_codecs), "budgets": list(SEARCHED_CODEC_BUDGETS)}},
                 "chosen": _public(chosen),
                 "fit_sample": dict(sample_record),
                 "bill": dict(bill_record(price_per_gb_month)),
@@ -1289,6 +1322,46 @@ def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
     for row in rows:
         # A disk-rescore setting reads float32 vectors from disk for every query: another tier of serving, chosen only when asked.
         row["choosable"] = row.get("choosable", True) and (allow_disk or row.get("tier", "ram") == "ram")
+
+
+def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | None], score: Callable[[str], bool], has_target: bool,
+                   everything: bool = False) -> dict[str, str]:
+    """Score the fewest ``levels`` (one codec family's precisions, bytes ascending) the plan's choice needs; returns the others with why.
+
+    ``score(level)`` scores one and says whether it keeps the target; ``skip_reason(level)`` says why the choice could not be
+    it (above the budget, dearer than a setting keeping the target), or None. Quality grows with a family's bytes, so with a
+    target this bisects for the cheapest level keeping it (about log2 of the levels scored); with a byte budget alone
+    only the dearest level within it can be the best of the family. ``everything`` scores every level.
+    """
+    if everything:
+        for level in levels:
+            score(level)
+        return {}
+    not_scored: dict[str, str] = {}
+    if not has_target:
+        allowed = [level for level in levels if skip_reason(level) is None]
+        if allowed:
+            score(allowed[-1])
+        for level in levels:
+            if level not in allowed[-1:]:
+                not_scored[level] = skip_reason(level) or f"{allowed[-1]} of the same family costs more and fits the budget"
+        return not_scored
+    kept: dict[int, bool] = {}
+    lo, hi = 0, len(levels) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if skip_reason(levels[mid]) is not None:
+            hi = mid - 1
+            continue
+        kept[mid] = score(levels[mid])
+        lo, hi = (lo, mid - 1) if kept[mid] else (mid + 1, hi)
+    for index, level in enumerate(levels):
+        if index in kept:
+            continue
+        short = [levels[i] for i, ok in kept.items() if i > index and not ok]
+        not_scored[level] = skip_reason(level) or (f"{short[0]} of the same family costs more and fell short of the target" if short
+                                                   else "a cheaper level of the same family keeps the target")
+    return not_scored
 
 
 #: The most settings a plan writes and measures as served (``run_sweep``'s ``verify``) before it keeps the best of them.
@@ -1390,6 +1463,7 @@ def run_plan(
     price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH,
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
     full_sweep: bool = False,
+    searched_codecs: Sequence[str] = SEARCHED_CODECS,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1433,6 +1507,9 @@ def run_plan(
         full_sweep: fit and score every setting, even those the choice could not be (above the budget, or dearer
             than a scored setting that keeps the target); by default they are listed under ``skipped_settings``
             and the FAISS peers among them are not trained. The choice is the same either way.
+        searched_codecs: codec families fitted on the uncompressed vectors only, at the fewest of
+            :data:`SEARCHED_CODEC_BUDGETS` that find the cheapest keeping the target (:func:`search_budgets`;
+            every budget with ``full_sweep``); after the compressors, before the 8-bit peers. ``()`` for none.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1445,7 +1522,8 @@ def run_plan(
             raise ValueError(f"variant {variant!r} applies to none of the methods {list(methods)}.")
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
-                     price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep)
+                     price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep,
+                     searched_codecs=searched_codecs)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
