@@ -144,6 +144,21 @@ def _own_check(result: dict) -> str:
     return f"{own['agreement']:.4f} ({own['truth_s'] + own['build_s'] + own['search_s']:.0f} s)"
 
 
+def _commit() -> str:
+    """The repository's commit, with ``+changes`` when the working tree differs from it (the code the child ran)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def _sweep(command: str) -> str:
+    """The sweep a recorded command ran: its --methods and plan flags after ``--json``, or the plan's defaults."""
+    words = shlex.split(command)
+    extra = [w for w in words[words.index("--json") + 1:]] if "--json" in words else []
+    extra = [w for i, w in enumerate(extra) if not (w == "--fit-sample" or (i and extra[i - 1] == "--fit-sample"))]
+    return f"`{' '.join(extra)}`" if extra else "default (every method, peer and codec)"
+
+
 def write_report(out: Path) -> None:
     results = sorted((json.loads(p.read_text()) for p in out.glob("n*.json")), key=lambda r: (r["n"], r["fit_sample"]["rows"]))
     lines = ["# The label-free planner at scale", "",
@@ -153,11 +168,11 @@ def write_report(out: Path) -> None:
              "scores a seeded sample of min(N, max(65,536, 64 d)) rows (or --fit-sample rows where the command says so); the full-corpus check re-scores the chosen setting over all "
              "N documents with the same held-out queries. Each run's sweep (methods, peers) is in its command below; wall "
              "times are one thread on whatever share of the machine the run got (see the machine line: a shared machine inflates them).", "",
-             "| N | wall (plan) | peak RSS (plan) | fit sample | chosen | bytes/vector | agreement@10 on the sample | on the full corpus | "
-             "the plan's own full-corpus check | 8-bit peers not trained | $/month at 1B |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| N | sweep | wall (plan) | peak RSS (plan) | fit sample | chosen | bytes/vector | agreement@10 on the sample | on the full corpus | "
+             "the plan's own full-corpus check | 8-bit peers not trained | $/month at 1B |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         chosen = r["chosen"]
-        lines.append(f"| {r['n']:,} | {r['plan_wall_s']:.0f} s | {r['plan_peak_rss_mib']:,.0f} MiB | {r['fit_sample']['rows']:,} | "
+        lines.append(f"| {r['n']:,} | {_sweep(r['command'])} | {r['plan_wall_s']:.0f} s | {r['plan_peak_rss_mib']:,.0f} MiB | {r['fit_sample']['rows']:,} | "
                      f"`{chosen['setting']}` | {chosen['ram_bytes']} | {r['retention_sample']:.4f} | "
                      f"{r['full']['agreement@10_full']:.4f} | {_own_check(r)} | {r['skipped_peers']} | {chosen['usd_month@1B']:,.0f} |")
     lines += ["", "Retention is agreement@10 over the float32 reference's, which is 1.0 on either corpus (the reference is the exact "
@@ -172,7 +187,8 @@ def write_report(out: Path) -> None:
               + " (not measured for the runs without the figure). Where it is near 1, agreement@10 on the full corpus asks a codec to "
               "rank noise, a harder test than a real corpus of that size sets.", ""]
     for r in results:
-        lines += [f"## N = {r['n']:,}, fit sample {r['fit_sample']['rows']:,}", "", f"- date: {r['date']}", f"- machine: {r['machine']}", f"- command: `{r['command']}`",
+        lines += [f"## N = {r['n']:,}, fit sample {r['fit_sample']['rows']:,}", "", f"- date: {r['date']}", f"- machine: {r['machine']}",
+                  *([f"- code: commit {r['commit']}"] if r.get("commit") else []), f"- command: `{r['command']}`",
                   f"- full-corpus check: {r['full']['n_queries']} held-out queries, exact top-10 over {r['n']:,} documents in "
                   f"{r['full']['truth_s']:.1f} s, chosen index built and searched in {r['full']['index_and_search_s']:.1f} s "
                   f"(its own peak RSS {r['check_peak_rss_mib']:,.0f} MiB)",
@@ -222,7 +238,7 @@ def main() -> int:
             return checked.returncode
         shown = [part if not part.startswith(str(args.work)) else part.replace(str(args.work), "$WORK") for part in command[1:]]
         result = {"n": n, "dim": 384, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-                  "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
+                  "commit": _commit(), "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
                   "chosen": plan["chosen"], "retention_sample": plan["retention"], "objective": plan["objective"],
                   "skipped_peers": len(plan.get("skipped_peers") or []), "skipped_peer_settings": plan.get("skipped_peers") or [],
                   "bill": plan["bill"], "frontier": plan["frontier"], "full": json.loads(checked.stdout), "check_wall_s": check_wall,
