@@ -189,6 +189,9 @@ def write_report(out: Path) -> None:
     for r in results:
         lines += [f"## N = {r['n']:,}, fit sample {r['fit_sample']['rows']:,}", "", f"- date: {r['date']}", f"- machine: {r['machine']}",
                   *([f"- code: commit {r['commit']}"] if r.get("commit") else []), f"- command: `{r['command']}`",
+                  *([f"- the plan's full-corpus checks, in order: " + "; ".join(f"`{c['setting']}` {c['agreement']:.4f} ({c['on_sample']:.4f} on "
+                                                                               f"the sample)" for c in r["plan_full_corpus_checks"])]
+                    if len(r.get("plan_full_corpus_checks") or []) > 1 else []),
                   f"- full-corpus check: {r['full']['n_queries']} held-out queries, exact top-10 over {r['n']:,} documents in "
                   f"{r['full']['truth_s']:.1f} s, chosen index built and searched in {r['full']['index_and_search_s']:.1f} s "
                   f"(its own peak RSS {r['check_peak_rss_mib']:,.0f} MiB)",
@@ -227,6 +230,7 @@ def main() -> int:
         vectors, ids = make_vectors(n, args.work)
         command = plan_command(args, n, vectors, ids)
         print(f"N={n}: {shlex.join(command)}", flush=True)
+        commit = _commit()  # the code the child runs, read before it starts
         wall, rss, done = run_child(command, env)
         if done.returncode:
             print(done.stderr[-3000:], file=sys.stderr)
@@ -238,11 +242,11 @@ def main() -> int:
             return checked.returncode
         shown = [part if not part.startswith(str(args.work)) else part.replace(str(args.work), "$WORK") for part in command[1:]]
         result = {"n": n, "dim": 384, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-                  "commit": _commit(), "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
+                  "commit": commit, "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
                   "chosen": plan["chosen"], "retention_sample": plan["retention"], "objective": plan["objective"],
                   "skipped_peers": len(plan.get("skipped_peers") or []), "skipped_peer_settings": plan.get("skipped_peers") or [],
                   "bill": plan["bill"], "frontier": plan["frontier"], "full": json.loads(checked.stdout), "check_wall_s": check_wall,
-                  "plan_full_corpus": plan.get("full_corpus"),
+                  "plan_full_corpus": plan.get("full_corpus"), "plan_full_corpus_checks": plan.get("full_corpus_checks"),
                   "check_peak_rss_mib": check_rss}
         result_path.write_text(json.dumps(result, indent=1) + "\n")
         write_report(args.out)
