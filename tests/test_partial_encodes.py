@@ -52,13 +52,19 @@ def test_a_saved_partial_encode_resumes_in_a_new_cache(tmp_path: Path, monkeypat
     np.testing.assert_array_equal(vectors, _rows(0, 10))
 
 
-def test_a_store_without_the_shards_records_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def _stored_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder of a store entry (key ``ab...``), the store and the cache under ``tmp_path``."""
     store = tmp_path / "store"
     monkeypatch.setattr(partial_encodes, "STORE", store)
     monkeypatch.setenv("EMBEDTUNE_CACHE", str(tmp_path / "cache"))
     entry = store / ("ab" * 32)
     entry.mkdir(parents=True)
+    return entry
+
+
+def test_a_store_without_the_shards_records_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    entry = _stored_entry(tmp_path, monkeypatch)
     np.save(entry / "0000000000-0000000004.npy", _rows(0, 4))
     (entry / "manifest.json").write_text(json.dumps({"key": "ab" * 32, "shards": {"0000000000-0000000004.npy": "0" * 64}}))
     assert partial_encodes.restore() == 1
@@ -67,11 +73,7 @@ def test_a_store_without_the_shards_records_is_refused(tmp_path: Path, monkeypat
 
 def test_a_manifest_naming_a_file_outside_the_partial_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    store = tmp_path / "store"
-    monkeypatch.setattr(partial_encodes, "STORE", store)
-    monkeypatch.setenv("EMBEDTUNE_CACHE", str(tmp_path / "cache"))
-    entry = store / ("ab" * 32)
-    entry.mkdir(parents=True)
+    entry = _stored_entry(tmp_path, monkeypatch)
     (entry / "manifest.json").write_text(json.dumps({"key": "ab" * 32, "shards": {"../../escape.npy": "0" * 64}, "records": {}}))
     assert partial_encodes.restore() == 1
     assert "'../../escape.npy' is not a cache key or a shard file name" in capsys.readouterr().err

@@ -214,14 +214,19 @@ def test_codec_deployment_recipes():
     json.dumps(recipe)
 
 
-@pytest.mark.slow
-def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_scored(tmp_path):
-    """The bundled SciFact MiniLM corpus (5,183 x 384-d), no labels, 32 B a vector: only a codec fits, and the index serves what was scored."""
+def _bundled_scifact(tmp_path):
+    """The bundled SciFact MiniLM document vectors as own vectors (``tmp_path/docs.npy`` and ``docs.txt``), and their experiment."""
     bundled = np.load(files("embedtune.datasets") / "scifact-minilm-vectors.npz")
     docs = np.ascontiguousarray(bundled["document"], dtype=np.float32)
     np.save(tmp_path / "docs.npy", docs)
     (tmp_path / "docs.txt").write_text("".join(f"{i}\n" for i in bundled["document_ids"]))
-    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    return docs, load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+
+
+@pytest.mark.slow
+def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_scored(tmp_path):
+    """The bundled SciFact MiniLM corpus (5,183 x 384-d), no labels, 32 B a vector: only a codec fits, and the index serves what was scored."""
+    docs, experiment = _bundled_scifact(tmp_path)
     out, work = tmp_path / "plan", tmp_path / "work"
     plan = run_label_free_plan(experiment, out, "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "int8", "binary"],
                                peers=[], codecs=("klt-pq4",), codec_budgets=(16, 32), rounds=0, work=work, searched_codecs=())
@@ -245,11 +250,7 @@ def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_s
 @pytest.mark.slow
 def test_the_searched_codec_is_fitted_at_the_budget_and_served_as_scored(tmp_path):
     """klt-apq on the bundled SciFact vectors: with 32 B alone only klt-apq:32 is fitted, and `index build --plan` finds what it scored."""
-    bundled = np.load(files("embedtune.datasets") / "scifact-minilm-vectors.npz")
-    docs = np.ascontiguousarray(bundled["document"], dtype=np.float32)
-    np.save(tmp_path / "docs.npy", docs)
-    (tmp_path / "docs.txt").write_text("".join(f"{i}\n" for i in bundled["document_ids"]))
-    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    docs, experiment = _bundled_scifact(tmp_path)
     plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "binary"],
                                peers=[], codecs=("klt-pq4",), codec_budgets=(32,), rounds=0, work=tmp_path / "work")
     searched = {r["setting"]: r for r in plan["sweep"] if "klt-apq" in r["setting"]}

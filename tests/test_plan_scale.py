@@ -26,7 +26,7 @@ from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_s
 from embedtune.workflows.experiment import Experiment
 from embedtune.compress.pca import fit_sample_rows as fit_sample_rows_of_pca
 from embedtune.workflows.label_free import exact_top_k, plan_sample, run_label_free_plan
-from embedtune.workflows.plan import _peer_skip_reason
+from embedtune.workflows.plan import _skip_reason
 
 
 # -- the fit-sample rule -----------------------------------------------------------------------
@@ -111,12 +111,12 @@ def test_a_peer_dearer_than_a_setting_already_keeping_the_target_is_not_trained(
     rows = [{"setting": "a", "ram_bytes": 16, "objective": 0.96, "choosable": True},
             {"setting": "b", "ram_bytes": 8, "objective": 0.99, "choosable": False},  # not choosable: never the bar
             {"setting": "c", "ram_bytes": 64, "objective": 1.0, "choosable": True}]
-    assert "dearer than a" in _peer_skip_reason(rows, 32, None, 0.95, 1.0, "objective")
-    assert _peer_skip_reason(rows, 16, None, 0.95, 1.0, "objective") is None  # equal bytes: a better score would win the tie
-    assert _peer_skip_reason(rows, 8, None, 0.95, 1.0, "objective") is None
-    assert _peer_skip_reason(rows, 32, None, 0.99, 1.0, "objective") is None  # only c keeps 0.99, and it is dearer
-    assert "above the budget" in _peer_skip_reason(rows, 32, 24, None, 1.0, "objective")
-    assert _peer_skip_reason(rows, 16, 24, None, 1.0, "objective") is None
+    assert "dearer than a" in _skip_reason(rows, 32, None, 0.95, 1.0, "objective")
+    assert _skip_reason(rows, 16, None, 0.95, 1.0, "objective") is None  # equal bytes: a better score would win the tie
+    assert _skip_reason(rows, 8, None, 0.95, 1.0, "objective") is None
+    assert _skip_reason(rows, 32, None, 0.99, 1.0, "objective") is None  # only c keeps 0.99, and it is dearer
+    assert "above the budget" in _skip_reason(rows, 32, 24, None, 1.0, "objective")
+    assert _skip_reason(rows, 16, 24, None, 1.0, "objective") is None
 
 
 # -- a plan on a sample, with its bill -------------------------------------------------------

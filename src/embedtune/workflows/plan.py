@@ -1037,7 +1037,7 @@ def run_sweep(
     (:func:`_dearer_choice`) is written and measured, up to :data:`MAX_VERIFIED`, and ``plan.json`` records every
     measurement under ``full_corpus_checks`` and the kept one under ``full_corpus``.
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
-    not be is left out (:func:`_peer_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
+    not be is left out (:func:`_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
     columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
     the objective against dollars a month at a billion vectors. With ``allow_disk``, every in-RAM row within the
     byte budget also gets a ``+refine<N>`` row (``N`` = ``refine_candidates``: its top N rescored with the
@@ -1096,7 +1096,7 @@ def run_sweep(
         # Phase 1 of 3: the uncompressed vectors at every precision, the FAISS peers and the codecs
         # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
         # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), cheapest first, on the fit sample: see
-        # _peer_skip_reason for the ones left out because the choice could not be them.
+        # _skip_reason for the ones left out because the choice could not be them.
         reused = sum(f in frozen_indexes for f in [*(f for specs in factories.values() for f in specs), *frozen_codecs])
         with progress_bar(len(frozen_precisions) + sum(map(len, factories.values())) + len(quantiser_peers) + len(frozen_codecs)
                           + len(refine_peers),
@@ -1123,6 +1123,11 @@ def run_sweep(
         if "csr" in peers:  # a learned peer fitted on the corpus alone: compared, never chosen
             rows += sweep_csr_rows(objective, budgets, seed, work, rounds)
         _mark_choosable(rows, allow_disk)
+
+        def why_not(ram_bytes: float) -> str | None:
+            """Why a setting of ``ram_bytes`` cannot be the choice among the rows scored so far (never, with ``full_sweep``)."""
+            return None if full_sweep else _skip_reason(rows, ram_bytes, budget_bytes, target_retention, reference, y)
+
         # Phase 2 of 3: fit (or reuse from WORK) every candidate, score it at every precision the choice could still be:
         # a setting above the budget, or dearer than a scored setting that already keeps the target, is neither fitted
         # nor scored (skipped_settings says which and why; it is absent from the frontier).
@@ -1135,13 +1140,12 @@ def run_sweep(
                 space_codecs = [p for p in codec_precisions(deployable, codec_budgets, candidate.dim, n_docs) if p not in precisions]
                 space_precisions = []
                 for spec in [*precisions, *space_codecs]:
-                    reason = None if full_sweep else _peer_skip_reason(rows, Precision(spec).ram_bytes(candidate.dim), budget_bytes,
-                                                                       target_retention, reference, y)
+                    ram_bytes = Precision(spec).ram_bytes(candidate.dim)
+                    reason = why_not(ram_bytes)
                     if reason is None:
                         space_precisions.append(spec)
                     else:
-                        skipped_settings.append({"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
-                                                 "reason": reason})
+                        skipped_settings.append({"setting": f"{candidate.name}/{spec}", "ram_bytes": ram_bytes, "reason": reason})
                 if not space_precisions:
                     bar.update(1)
                     continue
@@ -1166,23 +1170,19 @@ def run_sweep(
         levels = {family: [p for p in codec_precisions([family], SEARCHED_CODEC_BUDGETS, input_dim, n_docs) if p not in frozen_precisions]
                   for family in searched_codecs}
         with progress_bar(sum(map(len, levels.values())), f"{name} 2/3, searched codecs on the uncompressed vectors", unit="budget") as bar:
-            for family, names in levels.items():
-                def skip_reason(spec: str) -> str | None:
-                    if full_sweep:
-                        return None
-                    return _peer_skip_reason(rows, Precision(spec).ram_bytes(input_dim), budget_bytes, target_retention, reference, y)
+            def score(spec: str) -> bool:
+                scored = _label_codec_rows(sweep_rows(objective, None, [spec], {"method": "frozen", "family": "codec"}, rounds,
+                                                      prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
+                _name_frozen_rows(scored, input_dim)
+                _mark_choosable(scored, allow_disk)
+                rows.extend(scored)
+                save_faiss_cache(cache_dir, frozen_indexes, probe)
+                bar.update(1)
+                return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
 
-                def score(spec: str) -> bool:
-                    scored = _label_codec_rows(sweep_rows(objective, None, [spec], {"method": "frozen", "family": "codec"}, rounds,
-                                                          prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
-                    _name_frozen_rows(scored, input_dim)
-                    _mark_choosable(scored, allow_disk)
-                    rows.extend(scored)
-                    save_faiss_cache(cache_dir, frozen_indexes, probe)
-                    bar.update(1)
-                    return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
-
-                not_scored = search_budgets(names, skip_reason, score, target_retention is not None, everything=full_sweep)
+            for names in levels.values():
+                not_scored = search_budgets(names, lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score,
+                                            target_retention is not None, everything=full_sweep)
                 skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                       "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1195,7 +1195,7 @@ def run_sweep(
                           postfix=f"{sum(s in frozen_indexes for *_, s in peer_specs)} cached" if peer_specs else None) as bar:
             for peer_bytes in sorted({item[0] for item in peer_specs}):
                 level = [item for item in peer_specs if item[0] == peer_bytes]
-                reason = None if full_sweep else _peer_skip_reason(rows, peer_bytes, budget_bytes, target_retention, reference, y)
+                reason = why_not(peer_bytes)
                 if reason is not None and not all(spec in frozen_indexes for *_, spec in level):
                     skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": peer_bytes, "reason": reason}
                                       for _, _, family, spec in level]
@@ -1388,12 +1388,13 @@ def _dearer_choice(rows: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any],
     return dict(min(pool, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", "")))))
 
 
-def _peer_skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budget_bytes: float | None, target_retention: float | None,
-                      reference: float, y: str) -> str | None:
-    """Why a peer of ``peer_bytes`` per vector cannot be the choice among ``rows`` plus itself, or None when it could.
+def _skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budget_bytes: float | None, target_retention: float | None,
+                 reference: float, y: str) -> str | None:
+    """Why a setting (a peer, a compressed space's precision, a codec budget) of ``peer_bytes`` per vector cannot be the
+    choice among ``rows`` plus itself, or None when it could.
 
     Sound for the choice (:func:`~embedtune.workflows.pareto.choose`): above the byte budget it is never in the pool;
-    with a retention target the choice is the cheapest row keeping it, so a peer dearer than a choosable row that
+    with a retention target the choice is the cheapest row keeping it, so a setting dearer than a choosable row that
     already keeps it (within the budget) cannot be chosen, whatever its score. It may still have been on the frontier.
     """
     if budget_bytes is not None and peer_bytes > budget_bytes:
