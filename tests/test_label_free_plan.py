@@ -223,7 +223,8 @@ def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_
                                    held_out_fraction=0.1, full_sweep=True)
     settings = {r["setting"] for r in plan["sweep"]}
     fitting = plan["objective"]["fit_documents"]
-    assert fitting < 384 and "pca-uncentred-64/int8" in settings and "truncate-384/int8" in settings
+    assert fitting < 384 and "pca-uncentred-64/int8" in settings and "truncate-64/int8" in settings and "frozen-384/int8" in settings
+    assert not any(s.startswith("truncate-384/") for s in settings)  # the uncompressed vectors, scored once, as frozen-384
     assert not any(s.startswith("pca-uncentred-384/") for s in settings)
     assert "pca-uncentred-384 are left out" in caplog.text
 

@@ -249,3 +249,58 @@ def test_searched_codec_budgets_respect_the_budget_and_a_cheaper_setting_that_ke
     scored.clear()
     assert plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=True, everything=True) == {}
     assert scored == LEVELS
+
+
+@pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
+def test_a_ladder_searched_from_its_top_finds_the_same_cheapest_and_settles_a_short_family_in_one_fit(keeps_from):
+    scored: list[str] = []
+
+    def score(level):
+        scored.append(level)
+        return _bytes(level) >= keeps_from
+
+    not_scored = plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True, top_first=True)
+    keeping = [level for level in scored if _bytes(level) >= keeps_from]
+    exhaustive = [level for level in LEVELS if _bytes(level) >= keeps_from]
+    assert (min(keeping, key=_bytes) if keeping else None) == (exhaustive[0] if exhaustive else None)
+    assert scored[0] == LEVELS[-1] and len(scored) <= 4 and len(set(scored)) == len(scored)
+    if not exhaustive:
+        assert scored == [LEVELS[-1]]
+        assert all("klt-apq:128 of the same family costs more and fell short" in reason for reason in not_scored.values())
+    assert set(scored) | set(not_scored) == set(LEVELS) and not set(scored) & set(not_scored)
+    # the dearest the choice could be comes first: a level dearer than a setting keeping the target is never fitted
+    scored.clear()
+    dearer_than_64 = lambda level: "dearer than x (64 B), which already keeps the target" if _bytes(level) > 64 else None  # noqa: E731
+    plan_module.search_budgets(LEVELS, dearer_than_64, score, has_target=True, top_first=True)
+    assert scored[0] == "klt-apq:64" and all(_bytes(level) <= 64 for level in scored)
+
+
+# 0.999: both ladders fall short everywhere; 0.97: only their dearest peer keeps it (all are needed); 0.6: the cheapest do.
+@pytest.mark.parametrize(("target", "fewer"), [(0.999, True), (0.97, False), (0.6, True)])
+def test_the_8_bit_peer_ladders_train_the_fewest_peers_and_choose_what_training_all_chooses(tmp_path, target, fewer):
+    """The PQm and OPQm,PQm ladders are searched from their dearest possible peer: the pruned plan chooses exactly what a
+    plan that trains every peer chooses, and trains fewer peers."""
+    rng = np.random.default_rng(3)
+    docs = (rng.standard_normal((1500, 6)) @ rng.standard_normal((6, D)) + 0.3 * rng.standard_normal((1500, D))).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(len(docs))))
+    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    settings = dict(target_retention=target, methods=["truncate"], dims=[D], precisions=["float32", "int8", "int4", "binary"],
+                    peers=["pq", "opq"], rounds=0, codecs=(), searched_codecs=())
+    full = run_label_free_plan(experiment, tmp_path / "full", "agreement", **settings, work=tmp_path / "work-full", full_sweep=True)
+    pruned = run_label_free_plan(experiment, tmp_path / "pruned", "agreement", **settings, work=tmp_path / "work-pruned")
+    assert pruned["chosen"]["setting"] == full["chosen"]["setting"]
+    assert pruned["chosen"]["objective"] == full["chosen"]["objective"]
+
+    def peers(plan):
+        return {r["setting"]: r for r in plan["sweep"] if r["family"] == "FAISS PQ/OPQ" and "x4fs" not in r["setting"]}
+
+    trained, every = peers(pruned), peers(full)
+    assert len(every) >= 6 and set(trained) <= set(every) and (len(trained) < len(every)) == fewer
+    assert {s["setting"] for s in pruned["skipped_peers"]} == set(every) - set(trained)
+    for kind in ("faiss:PQ", "faiss:OPQ"):
+        ladder = sorted((r for s, r in every.items() if f"/{kind}" in s), key=lambda r: r["ram_bytes"])
+        keeping = [r for r in ladder if r["objective"] >= target * full["reference"]["objective"]]
+        if not keeping:  # a ladder short of the target everywhere: its dearest peer alone settles it
+            assert [s for s in trained if f"/{kind}" in s] == [ladder[-1]["setting"]]

@@ -44,6 +44,7 @@ from embedtune.errors import EmbedtuneError, NoSpaceError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "release_mapped_pages",
     "IntegrityError",
     "DIGEST_KEY",
     "atomic_write",
@@ -471,3 +472,28 @@ def load_config(cls: type[T], path: str | os.PathLike, filename: str = "config.j
     if isinstance(values, dict):
         check_version_stamp(values.get(VERSION_KEY), str(path))
     return config_from_dict(cls, values, where=str(path))
+
+
+def release_mapped_pages(array: Any) -> bool:
+    """Drop the pages of the memory-mapped file behind ``array`` from this process's resident memory; True if it had one.
+
+    A read-only ``np.load(..., mmap_mode="r")`` array that was read through (a finiteness check, a sample, a block loop)
+    keeps every page it touched counted in the process's RSS, a whole copy of the corpus. ``MADV_DONTNEED`` on a
+    read-only file mapping only unmaps them: they stay in the page cache, and the next read maps them again, unchanged.
+    Anything else (an in-memory array, a platform without ``madvise``) is left alone.
+    """
+    import mmap
+
+    seen = 0
+    while array is not None and seen < 8:
+        mapping = getattr(array, "_mmap", None)
+        if mapping is not None:
+            if not hasattr(mapping, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+                return False
+            try:
+                mapping.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # a closed or unusual mapping: nothing to release
+                return False
+            return True
+        array, seen = getattr(array, "base", None), seen + 1
+    return False

@@ -20,6 +20,7 @@ from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
 from embedtune.encoders.ray_encode import SHARD_MANIFEST, is_shard_folder, read_shards
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, check_finite
+from embedtune.io import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ def load_embeddings(
             logger.info("%s: %s vectors cast to float32 (%d x %d).", path, vectors.dtype, *vectors.shape)
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         check_finite(vectors, str(path), "vectors", fix=_FINITE_FIX)
+        release_mapped_pages(vectors)  # the check read every row: keep the map, not a resident copy of the file
         return id_list, vectors
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from embedtune.io import release_mapped_pages
+
 __all__ = ["TOP_K_DOC_BLOCK", "exact_top_k"]
 
 #: Rows of the corpus :func:`exact_top_k` scores at a time: a (queries x rows) block of scores, never queries x corpus.
@@ -39,6 +41,7 @@ def exact_top_k(xq: np.ndarray, xb: np.ndarray, k: int, exclude: np.ndarray | No
     best_i = np.full((len(xq), k), np.iinfo(np.int64).max, dtype=np.int64)
     for lo in range(0, n_docs, doc_block):
         docs = np.ascontiguousarray(xb[lo : lo + doc_block], dtype=np.float32)
+        release_mapped_pages(xb)  # a memory-mapped corpus: only this block is held, never the whole file
         for start in range(0, len(xq), block):
             scores = xq[start : start + block] @ docs.T  # (block, doc_block)
             if own_all is not None:

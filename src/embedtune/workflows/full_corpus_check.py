@@ -27,6 +27,7 @@ from embedtune.evaluate.streamed_top_k import exact_top_k
 from embedtune.index.codecs import CODEC_FILE, QuantizedIndex, read_codec_index
 from embedtune.index.plan_format import PLAN_FILE, load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
+from embedtune.io import release_mapped_pages
 from embedtune.workflows.experiment import Experiment
 
 __all__ = ["full_corpus_agreement", "CHECK_BLOCK"]
@@ -39,7 +40,9 @@ CHECK_BLOCK = 65536
 
 def _block(compressor: Any, docs: np.ndarray, lo: int, block: int) -> np.ndarray:
     """Rows ``lo .. lo + block`` of ``docs`` (a memory map is read here), through the plan's compressor, as float32 rows."""
-    return np.ascontiguousarray(compressor.transform(np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32)), dtype=np.float32)
+    rows = np.ascontiguousarray(docs[lo: lo + block], dtype=np.float32)
+    release_mapped_pages(docs)  # a memory-mapped corpus: only this block is held, never the whole file
+    return np.ascontiguousarray(compressor.transform(rows), dtype=np.float32)
 
 
 def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, Any, dict[str, Any]]:

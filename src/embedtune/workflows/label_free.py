@@ -58,7 +58,7 @@ from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH
 from embedtune.index.codecs import PRECISIONS
 from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
-from embedtune.io import read_json_verified, sha256_file, sha256_json, write_json_with_digest
+from embedtune.io import read_json_verified, release_mapped_pages, sha256_file, sha256_json, write_json_with_digest
 from embedtune.workflows.experiment import Experiment
 from embedtune.workflows.fit_and_score import build_config
 from embedtune.workflows.full_corpus_check import full_corpus_agreement
@@ -195,6 +195,7 @@ def load_corpus_experiment(
     if doc_embeddings is not None:
         ids, docs = load_embeddings(doc_embeddings, doc_ids, unique=True)
         docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
+        release_mapped_pages(docs)  # unit rows are returned as the map itself, read through once: not held resident
         dataset = (load_beir_corpus(data) if data is not None else
                    BeirDataset(Path(doc_embeddings).stem, untitled_corpus(ids), {}, {}, "corpus", {}, str(doc_embeddings)))
         provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
@@ -582,4 +583,5 @@ def plan_sample(experiment: Experiment, fit_sample: int | None = None, seed: int
     record["ids_sha256"] = sha256_json(ids)
     logger.info("label-free plan: %d documents, so the plan runs on a seeded sample of %d (%s)", n_docs, size, record["rule"])
     docs = np.ascontiguousarray(embeddings.doc_embeddings[rows], dtype=np.float32)
+    release_mapped_pages(embeddings.doc_embeddings)  # the sample is a copy; the corpus stays a map, not resident
     return dataclasses.replace(experiment, embeddings=dataclasses.replace(embeddings, doc_ids=ids, doc_embeddings=docs)), record

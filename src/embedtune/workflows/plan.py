@@ -1036,8 +1036,9 @@ def run_sweep(
     plan as served and says whether it keeps the target; when not, the next dearer scored setting
     (:func:`_dearer_choice`) is written and measured, up to :data:`MAX_VERIFIED`, and ``plan.json`` records every
     measurement under ``full_corpus_checks`` and the kept one under ``full_corpus``.
-    The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, cheapest first, and a peer the choice could
-    not be is left out (:func:`_skip_reason`), listed under ``skipped_peers``. Every row gains the bill's
+    The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, one ladder per kind (``PQm``, ``OPQm,PQm``, ...),
+    and only the fewest the choice needs (:func:`search_budgets`, the ladder's dearest possible peer first); a peer the
+    choice could not be (:func:`_skip_reason`), or a ladder's peer the search left out, is listed under ``skipped_peers``. Every row gains the bill's
     columns (:func:`embedtune.index.bill.vector_bill` at ``price_per_gb_month``) and ``frontier_cost.png`` plots
     the objective against dollars a month at a billion vectors. With ``allow_disk``, every in-RAM row within the
     byte budget also gets a ``+refine<N>`` row (``N`` = ``refine_candidates``: its top N rescored with the
@@ -1072,11 +1073,12 @@ def run_sweep(
         frozen_precisions = list(dict.fromkeys(["float32", *precisions]))
         budgets = sorted({Precision(p).ram_bytes(d) for p in precisions for d in dims if not Precision(p).is_faiss})
         # Fast-scan peers (4-bit, 16 centroids: seconds to train) are scored in phase 1; the 8-bit and additive ones (minutes)
-        # after phase 2, cheapest first (``deferred``).
-        factories, deferred = ({family: [f"faiss:{f}" for kind in peers if (kind in ADDITIVE_PEERS) == additive and (kind in EIGHT_BIT_PEERS) == late
-                                         for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)], (kind,),
-                                                                 fit_sample_size(len(experiment.embeddings.doc_ids), input_dim, fit_sample))]
+        # after phase 2, one ladder per kind (``deferred``).
+        factories, deferred = ({family: {kind: [f"faiss:{f}" for f in peer_factories(input_dim, [b for b in budgets if b <= PEER_MAX_BYTES.get(kind, 64)],
+                                                                                      (kind,), fit_sample_size(len(experiment.embeddings.doc_ids), input_dim, fit_sample))]
+                                         for kind in peers if (kind in ADDITIVE_PEERS) == additive and (kind in EIGHT_BIT_PEERS) == late}
                                 for family, additive in (("FAISS PQ/OPQ", False), ("FAISS RQ/LSQ", True))} for late in (False, True))
+        factories = {family: [spec for specs in kinds.values() for spec in specs] for family, kinds in factories.items()}
         quantiser_peers = [p for kind in peers for p in QUANTISER_PEERS.get(kind, ()) if p not in frozen_precisions]
         n_docs = len(experiment.embeddings.doc_ids)
         size = fit_sample_size(n_docs, input_dim, fit_sample)
@@ -1095,7 +1097,7 @@ def run_sweep(
                          if p not in frozen_precisions]
         # Phase 1 of 3: the uncompressed vectors at every precision, the FAISS peers and the codecs
         # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
-        # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), cheapest first, on the fit sample: see
+        # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), the fewest each ladder needs, on the fit sample: see
         # _skip_reason for the ones left out because the choice could not be them.
         reused = sum(f in frozen_indexes for f in [*(f for specs in factories.values() for f in specs), *frozen_codecs])
         with progress_bar(len(frozen_precisions) + sum(map(len, factories.values())) + len(quantiser_peers) + len(frozen_codecs)
@@ -1131,8 +1133,10 @@ def run_sweep(
         # Phase 2 of 3: fit (or reuse from WORK) every candidate, score it at every precision the choice could still be:
         # a setting above the budget, or dearer than a scored setting that already keeps the target, is neither fitted
         # nor scored (skipped_settings says which and why; it is absent from the frontier).
+        # Truncation to every dimension is the uncompressed vectors themselves, scored in phase 1: not a second time.
         sweep = objective.candidates([candidate_for(method, dim, variant) for method in methods if method != "frozen" for dim in dims
-                                      for variant in ["default", *(v for v in variants if variant_applies(method, v))]])
+                                      for variant in ["default", *(v for v in variants if variant_applies(method, v))]
+                                      if not (method == "truncate" and variant == "default" and dim == input_dim)])
         skipped_settings: list[dict[str, Any]] = []
         with progress_bar(len(sweep), f"{name} 2/3, fitting and scoring the sweep", unit="fit") as bar:
             for candidate in sweep:
@@ -1186,29 +1190,34 @@ def run_sweep(
                 skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                       "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
-        # The 8-bit FAISS PQ/OPQ and additive peers (minutes each to train on a small CPU), cheapest first: a peer the choice could not
-        # be (above the byte budget, or dearer than a setting already keeping the target) is not trained, and the plan says so.
-        peer_specs = sorted(((Precision(spec).ram_bytes(input_dim), order, family, spec) for order, (family, specs) in enumerate(deferred.items())
-                             for spec in specs), key=lambda item: (item[0], item[1]))
+        # The 8-bit FAISS PQ/OPQ and additive peers (minutes each to train on a small CPU), one ladder per kind (PQm, OPQm,PQm, ...):
+        # a peer the choice could not be (above the byte budget, or dearer than a setting already keeping the target) is not
+        # trained, and within a ladder only the fewest the choice needs are: its dearest possible first (search_budgets), since
+        # these peers usually fall short of a target everywhere. A ladder's peer cached by an earlier plan is scored anyway.
+        ladders = [(family, sorted(specs, key=lambda spec: Precision(spec).ram_bytes(input_dim)))
+                   for family, kinds in deferred.items() for specs in kinds.values() if specs]
         skipped_peers: list[dict[str, Any]] = []
-        with progress_bar(len(peer_specs), f"{name} 2/3, 8-bit FAISS PQ/OPQ peers, cheapest first", unit="index",
-                          postfix=f"{sum(s in frozen_indexes for *_, s in peer_specs)} cached" if peer_specs else None) as bar:
-            for peer_bytes in sorted({item[0] for item in peer_specs}):
-                level = [item for item in peer_specs if item[0] == peer_bytes]
-                reason = why_not(peer_bytes)
-                if reason is not None and not all(spec in frozen_indexes for *_, spec in level):
-                    skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": peer_bytes, "reason": reason}
-                                      for _, _, family, spec in level]
-                    bar.update(len(level))
-                    continue
-                for family in dict.fromkeys(item[2] for item in level):
-                    specs = [spec for _, _, f, spec in level if f == family]
-                    peer_rows = sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
+        with progress_bar(sum(len(specs) for _, specs in ladders), f"{name} 2/3, 8-bit FAISS PQ/OPQ peers", unit="index",
+                          postfix=f"{sum(s in frozen_indexes for _, specs in ladders for s in specs)} cached" if ladders else None) as bar:
+            for family, specs in ladders:
+                def score_peer(spec: str, family: str = family) -> bool:
+                    peer_rows = sweep_rows(objective, None, [spec], {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
                                            progress=bar.update, train_rows=train_rows, refine=refine)
                     _name_frozen_rows(peer_rows, input_dim)
                     _mark_choosable(peer_rows, allow_disk)
-                    rows += peer_rows
-                save_faiss_cache(cache_dir, frozen_indexes, probe)
+                    rows.extend(peer_rows)
+                    save_faiss_cache(cache_dir, frozen_indexes, probe)
+                    return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in peer_rows)
+
+                cached = [spec for spec in specs if spec in frozen_indexes and why_not(Precision(spec).ram_bytes(input_dim)) is None]
+                for spec in cached:
+                    score_peer(spec)
+                not_scored = search_budgets([spec for spec in specs if spec not in cached],
+                                            lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score_peer,
+                                            target_retention is not None, everything=full_sweep, top_first=True)
+                skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": Precision(spec).ram_bytes(input_dim),
+                                   "reason": reason} for spec, reason in not_scored.items()]
+                bar.update(len(not_scored))
         if skipped_peers:
             logger.info("%s: %d FAISS peers not trained, as the choice could not be them: %s", name, len(skipped_peers),
                         "; ".join(f"{p['setting']} ({p['reason']})" for p in skipped_peers))
@@ -1325,13 +1334,15 @@ def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
 
 
 def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | None], score: Callable[[str], bool], has_target: bool,
-                   everything: bool = False) -> dict[str, str]:
-    """Score the fewest ``levels`` (one codec family's precisions, bytes ascending) the plan's choice needs; returns the others with why.
+                   everything: bool = False, top_first: bool = False) -> dict[str, str]:
+    """Score the fewest ``levels`` (one family's settings, bytes ascending) the plan's choice needs; returns the others with why.
 
     ``score(level)`` scores one and says whether it keeps the target; ``skip_reason(level)`` says why the choice could not be
     it (above the budget, dearer than a setting keeping the target), or None. Quality grows with a family's bytes, so with a
     target this bisects for the cheapest level keeping it (about log2 of the levels scored); with a byte budget alone
-    only the dearest level within it can be the best of the family. ``everything`` scores every level.
+    only the dearest level within it can be the best of the family. ``top_first`` scores the dearest level the choice could
+    be before bisecting: one fit settles a family that falls short of the target everywhere (the 8-bit FAISS peers, minutes
+    a fit, usually do), at the cost of one more fit for a family that keeps it. ``everything`` scores every level.
     """
     if everything:
         for level in levels:
@@ -1348,6 +1359,11 @@ def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | Non
         return not_scored
     kept: dict[int, bool] = {}
     lo, hi = 0, len(levels) - 1
+    if top_first:
+        top = next((i for i in range(hi, -1, -1) if skip_reason(levels[i]) is None), None)
+        if top is not None:
+            kept[top] = score(levels[top])
+            hi = top - 1 if kept[top] else -1
     while lo <= hi:
         mid = (lo + hi) // 2
         if skip_reason(levels[mid]) is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.evaluate.search import exact_search_blocks
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.transform import fit_klt, training_sample
 from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
@@ -131,17 +132,11 @@ class ScalarTransformIndex:
     def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
         xq = np.asarray(xq, dtype=np.float32)
-        rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ
-        k = min(int(k), self.ntotal)
-        best_d = np.full((len(xq), 0), -np.inf, dtype=np.float32)
-        best_i = np.zeros((len(xq), 0), dtype=np.int64)
-        for start in range(0, self.ntotal, _SEARCH_BLOCK):
-            scores = rotated @ self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]).T + offset[:, None]
-            ids = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)
-            d_all, i_all = np.hstack([best_d, scores]), np.hstack([best_i, ids])
-            top = np.argsort(-d_all, axis=1, kind="stable")[:, :k]
-            best_d, best_i = np.take_along_axis(d_all, top, 1), np.take_along_axis(i_all, top, 1)
-        return best_d.astype(np.float32), best_i
+        rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
+        blocks = ((start, np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
+                  for start in range(0, self.ntotal, _SEARCH_BLOCK))
+        best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
+        return (best_d + offset[:, None]).astype(np.float32), best_i
 
     def clone_empty(self) -> "ScalarTransformIndex":
         return ScalarTransformIndex(self.mean, self.axes, self.bits, self.points)
