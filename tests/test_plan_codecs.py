@@ -91,7 +91,7 @@ def test_codec_budgets_follow_the_dimension_and_the_corpus():
 
 def test_every_row_carries_its_distortion_tier_and_amortised_bytes(toy, tmp_path):
     plan = run_plan(_experiment(toy), tmp_path / "plan", budget_bytes=64, precisions=["float32", "int8", "binary", "binary-asym",
-                                                                                      "binary-rescore"], work=tmp_path / "work", **QUICK)
+                                                                                      "binary-rescore"], work=tmp_path / "work", full_sweep=True, **QUICK)
     rows = {r["setting"]: r for r in plan["sweep"]}
     for row in rows.values():
         assert set(row) >= DISTORTION_FIELDS, row["setting"]
@@ -166,7 +166,10 @@ def test_the_label_free_plan_scores_the_codecs_too(toy, tmp_path):
                                precisions=["float32", "int8"], peers=[], codecs=("klt-pq4",), codec_budgets=(4, 8), rounds=0,
                                work=tmp_path / "work")
     codec_rows = {r["setting"] for r in plan["sweep"] if r["family"] == "embedtune codec (klt-pq4)"}
-    assert codec_rows == {f"{space}/klt-pq4:{b}" for space in ("frozen-32", "truncate-16", "pca-16") for b in (4, 8)}
+    # On the frozen vectors every budget; on a compressor's output a budget alone needs only the family's dearest within it.
+    assert codec_rows == {"frozen-32/klt-pq4:4", "frozen-32/klt-pq4:8", "truncate-16/klt-pq4:8", "pca-16/klt-pq4:8"}
+    skipped = {s["setting"]: s["reason"] for s in plan["skipped_settings"]}
+    assert all("klt-pq4:8 of the same family costs more and fits the budget" in skipped[f"{space}/klt-pq4:4"] for space in ("truncate-16", "pca-16"))
     assert {r["setting"] for r in plan["sweep"] if r["family"] == REFERENCE_FAMILY_LABEL} == {"frozen-32/klt-sq:4", "frozen-32/klt-sq:8"}
     assert all(set(r) >= DISTORTION_FIELDS | {"objective"} for r in plan["sweep"])
     assert plan["chosen"]["ram_bytes"] <= 8 and plan["chosen"]["tier"] == "ram"

@@ -1141,9 +1141,11 @@ def run_sweep(
         with progress_bar(len(sweep), f"{name} 2/3, fitting and scoring the sweep", unit="fit") as bar:
             for candidate in sweep:
                 bar.set_postfix_str(candidate.name, refresh=False)
-                space_codecs = [p for p in codec_precisions(deployable, codec_budgets, candidate.dim, n_docs) if p not in precisions]
+                # Each codec family is a ladder of budgets, searched like the peers' (search_budgets): only the levels the choice needs.
+                space_codecs = {family: [p for p in codec_precisions([family], codec_budgets, candidate.dim, n_docs) if p not in precisions]
+                                for family in deployable}
                 space_precisions = []
-                for spec in [*precisions, *space_codecs]:
+                for spec in [*precisions, *(s for names in space_codecs.values() for s in names)]:
                     ram_bytes = Precision(spec).ram_bytes(candidate.dim)
                     reason = why_not(ram_bytes)
                     if reason is None:
@@ -1158,13 +1160,27 @@ def run_sweep(
                 # The codecs (and any faiss: precision) fitted on this compressor's output: reused by a later plan on the same fit.
                 space_dir, space_probe = space_cache_dir(work, docs_digest, compressor), compressor.transform(probe)
                 space_indexes = load_faiss_cache(space_dir, space_probe)
-                for row in _label_codec_rows(sweep_rows(objective, compressor, space_precisions,
-                                                        {"method": candidate.method, "variant": candidate.variant, "family": family,
-                                                         "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
-                                                        train_rows=train_rows, refine=refine)):
-                    row["setting"] = _setting(candidate.name, row)
-                    _mark_choosable([row], allow_disk)
-                    rows.append(row)
+
+                def score_space(specs: Sequence[str], candidate: Candidate = candidate, compressor: Any = compressor, fit_s: float = fit_s,
+                                family: str = family, space_indexes: dict = space_indexes) -> bool:
+                    scored = _label_codec_rows(sweep_rows(objective, compressor, list(specs),
+                                                          {"method": candidate.method, "variant": candidate.variant, "family": family,
+                                                           "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
+                                                          train_rows=train_rows, refine=refine))
+                    for row in scored:
+                        row["setting"] = _setting(candidate.name, row)
+                        _mark_choosable([row], allow_disk)
+                    rows.extend(scored)
+                    return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
+
+                score_space([spec for spec in space_precisions if spec in precisions])
+                for names in space_codecs.values():
+                    levels = [spec for spec in names if spec in space_precisions]
+                    not_scored = search_budgets(levels, lambda spec, dim=candidate.dim: why_not(Precision(spec).ram_bytes(dim)),
+                                                lambda spec: score_space([spec]), target_retention is not None, everything=full_sweep,
+                                                top_first=True)
+                    skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
+                                          "reason": reason} for spec, reason in not_scored.items()]
                 save_faiss_cache(space_dir, space_indexes, space_probe)
                 del space_indexes  # every index of this space: freed before the next candidate's
                 bar.update(1)
