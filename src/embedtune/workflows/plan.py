@@ -572,6 +572,7 @@ def score_precisions(
     train_rows: np.ndarray | None = None,
     refine_candidates: int | None = None,
     refine_max_bytes: float | None = None,
+    space: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`precision_rows` on any :class:`QuerySet` against the documents ``doc_ids`` (vectors ``doc_embeddings``).
 
@@ -603,6 +604,9 @@ def score_precisions(
     top N rescored with the uncompressed vectors (:class:`~embedtune.index.refine.RefinedIndex`; ``precision``
     is the base's, ``refine`` is N, ``tier`` ``"disk-rescore"``, ``disk_bytes`` the code plus the float32
     vector). It reuses the index built here, so it costs one more candidate search and the exact rescoring of N.
+
+    ``space``: a dict kept between calls on the same compressor, queries and documents (a sweep that scores one space's
+    precisions a few at a time), which holds the compressed queries and documents and the space's spectrum after the first.
     """
     if per_query_metric not in ("ndcg@10", "recall@10"):
         raise ValueError(f"per_query_metric must be ndcg@10 or recall@10; got {per_query_metric!r}.")
@@ -610,14 +614,20 @@ def score_precisions(
     doc_ids = list(doc_ids)
     frozen_q = np.ascontiguousarray(queries.vectors, dtype=np.float32)
     frozen_b = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
-    xq, xb = (compressor.transform(frozen_q), compressor.transform(frozen_b)) if compressor is not None else (frozen_q, frozen_b)
+    space = space if space is not None else {}
+    if "xb" not in space:
+        space["xq"], space["xb"] = ((compressor.transform(frozen_q), compressor.transform(frozen_b)) if compressor is not None
+                                    else (frozen_q, frozen_b))
+    xq, xb = space["xq"], space["xb"]
     dim = xb.shape[1]
     fetch = top_k + 1  # one extra: identical query/doc ids are dropped, as BEIR does
     # The distortion sample and the space's spectrum, once for every precision of this space.
     measured = distortion and len(xb) >= 2
     sample_rows = _seeded_rows(len(xb), DISTORTION_SAMPLE) if measured else None
     sample_q = xq[_seeded_rows(len(xq), DISTORTION_QUERIES)] if measured else None
-    spectrum = corpus_spectrum(xb) if measured else None
+    if measured and "spectrum" not in space:
+        space["spectrum"] = corpus_spectrum(xb)
+    spectrum = space.get("spectrum") if measured else None
     indexes: list[tuple[str, QuantizedIndex | None, np.ndarray]] = []
     builds: dict[str, float] = {}
     for spec in precisions:
@@ -649,11 +659,14 @@ def score_precisions(
         timed.append(("__reference__", QuantizedIndex.build(frozen_b, "float32"), frozen_q))
     times: dict[str, list[float]] = {name: [] for name, _, _ in timed}
     results: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name, index, rows_q in timed:  # warm-up, and the results every query is scored on
-        results[name] = index.search(rows_q, fetch)  # type: ignore[union-attr]
     # The timed rounds search a seeded sample of at most TIMING_QUERIES queries: a batch that size times a scan as well
     # as the whole set does, and the rounds (every precision, three times) were most of a sweep's time on a large corpus.
     timing_rows = _seeded_rows(len(ids), TIMING_QUERIES)
+    for name, index, rows_q in timed:  # warm-up, and the results every query is scored on (the reference: only warmed up)
+        if name == "__reference__":
+            index.search(np.ascontiguousarray(rows_q[timing_rows]), fetch)  # type: ignore[union-attr]
+        else:
+            results[name] = index.search(rows_q, fetch)  # type: ignore[union-attr]
     for round_index in range(rounds):
         shift = round_index % len(timed)
         for name, index, rows_q in timed[shift:] + timed[:shift]:
@@ -947,15 +960,15 @@ class LabelledObjective(PlanObjective):
 def sweep_rows(objective: PlanObjective, compressor: Compressor | None, precisions: Sequence[str | Precision], labels: Mapping[str, Any],
                rounds: int = 3, prebuilt: dict[str, tuple[QuantizedIndex, float]] | None = None,
                progress: Callable[[int], object] | None = None, train_rows: np.ndarray | None = None,
-               refine: tuple[int, float | None] | None = None) -> list[dict[str, Any]]:
+               refine: tuple[int, float | None] | None = None, space: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """:func:`score_precisions` of ``compressor``'s space on ``objective``'s queries, each row with its ``y`` field set
     (``train_rows``: the corpus rows trained precisions are fitted on; None: all; ``refine``: ``(N, max RAM bytes)``
-    of the ``+refine<N>`` rows to add, None for none)."""
+    of the ``+refine<N>`` rows to add, None for none; ``space``: what one space's calls share, :func:`score_precisions`)."""
     embeddings = objective.experiment.embeddings
     rows = score_precisions(objective.queries, embeddings.doc_ids, embeddings.doc_embeddings, compressor, precisions, rounds=rounds,
                             labels=labels, prebuilt=prebuilt, progress=progress, per_query_metric=objective.metric, train_rows=train_rows,
                             refine_candidates=refine[0] if refine is not None else None,
-                            refine_max_bytes=refine[1] if refine is not None else None)
+                            refine_max_bytes=refine[1] if refine is not None else None, space=space)
     if objective.y != objective.metric:
         for row in rows:
             row[objective.y] = row[objective.metric]
@@ -1095,6 +1108,12 @@ def run_sweep(
         references = list(dict.fromkeys([REFERENCE_CODEC, *(f for f in codecs if f not in deployable)])) if codecs else []
         frozen_codecs = [p for p in codec_precisions([*deployable, *references], codec_budgets, input_dim, n_docs)
                          if p not in frozen_precisions]
+        # Every scoring of the uncompressed vectors shares their spectrum (score_precisions' ``space``).
+        frozen_space: dict[str, Any] = {}
+
+        def frozen_rows(precisions: Sequence[str], labels: Mapping[str, Any], rounds: int, **options: Any) -> list[dict[str, Any]]:
+            return sweep_rows(objective, None, precisions, labels, rounds, space=frozen_space, **options)
+
         # Phase 1 of 3: the uncompressed vectors at every precision, the FAISS peers and the codecs
         # (8-bit PQ/OPQ train for minutes on a small CPU; reused from WORK/frozen-faiss when cached).
         # The 8-bit FAISS PQ/OPQ and additive peers are trained last (after phase 2), the fewest each ladder needs, on the fit sample: see
@@ -1104,21 +1123,21 @@ def run_sweep(
                           + len(refine_peers),
                           f"{name} 1/3, frozen vectors, fast-scan peers and codecs", unit="index",
                           postfix=f"{reused} cached" if reused else None) as bar:
-            rows = sweep_rows(objective, None, frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
-                              progress=bar.update, refine=refine)
+            rows = frozen_rows(frozen_precisions, {"method": "frozen", "family": "frozen (quantised)"}, rounds,
+                               progress=bar.update, refine=refine)
             for family, specs in factories.items():
                 if specs:
-                    rows += sweep_rows(objective, None, specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
-                                       progress=bar.update, train_rows=train_rows, refine=refine)
+                    rows += frozen_rows(specs, {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
+                                        progress=bar.update, train_rows=train_rows, refine=refine)
             if quantiser_peers:
-                rows += sweep_rows(objective, None, quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
-                                   progress=bar.update, refine=refine)
+                rows += frozen_rows(quantiser_peers, {"method": "frozen", "family": "FAISS RaBitQ/TurboQuant/SQ4"}, rounds,
+                                    progress=bar.update, refine=refine)
             if frozen_codecs:
-                rows += _label_codec_rows(sweep_rows(objective, None, frozen_codecs, {"method": "frozen", "family": "codec"}, rounds,
-                                                     prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine))
+                rows += _label_codec_rows(frozen_rows(frozen_codecs, {"method": "frozen", "family": "codec"}, rounds,
+                                                      prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine))
             if refine_peers:
-                rows += sweep_rows(objective, None, refine_peers, {"method": "frozen", "family": "FAISS PCA+PQ (IndexRefineFlat peer)"},
-                                   rounds, prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine)
+                rows += frozen_rows(refine_peers, {"method": "frozen", "family": "FAISS PCA+PQ (IndexRefineFlat peer)"},
+                                    rounds, prebuilt=frozen_indexes, progress=bar.update, train_rows=train_rows, refine=refine)
         save_faiss_cache(cache_dir, frozen_indexes, probe)
         _name_frozen_rows(rows, input_dim)
         reference = next(r[y] for r in rows if r["precision"] == "float32")
@@ -1161,12 +1180,14 @@ def run_sweep(
                 space_dir, space_probe = space_cache_dir(work, docs_digest, compressor), compressor.transform(probe)
                 space_indexes = load_faiss_cache(space_dir, space_probe)
 
+                space_state: dict[str, Any] = {}  # this space's compressed vectors and spectrum, shared by its scorings
+
                 def score_space(specs: Sequence[str], candidate: Candidate = candidate, compressor: Any = compressor, fit_s: float = fit_s,
-                                family: str = family, space_indexes: dict = space_indexes) -> bool:
+                                family: str = family, space_indexes: dict = space_indexes, space_state: dict = space_state) -> bool:
                     scored = _label_codec_rows(sweep_rows(objective, compressor, list(specs),
                                                           {"method": candidate.method, "variant": candidate.variant, "family": family,
                                                            "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
-                                                          train_rows=train_rows, refine=refine))
+                                                          train_rows=train_rows, refine=refine, space=space_state))
                     for row in scored:
                         row["setting"] = _setting(candidate.name, row)
                         _mark_choosable([row], allow_disk)
@@ -1182,7 +1203,7 @@ def run_sweep(
                     skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
                                           "reason": reason} for spec, reason in not_scored.items()]
                 save_faiss_cache(space_dir, space_indexes, space_probe)
-                del space_indexes  # every index of this space: freed before the next candidate's
+                del space_indexes, space_state  # every index and copy of this space: freed before the next candidate's
                 bar.update(1)
         _mark_choosable(rows, allow_disk)
         # The searched codecs (klt-apq: near the textbook coder, a minute a budget on 65,536 rows) on the uncompressed vectors, at
@@ -1191,8 +1212,8 @@ def run_sweep(
                   for family in searched_codecs}
         with progress_bar(sum(map(len, levels.values())), f"{name} 2/3, searched codecs on the uncompressed vectors", unit="budget") as bar:
             def score(spec: str) -> bool:
-                scored = _label_codec_rows(sweep_rows(objective, None, [spec], {"method": "frozen", "family": "codec"}, rounds,
-                                                      prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
+                scored = _label_codec_rows(frozen_rows([spec], {"method": "frozen", "family": "codec"}, rounds,
+                                                       prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
                 _name_frozen_rows(scored, input_dim)
                 _mark_choosable(scored, allow_disk)
                 rows.extend(scored)
@@ -1217,8 +1238,8 @@ def run_sweep(
                           postfix=f"{sum(s in frozen_indexes for _, specs in ladders for s in specs)} cached" if ladders else None) as bar:
             for family, specs in ladders:
                 def score_peer(spec: str, family: str = family) -> bool:
-                    peer_rows = sweep_rows(objective, None, [spec], {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
-                                           progress=bar.update, train_rows=train_rows, refine=refine)
+                    peer_rows = frozen_rows([spec], {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
+                                            progress=bar.update, train_rows=train_rows, refine=refine)
                     _name_frozen_rows(peer_rows, input_dim)
                     _mark_choosable(peer_rows, allow_disk)
                     rows.extend(peer_rows)
