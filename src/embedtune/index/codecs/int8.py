@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, exact_search
-from embedtune.index.codecs.additive_scan import additive_search
+from embedtune.index.codecs.faiss_scan import faiss_index_search
 from embedtune.index.codecs.precision_registry import Encoded, PrecisionCodec, StoredIndex, register_precision
 from embedtune.io import atomic_write_json, load_weights, save_weights
 
@@ -125,10 +125,10 @@ def sq8_index(d: int, ranges: Calibration | tuple[np.ndarray, np.ndarray] | None
 
 
 def sq8_search(index: Any, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Search a (SQ8 or any FAISS float) index, with ties by ascending row (an additive quantiser by the fast scan)."""
+    """Search a (SQ8 or any FAISS float) index, with ties by ascending row (:func:`~embedtune.index.codecs.faiss_scan.faiss_index_search`)."""
     xq = as_rows(xq, "xq")
     k = min(k, index.ntotal)
-    D, I = additive_search(index, xq, k)
+    D, I = faiss_index_search(index, xq, k)
     return break_ties(D, I)
 
 

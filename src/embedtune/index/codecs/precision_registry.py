@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import numpy as np
 
 from embedtune.evaluate.search import break_ties, rescore as rescore_rows
-from embedtune.index.codecs.additive_scan import additive_search
+from embedtune.index.codecs.faiss_scan import faiss_index_search
 from embedtune.index.bill import disk_read_per_query
 from embedtune.io import atomic_write
 
@@ -262,7 +262,7 @@ class PrecisionCodec(ABC):
         """``(D, I)`` of the top ``k`` rows, ``D`` descending, ties by row; ``rescore="float"`` rescores the top ``candidates``."""
         candidates = index.precision.candidates
         fetch = min(index.ntotal, max(k, candidates)) if self.rescores_float else k
-        D, I = additive_search(index.backend, xq, fetch)
+        D, I = faiss_index_search(index.backend, xq, fetch)
         D, I = break_ties(D, I.astype(np.int64))
         if not self.rescores_float:
             return D, I

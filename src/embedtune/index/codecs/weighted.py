@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from embedtune.index.codecs.additive_scan import additive_search
+from embedtune.index.codecs.faiss_scan import faiss_index_search
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
 from embedtune.index.codecs.transform import KltPQ, training_sample, transform_matrix
@@ -113,7 +113,7 @@ class ScoreWeightedIndex:
         self.search_index.add_sa_codes(self.sa_encode(x))
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return additive_search(self.search_index, x, k)
+        return faiss_index_search(self.search_index, x, k)
 
     def reset(self) -> None:
         self.search_index.reset()
