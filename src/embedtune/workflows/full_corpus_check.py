@@ -53,9 +53,9 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
     if precision.precision_codec.faiss_backed and (directory / CODEC_FILE).is_file():
         trained = read_codec_index(directory, precision, dim)
     index = None
-    if (trained is not None or calibration is not None) and not precision.rescores_float:
-        # Nothing left to fit (the plan's trained tables or int8 ranges): encode block by block into one FAISS index,
-        # as `index build --plan` does, so no copy of the compressed floats is held.
+    if (trained is not None or calibration is not None or precision.precision_codec.fits_nothing) and not precision.rescores_float:
+        # Nothing left to fit (the plan's trained tables, int8 ranges, or float16): encode block by block into one FAISS
+        # index, as `index build --plan` does, so no copy of the compressed floats is held.
         index = QuantizedIndex.build(_block(compressor, docs, 0, block), precision, calibration=calibration, trained_index=trained)
         if index.codes is None and index.float_vectors is None:
             for lo in range(block, len(docs), block):

@@ -48,6 +48,7 @@ class Float16(PrecisionCodec):
     predates_digests = True
     factory = "SQfp16"
     store_kind = "float16"
+    fits_nothing = True
 
     def ram_bytes(self, dim: int) -> int:
         return 2 * dim

@@ -115,6 +115,8 @@ class PrecisionCodec(ABC):
     fitted_by_embedtune: ClassVar[bool] = False
     #: ``faiss:<factory>``: a FAISS peer named by its bytes, not a precision whose bytes follow the dimension.
     names_a_factory: ClassVar[bool] = False
+    #: Encoding fits nothing on the corpus (float16's FAISS ``SQfp16``): an index of it can be built block by block.
+    fits_nothing: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         if not self.accepts(name):
