@@ -74,8 +74,9 @@ def plan_command(args: argparse.Namespace, n: int, vectors: Path, ids: Path) -> 
     return command + list(args.plan_args)
 
 
-def run_child(command: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess]:
-    """``(wall seconds, peak RSS in MiB, result)`` of one child process (RSS: this child's own, read from its rusage)."""
+def run_child(command: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess, float]:
+    """``(wall seconds, peak RSS in MiB, result, CPU seconds)`` of one child process (RSS and CPU: this child's own, from its
+    rusage; CPU time is what a busy shared machine inflates least)."""
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files, not pipes: a full pipe would block the child
@@ -87,7 +88,7 @@ def run_child(command: list[str], env: dict[str, str]) -> tuple[float, float, su
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     process.returncode = code = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss / 1024, subprocess.CompletedProcess(command, code, stdout, stderr)
+    return wall, usage.ru_maxrss / 1024, subprocess.CompletedProcess(command, code, stdout, stderr), usage.ru_utime + usage.ru_stime
 
 
 def full_corpus_check(plan_dir: Path, vectors: Path, ids_path: Path) -> dict:
@@ -188,6 +189,7 @@ def write_report(out: Path) -> None:
               "rank noise, a harder test than a real corpus of that size sets.", ""]
     for r in results:
         lines += [f"## N = {r['n']:,}, fit sample {r['fit_sample']['rows']:,}", "", f"- date: {r['date']}", f"- machine: {r['machine']}",
+                  *([f"- the plan's CPU time: {r['plan_cpu_s']:.0f} s (wall {r['plan_wall_s']:.0f} s)"] if "plan_cpu_s" in r else []),
                   *([f"- code: commit {r['commit']}"] if r.get("commit") else []), f"- command: `{r['command']}`",
                   *([f"- the plan's full-corpus checks, in order: " + "; ".join(f"`{c['setting']}` {c['agreement']:.4f} ({c['on_sample']:.4f} on "
                                                                                f"the sample)" for c in r["plan_full_corpus_checks"])]
@@ -231,18 +233,18 @@ def main() -> int:
         command = plan_command(args, n, vectors, ids)
         print(f"N={n}: {shlex.join(command)}", flush=True)
         commit = _commit()  # the code the child runs, read before it starts
-        wall, rss, done = run_child(command, env)
+        wall, rss, done, cpu = run_child(command, env)
         if done.returncode:
             print(done.stderr[-3000:], file=sys.stderr)
             return done.returncode
         plan = json.loads(done.stdout)
-        check_wall, check_rss, checked = run_child([sys.executable, __file__, "--check", str(args.work / (f"plan{n}" + (f"-{args.tag}" if args.tag else ""))), str(vectors), str(ids)], env)
+        check_wall, check_rss, checked, _ = run_child([sys.executable, __file__, "--check", str(args.work / (f"plan{n}" + (f"-{args.tag}" if args.tag else ""))), str(vectors), str(ids)], env)
         if checked.returncode:
             print(checked.stderr[-3000:], file=sys.stderr)
             return checked.returncode
         shown = [part if not part.startswith(str(args.work)) else part.replace(str(args.work), "$WORK") for part in command[1:]]
         result = {"n": n, "dim": 384, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-                  "commit": commit, "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
+                  "commit": commit, "command": "python " + shlex.join(shown), "plan_wall_s": wall, "plan_cpu_s": cpu, "plan_peak_rss_mib": rss, "fit_sample": plan["fit_sample"],
                   "chosen": plan["chosen"], "retention_sample": plan["retention"], "objective": plan["objective"],
                   "skipped_peers": len(plan.get("skipped_peers") or []), "skipped_peer_settings": plan.get("skipped_peers") or [],
                   "bill": plan["bill"], "frontier": plan["frontier"], "full": json.loads(checked.stdout), "check_wall_s": check_wall,
