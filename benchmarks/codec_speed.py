@@ -420,6 +420,7 @@ def write_report(out: Path, args: argparse.Namespace) -> str:
               + ". Compare recall across codecs at the same bytes, not with recall on a real corpus."]
     lines += paired_lines(out)
     lines += paired_additive_lines(out)
+    lines += paired_scalar_lines(out)
     text = "\n".join(lines) + "\n"
     (out / "REPORT.md").write_text(text)
     return text
@@ -571,6 +572,60 @@ def paired_additive_lines(out: Path) -> list[str]:
     return lines
 
 
+PAIRED_SCALAR_FILE = "paired-scalar.json"
+
+
+def paired_scalar(out: Path, rounds: int = 1) -> dict:
+    """The scalar quantisers' batch search (``SQ8``: the ``int8`` precision; ``SQfp16``: ``float16``), timed alternately in
+    one process: FAISS's own per-code scan and embedtune's (:func:`embedtune.index.codecs.faiss_scan.faiss_index_search`:
+    the codes decoded a block at a time and scored by BLAS), over the same index of ``ROWS`` vectors, 1,000 queries, top 10;
+    the share of equal top-10 entries too. The float32 flat search (``exact_search``) is timed beside them for scale.
+    """
+    import faiss
+
+    from embedtune.evaluate.search import exact_search
+    from embedtune.index.codecs.faiss_scan import faiss_index_search
+
+    faiss.omp_set_num_threads(1)
+    xq, xb = load_queries(), make_corpus(ROWS)
+    result: dict = {"rows": ROWS, "queries": len(xq), "k": K, "rounds": rounds, "seconds": {}, "load1": [], "same_top10": {}}
+    pairs: dict = {"float32 exact_search": lambda q, k: exact_search(q, xb, k)}
+    for name, qtype in (("SQ8", faiss.ScalarQuantizer.QT_8bit), ("SQfp16", faiss.ScalarQuantizer.QT_fp16)):
+        index = faiss.IndexScalarQuantizer(xb.shape[1], qtype, faiss.METRIC_INNER_PRODUCT)
+        index.train(xb[:65_536])
+        index.add(xb)
+        pairs[f"FAISS {name} scan"] = index.search
+        pairs[f"embedtune {name} search"] = lambda q, k, index=index: faiss_index_search(index, q, k)
+        result["same_top10"][name] = float((index.search(xq, K)[1] == faiss_index_search(index, xq, K)[1]).mean())
+    for _ in range(rounds):
+        result["load1"].append(round(os.getloadavg()[0], 2))
+        for name, search in pairs.items():
+            result["seconds"].setdefault(name, []).append(_median_time(search, xq, 1))
+        print(json.dumps(result["seconds"]), flush=True)
+    result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    (out / PAIRED_SCALAR_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def paired_scalar_lines(out: Path) -> list[str]:
+    path = out / PAIRED_SCALAR_FILE
+    if not path.exists():
+        return []
+    r = json.loads(path.read_text())
+    sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
+    lines = ["", f"Scalar quantisers' batch search (`--paired-scalar`, {r['date']}): one process, timed alternately, {r['rounds']} "
+             f"rounds (1-min load {min(r['load1']):.2f} to {max(r['load1']):.2f}); {r['rows']:,} vectors. Seconds per batch of "
+             f"{r['queries']:,} queries, top {r['k']}; ratio = FAISS's scan s / embedtune's s (>1: embedtune's is faster).", "",
+             "| search | s | ratio | top-10 equal to FAISS's scan |", "|---|---|---|---|"]
+    for name in sec:
+        kind = name.split(" ")[1]
+        ours = name.startswith("embedtune")
+        ratio = f"{sec[f'FAISS {kind} scan'] / sec[name]:.2f}" if ours else "–"
+        same = f"{100 * r['same_top10'][kind]:.2f} %" if ours else "–"
+        lines.append(f"| {name} | {sec[name]:.2f} | {ratio} | {same} |")
+    return lines
+
+
 def paired_lines(out: Path) -> list[str]:
     path = out / PAIRED_FILE
     if not path.exists():
@@ -603,6 +658,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--rows", type=int, default=ROWS)
     parser.add_argument("--budgets", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--paired-scalar", action="store_true",
+                        help="time FAISS's SQ8/SQfp16 scans against embedtune's batch search alternately (paired_scalar())")
     parser.add_argument("--paired-additive", action="store_true",
                         help="only time the additive codecs' scans against FAISS's RQ scan and PQ32, alternately")
     parser.add_argument("--threads", type=int, default=1, help="FAISS / BLAS threads of each job (default 1)")
@@ -621,6 +678,10 @@ def main() -> None:
         Path(args.result).write_text(json.dumps(result, indent=2))
         return
     if args.report:
+        print(write_report(Path(args.out), args))
+        return
+    if args.paired_scalar:
+        paired_scalar(Path(args.out))
         print(write_report(Path(args.out), args))
         return
     if args.paired_additive:
