@@ -194,6 +194,15 @@ def _postgres_bin(needs: tuple[int, ...] = (0, 5)) -> Path:
 def test_pgvector_finds_the_plans_top10(tmp_path, scifact_slice, precision):
     bin_dir = _postgres_bin(needs=(0, 7) if precision == "binary" else (0, 5))  # bit(d) came in pgvector 0.7
     user = [] if os.geteuid() != 0 else ["runuser", "-u", "postgres", "--"]
+    if user:
+        import pwd
+
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root, and PostgreSQL refuses root: no `postgres` user here to run the server as")
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root, and PostgreSQL refuses root: no `runuser` here to run the server as `postgres`")
     # PostgreSQL refuses to run as root: as root, the server runs as `postgres`, in a folder of its own that user can
     # reach (pytest's tmp_path sits under a folder only root may enter); removed at the end.
     data = Path(tempfile.mkdtemp(prefix="embedtune-pg-")) if user else tmp_path / "pg"
