@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # Re-runs only when the dependency list changes; safe to run any number of times.
 # onnx: onnxruntime + onnx (about 36 MB of wheels), so that tests/test_onnx_backend.py runs in CI too.
-# deploy: LanceDB, Qdrant's client and Milvus Lite (about 30 s from the local index), so the stores' round trips run in CI.
+# deploy: LanceDB, Qdrant's client, Milvus Lite and pgserver (PostgreSQL with pgvector), so the stores' round trips run in CI.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,models,onnx,peers,deploy]'
