@@ -364,7 +364,7 @@ def _machine() -> dict:
 def write_report(out: Path, args: argparse.Namespace) -> str:
     import faiss
 
-    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name not in (PAIRED_FILE, PAIRED_ADDITIVE_FILE)]
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name not in (PAIRED_FILE, PAIRED_ADDITIVE_FILE, PAIRED_SCALAR_FILE)]
     commands = (out / COMMAND_FILE).read_text().split("\n") if (out / COMMAND_FILE).exists() else ["?"]
     command = "`; then `".join(c for c in commands if c.strip())
     by_name = {(r["codec"], r["rows"], r.get("threads", 1)): r for r in results}
