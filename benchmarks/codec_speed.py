@@ -373,8 +373,10 @@ def write_report(out: Path, args: argparse.Namespace) -> str:
         "# Search speed: embedtune's registered codecs vs FAISS's scans at equal bytes",
         "",
         f"Command: `{command}`" + ("; then `... benchmarks/codec_speed.py --paired`" if (out / PAIRED_FILE).exists() else "") + "  ",
-        f"Machine: {machine['model']}, {machine['cpus']} CPUs, {machine['mem_gib']} GiB RAM; Python {platform.python_version()}, "
-        f"FAISS {faiss.__version__}, numpy {np.__version__}  ",
+        # The JSONs of the runs before --paired-scalar record no machine; where those ran is stated once, here.
+        f"Machine that wrote this report: {machine['model']}, {machine['cpus']} CPUs, {machine['mem_gib']} GiB RAM; Python {platform.python_version()}, "
+        f"FAISS {faiss.__version__}, numpy {np.__version__}. The runs to 2026-12-05T08:13 (the main table, `--paired`, "
+        "`--paired-additive`) were on a 2-core AMD EPYC VM; `--paired-scalar` names its own machine  ",
         f"Date: {datetime.date.today().isoformat()} (runs: "
         f"{min((r['date'] for r in results), default='-')} to {max((r['date'] for r in results), default='-')})",
         "",
@@ -603,6 +605,7 @@ def paired_scalar(out: Path, rounds: int = 1) -> dict:
             result["seconds"].setdefault(name, []).append(_median_time(search, xq, 1))
         print(json.dumps(result["seconds"]), flush=True)
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
+    result["machine"] = _machine()
     (out / PAIRED_SCALAR_FILE).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -613,7 +616,9 @@ def paired_scalar_lines(out: Path) -> list[str]:
         return []
     r = json.loads(path.read_text())
     sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
-    lines = ["", f"Scalar quantisers' batch search (`--paired-scalar`, {r['date']}): one process, timed alternately, {r['rounds']} "
+    machine = r.get("machine") or {}
+    lines = ["", f"Scalar quantisers' batch search (`--paired-scalar`, {r['date']}, {machine.get('model', '?')}, {machine.get('cpus', '?')} "
+             f"CPUs): one process, timed alternately, {r['rounds']} "
              f"rounds (1-min load {min(r['load1']):.2f} to {max(r['load1']):.2f}); {r['rows']:,} vectors. Seconds per batch of "
              f"{r['queries']:,} queries, top {r['k']}; ratio = FAISS's scan s / embedtune's s (>1: embedtune's is faster).", "",
              "| search | s | ratio | top-10 equal to FAISS's scan |", "|---|---|---|---|"]
