@@ -9,6 +9,7 @@ adapters beside the new report, ``embed``/``split``/``index build`` overwrote th
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -439,3 +440,26 @@ def test_benchmark_dive_prepares_its_results_folder(toy40, tiny_bert_dir, tmp_pa
     assert "1 runs finished" in capsys.readouterr().out
     (tmp_path / "grid" / MARKER_NAME).unlink()
     assert main(["benchmark", "dive", "--config", str(config), "--no-report"]) == 0
+
+
+def test_writing_to_dev_null_or_a_pipe_writes_through_and_keeps_the_device(tmp_path):
+    """`--out /dev/null` discards the output: the device is written through, never replaced by a file (as root, renaming a
+    file over it would leave the machine without a null device)."""
+    import stat
+    import threading
+
+    from embedtune.io import atomic_write_bytes, atomic_write_json
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    atomic_write_bytes(fifo, b"through the pipe")
+    reader.join(timeout=10)
+    assert received == [b"through the pipe"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert not [p for p in tmp_path.iterdir() if p.name != "pipe"]  # no temporary file left beside it
+    if not Path(os.devnull).is_char_device():
+        pytest.skip(f"{os.devnull} is not a character device on this machine")
+    atomic_write_json(os.devnull, {"discarded": True})
+    assert Path(os.devnull).is_char_device()

@@ -123,12 +123,31 @@ def _temporary_path(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"{path.parent}: could not create a temporary file next to {path.name}.")
 
 
+def _write_through(path: Path, writer: Callable[[Path], None]) -> Path:
+    """``writer`` into a scratch file, whose bytes are then written into the device or pipe ``path`` (kept as it is)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="embedtune-") as scratch:
+        tmp = Path(scratch) / (path.name or "out")
+        writer(tmp)
+        with open(tmp, "rb") as source, open(path, "wb") as target:
+            shutil.copyfileobj(source, target)
+    notify_written(path)
+    return path
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` and move the result to ``path`` atomically.
 
     The file gets the permissions the umask allows (``0666 & ~umask``), like any file a program opens.
+
+    A ``path`` that exists and is neither a file nor a folder (``/dev/null``, a named pipe) is written through, never
+    replaced: renaming a file over ``/dev/null`` as root would turn the machine's null device into a plain file.
     """
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        return _write_through(path, writer)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temporary_path(path)
     os.close(fd)
