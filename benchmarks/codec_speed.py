@@ -443,6 +443,16 @@ def _median_time(search, xq: np.ndarray, runs: int) -> float:
     return float(np.median(times))
 
 
+def _time_alternately(pairs: dict, xq: np.ndarray, rounds: int, result: dict, runs: int = 1) -> None:
+    """Time every search of ``pairs`` once a round, ``rounds`` times, into ``result["seconds"]`` (each round's 1-min load
+    into ``result["load1"]``), so every search sees the same moments of a shared machine."""
+    for _ in range(rounds):
+        result["load1"].append(round(os.getloadavg()[0], 2))
+        for name, search in pairs.items():
+            result["seconds"].setdefault(name, []).append(_median_time(search, xq, runs))
+        print(json.dumps(result["seconds"]), flush=True)
+
+
 def paired(out: Path, rounds: int = 2) -> dict:
     """Each embedtune codec and its FAISS peer built in one process and timed alternately (``rounds`` times, each a
     warm-up and the median of ``RUNS`` searches, one for the slow 8-bit scans), so both see the same machine load.
@@ -467,11 +477,7 @@ def paired(out: Path, rounds: int = 2) -> dict:
     result: dict = {"rows": len(xb), "queries": len(xq), "k": K, "rounds": rounds, "seconds": {}, "load1": []}
 
     def timed(pairs: dict, runs: int) -> None:
-        for _ in range(rounds):
-            result["load1"].append(round(os.getloadavg()[0], 2))
-            for name, search in pairs.items():
-                result["seconds"].setdefault(name, []).append(_median_time(search, xq, runs))
-            print(json.dumps(result["seconds"]), flush=True)
+        _time_alternately(pairs, xq, rounds, result, runs)
 
     for b in (32, 64):
         peer = faiss.index_factory(384, f"PQ{2 * b}x4fs", faiss.METRIC_INNER_PRODUCT)
@@ -547,11 +553,7 @@ def paired_additive(out: Path, rounds: int = 3) -> dict:
         _, I_faiss = rq.search(q, K)
         _, I_ours = additive_search(rq, q, K)
         result["same_top10"][f"{dim}-d"] = float((I_faiss == I_ours).mean())
-    for _ in range(rounds):
-        result["load1"].append(round(os.getloadavg()[0], 2))
-        for name, search in pairs.items():
-            result["seconds"].setdefault(name, []).append(_median_time(search, xq, 1))
-        print(json.dumps(result["seconds"]), flush=True)
+    _time_alternately(pairs, xq, rounds, result)
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
     (out / PAIRED_ADDITIVE_FILE).write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -599,11 +601,7 @@ def paired_scalar(out: Path, rounds: int = 1) -> dict:
         pairs[f"FAISS {name} scan"] = index.search
         pairs[f"embedtune {name} search"] = lambda q, k, index=index: faiss_index_search(index, q, k)
         result["same_top10"][name] = float((index.search(xq, K)[1] == faiss_index_search(index, xq, K)[1]).mean())
-    for _ in range(rounds):
-        result["load1"].append(round(os.getloadavg()[0], 2))
-        for name, search in pairs.items():
-            result["seconds"].setdefault(name, []).append(_median_time(search, xq, 1))
-        print(json.dumps(result["seconds"]), flush=True)
+    _time_alternately(pairs, xq, rounds, result)
     result["date"] = datetime.datetime.now().isoformat(timespec="seconds")
     result["machine"] = _machine()
     (out / PAIRED_SCALAR_FILE).write_text(json.dumps(result, indent=2) + "\n")

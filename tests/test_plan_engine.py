@@ -218,18 +218,30 @@ def _bytes(level: str) -> int:
     return int(level.split(":")[1])
 
 
-@pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
-def test_searched_codec_budgets_find_the_cheapest_keeping_the_target_in_few_fits(keeps_from):
+def _recording_scorer(keeps_from: int):
+    """``(scored, score)``: ``score(level)`` keeps the target from ``keeps_from`` bytes up and appends each level to ``scored``."""
     scored: list[str] = []
 
     def score(level):
         scored.append(level)
         return _bytes(level) >= keeps_from
 
-    not_scored = plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True)
+    return scored, score
+
+
+def _assert_the_cheapest_keeping_is_found(scored: list[str], keeps_from: int) -> list[str]:
+    """The cheapest scored level keeping the target is the exhaustive answer; returns the levels that keep it."""
     keeping = [level for level in scored if _bytes(level) >= keeps_from]
     exhaustive = [level for level in LEVELS if _bytes(level) >= keeps_from]
     assert (min(keeping, key=_bytes) if keeping else None) == (exhaustive[0] if exhaustive else None)
+    return exhaustive
+
+
+@pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
+def test_searched_codec_budgets_find_the_cheapest_keeping_the_target_in_few_fits(keeps_from):
+    scored, score = _recording_scorer(keeps_from)
+    not_scored = plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True)
+    _assert_the_cheapest_keeping_is_found(scored, keeps_from)
     assert len(scored) <= 3 and len(set(scored)) == len(scored)
     assert set(scored) | set(not_scored) == set(LEVELS) and not set(scored) & set(not_scored)
     for level, reason in not_scored.items():
@@ -253,16 +265,9 @@ def test_searched_codec_budgets_respect_the_budget_and_a_cheaper_setting_that_ke
 
 @pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
 def test_a_ladder_searched_from_its_top_finds_the_same_cheapest_and_settles_a_short_family_in_one_fit(keeps_from):
-    scored: list[str] = []
-
-    def score(level):
-        scored.append(level)
-        return _bytes(level) >= keeps_from
-
+    scored, score = _recording_scorer(keeps_from)
     not_scored = plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True, top_first=True)
-    keeping = [level for level in scored if _bytes(level) >= keeps_from]
-    exhaustive = [level for level in LEVELS if _bytes(level) >= keeps_from]
-    assert (min(keeping, key=_bytes) if keeping else None) == (exhaustive[0] if exhaustive else None)
+    exhaustive = _assert_the_cheapest_keeping_is_found(scored, keeps_from)
     assert scored[0] == LEVELS[-1] and len(scored) <= 4 and len(set(scored)) == len(scored)
     if not exhaustive:
         assert scored == [LEVELS[-1]]
