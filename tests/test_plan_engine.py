@@ -9,6 +9,7 @@ quantiser peers (``rq``, ``lsq``) at exactly their byte budgets. Tiny synthetic 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -278,6 +279,77 @@ def test_a_ladder_searched_from_its_top_finds_the_same_cheapest_and_settles_a_sh
     dearer_than_64 = lambda level: "dearer than x (64 B), which already keeps the target" if _bytes(level) > 64 else None  # noqa: E731
     plan_module.search_budgets(LEVELS, dearer_than_64, score, has_target=True, top_first=True)
     assert scored[0] == "klt-apq:64" and all(_bytes(level) <= 64 for level in scored)
+
+
+def test_the_searched_codec_starts_at_its_top_only_when_nothing_at_or_below_its_bytes_keeps_the_target():
+    """One fit settles a searched codec that falls short everywhere; a bisection from the middle serves one that can keep it."""
+    rows = [{"setting": "frozen-384/int8", "ram_bytes": 384.0, "objective": 0.99, "choosable": True},
+            {"setting": "frozen-384/klt-pq4:64", "ram_bytes": 64.0, "objective": 0.80, "choosable": True},
+            {"setting": "frozen-384/float32+refine100", "ram_bytes": 96.0, "objective": 1.0, "choosable": False}]
+    out_of_reach = lambda target: plan_module._target_out_of_reach(rows, LEVELS, 384, target, 1.0, "objective")  # noqa: E731
+    assert out_of_reach(0.95)  # only int8 (384 B, above klt-apq's 128 B) and an unchoosable row keep it
+    assert not out_of_reach(0.8)  # klt-pq4:64 keeps it: the family likely does below 128 B
+    assert not out_of_reach(None) and not plan_module._target_out_of_reach(rows, [], 384, 0.95, 1.0, "objective")
+    scored, score = _recording_scorer(keeps_from=10**6)
+    plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True, top_first=out_of_reach(0.95))
+    assert scored == ["klt-apq:128"]
+
+
+def test_an_8_bit_peer_cheaper_than_a_searched_codec_level_that_fell_short_is_not_trained():
+    rows = [{"setting": "frozen-384/klt-apq:128", "method": "frozen", "precision": "klt-apq:128", "ram_bytes": 128.0, "objective": 0.93},
+            {"setting": "frozen-384/klt-apq:48", "method": "frozen", "precision": "klt-apq:48", "ram_bytes": 48.0, "objective": 0.82},
+            {"setting": "frozen-384/klt-apq:128+refine100", "method": "frozen", "precision": "klt-apq:128", "refine": 100,
+             "ram_bytes": 128.0, "objective": 0.5}]
+    short = lambda peer_bytes, target=0.95, searched=("klt-apq",): plan_module._short_searched_codec(  # noqa: E731
+        rows, searched, peer_bytes, target, 1.0, "objective")
+    assert "cheaper than frozen-384/klt-apq:48 (48 B), which fell short" in short(32)  # the cheapest short level above it is named
+    assert "klt-apq:128 (128 B)" in short(64)
+    assert short(128) is None  # at equal bytes a peer can win: still trained
+    assert short(32, target=0.8) is None  # every level above 32 B keeps 0.8
+    assert short(32, target=None) is None and short(32, searched=()) is None
+
+
+def test_the_near_limit_benchmark_still_shows_klt_apq_above_every_cheaper_8_bit_faiss_peer():
+    """The measured rule behind not training a peer cheaper than a klt-apq budget that fell short, re-read from the
+    committed near-limit rows: a rerun that breaks it fails here."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "near-limit"
+    margins = []
+    for corpus in sorted(p for p in root.iterdir() if p.is_dir()):
+        rows = {f.stem[len("frozen__"):]: json.loads(f.read_text()) for f in corpus.glob("frozen__*.json")}
+        searched = {r["ram_bytes"]: r["agreement"] for name, r in rows.items() if name.startswith("klt-apq_")}
+        peers = [r for name, r in rows.items() if name.startswith("faiss_") and "fs" not in name and r.get("agreement") is not None]
+        for budget, agreement in searched.items():
+            margins += [agreement - peer["agreement"] for peer in peers if peer["ram_bytes"] < budget]
+    assert len(margins) >= 20
+    assert min(margins) > 0.03, f"an 8-bit FAISS peer came within {min(margins):.3f} of klt-apq at more bytes"
+
+
+def test_no_code_of_a_space_in_the_committed_frontier_beats_its_float32_vectors_by_the_ceiling_margin():
+    """The measured rule behind skipping a space whose float32 vectors fall short of the target, re-read from the committed
+    frontier rows (labelled nDCG@10, the noisier objective): every other precision of a space stays below its float32 row
+    plus SPACE_CEILING_MARGIN of the reference."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "frontier"
+    excesses = []
+    for seed_dir in root.glob("*/*/*/s*"):
+        rows = {f.stem: json.loads(f.read_text()) for f in seed_dir.glob("*.json")}
+        reference_file = seed_dir.parent.parent / next((p.name for p in seed_dir.parent.parent.glob("frozen-*")), "") / seed_dir.name / "float32.json"
+        if "float32" not in rows or not reference_file.is_file():
+            continue
+        reference = json.loads(reference_file.read_text())["ndcg@10"]
+        excesses += [(r["ndcg@10"] - rows["float32"]["ndcg@10"]) / reference for name, r in rows.items()
+                     if name != "float32" and "rescore" not in name and "refine" not in name]
+    assert len(excesses) >= 500
+    assert max(excesses) < plan_module.SPACE_CEILING_MARGIN, f"a code scored {max(excesses):.4f} of the reference above its float32 space"
+
+
+def test_a_space_whose_float32_vectors_fall_short_is_probed_only_when_the_choice_already_keeps_the_target():
+    rows = [{"setting": "frozen-384/int8", "ram_bytes": 384.0, "objective": 0.99, "choosable": True}]
+    applies = lambda **kw: plan_module._ceiling_applies(rows, **{"budget_bytes": None, "target_retention": 0.95, "reference": 1.0,  # noqa: E731
+                                                                 "y": "objective", "allow_disk": False, "full_sweep": False, **kw})
+    assert applies()
+    assert not applies(budget_bytes=256)  # the keeping row is above the budget: the choice may be any setting's best
+    assert not applies(target_retention=None) and not applies(allow_disk=True) and not applies(full_sweep=True)
+    assert not applies(target_retention=0.995)
 
 
 # 0.999: both ladders fall short everywhere; 0.97: only their dearest peers keep it; 0.6: the cheapest do.

@@ -155,6 +155,21 @@ CODEC_BUDGETS = (16, 32, 48, 64)
 #: 192 B), but fits for about a minute a budget on 65,536 rows: too slow for every compressor's space.
 SEARCHED_CODECS = ("klt-apq",)
 SEARCHED_CODEC_BUDGETS = (16, 32, 48, 64, 96, 128)
+#: A compressed space whose float32 vectors fall short of the target by more than this share of the reference's objective
+#: is not scored at any other precision or codec, once a setting within the budget keeps the target (the choice is then one
+#: of those). Codes of a space rank no better than its float32 vectors, up to noise: in the committed frontier runs
+#: (``benchmarks/results/frontier``: SciFact and ArguAna, MiniLM and mpnet, 662 settings with labels) no setting's nDCG@10 was
+#: more than 1.1 % of the reference above its space's float32 row, and in label-free plans (agreement@10 on 1,000 held-out
+#: documents, SciFact, NPL and 10k to 1M tiled vectors) no more than 0.0015 (``tests/test_plan_engine.py`` re-reads the
+#: frontier's rows). A refined row rescores with the original vectors and is not bounded so: with ``allow_disk`` the rule is
+#: off, as with ``--full-sweep``.
+SPACE_CEILING_MARGIN = 0.02
+#: An 8-bit FAISS peer (PQ, OPQ, RQ, PRQ, LSQ; minutes each to train) with fewer bytes than a searched codec's budget that
+#: fell short of the target is not trained: in the near-limit benchmark (``benchmarks/results/near-limit``: SciFact,
+#: ArguAna, NPL, CACM and MED with MiniLM, SciFact and ArguAna with mpnet) every such peer scored at least 0.037 agreement@10
+#: below ``klt-apq`` at the larger budget, in all 26 comparisons (0.09 to 0.22 in most). At equal bytes a peer can win
+#: (``RQ16x8`` on ArguAna), so a peer at the same bytes is still trained. ``--full-sweep`` trains them all.
+SEARCHED_CODEC_BEATS_CHEAPER_PEERS = True
 #: The textbook transform coder: scored on the uncompressed vectors beside the codecs, as the reference they are
 #: measured against, and never chosen (it is not a FAISS index, so a plan could not ship it).
 REFERENCE_CODEC = "klt-sq"
@@ -1194,7 +1209,23 @@ def run_sweep(
                     rows.extend(scored)
                     return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
 
-                score_space([spec for spec in space_precisions if spec in precisions])
+                ceiling = None
+                if _ceiling_applies(rows, budget_bytes, target_retention, reference, y, allow_disk, full_sweep):
+                    # The space's float32 vectors first (scored even when dearer than the choice): no code of them ranks better.
+                    before = len(rows)
+                    score_space(["float32"])
+                    ceiling = max((r[y] for r in rows[before:]), default=None)
+                    skipped_settings[:] = [s for s in skipped_settings if s["setting"] != f"{candidate.name}/float32"]
+                if ceiling is not None and ceiling + SPACE_CEILING_MARGIN * reference < target_retention * reference:
+                    reason = (f"{candidate.name}'s float32 vectors keep {ceiling / reference:.4f} of the reference, below the target: "
+                              f"no code of a space has scored more than {SPACE_CEILING_MARGIN:g} above its float32 vectors")
+                    skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
+                                          "reason": reason} for spec in space_precisions if spec != "float32"]
+                    save_faiss_cache(space_dir, space_indexes, space_probe)
+                    del space_indexes, space_state
+                    bar.update(1)
+                    continue
+                score_space([spec for spec in space_precisions if spec in precisions and not (ceiling is not None and spec == "float32")])
                 for names in space_codecs.values():
                     levels = [spec for spec in names if spec in space_precisions]
                     not_scored = search_budgets(levels, lambda spec, dim=candidate.dim: why_not(Precision(spec).ram_bytes(dim)),
@@ -1223,7 +1254,8 @@ def run_sweep(
 
             for names in levels.values():
                 not_scored = search_budgets(names, lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score,
-                                            target_retention is not None, everything=full_sweep)
+                                            target_retention is not None, everything=full_sweep,
+                                            top_first=_target_out_of_reach(rows, names, input_dim, target_retention, reference, y))
                 skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                       "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1246,11 +1278,15 @@ def run_sweep(
                     save_faiss_cache(cache_dir, frozen_indexes, probe)
                     return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in peer_rows)
 
-                cached = [spec for spec in specs if spec in frozen_indexes and why_not(Precision(spec).ram_bytes(input_dim)) is None]
+                def peer_skip(spec: str) -> str | None:
+                    ram_bytes = Precision(spec).ram_bytes(input_dim)
+                    return why_not(ram_bytes) or (None if full_sweep else _short_searched_codec(rows, searched_codecs, ram_bytes,
+                                                                                               target_retention, reference, y))
+
+                cached = [spec for spec in specs if spec in frozen_indexes and peer_skip(spec) is None]
                 for spec in cached:
                     score_peer(spec)
-                not_scored = search_budgets([spec for spec in specs if spec not in cached],
-                                            lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score_peer,
+                not_scored = search_budgets([spec for spec in specs if spec not in cached], peer_skip, score_peer,
                                             target_retention is not None, everything=full_sweep, top_first=True)
                 skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                    "reason": reason} for spec, reason in not_scored.items()]
@@ -1439,6 +1475,47 @@ def _dearer_choice(rows: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any],
     if not pool:
         return None
     return dict(min(pool, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", "")))))
+
+
+def _target_out_of_reach(rows: Sequence[Mapping[str, Any]], levels: Sequence[str], dim: int, target_retention: float | None,
+                         reference: float, y: str) -> bool:
+    """Whether no choosable row scored so far keeps ``target_retention`` at or below the bytes of ``levels``' dearest level.
+
+    Where to start a searched codec's budget search (:func:`search_budgets`' ``top_first``). When every setting at or
+    below the family's top bytes has fallen short, the family usually falls short too (a 1M-row corpus at 0.95: every
+    budget of ``klt-apq`` did), and its top level alone settles it in one fit instead of three; when something cheaper
+    already keeps the target, the family's levels dearer than it are not scored and the family likely keeps the target
+    too: a bisection from the middle is cheaper.
+    """
+    if target_retention is None or not levels or reference <= 0:
+        return False
+    top_bytes = max(Precision(level).ram_bytes(dim) for level in levels)
+    return not any(r.get("choosable") and r["ram_bytes"] <= top_bytes and r[y] >= target_retention * reference for r in rows)
+
+
+def _ceiling_applies(rows: Sequence[Mapping[str, Any]], budget_bytes: float | None, target_retention: float | None,
+                     reference: float, y: str, allow_disk: bool, full_sweep: bool) -> bool:
+    """Whether a compressed space is probed at float32 first (:data:`SPACE_CEILING_MARGIN`): with a target, no disk tier, not a
+    full sweep, and a choosable row within the budget already keeping the target (so the choice keeps it whatever is skipped)."""
+    if target_retention is None or allow_disk or full_sweep or reference <= 0:
+        return False
+    return any(r.get("choosable") and r[y] >= target_retention * reference and (budget_bytes is None or r["ram_bytes"] <= budget_bytes)
+               for r in rows)
+
+
+def _short_searched_codec(rows: Sequence[Mapping[str, Any]], searched_codecs: Sequence[str], peer_bytes: float,
+                          target_retention: float | None, reference: float, y: str) -> str | None:
+    """Why an 8-bit FAISS peer of ``peer_bytes`` is not trained: a searched codec on the uncompressed vectors, at more bytes,
+    fell short of the target (:data:`SEARCHED_CODEC_BEATS_CHEAPER_PEERS`, the measured rule); None when none did."""
+    if not SEARCHED_CODEC_BEATS_CHEAPER_PEERS or target_retention is None or reference <= 0:
+        return None
+    short = [r for r in rows if r.get("method") == "frozen" and str(r.get("precision", "")).split(":")[0] in searched_codecs
+             and "refine" not in r and r["ram_bytes"] > peer_bytes and r[y] < target_retention * reference]
+    if not short:
+        return None
+    cheapest = min(short, key=lambda r: r["ram_bytes"])
+    return (f"cheaper than {cheapest['setting']} ({cheapest['ram_bytes']:g} B), which fell short of the target; an 8-bit "
+            "FAISS peer with fewer bytes than klt-apq scored below it on every corpus measured")
 
 
 def _skip_reason(rows: Sequence[Mapping[str, Any]], peer_bytes: float, budget_bytes: float | None, target_retention: float | None,
