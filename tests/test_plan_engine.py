@@ -352,6 +352,21 @@ def test_a_space_whose_float32_vectors_fall_short_is_probed_only_when_the_choice
     assert not applies(target_retention=0.995)
 
 
+def test_label_free_dive_is_not_fitted_when_its_pca_starts_fall_far_short_of_the_target():
+    rows = [{"candidate": "pca-64", "precision": "float32", "objective": 0.70},
+            {"candidate": "pca-uncentred-64", "precision": "float32", "objective": 0.72},
+            {"candidate": "pca-uncentred-64", "precision": "int8", "objective": 0.99},  # not the start's float32: ignored
+            {"candidate": "pca-128", "precision": "float32", "objective": 0.86}]
+    falls_short = lambda dim, margin=0.1, method="dive": plan_module._start_falls_short(  # noqa: E731
+        rows, plan_module.candidate_for(method, dim), margin, 0.95, 1.0, "objective")
+    assert "keep at most 0.7200" in falls_short(64)
+    assert falls_short(128) is None  # 0.86 + 0.1 reaches 0.95: DIVE might
+    assert falls_short(32) is None  # no start scored: fitted
+    assert falls_short(64, margin=None) is None  # with labels the bound is off
+    assert falls_short(64, method="pca") is None
+    assert plan_module.PlanObjective.learned_start_margin is None and label_free.LabelFreeObjective.learned_start_margin == 0.1
+
+
 # 0.999: both ladders fall short everywhere; 0.97: only their dearest peers keep it; 0.6: the cheapest do.
 @pytest.mark.parametrize("target", [0.999, 0.97, 0.6])
 def test_the_8_bit_peer_ladders_train_the_fewest_peers_and_choose_what_training_all_chooses(tmp_path, target):

@@ -909,6 +909,11 @@ class PlanObjective(ABC):
     queries: QuerySet
     #: :func:`vectors_sha256` of the corpus when the objective has it already (hashing a large corpus takes seconds).
     docs_digest: str | None = None
+    #: The most a learned method fitted from a PCA start (DIVE) has scored above that start's float32 vectors, as a share of
+    #: the reference's objective, where the objective fits it without labels; None: unbounded (with labels DIVE gained up
+    #: to 30 % of the reference over PCA at 32 dims). With a bound, :func:`run_sweep` does not fit a DIVE candidate whose
+    #: PCA starts' float32 vectors (centred and uncentred, same dimension) fall short of the target by more than it.
+    learned_start_margin: float | None = None
 
     @abstractmethod
     def fit(self, candidate: Candidate, seed: int, work: Path | None, final: bool) -> tuple[Compressor, float]:
@@ -1187,6 +1192,12 @@ def run_sweep(
                     else:
                         skipped_settings.append({"setting": f"{candidate.name}/{spec}", "ram_bytes": ram_bytes, "reason": reason})
                 if not space_precisions:
+                    bar.update(1)
+                    continue
+                start_reason = _start_falls_short(rows, candidate, objective.learned_start_margin, target_retention, reference, y)
+                if start_reason is not None and _ceiling_applies(rows, budget_bytes, target_retention, reference, y, allow_disk, full_sweep):
+                    skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
+                                          "reason": start_reason} for spec in space_precisions]
                     bar.update(1)
                     continue
                 compressor, fit_s = objective.fit(candidate, seed, work, final=False)
@@ -1501,6 +1512,20 @@ def _ceiling_applies(rows: Sequence[Mapping[str, Any]], budget_bytes: float | No
         return False
     return any(r.get("choosable") and r[y] >= target_retention * reference and (budget_bytes is None or r["ram_bytes"] <= budget_bytes)
                for r in rows)
+
+
+def _start_falls_short(rows: Sequence[Mapping[str, Any]], candidate: Candidate, margin: float | None, target_retention: float | None,
+                       reference: float, y: str) -> str | None:
+    """Why ``candidate`` (DIVE, fitted from a PCA start) is not fitted: its starts' float32 vectors, scored already, fall
+    short of the target by more than ``margin`` of the reference (:attr:`PlanObjective.learned_start_margin`); else None."""
+    if margin is None or candidate.method != "dive" or target_retention is None or reference <= 0:
+        return None
+    starts = {f"pca-{candidate.dim}", f"pca-uncentred-{candidate.dim}"}
+    scored = [r[y] for r in rows if r.get("candidate") in starts and r.get("precision") == "float32" and "refine" not in r]
+    if not scored or max(scored) + margin * reference >= target_retention * reference:
+        return None
+    return (f"its PCA starts' float32 vectors keep at most {max(scored) / reference:.4f} of the reference, more than {margin:g} "
+            "below the target; label-free DIVE has scored at most 0.03 above its start")
 
 
 def _short_searched_codec(rows: Sequence[Mapping[str, Any]], searched_codecs: Sequence[str], peer_bytes: float,
