@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "io": 0,
     "locks": 0,
     "errors": 0,
+    "array_facts": 0,
     "constraints": 0,
     "outputs": 0,
     "result_files": 0,

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.array_facts import known, remember
+
 __all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "NoSpaceError", "check_finite", "VECTORS_FIX"]
 
 #: The fix every reader of vector files names for a NaN or infinite value.
@@ -109,7 +111,7 @@ def check_finite(
         partial: ``array`` is one block of ``source``, so the count of bad rows is a lower bound.
     """
     values = np.asarray(array) if not isinstance(array, np.ndarray) else array
-    if values.dtype.kind not in "fc" or values.size == 0:
+    if values.dtype.kind not in "fc" or values.size == 0 or known(values, "finite"):  # a read-only array checked before
         return
     rows = values.reshape(len(values), -1) if values.ndim >= 1 else values.reshape(1, 1)
     step = max(1, _FINITE_BLOCK_BYTES // max(1, rows.shape[1] * rows.itemsize))
@@ -134,3 +136,4 @@ def check_finite(
     if first is not None:
         row, column, value = first
         raise NonFiniteError(source, what, row + row_offset, column, value, count, fix, partial=partial)
+    remember(values, "finite")

@@ -27,6 +27,7 @@ import numpy as np
 from embedtune import __version__
 from embedtune.compress.presets import Preset
 from embedtune.constraints import Constraint, Interval, validate_constraints
+from embedtune.array_facts import known, remember
 from embedtune.errors import check_finite
 from embedtune.evaluate.search import unit_rows
 from embedtune.io import (
@@ -526,11 +527,14 @@ class Compressor(abc.ABC):
 def _all_unit_rows(train: TrainingData) -> bool:
     """Whether every document and query row of ``train`` has unit L2 norm (zero rows allowed: normalising keeps them zero)."""
     for rows in (train.doc_embeddings, train.query_embeddings):
+        if known(rows, "unit") or known(rows, "unit or zero"):  # a read-only corpus checked before (array_facts)
+            continue
         for start in range(0, len(rows), 65536):
             block = rows[start : start + 65536]
             norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
             if np.any((np.abs(norms - 1.0) > _UNIT_TOLERANCE) & (norms > 0)):
                 return False
+        remember(rows, "unit or zero")
     return len(train.doc_embeddings) + len(train.query_embeddings) > 0
 
 

@@ -20,6 +20,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from embedtune.array_facts import known, remember
+
 from embedtune.evaluate import kernels as _kernels
 
 logger = logging.getLogger(__name__)
@@ -51,9 +53,13 @@ def unit_rows(x: np.ndarray, tolerance: float = 1e-4) -> np.ndarray:
     stays zero. Returns ``x`` itself when every row is unit, else a float32 copy.
     """
     x = as_rows(x, "x")
+    if tolerance >= 1e-4 and known(x, "unit"):  # a read-only corpus found unit before (array_facts)
+        return x
     norms = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))  # (n,)
     off = np.abs(norms - 1.0) > tolerance
     if not off.any():
+        if tolerance <= 1e-4:
+            remember(x, "unit")
         return x
     scale = np.ones_like(norms)
     scale[off & (norms > 0)] = 1.0 / norms[off & (norms > 0)]
