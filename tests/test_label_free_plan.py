@@ -210,6 +210,19 @@ def test_cli_label_free_plan_reads_only_the_corpus_and_refuses_conflicting_flags
         assert message in capsys.readouterr().err
 
 
+def test_a_label_free_plan_on_own_vectors_reads_no_dataset(scifact_slice, tmp_path, monkeypatch):
+    """Without --data it names the vectors, not the bundled SciFact, and a folder called scifact where it runs is no dataset."""
+    _, embeddings, _ = scifact_slice
+    np.save(tmp_path / "mine.npy", embeddings.doc_embeddings)
+    (tmp_path / "mine.txt").write_text("".join(i + "\n" for i in embeddings.doc_ids))
+    (tmp_path / "scifact").mkdir()  # e.g. an earlier --out scifact: the old default --data resolved to it and failed
+    monkeypatch.chdir(tmp_path)
+    args = ["compress", "plan", "--label-free", "agreement", "--doc-embeddings", "mine.npy", "--doc-ids", "mine.txt", "--budget-bytes", "16",
+            "--dims", "32", "--precisions", "int4", "--peers", "", "--codec-budgets", "16", "--methods", "pca", "--out", "plan"]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text())["dataset"] == "mine"
+
+
 def test_a_corpus_smaller_than_a_dimension_leaves_those_projections_out(scifact_slice, tmp_path, caplog):
     """The README in order: 120 documents, 108 fitting, swept at 384 dims failed in PCA; now those cells are left out."""
     dataset, embeddings, encoder = scifact_slice

@@ -6,6 +6,7 @@ import argparse
 
 from embedtune.cli.common import (
     HelpFormatter,
+    DATA_HELP,
     add_data_flags,
     add_list_flag,
     add_model_flags,
@@ -76,7 +77,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     target.add_argument("--budget-bytes", type=float, default=None, help="bytes per vector in RAM the choice may use at most")
     target.add_argument("--target-retention", type=float, default=None,
                         help="share of the uncompressed float32 model's validation nDCG@10 to keep, e.g. 0.97")
-    add_data_flags(plan)
+    # No default here: a label-free plan on --doc-embeddings reads no dataset (its texts only when --data names one);
+    # every other plan defaults to the bundled SciFact (run_plan_command).
+    add_data_flags(plan, default=None, help=DATA_HELP + " (default: scifact; none with --label-free and --doc-embeddings)")
     add_model_flags(plan)
     plan.add_argument("--protocol", choices=["paper", "beir-train"], default="paper",
                       help="paper: 60/20/20 split of the judged queries; beir-train: train and validate on qrels/train.tsv, test on --split")
@@ -193,6 +196,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     searched_codecs = [] if [c.lower() for c in args.searched_codecs] == ["none"] else list(args.searched_codecs)
     check_codecs(searched_codecs)
     label_free = args.label_free is not None
+    if args.data is None and not (label_free and not args.final and args.doc_embeddings is not None):
+        args.data = "scifact"
     methods = args.methods if args.methods is not None else list(LABEL_FREE_METHODS if label_free else SUPERVISED_METHODS)
     precisions = args.precisions if args.precisions is not None else (list(PRECISIONS) if label_free else list(DEFAULT_PRECISIONS))
     inputs = [args.doc_embeddings, args.doc_ids, args.query_embeddings, args.query_ids, args.unlabelled_queries]
