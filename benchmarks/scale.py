@@ -173,7 +173,9 @@ def exponent(points: list[tuple[int, float]]) -> float | None:
 
 def report(data: dict) -> str:
     lines = ["# Each step at scale: embedtune against numpy and FAISS directly", "",
-             f"Command: `{data['command']}`", "",
+             "Commands:", "",
+             *[f"- `{command}`" + (f" (started {date})" if date else "")
+               for command, date in dict.fromkeys((c.get("command", data["command"]), c.get("date")) for c in data["cells"])], "",
              f"Machine: {data['machine']}. Date: {data['date']}. One thread; fresh processes, start-up included on both sides;"
              " median of the repeats; peak RSS is embedtune's process.", ""]
     if data.get("note"):
@@ -229,7 +231,7 @@ def main() -> None:
             if any(c["n"] == n and c["d"] == d for c in data["cells"]):
                 continue
             print(f"N = {n:,}, d = {d}", flush=True)
-            data["cells"].append({"n": n, "d": d, "steps": cell(work, n, d, args.repeats, env)})
+            data["cells"].append({"n": n, "d": d, "command": data["command"], "date": data["date"], "steps": cell(work, n, d, args.repeats, env)})
             tmp = record.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=1))
             os.replace(tmp, record)
