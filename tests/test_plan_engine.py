@@ -364,7 +364,7 @@ def test_label_free_dive_is_not_fitted_when_its_pca_starts_fall_far_short_of_the
     assert falls_short(32) is None  # no start scored: fitted
     assert falls_short(64, margin=None) is None  # with labels the bound is off
     assert falls_short(64, method="pca") is None
-    assert plan_module.PlanObjective.learned_start_margin is None and label_free.LabelFreeObjective.learned_start_margin == 0.1
+    assert plan_module.PlanObjective.learned_start_margin is None and label_free.LabelFreeObjective.learned_start_margin == 0.15
 
 
 # 0.999: both ladders fall short everywhere; 0.97: only their dearest peers keep it; 0.6: the cheapest do.
