@@ -16,11 +16,13 @@ the rules on shows nothing about the spaces they skipped: give it plans made wit
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from embedtune.index.plan_format import PLAN_FIX
+from embedtune.io import atomic_write_json, read_json_verified
 
 
 def bounds(plan: dict[str, Any]) -> dict[str, Any]:
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for given in args.plans:
         path = Path(given) / "plan.json" if Path(given).is_dir() else Path(given)
-        plan = json.loads(path.read_text())
+        plan, _ = read_json_verified(path, PLAN_FIX, require_digest=True)  # a damaged or edited plan.json is refused
         record = {"plan": str(path), "dataset": plan.get("dataset"), "target_retention": plan.get("target_retention"),
                   "embedtune_version": plan.get("embedtune_version"), **bounds(plan)}
         records.append(record)
@@ -67,11 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"over {len(records)} plans: code excess at most {max(codes, default=float('nan')):+.4f}, "
           f"DIVE over its start at most {max(gains, default=float('nan')):+.4f} (shares of the reference)")
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"command": "python benchmarks/sweep_bounds.py " + " ".join(sys.argv[1:] if argv is None else argv),
-                                   "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": records}, indent=1) + "\n")
-        tmp.replace(args.out)
+        atomic_write_json(args.out, {"command": "python benchmarks/sweep_bounds.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "plans": records})
     return 0
 
 
