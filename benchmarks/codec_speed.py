@@ -443,6 +443,14 @@ def _median_time(search, xq: np.ndarray, runs: int) -> float:
     return float(np.median(times))
 
 
+def _paired_record(path: Path) -> tuple[dict, dict[str, float]] | None:
+    """A paired run's record and each timed search's median seconds, or None when the run has not been made."""
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record, {name: float(np.median(v)) for name, v in record["seconds"].items()}
+
+
 def _time_alternately(pairs: dict, xq: np.ndarray, rounds: int, result: dict, runs: int = 1) -> None:
     """Time every search of ``pairs`` once a round, ``rounds`` times, into ``result["seconds"]`` (each round's 1-min load
     into ``result["load1"]``), so every search sees the same moments of a shared machine."""
@@ -560,11 +568,10 @@ def paired_additive(out: Path, rounds: int = 3) -> dict:
 
 
 def paired_additive_lines(out: Path) -> list[str]:
-    path = out / PAIRED_ADDITIVE_FILE
-    if not path.exists():
+    recorded = _paired_record(out / PAIRED_ADDITIVE_FILE)
+    if recorded is None:
         return []
-    r = json.loads(path.read_text())
-    sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
+    r, sec = recorded
     lines = ["", f"Additive codecs' scan (`--paired-additive`, {r['date']}): one process, timed alternately, {r['rounds']} rounds "
              f"(1-min load {min(r['load1']):.2f} to {max(r['load1']):.2f}); 1M random 32-byte codes. Seconds per batch of 1,000 "
              "queries; ratio = PQ32 s / scan s (1: PQ's speed; the target is ≥ 0.67).", "",
@@ -609,11 +616,10 @@ def paired_scalar(out: Path, rounds: int = 1) -> dict:
 
 
 def paired_scalar_lines(out: Path) -> list[str]:
-    path = out / PAIRED_SCALAR_FILE
-    if not path.exists():
+    recorded = _paired_record(out / PAIRED_SCALAR_FILE)
+    if recorded is None:
         return []
-    r = json.loads(path.read_text())
-    sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
+    r, sec = recorded
     machine = r.get("machine") or {}
     lines = ["", f"Scalar quantisers' batch search (`--paired-scalar`, {r['date']}, {machine.get('model', '?')}, {machine.get('cpus', '?')} "
              f"CPUs): one process, timed alternately, {r['rounds']} "
@@ -630,11 +636,10 @@ def paired_scalar_lines(out: Path) -> list[str]:
 
 
 def paired_lines(out: Path) -> list[str]:
-    path = out / PAIRED_FILE
-    if not path.exists():
+    recorded = _paired_record(out / PAIRED_FILE)
+    if recorded is None:
         return []
-    r = json.loads(path.read_text())
-    sec = {name: float(np.median(v)) for name, v in r["seconds"].items()}
+    r, sec = recorded
     rows = [("klt-pq4:32", "PQ64x4fs"), ("klt-pq4:32 implem=15", "PQ64x4fs implem=15"), ("klt-pq4:64", "PQ128x4fs"),
             ("klt-pq4:64 implem=15", "PQ128x4fs implem=15"), ("klt-pq:32 (fit on 16k rows)", "PQ32 (fit on 16k rows)"),
             ("FAISS IndexResidualQuantizer 200-d, 32x8 (random codes)", "PQ32 (fit on 16k rows)")]
