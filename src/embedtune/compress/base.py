@@ -416,6 +416,15 @@ class Compressor(abc.ABC):
         """Fitted facts a run record should keep beside its metrics (e.g. DIVE's resolved heads)."""
         return {}
 
+    def fit_rows(self, n_docs: int, dim: int) -> np.ndarray | None:
+        """The corpus rows an unsupervised fit on ``n_docs`` × ``dim`` documents reads (ascending), or None for every row.
+
+        A method that fits on a sample (PCA) names it here, so a caller holding a large corpus on
+        disk can read those rows alone: a fit on exactly them gives the same transform (the rule
+        applied to the sample keeps every row of it).
+        """
+        return None
+
     def fit_transform(self, train: TrainingData, X: Any) -> np.ndarray:
         return self.fit(train).transform(X)
 

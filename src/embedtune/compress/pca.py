@@ -163,12 +163,10 @@ class PCACompressor(Compressor):
         check_output_dim(self.method, self.config.dim, train.dim)
         start = time.perf_counter()
         rows = train.doc_embeddings
-        n = len(rows)
-        m = fit_sample_rows(n, train.dim, self.config.fit_sample)
-        if m < n:
-            # Sorted row numbers: a memory-mapped corpus is read front to back.
-            picked = np.sort(np.random.default_rng(self.config.seed).choice(n, size=m, replace=False))
+        picked = self.fit_rows(len(rows), train.dim)
+        if picked is not None:
             rows = np.asarray(rows[picked])
+        m = len(rows)
         self.fit_rows_ = m
         mean, components, variance = principal_axes(rows, self.config.dim)
         # Uncentred: the same axes, applied to the raw vector (a zero mean keeps one transform and one export).
@@ -177,6 +175,14 @@ class PCACompressor(Compressor):
         self.explained_variance_ = variance.astype(np.float32)
         n_docs, d = train.doc_embeddings.shape
         logger.debug("pca: %d components of %d of %d docs x %d-d in %.2fs", self.config.dim, m, n_docs, d, time.perf_counter() - start)
+
+    def fit_rows(self, n_docs: int, dim: int) -> np.ndarray | None:
+        """``fit_sample``'s rows of an ``n_docs`` × ``dim`` corpus: drawn with the config's seed, or None when it keeps every row."""
+        m = fit_sample_rows(n_docs, dim, self.config.fit_sample)
+        if m >= n_docs:
+            return None
+        # Sorted row numbers: a memory-mapped corpus is read front to back.
+        return np.sort(np.random.default_rng(self.config.seed).choice(n_docs, size=m, replace=False))
 
     def fit_details(self) -> dict[str, Any]:
         """The rows the axes were fitted on (``fit_sample``'s rule applied to this corpus)."""

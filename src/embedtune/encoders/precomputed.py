@@ -8,6 +8,7 @@ a report can say ``model: precomputed`` and exactly which vectors it used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterable
@@ -19,14 +20,14 @@ from embedtune.data.beir import BeirDataset, read_utf8
 from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
 from embedtune.encoders.ray_encode import SHARD_MANIFEST, is_shard_folder, read_shards
-from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, check_finite
+from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, NonFiniteError, check_finite
 from embedtune.io import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 
 _PLURALS = {"query": "queries"}  # messages count ids in English: "3 queries missing", not "3 querys"
 
-__all__ = ["load_embeddings", "parquet_vectors", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "PRECOMPUTED_MODEL"]
+__all__ = ["load_embeddings", "parquet_vectors", "read_ids", "check_unique_ids", "require_ids", "judged_documents", "vector_fingerprints", "load_embedding_rows", "PRECOMPUTED_MODEL"]
 
 #: What a report records as the model when the vectors were given, not encoded.
 PRECOMPUTED_MODEL = "precomputed"
@@ -125,6 +126,74 @@ def read_ids(path: str | Path) -> list[str]:
     if "" in lines or any(map(str.isspace, lines)):  # blank lines are skipped; most files have none (a C-speed scan)
         return [line for line in lines if line.strip()]
     return lines
+
+
+def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], str]:
+    """The ids of ``rows`` (ascending) in an ids file of ``n_rows`` ids, and the file's sha256.
+
+    A text file of printable ASCII ids, one per line, is indexed by its newlines without making a
+    string of every id; any other file (JSON, a byte-order mark, spaces, blank lines, other line
+    breaks) is read whole by :func:`read_ids`, so both give the same ids.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: ids file not found; give one id per line, or a JSON list.")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    codes = np.frombuffer(data, dtype=np.uint8)
+    newline = codes == 0x0A
+    plain = path.suffix != ".json" and bool((newline | ((codes > 0x20) & (codes < 0x7F))).all())
+    if plain:
+        ends = np.flatnonzero(newline)
+        if len(data) and not newline[-1]:
+            ends = np.append(ends, len(data))
+        starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
+        plain = not (ends == starts).any()  # a blank line: read_ids skips it
+    if not plain:
+        every = read_ids(path)
+        if len(every) != n_rows:
+            raise DataFormatError(str(path), f"{len(every)} ids for {n_rows} rows", "give exactly one id per row")
+        return [every[row] for row in rows], digest
+    if len(ends) != n_rows:
+        raise DataFormatError(str(path), f"{len(ends)} ids for {n_rows} rows", "give exactly one id per row")
+    return [data[starts[row] : ends[row]].decode("ascii") for row in rows], digest
+
+
+def load_embedding_rows(path: str | Path, ids: str | Path, rows_for) -> tuple[list[str], np.ndarray, dict[str, object]]:
+    """``(ids, vectors, record)`` of only some rows of a ``.npy`` file: what a fit on a sample reads.
+
+    ``rows_for(n_rows, dim)`` names the rows (ascending; None: every row). Only those rows are read,
+    cast to float32 and checked finite, and only their ids are made: a fit on 100k rows of a 3M-row
+    file reads 100k rows. ``record`` says what was read: the file's name, size, shape and dtype, the
+    row count, and the sha256 of the rows as stored (the whole file is never hashed), beside the ids
+    file's sha256. The ids' uniqueness is not checked here: a fit on a sample does not use them, and
+    ``index build`` refuses repeated ids.
+
+    Raises:
+        DataFormatError: not a 2-D float ``.npy`` file, the ids do not match its rows, or a read row is not finite.
+    """
+    path, ids_path = Path(path), Path(ids)
+    if path.suffix != ".npy" or not path.is_file():
+        raise ValueError(f"{path}: reading some rows needs a .npy file.")
+    vectors = _load_npy(path, mmap=True)
+    if vectors.ndim != 2 or vectors.dtype not in (np.float32, np.float16, np.float64):
+        raise DataFormatError(str(path), f"expected a 2-D float32/float16/float64 array, got {vectors.dtype} {vectors.shape}",
+                              "save an (n, d) float32 array with np.save")
+    n_rows, dim = vectors.shape
+    rows = rows_for(n_rows, dim)
+    rows = np.arange(n_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+    picked_ids, ids_sha256 = _ids_of_rows(ids_path, n_rows, rows)
+    stored = np.asarray(vectors[rows])
+    release_mapped_pages(vectors)
+    digest = hashlib.sha256(np.ascontiguousarray(stored).data).hexdigest()
+    sample = np.ascontiguousarray(stored, dtype=np.float32)
+    try:
+        check_finite(sample, str(path), "vectors", fix=_FINITE_FIX)
+    except NonFiniteError as error:  # counted in the sample: name the row of the file, and only what was read
+        raise NonFiniteError(str(path), "vectors", int(rows[error.row]), error.column, error.value, error.count, error.fix,
+                             partial=True) from None
+    record = {"file": path.name, "bytes": path.stat().st_size, "shape": [int(n_rows), int(dim)], "dtype": vectors.dtype.name,
+              "rows_read": int(len(rows)), "rows_sha256": digest, "ids": {ids_path.name: ids_sha256}}
+    return picked_ids, sample, record
 
 
 def load_embeddings(

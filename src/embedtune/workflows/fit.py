@@ -44,7 +44,8 @@ from embedtune.compress.presets import MiningOptions
 from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
 from embedtune.data.splits import QuerySplit, rank_by_hash
-from embedtune.encoders.precomputed import require_ids
+from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embedding_rows, require_ids
+from embedtune.evaluate.search import unit_rows
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
@@ -164,6 +165,33 @@ def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encode
     if not given:
         provenance["data"] = dict(corpus.dataset.fingerprints)
     return list(corpus.embeddings.doc_ids), corpus.embeddings.doc_embeddings, provenance, corpus
+
+
+def _sampled_corpus(compressor: Compressor, data: str | Path | None, vectors: dict[str, Any],
+                    encoder_options: Mapping[str, Any] | None) -> tuple[list[str], np.ndarray, dict[str, Any], int] | None:
+    """The rows a sample-fitting method reads from given ``.npy`` vectors, read alone; None when the whole corpus is read.
+
+    A method that names its rows (:meth:`~embedtune.compress.base.Compressor.fit_rows`: PCA's
+    sample) is handed only those rows, so its fit costs the same at 3M rows as at 100k and equals
+    the fit on the whole file. Returns ``(ids, unit-row vectors, provenance, corpus rows)``.
+    """
+    path, ids_file = vectors.get("doc_embeddings"), vectors.get("doc_ids")
+    if path is None or ids_file is None or data is not None or Path(path).suffix != ".npy" or not Path(path).is_file():
+        return None
+    if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
+        return None  # selection reads the held-out documents' texts: the whole-corpus path
+    try:
+        n_rows, dim = np.load(path, mmap_mode="r", allow_pickle=False).shape
+    except (ValueError, OSError, EOFError):
+        return None  # the whole-corpus reader names what is wrong with the file
+    rows = compressor.fit_rows(int(n_rows), int(dim))
+    if rows is None:
+        return None
+    ids, docs, record = load_embedding_rows(path, ids_file, lambda n, d: rows)
+    if (encoder_options or {}).get("normalize", True):
+        docs = unit_rows(docs)
+    provenance = {"model": PRECOMPUTED_MODEL, "vectors": record.pop("ids"), "vector_rows": record}
+    return ids, docs, provenance, int(n_rows)
 
 
 def fit_on_all(
@@ -290,13 +318,20 @@ def fit_on_all(
             notes.append(f"{method} reads no labels: it is fitted on the corpus alone.")
         if val_split is not None or val_fraction is not None:
             notes.append("no labelled queries are used on the unsupervised path, so --val-split/--val-fraction are ignored.")
-        ids, docs, provenance, corpus_experiment = _corpus(data, model, vectors, encoder_options, cache)
         unsupervised_preset = getattr(cls, "unsupervised_preset", None)
         if preset is None and cls.supervised and unsupervised_preset is not None:
             # A supervised method's own unsupervised recipe, not its (labelled) default preset.
             chosen = cls.get_preset(unsupervised_preset)
             overrides = {**chosen.settings, **(settings or {})}
         compressor = cls(build_config(method, dim, seed, overrides))
+        sampled = _sampled_corpus(compressor, data, vectors, encoder_options)
+        if sampled is not None:
+            ids, docs, provenance, n_docs = sampled
+            corpus_experiment = None
+            notes.append(f"{method} fits on a sample of {len(ids):,} of the {n_docs:,} rows; only those rows were read.")
+        else:
+            ids, docs, provenance, corpus_experiment = _corpus(data, model, vectors, encoder_options, cache)
+            n_docs = len(ids)
         corpus = TrainingData.corpus_only(docs, ids)
         if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
             if pseudo_queries == "none":
@@ -304,6 +339,7 @@ def fit_on_all(
                                  "drop --pseudo-queries none (or give title or first-sentence), or use --set selection_signal=rank-kl.")
             source = pseudo_queries or "title"
             held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
+            assert corpus_experiment is not None  # the sampled route never selects on pseudo-queries
             selection = selection_pseudo_queries(corpus_experiment, held_out, source, cache=cache)
             corpus = dataclasses.replace(corpus, pseudo_queries=selection)
             info["selection_pseudo_queries"] = {"source": source, "n_queries": len(selection.ids), "held_out_documents": len(held_out)}
@@ -316,7 +352,6 @@ def fit_on_all(
         else:
             compressor.fit(corpus, log_path=log_path)
         info["provenance"] = provenance
-        n_docs = len(ids)
     info["path"] = path
     info["preset"] = chosen.name
     info["config"] = compressor.config.to_dict()
