@@ -22,7 +22,7 @@ from embedtune.index.codecs import Calibration
 from embedtune.evaluate.search import unit_rows
 from embedtune.index import build_index, load_index
 from embedtune.index.planned import build_planned_index
-from embedtune.io import IntegrityError, read_json_verified, sha256_file, write_json_with_digest
+from embedtune.io import IntegrityError, read_json_verified, sha256_file, write_json_with_digest, xxh3_file
 from embedtune.workflows.experiment import load_experiment
 from embedtune.index.plan_format import load_plan
 from embedtune.workflows.plan import run_plan
@@ -172,14 +172,14 @@ def test_an_index_file_that_disagrees_with_its_manifest_is_refused(tmp_path):
     other.add(rng.normal(size=(20, 16)).astype(np.float32))
     faiss.write_index(other, str(folder / "index.faiss"))
     manifest, _ = read_json_verified(folder / "manifest.json", "")
-    manifest["sha256"]["index.faiss"] = sha256_file(folder / "index.faiss")  # digests recomputed: only consistency can tell
+    manifest["xxh3_128"]["index.faiss"] = xxh3_file(folder / "index.faiss")  # digests recomputed: only consistency can tell
     write_json_with_digest(folder / "manifest.json", manifest)
     with pytest.raises(IntegrityError, match=r"index\.faiss: holds 16-d vectors but field 'dim' is 8, which disagrees with .*manifest\.json"):
         load_index(folder)
     other = faiss.IndexFlatIP(8)
     other.add(xb[:10])
     faiss.write_index(other, str(folder / "index.faiss"))
-    manifest["sha256"]["index.faiss"] = sha256_file(folder / "index.faiss")
+    manifest["xxh3_128"]["index.faiss"] = xxh3_file(folder / "index.faiss")
     write_json_with_digest(folder / "manifest.json", manifest)
     with pytest.raises(IntegrityError, match="holds 10 vectors but field 'ntotal' is 20"):
         load_index(folder)

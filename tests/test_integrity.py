@@ -160,7 +160,27 @@ def test_a_damaged_faiss_index_is_refused_before_faiss_reads_it(tmp_path):
     assert load_index(out).faiss_index.ntotal == 30
     index_file = out / "index.faiss"
     _flip(index_file, index_file.stat().st_size - 5)  # inside the float data: FAISS would load it silently
-    with pytest.raises(IntegrityError, match=r"index\.faiss: sha256 mismatch.*embedtune index build"):
+    with pytest.raises(IntegrityError, match=r"index\.faiss: xxh3_128 mismatch.*embedtune index build"):
+        load_index(out)
+
+
+def test_an_index_folder_of_format_1_is_checked_with_its_sha256(tmp_path):
+    """Folders built before the XXH3 digests (format 1, ``manifest["sha256"]``) still load, and are still checked."""
+    import json
+
+    from embedtune.io import sha256_file, write_json_with_digest, xxh3_file
+
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).normal(size=(12, 4)).astype(np.float32))
+    out = build_index(tmp_path / "x.npy", tmp_path / "index", ids=[f"d{i}" for i in range(12)])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format_version"] == 2
+    assert manifest["xxh3_128"] == {name: xxh3_file(out / name) for name in ("index.faiss", "ids.txt")}
+    manifest.pop("content_sha256")
+    digests = manifest.pop("xxh3_128")
+    write_json_with_digest(out / "manifest.json", {**manifest, "format_version": 1, "sha256": {n: sha256_file(out / n) for n in digests}})
+    assert load_index(out).faiss_index.ntotal == 12
+    _flip(out / "index.faiss", (out / "index.faiss").stat().st_size - 5)
+    with pytest.raises(IntegrityError, match=r"index\.faiss: sha256 mismatch"):
         load_index(out)
 
 
@@ -168,7 +188,7 @@ def test_a_damaged_index_manifest_or_ids_file_is_refused(tmp_path):
     np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32))
     out = build_index(tmp_path / "x.npy", tmp_path / "index", ids=[f"d{i}" for i in range(10)])
     (out / "ids.txt").write_text((out / "ids.txt").read_text().replace("d3\n", "d8\n"))
-    with pytest.raises(IntegrityError, match=r"ids\.txt: sha256 mismatch"):
+    with pytest.raises(IntegrityError, match=r"ids\.txt: xxh3_128 mismatch"):
         load_index(out)
 
 

@@ -104,7 +104,7 @@ def test_the_index_built_from_a_refined_plan_serves_what_was_scored(toy, tmp_pat
     index_dir = build_planned_index(toy[0], tmp_path / "index", out, ids=toy[1])
     index = load_index(index_dir)
     assert index.manifest["plan"]["refine"]["candidates"] == CANDIDATES and index.manifest["files"]["original_vectors"] == ORIGINAL_VECTORS_FILE
-    assert ORIGINAL_VECTORS_FILE in index.manifest["sha256"] and isinstance(index.original_vectors, np.memmap)
+    assert ORIGINAL_VECTORS_FILE in index.manifest["xxh3_128"] and isinstance(index.original_vectors, np.memmap)
     # The sweep's scoring of the chosen setting, rebuilt as the sweep builds it: the codes, then the original vectors.
     _, compressor, precision, calibration = load_plan(out)
     docs = experiment.embeddings.doc_embeddings

@@ -147,3 +147,40 @@ def test_the_option_names_configs_read_without_torch_are_the_implemented_ones():
 
     assert sorted(ACTIVATIONS) == sorted(choices.ACTIVATION_NAMES)
     assert TRIPLET_KINDS == choices.TRIPLET_KINDS and QUANTIZATION_AWARE == choices.QUANTIZATION_AWARE
+
+
+def test_each_module_adds_the_commands_the_cli_says():
+    """``COMMAND_MODULES`` (what a command's own parser registers) names exactly what each module adds."""
+    import importlib
+
+    from embedtune.cli import COMMAND_MODULES
+
+    commands = argparse.ArgumentParser().add_subparsers(dest="command")
+    for module, named in COMMAND_MODULES.items():
+        before = set(commands.choices)
+        importlib.import_module(f"embedtune.cli.{module}").register(commands)
+        assert sorted(set(commands.choices) - before) == sorted(named), module
+
+
+def _help_of(parser: argparse.ArgumentParser, path: list[str]) -> str:
+    for word in path:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    return parser.format_help()
+
+
+@pytest.mark.parametrize("argv", [["--threads", "1", "-q", "compress", "plan", "--help"], ["index", "build", "--help"],
+                                  ["search", "--help"], ["compress", "fit", "--help"], ["cache", "--help"]])
+def test_a_commands_own_parser_is_the_full_parsers(argv):
+    """The parser built for one command reads its flags exactly as the parser of every command does."""
+    from embedtune.cli import _modules_for, build_parser
+
+    path = [word for word in argv[argv.index(next(w for w in argv if not w.startswith("-") and not w.isdigit())):] if word != "--help"]
+    assert len(_modules_for(argv)) < len(_modules_for(None))
+    assert _help_of(build_parser(argv), path) == _help_of(build_parser(), path)
+
+
+def test_an_unknown_command_gets_every_command_in_its_usage():
+    from embedtune.cli import _modules_for
+
+    for argv in ([], ["--help"], ["nosuch"], ["--threads", "2"], ["-q"]):
+        assert len(_modules_for(argv)) == len(_modules_for(None))

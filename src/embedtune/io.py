@@ -59,6 +59,9 @@ __all__ = [
     "sha256_file",
     "sha256_json",
     "verify_sha256",
+    "xxh3_file",
+    "FILE_DIGESTS",
+    "verify_file_digest",
     "write_json_with_digest",
     "read_json_verified",
     "check_version_stamp",
@@ -252,6 +255,41 @@ def verify_sha256(path: str | os.PathLike, expected: str, fix: str) -> None:
     if actual != expected:
         raise IntegrityError(
             f"{path}: sha256 mismatch: expected {expected}, got {actual}; the file is damaged or was edited after it was written. {fix}"
+        )
+
+
+def xxh3_file(path: str | os.PathLike, chunk_size: int = 1 << 22) -> str:
+    """The XXH3-128 hex digest of a file, read in chunks: about 10 GB/s against sha256's 1.3 on one core.
+
+    For the bulk data an index folder serves (FAISS codes, vectors), read in full before every
+    search: it catches damaged and edited bytes as sha256 does, at a tenth of the cost. It is not a
+    cryptographic hash; neither digest would stop someone who also rewrites the manifest beside it.
+    """
+    import xxhash
+
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_size), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+#: The file digests embedtune records, by the name a manifest stores them under.
+FILE_DIGESTS: dict[str, Callable[[str | os.PathLike], str]] = {"sha256": sha256_file, "xxh3_128": xxh3_file}
+
+
+def verify_file_digest(path: str | os.PathLike, algorithm: str, expected: str, fix: str) -> None:
+    """Raise :class:`IntegrityError` when ``path``'s ``algorithm`` digest (a key of :data:`FILE_DIGESTS`) is not ``expected``."""
+    if algorithm == "sha256":
+        verify_sha256(path, expected, fix)
+        return
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found (it was recorded with {algorithm} {expected}). {fix}")
+    actual = FILE_DIGESTS[algorithm](path)
+    if actual != expected:
+        raise IntegrityError(
+            f"{path}: {algorithm} mismatch: expected {expected}, got {actual}; the file is damaged or was edited after it was written. {fix}"
         )
 
 

@@ -18,10 +18,48 @@ __all__ = ["main", "build_parser"]
 logger = logging.getLogger(__name__)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
-    # __init__, and one command's module must not load every other command's stack (bench, PACE).
-    from embedtune.cli import bench, cache, compress, data_commands, diagnose, evaluate, finetune, index, mmeb, pipeline, plan
+#: The CLI modules in the order they register, and the top-level commands each adds (`plan` adds
+#: `compress plan` into the compress group). A test checks this against the modules.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "data_commands": ("embed", "embed-corpus", "split"),
+    "evaluate": ("evaluate",),
+    "compress": ("compress",),
+    "plan": (),
+    "finetune": ("finetune",),
+    "diagnose": ("diagnose",),
+    "bench": ("bench", "benchmark", "report"),
+    "index": ("index", "search"),
+    "mmeb": ("evaluate-mmeb",),
+    "pipeline": ("pipeline",),
+    "cache": ("cache",),
+}
+_ADDS_TO = {"plan": "compress"}  # a module that registers into another's group
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The top-level command ``argv`` names (the first word that is not a top-level option or its value), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--threads":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _modules_for(argv: list[str] | None) -> list[str]:
+    """The CLI modules to register for ``argv``: only the named command's (its parser is all that is read), else all."""
+    command = _command_of(argv) if argv is not None else None
+    owner = next((module for module, commands in COMMAND_MODULES.items() if command in commands), None)
+    if owner is None:  # top-level --help, no command, or an unknown one: every command, so the usage lists them all
+        return list(COMMAND_MODULES)
+    return [module for module in COMMAND_MODULES if module == owner or _ADDS_TO.get(module) == owner]
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``embedtune`` parser; given ``argv``, with only the subcommand it names (start-up: the other commands' flags
+    are never built), else with every command."""
+    import importlib
 
     parser = argparse.ArgumentParser(
         prog="embedtune",
@@ -37,17 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPU threads for torch, FAISS and BLAS together (default: the free cores, i.e. the cores this process may "
                              "use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets it too)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    data_commands.register(commands)
-    evaluate.register(commands)
-    compress.register(commands)
-    plan.register(commands)  # `compress plan`, into the compress group
-    finetune.register(commands)
-    diagnose.register(commands)
-    bench.register(commands)
-    index.register(commands)
-    mmeb.register(commands)
-    pipeline.register(commands)
-    cache.register(commands)
+    # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
+    # __init__, and one command's module must not load every other command's stack (bench, PACE).
+    for module in _modules_for(argv):
+        importlib.import_module(f"embedtune.cli.{module}").register(commands)
     _say_defaults_once(parser)
     return parser
 
@@ -64,7 +95,7 @@ def _say_defaults_once(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
+    parser = build_parser(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = ["embedtune", *(sys.argv[1:] if argv is None else argv)]  # recorded in results.json
     if not args.verbose:

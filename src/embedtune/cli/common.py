@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from embedtune.workflows.experiment import Experiment, encoder_settings, load_experiment
-from embedtune.workflows.results import format_table
+if TYPE_CHECKING:
+    from embedtune.workflows.experiment import Experiment
 
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
 
@@ -134,6 +134,9 @@ def encoder_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ``args.similarity`` is set to the similarity used (the flag, else the model's own, else
     cosine) and ``args.similarity_source`` to why.
     """
+    # Imported on use: the experiment stack is a tenth of a second that commands on vectors alone never need.
+    from embedtune.workflows.experiment import encoder_settings
+
     choice, options = encoder_settings(getattr(args, "similarity", None), args.model,
                                        precomputed=getattr(args, "doc_embeddings", None) is not None,
                                        batch_size=args.batch_size, max_seq_length=args.max_seq_length,
@@ -142,12 +145,14 @@ def encoder_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {**options, **backend_options(args)}
 
 
-def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> Experiment:
+def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> "Experiment":
     """The :class:`Experiment` named by the data, model and split flags.
 
     ``args.similarity`` is resolved first (:func:`encoder_options_from_args`) and set to the
     similarity used.
     """
+    from embedtune.workflows.experiment import load_experiment
+
     encoder_options = encoder_options_from_args(args)
     return load_experiment(
         data=args.data,
@@ -169,6 +174,13 @@ def experiment_from_args(args: argparse.Namespace, with_split: bool = True) -> E
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def format_table(*args: Any, **kwargs: Any) -> str:
+    """:func:`embedtune.workflows.results.format_table`, imported on use (see :func:`encoder_options_from_args`)."""
+    from embedtune.workflows.results import format_table as table
+
+    return table(*args, **kwargs)
 
 
 def print_table(rows: list[dict[str, Any]], columns: list[str]) -> str:

@@ -9,13 +9,14 @@ Layout of an index folder::
     original_vectors.npy  optional (a ``+refine<N>`` plan): the original float32 vectors, before the adapter, that each
                     query's top N candidates are rescored with (:mod:`embedtune.index.refine`)
     manifest.json   kind, dims, counts, the adapter (path + sha256 of its files), the model, the
-                    sha256 of every file above, and the digest of its own content
+                    XXH3-128 digest of every file above (:func:`embedtune.io.xxh3_file`; format 1 recorded
+                    sha256), and the sha256 of its own content
 
 Building streams the embeddings in chunks (:func:`embedtune.compress.streaming.iter_embedding_blocks`),
 applies the adapter per chunk and adds it to the index, so only the index itself has to fit in
 memory. Every file is written atomically, the manifest last.
 
-Loading checks every file against the manifest's sha256 before FAISS reads it: FAISS has no
+Loading checks every file against the manifest's digest before FAISS reads it: FAISS has no
 checksum of its own, and damaged bytes can make ``faiss.read_index`` crash the process or load an
 index that returns wrong neighbours.
 """
@@ -70,8 +71,9 @@ from embedtune.io import (
     older_than_installed,
     read_json_verified,
     sha256_file,
-    verify_sha256,
+    verify_file_digest,
     write_json_with_digest,
+    xxh3_file,
 )
 from embedtune.runtime import native_chatter_filtered
 
@@ -79,7 +81,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["INDEX_KINDS", "build_index", "load_index", "verify_index", "Index", "adapter_fingerprint", "check_adapter"]
 
-FORMAT_VERSION = 1
+#: 2: the files' digests are XXH3-128 (``manifest["xxh3_128"]``); 1 recorded sha256 (``manifest["sha256"]``), still read.
+FORMAT_VERSION = 2
+#: The manifest field holding the files' digests, by format version.
+_FILE_DIGEST = {1: "sha256", 2: "xxh3_128"}
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
 # A flat index is searched with FAISS's own scan: measured against embedtune's tuned kernels (exact_search's
@@ -339,8 +344,9 @@ def build_index(
             "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
                       "vectors": VECTORS_FILE if keep_vectors else None,
                       "original_vectors": ORIGINAL_VECTORS_FILE if keep_original_vectors else None},
-            "sha256": {name: sha256_file(staging / name) for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE)
-                       if (staging / name).is_file()},
+            _FILE_DIGEST[FORMAT_VERSION]: {name: xxh3_file(staging / name)
+                                           for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE)
+                                           if (staging / name).is_file()},
             **({"plan": plan} if plan is not None else {}),
             "build_seconds": seconds,
         }
@@ -505,7 +511,7 @@ class Index:
 
 
 def verify_index(path: str | Path) -> dict[str, Any]:
-    """Check an index folder's manifest and every file it lists against their sha256; return the manifest.
+    """Check an index folder's manifest and every file it lists against their digests; return the manifest.
 
     Raises :class:`embedtune.io.IntegrityError` naming the damaged file (nothing is handed to FAISS).
     A folder built before digests were recorded passes with a note.
@@ -525,20 +531,21 @@ def verify_index(path: str | Path) -> dict[str, Any]:
         raise IntegrityError(f"{manifest_path}: format_version {version} is newer than this embedtune reads ({FORMAT_VERSION}); "
                              "upgrade embedtune (pip install -U embedtune) to read it.")
     check_version_stamp(manifest.get("embedtune_version"), str(manifest_path))
-    digests = manifest.get("sha256")
+    algorithm = _FILE_DIGEST.get(version, "sha256")
+    digests = manifest.get(algorithm)
     if not isinstance(digests, dict) or not verified:
         if verified or isinstance(digests, dict) or not older_than_installed(manifest.get("embedtune_version")):
             # This version always writes both the manifest's own digest and the files': a missing one is damage, not age.
-            raise IntegrityError(f"{manifest_path}: field {'sha256' if verified else DIGEST_KEY!r} is missing, which embedtune "
+            raise IntegrityError(f"{manifest_path}: field {algorithm if verified else DIGEST_KEY!r} is missing, which embedtune "
                                  f"{manifest.get('embedtune_version', '(no version stamp)')} always writes; the manifest was edited "
                                  f"or damaged. {REBUILD_HINT}")
         logger.info("%s: built without file digests (by embedtune %s), so its files are loaded unchecked; rebuild it to add them",
                     path, manifest.get("embedtune_version"))
         return manifest
     if INDEX_FILE not in digests or IDS_FILE not in digests:
-        raise ValueError(f"{manifest_path}: field 'sha256' lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
+        raise ValueError(f"{manifest_path}: field {algorithm!r} lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
     for name, digest in digests.items():
-        verify_sha256(path / name, digest, REBUILD_HINT)
+        verify_file_digest(path / name, algorithm, digest, REBUILD_HINT)
     for name in (TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
         if (path / name).is_file() and name not in digests:
             raise ValueError(f"{path / name}: not listed in {MANIFEST}, so it cannot be checked; remove it or rebuild the index.")
@@ -546,7 +553,7 @@ def verify_index(path: str | Path) -> dict[str, Any]:
 
 
 def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
-    """Load an index folder written by :func:`build_index`, after checking every file's sha256."""
+    """Load an index folder written by :func:`build_index`, after checking every file's digest."""
     import faiss
 
     path = Path(path)
