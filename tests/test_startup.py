@@ -169,7 +169,8 @@ def _help_of(parser: argparse.ArgumentParser, path: list[str]) -> str:
 
 
 @pytest.mark.parametrize("argv", [["--threads", "1", "-q", "compress", "plan", "--help"], ["index", "build", "--help"],
-                                  ["search", "--help"], ["compress", "fit", "--help"], ["cache", "--help"]])
+                                  ["search", "--help"], ["compress", "fit", "--help"], ["compress", "apply", "--help"],
+                                  ["cache", "--help"]])
 def test_a_commands_own_parser_is_the_full_parsers(argv):
     """The parser built for one command reads its flags exactly as the parser of every command does."""
     from embedtune.cli import _modules_for, build_parser

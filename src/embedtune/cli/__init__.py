@@ -9,6 +9,7 @@ import sys
 
 from embedtune import __version__
 from embedtune.cli.common import positive_int, HelpFormatter, warn_deprecated
+from embedtune.cli.compress import ACTIONS as COMPRESS_ACTIONS
 from embedtune.errors import EmbedtuneError
 from embedtune.outputs import command_outputs
 from embedtune.runtime import cli_logging, default_threads, set_threads
@@ -36,24 +37,40 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 _ADDS_TO = {"plan": "compress"}  # a module that registers into another's group
 
 
-def _command_of(argv: list[str]) -> str | None:
-    """The top-level command ``argv`` names (the first word that is not a top-level option or its value), or None."""
-    words = iter(argv)
-    for word in words:
-        if word == "--threads":
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
+def _words_of(argv: list[str]) -> list[str]:
+    """The command and action words of ``argv``: those before the first option after the top-level ones."""
+    words, rest = [], iter(argv)
+    for word in rest:
+        if word == "--threads" and not words:
+            next(rest, None)
+        elif word.startswith("-"):
+            if words:
+                break
+        else:
+            words.append(word)
+    return words
 
 
 def _modules_for(argv: list[str] | None) -> list[str]:
     """The CLI modules to register for ``argv``: only the named command's (its parser is all that is read), else all."""
-    command = _command_of(argv) if argv is not None else None
+    command = next(iter(_words_of(argv)), None) if argv is not None else None
     owner = next((module for module, commands in COMMAND_MODULES.items() if command in commands), None)
     if owner is None:  # top-level --help, no command, or an unknown one: every command, so the usage lists them all
         return list(COMMAND_MODULES)
-    return [module for module in COMMAND_MODULES if module == owner or _ADDS_TO.get(module) == owner]
+    modules = [module for module in COMMAND_MODULES if module == owner or _ADDS_TO.get(module) == owner]
+    if owner == "compress" and _compress_actions(argv) is not None and "plan" not in (_compress_actions(argv) or ()):
+        modules.remove("plan")
+    return modules
+
+
+def _compress_actions(argv: list[str] | None) -> tuple[str, ...] | None:
+    """The ``compress`` actions to register for ``argv``: the one it names (none for ``plan``), or None for all."""
+    words = _words_of(argv) if argv is not None else []
+    if len(words) < 2 or words[0] != "compress":
+        return None
+    if words[1] == "plan":
+        return ("plan",)
+    return (words[1],) if words[1] in COMPRESS_ACTIONS else None
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -78,7 +95,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
     # __init__, and one command's module must not load every other command's stack (bench, PACE).
     for module in _modules_for(argv):
-        importlib.import_module(f"embedtune.cli.{module}").register(commands)
+        if module == "compress":
+            actions = _compress_actions(argv)
+            importlib.import_module("embedtune.cli.compress").register(
+                commands, actions=None if actions is None else tuple(a for a in actions if a != "plan"))
+        else:
+            importlib.import_module(f"embedtune.cli.{module}").register(commands)
     _say_defaults_once(parser)
     return parser
 

@@ -124,9 +124,12 @@ def principal_axes(xb: np.ndarray, k: int, complete_basis: bool = False) -> tupl
         mean += xb[start : start + _BLOCK_ROWS].sum(axis=0, dtype=np.float64)
     mean /= n
     scatter = np.zeros((d, d), dtype=np.float64)
+    buffer = np.empty((min(n, _BLOCK_ROWS), d), dtype=np.float64)  # one float64 block, reused: no new copy per block
     for start in range(0, n, _BLOCK_ROWS):
-        centred = xb[start : start + _BLOCK_ROWS].astype(np.float64) - mean
-        scatter += centred.T @ centred
+        block = xb[start : start + _BLOCK_ROWS]
+        centred = buffer[: len(block)]
+        np.subtract(block, mean, out=centred)
+        scatter += centred.T @ centred  # one operand: BLAS syrk
     eigenvalues, eigenvectors = np.linalg.eigh(scatter)  # ascending
     top = np.argsort(eigenvalues, kind="stable")[::-1][:k]
     components = flip_signs(eigenvectors[:, top].T)

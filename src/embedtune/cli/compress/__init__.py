@@ -15,22 +15,39 @@ The policy the handlers apply lives in the library: the similarity in
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Sequence
+from typing import Any
 
-from embedtune.cli.compress import apply, export, fit, train
-from embedtune.cli.compress.apply import run_apply
-from embedtune.cli.compress.export import run_export
-from embedtune.cli.compress.fit import fit_paths_help, run_fit
-from embedtune.cli.compress.flags import ADAPTER_HELP, add_label_flags, method_help, preset_help
-from embedtune.cli.compress.train import MINING_FLAGS, run_train
-from embedtune.workflows.train_compressor import with_both_pca_variants
+#: The actions in the order ``--help`` lists them (``plan`` joins after, from :mod:`embedtune.cli.plan`).
+ACTIONS = ("train", "fit", "apply", "export")
 
-__all__ = ["register", "run_train", "run_fit", "run_apply", "run_export", "method_help", "preset_help", "fit_paths_help",
+# Re-exported names, each imported from its action's module on first use, so that `compress apply` does not load
+# `compress train`'s stack (module __getattr__, PEP 562).
+_EXPORTS = {
+    "run_train": "train", "MINING_FLAGS": "train", "run_fit": "fit", "fit_paths_help": "fit", "run_apply": "apply",
+    "run_export": "export", "ADAPTER_HELP": "flags", "add_label_flags": "flags", "method_help": "flags", "preset_help": "flags",
+}
+
+__all__ = ["register", "ACTIONS", "run_train", "run_fit", "run_apply", "run_export", "method_help", "preset_help", "fit_paths_help",
            "add_label_flags", "with_both_pca_variants", "ADAPTER_HELP", "MINING_FLAGS"]
 
 
-def register(commands: argparse._SubParsersAction) -> None:
-    """Add the ``compress`` group with ``train``, ``fit``, ``apply`` and ``export``, in that order."""
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"embedtune.cli.compress.{_EXPORTS[name]}"), name)
+    if name == "with_both_pca_variants":
+        return importlib.import_module("embedtune.workflows.train_compressor").with_both_pca_variants
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register(commands: argparse._SubParsersAction, actions: Sequence[str] | None = None) -> None:
+    """Add the ``compress`` group with ``train``, ``fit``, ``apply`` and ``export``, in that order.
+
+    ``actions``: only these (the parser of one command: each action's module loads its own stack); None: all.
+    """
     compress = commands.add_parser("compress", help="train, apply and export embedding compressors (DIVE and baselines)")
     sub = compress.add_subparsers(dest="compress_command", metavar="ACTION", required=True)
-    for module in (train, fit, apply, export):
-        module.register(sub)
+    for name in ACTIONS:
+        if actions is None or name in actions:
+            importlib.import_module(f"embedtune.cli.compress.{name}").register(sub)
