@@ -138,7 +138,7 @@ def vectors(work: Path, n: int, d: int) -> tuple[Path, Path, Path, Path]:
     return docs, ids, queries, query_ids
 
 
-def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str]) -> dict[str, dict[str, float]]:
+def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str], steps: tuple[str, ...] = STEPS) -> dict[str, dict[str, float]]:
     py = sys.executable
     docs, ids, queries, query_ids = vectors(work, n, d)
     tag = f"{n}x{d}"
@@ -164,7 +164,7 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str]) -> dict[
         "search": ([work / f"run-{tag}"], [work / f"direct-hits-{tag}.npy"]),
     }
     result: dict[str, dict[str, float]] = {}
-    for step in STEPS:  # in order: apply reads fit's adapters, search reads build's indexes
+    for step in (s for s in STEPS if s in steps):  # in order: apply reads fit's adapters, search reads build's indexes
         ours, theirs, peak = [], [], []
         for _ in range(repeats):
             seconds, mb = timed(commands[step][0], env, outputs[step][0])
@@ -172,7 +172,8 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str]) -> dict[
             peak.append(mb)
             theirs.append(timed(commands[step][1], env, outputs[step][1])[0])
         result[step] = {"embedtune_s": statistics.median(ours), "direct_s": statistics.median(theirs),
-                        "ratio": statistics.median(ours) / statistics.median(theirs), "embedtune_peak_mb": max(peak)}
+                        "ratio": statistics.median(ours) / statistics.median(theirs), "embedtune_peak_mb": max(peak),
+                        "embedtune_runs_s": [round(x, 3) for x in ours], "direct_runs_s": [round(x, 3) for x in theirs]}
         print(f"  {tag} {step}: embedtune {result[step]['embedtune_s']:.2f}s, direct {result[step]['direct_s']:.2f}s, "
               f"ratio {result[step]['ratio']:.2f}, peak {result[step]['embedtune_peak_mb']:.0f} MB", flush=True)
     return result
@@ -214,9 +215,9 @@ def report(data: dict) -> str:
                   "|---|" + "---|" * len(cells) + "---|"]
         for step in STEPS:
             row = [f"{c['steps'][step]['embedtune_s']:.2f} s / {c['steps'][step]['direct_s']:.2f} s = **{c['steps'][step]['ratio']:.2f}×**, "
-                   f"{c['steps'][step]['embedtune_peak_mb']:.0f} MB" for c in cells]
-            ours = exponent([(c["n"], c["steps"][step]["embedtune_s"]) for c in cells])
-            theirs = exponent([(c["n"], c["steps"][step]["direct_s"]) for c in cells])
+                   f"{c['steps'][step]['embedtune_peak_mb']:.0f} MB" if step in c["steps"] else "–" for c in cells]
+            ours = exponent([(c["n"], c["steps"][step]["embedtune_s"]) for c in cells if step in c["steps"]])
+            theirs = exponent([(c["n"], c["steps"][step]["direct_s"]) for c in cells if step in c["steps"]])
             growth = "" if ours is None else f"{ours:.2f} / {theirs:.2f}"
             lines.append(f"| {step} | " + " | ".join(row) + f" | {growth} |")
         lines.append("")
@@ -231,6 +232,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--dims", type=int, nargs="+", default=[384])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS),
+                        help="only these steps (apply needs a fit, search a build, from this or an earlier run in --work)")
     parser.add_argument("--work", default="/tmp/embedtune-scale")
     parser.add_argument("--out", default="benchmarks/results/scale-steps")
     parser.add_argument("--note", default=None, help="a line recorded with the figures (e.g. what else ran on the machine)")
@@ -267,7 +270,7 @@ def main() -> None:
             if any(c["n"] == n and c["d"] == d for c in data["cells"]):
                 continue
             print(f"N = {n:,}, d = {d}", flush=True)
-            data["cells"].append({"n": n, "d": d, "command": data["command"], "date": data["date"], "steps": cell(work, n, d, args.repeats, env)})
+            data["cells"].append({"n": n, "d": d, "command": data["command"], "date": data["date"], "steps": cell(work, n, d, args.repeats, env, tuple(args.steps))})
             tmp = record.with_suffix(".tmp")
             tmp.write_text(json.dumps(data, indent=1))
             os.replace(tmp, record)

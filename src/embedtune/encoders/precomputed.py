@@ -128,6 +128,9 @@ def read_ids(path: str | Path) -> list[str]:
     return lines
 
 
+_PLAIN_ID_BYTES = bytes(range(0x21, 0x7F)) + b"\n"  # what an id file of printable ASCII ids holds
+
+
 def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], str]:
     """The ids of ``rows`` (ascending) in an ids file of ``n_rows`` ids, and the file's sha256.
 
@@ -139,15 +142,14 @@ def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], 
         raise FileNotFoundError(f"{path}: ids file not found; give one id per line, or a JSON list.")
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    codes = np.frombuffer(data, dtype=np.uint8)
-    newline = codes == 0x0A
-    plain = path.suffix != ".json" and bool((newline | ((codes > 0x20) & (codes < 0x7F))).all())
+    # Printable ASCII and newlines only, and no blank line (read_ids skips one): bytes methods, at C speed.
+    plain = (path.suffix != ".json" and data.isascii() and not data.translate(None, _PLAIN_ID_BYTES)
+             and not data.startswith(b"\n") and b"\n\n" not in data)
     if plain:
-        ends = np.flatnonzero(newline)
-        if len(data) and not newline[-1]:
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
+        if len(data) and not data.endswith(b"\n"):
             ends = np.append(ends, len(data))
         starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
-        plain = not (ends == starts).any()  # a blank line: read_ids skips it
     if not plain:
         every = read_ids(path)
         if len(every) != n_rows:
@@ -155,7 +157,7 @@ def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], 
         return [every[row] for row in rows], digest
     if len(ends) != n_rows:
         raise DataFormatError(str(path), f"{len(ends)} ids for {n_rows} rows", "give exactly one id per row")
-    return [data[starts[row] : ends[row]].decode("ascii") for row in rows], digest
+    return [data[start:end].decode("ascii") for start, end in zip(starts[rows].tolist(), ends[rows].tolist())], digest
 
 
 def load_embedding_rows(path: str | Path, ids: str | Path, rows_for) -> tuple[list[str], np.ndarray, dict[str, object]]:
