@@ -176,6 +176,8 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str], steps: t
                         "embedtune_runs_s": [round(x, 3) for x in ours], "direct_runs_s": [round(x, 3) for x in theirs]}
         print(f"  {tag} {step}: embedtune {result[step]['embedtune_s']:.2f}s, direct {result[step]['direct_s']:.2f}s, "
               f"ratio {result[step]['ratio']:.2f}, peak {result[step]['embedtune_peak_mb']:.0f} MB", flush=True)
+    for ours_out, direct_out in outputs.values():  # a 3M x 768 cell writes 30 GB: a full disk slows every later write
+        fresh_start([*ours_out, *direct_out])
     return result
 
 

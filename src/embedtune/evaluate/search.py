@@ -90,8 +90,9 @@ def rescore(xq: np.ndarray, xb: np.ndarray, I: np.ndarray) -> np.ndarray:
     d = xq.shape[1]
     step = max(1, _RESCORE_BYTES // (8 * m * d))
     for lo in range(0, nq, step):
-        rows = xb[I[lo : lo + step].ravel()].astype(np.float64).reshape(-1, m, d)  # (step, m, d)
-        D[lo : lo + step] = np.einsum("qd,qmd->qm", xq[lo : lo + step].astype(np.float64), rows)
+        rows = xb[I[lo : lo + step].ravel()].reshape(-1, m, d)  # (step, m, d)
+        # einsum casts to float64 in its own buffers: the same sums as on float64 copies, without making them.
+        D[lo : lo + step] = np.einsum("qd,qmd->qm", xq[lo : lo + step], rows, dtype=np.float64)
     return D
 
 
