@@ -92,8 +92,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         help="CPU threads for torch, FAISS and BLAS together (default: the free cores, i.e. the cores this process may "
                              "use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets it too)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    # Imported here, not at the top: `import embedtune.cli.compress` runs this package's
-    # __init__, and one command's module must not load every other command's stack (bench, PACE).
+    # Each command's module is imported here, and only for the command argv names: one command must not
+    # load every other command's stack (bench, PACE) nor build their flags.
     for module in _modules_for(argv):
         if module == "compress":
             actions = _compress_actions(argv)
