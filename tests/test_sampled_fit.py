@@ -111,9 +111,9 @@ def test_load_embedding_rows_refuses_what_it_cannot_read(tmp_path):
     np.save(bad, np.zeros((4, 3), dtype=np.int32))
     (tmp_path / "ids.txt").write_text("a\nb\nc\nd\n")
     with pytest.raises(DataFormatError, match="ints.npy"):
-        load_embedding_rows(bad, tmp_path / "ids.txt", lambda n, d: None)
+        load_embedding_rows(bad, tmp_path / "ids.txt", None)
     with pytest.raises(ValueError, match=".npy"):
-        load_embedding_rows(tmp_path / "v.parquet", tmp_path / "ids.txt", lambda n, d: None)
+        load_embedding_rows(tmp_path / "v.parquet", tmp_path / "ids.txt", None)
 
 
 def test_the_cli_says_the_sample_was_read(tmp_path, capsys):

@@ -60,6 +60,7 @@ __all__ = [
     "sha256_json",
     "verify_sha256",
     "xxh3_file",
+    "xxh3_bytes",
     "FILE_DIGESTS",
     "verify_file_digest",
     "write_json_with_digest",
@@ -248,14 +249,7 @@ def verify_sha256(path: str | os.PathLike, expected: str, fix: str) -> None:
 
     ``fix`` completes the message: what recreates the file (e.g. "re-export the adapter").
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found (it was recorded with sha256 {expected}). {fix}")
-    actual = sha256_file(path)
-    if actual != expected:
-        raise IntegrityError(
-            f"{path}: sha256 mismatch: expected {expected}, got {actual}; the file is damaged or was edited after it was written. {fix}"
-        )
+    verify_file_digest(path, "sha256", expected, fix)
 
 
 def xxh3_file(path: str | os.PathLike, chunk_size: int = 1 << 22) -> str:
@@ -274,15 +268,22 @@ def xxh3_file(path: str | os.PathLike, chunk_size: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def xxh3_bytes(data: Any) -> str:
+    """The XXH3-128 hex digest of a bytes-like object (an array's buffer): :func:`xxh3_file` for data in memory."""
+    import xxhash
+
+    return xxhash.xxh3_128(data).hexdigest()
+
+
 #: The file digests embedtune records, by the name a manifest stores them under.
 FILE_DIGESTS: dict[str, Callable[[str | os.PathLike], str]] = {"sha256": sha256_file, "xxh3_128": xxh3_file}
 
 
 def verify_file_digest(path: str | os.PathLike, algorithm: str, expected: str, fix: str) -> None:
-    """Raise :class:`IntegrityError` when ``path``'s ``algorithm`` digest (a key of :data:`FILE_DIGESTS`) is not ``expected``."""
-    if algorithm == "sha256":
-        verify_sha256(path, expected, fix)
-        return
+    """Raise :class:`IntegrityError` when ``path``'s ``algorithm`` digest (a key of :data:`FILE_DIGESTS`) is not ``expected``.
+
+    ``fix`` completes the message: what recreates the file (e.g. "re-export the adapter").
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found (it was recorded with {algorithm} {expected}). {fix}")

@@ -57,10 +57,9 @@ def _modules_for(argv: list[str] | None) -> list[str]:
     owner = next((module for module, commands in COMMAND_MODULES.items() if command in commands), None)
     if owner is None:  # top-level --help, no command, or an unknown one: every command, so the usage lists them all
         return list(COMMAND_MODULES)
-    modules = [module for module in COMMAND_MODULES if module == owner or _ADDS_TO.get(module) == owner]
-    if owner == "compress" and _compress_actions(argv) is not None and "plan" not in (_compress_actions(argv) or ()):
-        modules.remove("plan")
-    return modules
+    actions = _compress_actions(argv)
+    return [module for module in COMMAND_MODULES
+            if module == owner or (_ADDS_TO.get(module) == owner and (actions is None or module in actions))]
 
 
 def _compress_actions(argv: list[str] | None) -> tuple[str, ...] | None:

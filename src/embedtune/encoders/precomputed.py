@@ -21,7 +21,7 @@ from embedtune.data.errors import DataFormatError
 from embedtune.data.pairs import file_sha256
 from embedtune.encoders.ray_encode import SHARD_MANIFEST, is_shard_folder, read_shards
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, NoQueriesError, NonFiniteError, check_finite
-from embedtune.io import release_mapped_pages
+from embedtune.io import release_mapped_pages, xxh3_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -145,25 +145,24 @@ def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], 
     # Printable ASCII and newlines only, and no blank line (read_ids skips one): bytes methods, at C speed.
     plain = (path.suffix != ".json" and data.isascii() and not data.translate(None, _PLAIN_ID_BYTES)
              and not data.startswith(b"\n") and b"\n\n" not in data)
-    if plain:
-        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
-        if len(data) and not data.endswith(b"\n"):
-            ends = np.append(ends, len(data))
-        starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
     if not plain:
         every = read_ids(path)
         if len(every) != n_rows:
             raise DataFormatError(str(path), f"{len(every)} ids for {n_rows} rows", "give exactly one id per row")
         return [every[row] for row in rows], digest
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
+    if len(data) and not data.endswith(b"\n"):
+        ends = np.append(ends, len(data))
     if len(ends) != n_rows:
         raise DataFormatError(str(path), f"{len(ends)} ids for {n_rows} rows", "give exactly one id per row")
+    starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
     return [data[start:end].decode("ascii") for start, end in zip(starts[rows].tolist(), ends[rows].tolist())], digest
 
 
-def load_embedding_rows(path: str | Path, ids: str | Path, rows_for) -> tuple[list[str], np.ndarray, dict[str, object]]:
+def load_embedding_rows(path: str | Path, ids: str | Path, rows: np.ndarray | None) -> tuple[list[str], np.ndarray, dict[str, object]]:
     """``(ids, vectors, record)`` of only some rows of a ``.npy`` file: what a fit on a sample reads.
 
-    ``rows_for(n_rows, dim)`` names the rows (ascending; None: every row). Only those rows are read,
+    ``rows`` names the rows (ascending; None: every row). Only those rows are read,
     cast to float32 and checked finite, and only their ids are made: a fit on 100k rows of a 3M-row
     file reads 100k rows. ``record`` says what was read: the file's name, size, shape and dtype, the
     row count, and the XXH3-128 digest of the rows as stored (the whole file is never hashed),
@@ -181,14 +180,11 @@ def load_embedding_rows(path: str | Path, ids: str | Path, rows_for) -> tuple[li
         raise DataFormatError(str(path), f"expected a 2-D float32/float16/float64 array, got {vectors.dtype} {vectors.shape}",
                               "save an (n, d) float32 array with np.save")
     n_rows, dim = vectors.shape
-    rows = rows_for(n_rows, dim)
     rows = np.arange(n_rows) if rows is None else np.asarray(rows, dtype=np.int64)
     picked_ids, ids_sha256 = _ids_of_rows(ids_path, n_rows, rows)
     stored = np.asarray(vectors[rows])
     release_mapped_pages(vectors)
-    import xxhash  # the rows' digest is a record of what was read, taken at 10 GB/s (embedtune.io.xxh3_file)
-
-    digest = xxhash.xxh3_128(np.ascontiguousarray(stored).data).hexdigest()
+    digest = xxh3_bytes(np.ascontiguousarray(stored).data)  # a record of what was read, taken at 10 GB/s
     sample = np.ascontiguousarray(stored, dtype=np.float32)
     try:
         check_finite(sample, str(path), "vectors", fix=_FINITE_FIX)

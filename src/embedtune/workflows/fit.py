@@ -41,6 +41,7 @@ from embedtune import __version__
 from embedtune.compress import Compressor, Preset, TrainingData, describe_method, get_compressor_class, unsupervised_methods
 from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
+from embedtune.compress.streaming import embedding_file_shape
 from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
 from embedtune.data.splits import QuerySplit, rank_by_hash
@@ -181,13 +182,13 @@ def _sampled_corpus(compressor: Compressor, data: str | Path | None, vectors: di
     if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
         return None  # selection reads the held-out documents' texts: the whole-corpus path
     try:
-        n_rows, dim = np.load(path, mmap_mode="r", allow_pickle=False).shape
-    except (ValueError, OSError, EOFError):
+        n_rows, dim = embedding_file_shape(path)
+    except (ValueError, OSError):
         return None  # the whole-corpus reader names what is wrong with the file
-    rows = compressor.fit_rows(int(n_rows), int(dim))
+    rows = compressor.fit_rows(n_rows, dim)
     if rows is None:
         return None
-    ids, docs, record = load_embedding_rows(path, ids_file, lambda n, d: rows)
+    ids, docs, record = load_embedding_rows(path, ids_file, rows)
     if (encoder_options or {}).get("normalize", True):
         docs = unit_rows(docs)
     provenance = {"model": PRECOMPUTED_MODEL, "vectors": record.pop("ids"), "vector_rows": record}
