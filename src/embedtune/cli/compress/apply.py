@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from embedtune.cli.common import DeprecatedAlias, add_ray_flags, print_json
+from embedtune.cli.common import DeprecatedAlias, add_ray_flags, print_json, ray_pool
 from embedtune.cli.compress.flags import ADAPTER_HELP
 from embedtune.compress import load_compressor
-from embedtune.compress.ray_apply import apply_compressor_ray, check_ray_apply_paths, pool_from_flags
 from embedtune.compress.streaming import apply_compressor_streaming, embedding_file_shape, ids_path_for
 from embedtune.outputs import prepare_output_file
 
@@ -37,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    pool = pool_from_flags(args.ray_actors, args.ray_address, args.cpus_per_actor, args.threads_per_actor)
+    pool = ray_pool(args)
     prepare_output_file(args.out, args.overwrite, inputs=[args.input])
     if args.input.endswith(".parquet") and args.out.endswith(".npy"):  # the ids go beside the vectors
         prepare_output_file(ids_path_for(args.out), args.overwrite, inputs=[args.input], flag="--out's ids file")
@@ -47,6 +46,8 @@ def run_apply(args: argparse.Namespace) -> int:
         path = apply_compressor_streaming(compressor, args.input, args.out, args.chunk_size,
                                           id_column=args.id_column, vector_column=args.vector_column)
     else:
+        from embedtune.compress.ray_apply import apply_compressor_ray, check_ray_apply_paths
+
         check_ray_apply_paths(args.input, args.out, compressor)  # before Ray starts
         path = apply_compressor_ray(args.adapter, args.input, args.out, pool, rows_per_range=args.chunk_size)
     rows = embedding_file_shape(path, args.vector_column)[0]
