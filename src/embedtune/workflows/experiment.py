@@ -6,8 +6,10 @@ CLI stays a thin layer over this module.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from embedtune.compress.base import TrainingData
-from embedtune.data.beir import BeirDataset, load_beir
+from embedtune.data.beir import BeirDataset, load_beir, load_beir_corpus, untitled_corpus
 from embedtune.data.pairs import labelled_dataset, read_labels
 from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
-from embedtune.encoders.recipe import EncoderRecipe
+from embedtune.encoders.recipe import EncoderRecipe, recipe_beside
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, check_precomputed_pair, judged_documents, load_embeddings, require_ids, vector_fingerprints
 from embedtune.encoders.sentence_transformer import SentenceEncoder
 from embedtune.encoders.similarity import SimilarityChoice, resolve_similarity
@@ -28,10 +30,11 @@ from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.metrics import RetrievalMetrics
 from embedtune.evaluate.retrieval import evaluate_embeddings
 from embedtune.evaluate.search import unit_rows
+from embedtune.io import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "load_experiment", "evaluate_frozen", "training_data", "encoder_settings", "PROTOCOLS"]
+__all__ = ["Experiment", "load_experiment", "load_corpus_experiment", "evaluate_frozen", "training_data", "encoder_settings", "PROTOCOLS"]
 
 # "paper": 60/20/20 query-disjoint split of one qrels split's judged queries (DIVE §4.1).
 # "beir-train": train/val from qrels/train.tsv, test = every judged query of qrels/test.tsv.
@@ -253,3 +256,43 @@ def training_data(experiment: Experiment, part: str, triplets: np.ndarray | None
 
 def evaluate_frozen(experiment: Experiment, part: str = "all", ignore_identical_ids: bool = True, top_k: int = 100) -> RetrievalMetrics:
     return experiment.evaluate(part, ignore_identical_ids=ignore_identical_ids, top_k=top_k)
+
+
+def load_corpus_experiment(
+    data: str | Path | None = None,
+    model: str = "minilm",
+    encoder_options: Mapping[str, Any] | None = None,
+    cache: bool = True,
+    doc_embeddings: str | Path | None = None,
+    doc_ids: str | Path | None = None,
+) -> Experiment:
+    """An experiment of the corpus alone, all a label-free plan reads: no queries, no qrels, no split.
+
+    ``data``: a BEIR folder or a ``corpus.jsonl`` (:func:`~embedtune.data.beir.load_beir_corpus`:
+    ``qrels/`` and ``queries.jsonl`` need not exist), encoded with ``model`` (cached), or, with
+    ``doc_embeddings`` (and ``doc_ids``), precomputed vectors; their texts are then read from
+    ``data`` when it is given (pseudo-queries need them). ``encoder_options["normalize"]`` (default
+    True) is cosine similarity, False the raw dot product.
+    """
+    normalize = (encoder_options or {}).get("normalize", True)
+    if doc_embeddings is not None:
+        ids, docs = load_embeddings(doc_embeddings, doc_ids, unique=True)
+        docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
+        release_mapped_pages(docs)  # unit rows are returned as the map itself, read through once: not held resident
+        dataset = (load_beir_corpus(data) if data is not None else
+                   BeirDataset(Path(doc_embeddings).stem, untitled_corpus(ids), {}, {}, "corpus", {}, str(doc_embeddings)))
+        provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
+        made_by = recipe_beside(doc_embeddings)  # an embed-corpus folder (or embed's) records the recipe that made it
+    else:
+        if data is None:
+            raise ValueError("give the corpus: a BEIR folder or corpus.jsonl (--data) and a --model, or --doc-embeddings with --doc-ids.")
+        dataset = load_beir_corpus(data)
+        dataset.fingerprints.setdefault("queries.jsonl", hashlib.sha256(b"").hexdigest())  # no queries are encoded
+        encoder = SentenceEncoder(model, **dict(encoder_options or {}))
+        encoded = embed_dataset(encoder, dataset, cache=cache)
+        ids, docs = list(encoded.doc_ids), np.ascontiguousarray(encoded.doc_embeddings, dtype=np.float32)
+        provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
+    # The recipe travels with the vectors, so pseudo- and unlabelled queries are encoded the same way.
+    described = encoded.model if doc_embeddings is None else (made_by.to_dict() if made_by is not None else {})
+    embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {}, described)
+    return Experiment(dataset, embeddings, None, "cosine" if normalize else "dot", provenance)

@@ -48,9 +48,8 @@ from embedtune.data.splits import QuerySplit, rank_by_hash
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embedding_rows, require_ids
 from embedtune.evaluate.search import unit_rows
 from embedtune.io import atomic_write_json
-from embedtune.workflows.experiment import Experiment, load_experiment, training_data
+from embedtune.workflows.experiment import Experiment, load_corpus_experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
-from embedtune.workflows.label_free import load_corpus_experiment
 from embedtune.workflows.pseudo_queries import recipe_pseudo_queries, selection_pseudo_queries
 from embedtune.workflows.train_compressor import require_mined_triplets, resolve_preset, training_notes
 from embedtune.workflows.triplets import shared_triplets

@@ -27,7 +27,6 @@ choice on the labelled test queries, afterwards).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import shutil
@@ -41,13 +40,11 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, TrainingData, get_compressor_class, load_compressor
-from embedtune.data.beir import BeirDataset, load_beir_corpus, untitled_corpus
 from embedtune.data.new_documents import withheld_documents
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES
 from embedtune.data.query_files import read_query_file
 from embedtune.encoders.cache import EmbeddingCache
-from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
-from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embeddings, vector_fingerprints
+from embedtune.encoders.precomputed import load_embeddings
 from embedtune.encoders.ray_encode import is_shard_folder
 from embedtune.encoders.recipe import recipe_beside
 from embedtune.encoders.sentence_transformer import SentenceEncoder
@@ -59,7 +56,7 @@ from embedtune.index.codecs import PRECISIONS
 from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.io import read_json_verified, release_mapped_pages, sha256_file, sha256_json, write_json_with_digest
-from embedtune.workflows.experiment import Experiment
+from embedtune.workflows.experiment import Experiment, load_corpus_experiment
 from embedtune.workflows.fit_and_score import build_config
 from embedtune.workflows.full_corpus_check import full_corpus_agreement
 from embedtune.workflows.plan import (
@@ -173,46 +170,6 @@ def pseudo_query_validation(experiment: Experiment, doc_ids: Sequence[str], sour
     pseudo = build_pseudo_queries(experiment, source, encoder=encoder, cache=cache, doc_ids=list(doc_ids), mine=False)
     judgments = {qid: {qid[len(PSEUDO_PREFIX):]: 1} for qid in pseudo.ids}
     return QuerySet(list(pseudo.ids), pseudo.embeddings, judgments, f"held-out pseudo-queries ({source})")
-
-
-def load_corpus_experiment(
-    data: str | Path | None = None,
-    model: str = "minilm",
-    encoder_options: Mapping[str, Any] | None = None,
-    cache: bool = True,
-    doc_embeddings: str | Path | None = None,
-    doc_ids: str | Path | None = None,
-) -> Experiment:
-    """An experiment of the corpus alone, all a label-free plan reads: no queries, no qrels, no split.
-
-    ``data``: a BEIR folder or a ``corpus.jsonl`` (:func:`~embedtune.data.beir.load_beir_corpus`:
-    ``qrels/`` and ``queries.jsonl`` need not exist), encoded with ``model`` (cached), or, with
-    ``doc_embeddings`` (and ``doc_ids``), precomputed vectors; their texts are then read from
-    ``data`` when it is given (pseudo-queries need them). ``encoder_options["normalize"]`` (default
-    True) is cosine similarity, False the raw dot product.
-    """
-    normalize = (encoder_options or {}).get("normalize", True)
-    if doc_embeddings is not None:
-        ids, docs = load_embeddings(doc_embeddings, doc_ids, unique=True)
-        docs = unit_rows(docs) if normalize else np.ascontiguousarray(docs, dtype=np.float32)
-        release_mapped_pages(docs)  # unit rows are returned as the map itself, read through once: not held resident
-        dataset = (load_beir_corpus(data) if data is not None else
-                   BeirDataset(Path(doc_embeddings).stem, untitled_corpus(ids), {}, {}, "corpus", {}, str(doc_embeddings)))
-        provenance: dict[str, Any] = {"model": PRECOMPUTED_MODEL, "vectors": vector_fingerprints(doc_embeddings, doc_ids)}
-        made_by = recipe_beside(doc_embeddings)  # an embed-corpus folder (or embed's) records the recipe that made it
-    else:
-        if data is None:
-            raise ValueError("give the corpus: a BEIR folder or corpus.jsonl (--data) and a --model, or --doc-embeddings with --doc-ids.")
-        dataset = load_beir_corpus(data)
-        dataset.fingerprints.setdefault("queries.jsonl", hashlib.sha256(b"").hexdigest())  # no queries are encoded
-        encoder = SentenceEncoder(model, **dict(encoder_options or {}))
-        encoded = embed_dataset(encoder, dataset, cache=cache)
-        ids, docs = list(encoded.doc_ids), np.ascontiguousarray(encoded.doc_embeddings, dtype=np.float32)
-        provenance = {"model": str(model), "model_sha256": encoder.fingerprint}
-    # The recipe travels with the vectors, so pseudo- and unlabelled queries are encoded the same way.
-    described = encoded.model if doc_embeddings is None else (made_by.to_dict() if made_by is not None else {})
-    embeddings = DatasetEmbeddings(list(ids), docs, [], np.zeros((0, docs.shape[1]), dtype=np.float32), {}, {}, described)
-    return Experiment(dataset, embeddings, None, "cosine" if normalize else "dot", provenance)
 
 
 def encode_unlabelled_queries(experiment: Experiment, path: str | Path, encoder: SentenceEncoder | None = None,
