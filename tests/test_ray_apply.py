@@ -100,6 +100,7 @@ def test_ray_flags_refuse_what_the_ray_apply_cannot_do_before_ray_starts(fitted,
         (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.parquet"), "--ray-actors", "2"], "writes a .npy file"),
         (["--input", str(tmp_path / "wide.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "2"], "41 columns"),
         (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-address", "auto"], "--ray-address needs --ray-actors"),
+        (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "-1"], "must be 0 (run in this process) or more"),
         (["--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / "o.npy"), "--ray-actors", "1", "--cpus-per-actor", "0"], "--cpus-per-actor"),
     ]
     import socket
@@ -113,6 +114,14 @@ def test_ray_flags_refuse_what_the_ray_apply_cannot_do_before_ray_starts(fitted,
         assert _cli(base + extra) != 0
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o.npy").exists() and not (tmp_path / "o.parquet").exists()
+    # index build checks the same flags before it reads anything (a local run never imports the Ray layer).
+    (tmp_path / "ids.txt").write_text("".join(f"{i}\n" for i in range(50)))
+    for extra, message in ((["--ray-address", "auto"], "--ray-address needs --ray-actors"),
+                           (["--ray-actors", "-1"], "must be 0 (run in this process) or more")):
+        assert _cli(["index", "build", "--embeddings", str(tmp_path / "in.npy"), "--ids", str(tmp_path / "ids.txt"),
+                     "--out", str(tmp_path / "index"), *extra]) != 0
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "index").exists()
     # embed-corpus shares the flags and the way to the cluster.
     (tmp_path / "corpus.jsonl").write_text('{"_id": "d1", "title": "", "text": "one"}\n', encoding="utf-8")
     assert _cli(["embed-corpus", "--data", str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "shards"), "--ray-actors", "1",

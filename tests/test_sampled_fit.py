@@ -84,6 +84,11 @@ def test_only_the_read_rows_are_checked(tmp_path):
     "a\r\nb\r\nc\r\nd\r\n",             # Windows line ends
     codecs.BOM_UTF8.decode() + "a\nb\nc\nd\n",  # a byte-order mark
     "\u00e9\nb\nc x\nd\n",              # non-ASCII ids and an inner space
+    "\na\nb\nc\nd\n",                   # a blank first line
+    "a\nb\nc\nd\n\n",                   # a blank last line
+    "a\tb\nc\nd\ne\n",                  # a tab inside an id
+    "a\x0cb\nc\nd\n",                    # a form feed, which splitlines breaks on
+    "a\x7fb\nc\nd\ne\n",                # DEL, kept inside its id
 ])
 def test_the_ids_of_some_rows_match_read_ids(tmp_path, text):
     path = tmp_path / "ids.txt"
