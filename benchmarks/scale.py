@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import shutil
 import statistics
@@ -226,7 +225,8 @@ def report(data: dict) -> str:
     lines = ["# Each step at scale: embedtune against numpy and FAISS directly", "",
              "Commands:", "",
              *[f"- `{command}`" + (f" (started {date})" if date else "")
-               for command, date in dict.fromkeys((c.get("command", data["command"]), c.get("date")) for c in data["cells"])], "",
+               for command, date in dict.fromkeys((command, date) for c in data["cells"]  # a cell merged from runs of other steps lists each
+                                                  for command, date in c.get("runs", [(c.get("command", data["command"]), c.get("date"))]))], "",
              f"Machine: {data['machine']}. Date: {data['date']}. One thread; fresh processes, start-up included on both sides;"
              " median of the repeats; the two sides take turns to go first; each run starts with its inputs read through"
              " (in the page cache), its outputs removed and no dirty pages (`os.sync()`);"
