@@ -10,7 +10,11 @@ rate-distortion bound at 32 B. This benchmark separates the two causes:
   KLT's eigenvalues (**gaussian**): no estimation error beyond the eigenvalues, at the price of ignoring any
   structure the Gaussian lacks.
 
-Both use the same KLT (fitted on the fitting half), the same axes (the first ``r``) and the same grouping of axes
+A third shape tries groups of unequal size (**variable**): consecutive KLT axes, each group holding an equal share of
+the reverse water-filling rate at the budget (a strong axis shares its 8 bits with few others, weak axes share them
+with many), each group coded by its own 256-entry k-means on the rows.
+
+Data and Gaussian tables use the same KLT (fitted on the fitting half), the same axes (the first ``r``) and the same grouping of axes
 into sub-quantisers (:func:`~embedtune.index.codecs.transform.eigenvalue_allocation`), with FAISS's
 ``ProductQuantizer`` (8-bit: ``B`` sub-quantisers; 4-bit: ``2B``). Error is ``||x - x̂||²`` per document on the
 unit vectors, and dB is measured against :func:`~embedtune.index.codecs.rate_distortion.gaussian_bound` at ``8B`` bits
@@ -31,7 +35,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from embedtune.index.codecs.rate_distortion import corpus_spectrum, gap_db, gaussian_bound
+from embedtune.index.codecs.rate_distortion import corpus_spectrum, gap_db, gaussian_bound, water_level
 from embedtune.index.codecs.transform import eigenvalue_allocation, fit_klt
 from embedtune.io import atomic_write_bytes, atomic_write_json
 
@@ -64,8 +68,7 @@ def error(x: np.ndarray, decoded: np.ndarray) -> float:
 
 def measure(docs: np.ndarray, budget: int, nbits: int, axes_kept: int, seed: int) -> dict[str, float]:
     """In-sample and held-out error of data-trained and Gaussian-trained KLT-PQ tables, one half fitting."""
-    order = np.random.default_rng(seed).permutation(len(docs))
-    fit, other = docs[np.sort(order[: len(docs) // 2])], docs[np.sort(order[len(docs) // 2:])]
+    fit, other = split(docs, seed)
     eigenvalues, axes = fit_klt(fit)
     mean = fit.mean(axis=0)
     groups = 8 * budget // nbits
@@ -84,6 +87,44 @@ def measure(docs: np.ndarray, budget: int, nbits: int, axes_kept: int, seed: int
         for part, x, y in (("in_sample", fit, y_fit), ("held_out", other, y_other)):
             row[f"{kind}_{part}"] = error(x, quantiser.decode(quantiser.compute_codes(y)) @ chosen.T + mean)
     return row
+
+
+def split(docs: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The fitting half and the other half (seeded)."""
+    order = np.random.default_rng(seed).permutation(len(docs))
+    return docs[np.sort(order[: len(docs) // 2])], docs[np.sort(order[len(docs) // 2:])]
+
+
+def variable_groups(eigenvalues: np.ndarray, bits: float, groups: int) -> list[np.ndarray]:
+    """Consecutive axes in ``groups`` groups of equal reverse water-filling rate at ``bits`` (axes with no rate left out)."""
+    rate = np.maximum(0.0, 0.5 * np.log2(np.maximum(eigenvalues, 1e-30) / water_level(eigenvalues, bits)))
+    active = int((rate > 0).sum())
+    cumulative = np.cumsum(rate[:active])
+    # Group j ends where the running rate passes (j + 1) / groups of the total; each group keeps at least one axis.
+    ends = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, groups + 1) / groups - 1e-9) + 1
+    ends = np.maximum(ends, np.arange(1, groups + 1))
+    ends[-1] = max(active, groups)
+    ends = np.minimum(np.maximum.accumulate(ends), max(active, groups))
+    starts = np.concatenate(([0], ends[:-1]))
+    return [np.arange(a, b) for a, b in zip(starts, ends) if b > a]
+
+
+def variable_error(fit: np.ndarray, other: np.ndarray, eigenvalues: np.ndarray, axes: np.ndarray, budget: int,
+                   seed: int) -> tuple[float, int]:
+    """Held-out error of 8-bit k-means tables on :func:`variable_groups`, and the number of axes they code."""
+    mean = fit.mean(axis=0)
+    groups = variable_groups(eigenvalues, 8 * budget, budget)
+    kept = int(groups[-1][-1]) + 1
+    chosen = axes[:, :kept]
+    y_fit = np.ascontiguousarray((fit - mean) @ chosen, dtype=np.float32)
+    y_other = np.ascontiguousarray((other - mean) @ chosen, dtype=np.float32)
+    decoded = np.zeros(y_other.shape, dtype=np.float64)
+    for group in groups:
+        kmeans = faiss.Kmeans(len(group), 256, niter=25, seed=seed + 1, verbose=False)
+        kmeans.train(np.ascontiguousarray(y_fit[:, group]))
+        _, nearest = kmeans.index.search(np.ascontiguousarray(y_other[:, group]), 1)
+        decoded[:, group] = kmeans.centroids[nearest[:, 0]]
+    return error(other, decoded @ chosen.T + mean), kept
 
 
 def report(data: dict) -> str:
@@ -107,11 +148,16 @@ def report(data: dict) -> str:
             value = row["db"][f"{kind}_held_out"]
             if value < best.get((key, kind), (np.inf,))[0]:
                 best[(key, kind)] = (value, row["nbits"], row["axes_kept"])
-    lines += ["", "Best held-out setting per corpus and budget (over bits and r):", "",
-              "| corpus | B | data: dB (bits, r) | gaussian: dB (bits, r) | gaussian − data (dB) |", "|---|---|---|---|---|"]
+    variable = {(v["corpus"], v["budget"]): v for v in data.get("variable", [])}
+    lines += ["", "Best held-out setting per corpus and budget (over bits and r), and 8-bit tables on groups of unequal size "
+              "(**variable**: consecutive axes, equal shares of the water-filling rate):", "",
+              "| corpus | B | data: dB (bits, r) | gaussian: dB (bits, r) | gaussian − data (dB) | variable: dB (r) | variable − data (dB) |",
+              "|---|---|---|---|---|---|---|"]
     for corpus, budget in sorted({(r["corpus"], r["budget"]) for r in data["rows"]}, key=lambda k: (list(CORPORA).index(k[0]), k[1])):
         d, g = best[((corpus, budget), "data")], best[((corpus, budget), "gaussian")]
-        lines.append(f"| {corpus} | {budget} | {d[0]:+.2f} ({d[1]}, {d[2]}) | {g[0]:+.2f} ({g[1]}, {g[2]}) | {g[0] - d[0]:+.2f} |")
+        v = variable.get((corpus, budget))
+        shape = f"{v['db']:+.2f} ({v['axes_kept']}) | {v['db'] - d[0]:+.2f}" if v else "– | –"
+        lines.append(f"| {corpus} | {budget} | {d[0]:+.2f} ({d[1]}, {d[2]}) | {g[0]:+.2f} ({g[1]}, {g[2]}) | {g[0] - d[0]:+.2f} | {shape} |")
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +178,7 @@ def main() -> None:
                 f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()
                 if k != "report_only" and v != parser.get_default(k))]),
             "machine": machine(), "faiss": faiss.__version__,
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "rows": []}
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "rows": [], "variable": []}
     for corpus in args.corpora:
         path = CORPORA[corpus]
         if not path.is_file():
@@ -140,8 +186,14 @@ def main() -> None:
             continue
         docs = np.ascontiguousarray(np.load(path, allow_pickle=False)["document"], dtype=np.float32)
         spectrum = corpus_spectrum(docs)
+        fit, other = split(docs, args.seed)
+        eigenvalues, axes = fit_klt(fit)
         for budget in args.budgets:
             bound = gaussian_bound(spectrum, 8 * budget)
+            variable, kept = variable_error(fit, other, eigenvalues, axes, budget, args.seed)
+            data["variable"].append({"corpus": corpus, "budget": budget, "axes_kept": kept, "held_out": variable,
+                                     "db": gap_db(variable, bound)})
+            print(f"{corpus} B={budget} variable groups on {kept} axes: {gap_db(variable, bound):+.2f} dB held-out", flush=True)
             for nbits in (8, 4):
                 groups = 8 * budget // nbits
                 for per_group in (2, 4, 6):
