@@ -2,8 +2,8 @@
 
 The near-limit codecs fit their codebooks on the corpus (at most 65,536 rows) and are measured cross-fitted: tables
 fitted on one half of the documents code the other half, as new documents would be. On corpora of 1k-11k documents
-that leaves 500-5,700 rows to train 256-entry codebooks, and the codecs sit 1.4-2.8 dB above the Gaussian
-rate-distortion bound at 32 B. This benchmark separates the two causes:
+that leaves 500-5,700 rows to train 256-entry codebooks, and the codecs sit one to three decibels above the Gaussian
+rate-distortion bound at 32 B (``benchmarks/results/near-limit/REPORT.md``). This benchmark separates two causes:
 
 * **in-sample** error (the tables code the rows they were fitted on) against **held-out** error (the other half);
 * codebooks trained on the rows (**data**) against codebooks trained on 65,536 rows drawn from the Gaussian with the
