@@ -400,7 +400,7 @@ def cli_logging(verbose: bool = False, quiet: bool = False) -> Iterator[None]:
             # HF_HUB_DISABLE_PROGRESS_BARS before the import otherwise. -v keeps them.
             transformers_logging.disable_progress_bar()
             stack.callback(transformers_logging.enable_progress_bar)
-        if not quiet:  # log lines above the bars; quiet draws no bars, and skips tqdm's import (a fifth of a small job's start-up)
+        if not quiet:  # log lines above the bars; quiet draws no bars, and skips the redirect's import (20 ms)
             from tqdm.contrib.logging import logging_redirect_tqdm
 
             stack.enter_context(logging_redirect_tqdm(loggers=[root]))

@@ -251,9 +251,8 @@ def add_ray_flags(parser: argparse.ArgumentParser, actor: str, threads: str, gpu
 def ray_pool(args: argparse.Namespace) -> "RayPool | None":
     """The actor pool that :func:`add_ray_flags`' options describe; None for a run in this process.
 
-    A local run never imports the Ray layer (a fiftieth of a second of every ``index build`` and
-    ``compress apply`` start-up); the flags are still checked, by :func:`~embedtune.compress.ray_apply.pool_from_flags`,
-    whenever one is given.
+    A local ``compress apply`` never imports the Ray layer (20 ms of its start-up); the flags are still
+    checked, by :func:`~embedtune.compress.ray_apply.pool_from_flags`, whenever one is given.
     """
     if args.ray_actors == 0 and args.ray_address is None:
         return None
