@@ -6,7 +6,6 @@ import pytest
 from conftest import shared_dataset
 from embedtune.data import load_beir
 from embedtune.encoders import EmbeddingCache, SentenceEncoder, embed_dataset, load_embeddings, resolve_model_path
-from embedtune.encoders import bundled
 
 
 def test_tiny_bert_encoder_outputs_normalised_float32(tiny_bert_dir):
@@ -96,7 +95,7 @@ def test_mpnet_without_parts_names_make_target(monkeypatch):
             raise importlib.metadata.PackageNotFoundError(name)
         return real(name)
 
-    monkeypatch.setattr(bundled.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)  # bundled imports it when it looks for the parts
     with pytest.raises(FileNotFoundError, match="make mpnet"):
         resolve_model_path("mpnet")
 
