@@ -66,14 +66,14 @@ def error(x: np.ndarray, decoded: np.ndarray) -> float:
     return float(((np.asarray(x, np.float64) - decoded) ** 2).sum(axis=1).mean())
 
 
-def measure(docs: np.ndarray, budget: int, nbits: int, axes_kept: int, seed: int) -> dict[str, float]:
-    """In-sample and held-out error of data-trained and Gaussian-trained KLT-PQ tables, one half fitting."""
-    fit, other = split(docs, seed)
-    eigenvalues, axes = fit_klt(fit)
+def measure(fit: np.ndarray, other: np.ndarray, eigenvalues: np.ndarray, axes: np.ndarray, budget: int, nbits: int,
+            axes_kept: int, seed: int) -> dict[str, float]:
+    """In-sample and held-out error of data-trained and Gaussian-trained KLT-PQ tables (KLT of the fitting half)."""
     mean = fit.mean(axis=0)
     groups = 8 * budget // nbits
-    chosen = axes[:, eigenvalue_allocation(eigenvalues, axes_kept, groups)]
-    variances = np.clip(eigenvalues[eigenvalue_allocation(eigenvalues, axes_kept, groups)], 0.0, None)
+    order = eigenvalue_allocation(eigenvalues, axes_kept, groups)
+    chosen = axes[:, order]
+    variances = np.clip(eigenvalues[order], 0.0, None)
     y_fit = np.ascontiguousarray((fit - mean) @ chosen, dtype=np.float32)
     y_other = np.ascontiguousarray((other - mean) @ chosen, dtype=np.float32)
     gaussian = (np.random.default_rng(seed + 1).standard_normal((GAUSSIAN_ROWS, axes_kept)) * np.sqrt(variances)).astype(np.float32)
@@ -200,7 +200,7 @@ def main() -> None:
                     axes_kept = groups * per_group // (2 if nbits == 4 else 1)
                     if axes_kept > docs.shape[1] or axes_kept % groups:
                         continue
-                    row = measure(docs, budget, nbits, axes_kept, args.seed)
+                    row = measure(fit, other, eigenvalues, axes, budget, nbits, axes_kept, args.seed)
                     db = {k: gap_db(v, bound) for k, v in row.items() if not k.endswith("_fit_s")}
                     data["rows"].append({"corpus": corpus, "docs": len(docs), "budget": budget, "nbits": nbits, "axes_kept": axes_kept,
                                          "bound": bound, "errors": row, "db": db})
