@@ -118,3 +118,86 @@ def test_load_experiment_beir_train_merges_qrels(with_train_qrels):
     assert experiment.evaluate("test").n_queries == 20
     with pytest.raises(ValueError, match="protocol"):
         load_experiment(d, protocol="nope")
+
+
+@pytest.fixture
+def shared_positives(tmp_path):
+    """40 queries: q0..q9 all judge d0 (one group of 10), q10..q19 in pairs sharing a document, q20..q39 alone.
+
+    One grade-0 judgment links q39 to d0: it is not a positive, so q39 stays alone.
+    """
+    corpus = [{"_id": f"d{i}", "text": f"doc {i}"} for i in range(40)]
+    queries = [{"_id": f"q{i}", "text": f"query {i}"} for i in range(41)]  # q40 is unjudged
+    qrels = [(f"q{i}", "d0", 1) for i in range(10)] + [(f"q{i}", f"d{i}", 2) for i in range(1, 10)]
+    qrels += [(f"q{i}", f"d{10 + (i - 10) // 2}", 1) for i in range(10, 20)]
+    qrels += [(f"q{i}", f"d{i}", 1) for i in range(20, 40)] + [("q39", "d0", 0)]
+    return write_beir(tmp_path / "sp", corpus, queries, qrels)
+
+
+def test_positive_components_follow_shared_positives_only():
+    from embedtune.data.splits import positive_components
+
+    qrels = {"a": {"d1": 1}, "b": {"d1": 1, "d2": 1}, "c": {"d2": 3}, "e": {"d9": 1}, "f": {"d1": 0, "d8": 1}}
+    assert positive_components(qrels, ["e", "c", "a", "f", "b"]) == [["a", "b", "c"], ["e"], ["f"]]
+    assert positive_components(qrels, ["a", "a", "g"]) == [["a"], ["g"]]  # repeated ids once; a query without judgments alone
+
+
+def test_positive_disjoint_folds_test_every_query_once_on_unseen_positives(shared_positives):
+    from embedtune.data.splits import positive_disjoint_folds
+
+    dataset = load_beir(shared_positives)
+    folds = positive_disjoint_folds(dataset, n_folds=4, seed=7)
+    judged = set(dataset.judged_query_ids())
+    assert len(judged) == 40
+    tested = [q for split in folds for q in split.test]
+    assert sorted(tested) == sorted(judged)  # every judged query is tested exactly once
+    for i, split in enumerate(folds):
+        assert split.fold == (i, 4)
+        assert set(split.train) | set(split.val) | set(split.test) == judged
+        assert not (set(split.train) & set(split.val) or set(split.train_val) & set(split.test))
+        positives = lambda ids: {d for q in ids for d, g in dataset.qrels[q].items() if g > 0}  # noqa: E731
+        assert not positives(split.test) & positives(split.train_val)  # no test positive was trained on
+        assert not positives(split.val) & positives(split.train)
+        group_of_ten = {f"q{i}" for i in range(10)}
+        assert group_of_ten <= set(split.test) or group_of_ten <= set(split.train) or group_of_ten <= set(split.val)
+    assert sorted(len(s.test) for s in folds) == [10, 10, 10, 10]  # the group of 10 fills one fold, the rest balance
+    manifest = folds[1].manifest()
+    assert (manifest["fold"], manifest["n_folds"]) == (1, 4) and "fold_rule" in manifest
+    assert "fold" not in query_disjoint_split(dataset).manifest()  # a single split's manifest is unchanged
+
+
+def test_positive_disjoint_folds_are_deterministic_and_seeded(shared_positives):
+    from embedtune.data.splits import positive_disjoint_folds
+
+    dataset = load_beir(shared_positives)
+    first = positive_disjoint_folds(dataset, 4, seed=7)
+    assert [s.manifest() for s in first] == [s.manifest() for s in positive_disjoint_folds(load_beir(shared_positives), 4, seed=7)]
+    assert [s.test for s in first] != [s.test for s in positive_disjoint_folds(dataset, 4, seed=8)]
+
+
+def test_positive_disjoint_folds_refuse_impossible_requests(shared_positives, hundred):
+    from embedtune.data.splits import positive_disjoint_folds
+
+    with pytest.raises(ValueError, match="at least 2"):
+        positive_disjoint_folds(load_beir(hundred), n_folds=1)
+    with pytest.raises(ValueError, match="val_fraction"):
+        positive_disjoint_folds(load_beir(hundred), val_fraction=1.0)
+    tiny = load_beir(shared_positives)
+    tiny.qrels = {q: tiny.qrels[q] for q in [f"q{i}" for i in range(10)] + ["q20"]}  # two groups
+    with pytest.raises(ValueError, match=r"form 2 groups .* at most 2 folds"):
+        positive_disjoint_folds(tiny, n_folds=3)
+
+
+def test_fold_experiments_pool_beir_train_qrels(with_train_qrels):
+    from embedtune.workflows.experiment import Experiment, fold_experiments
+    from embedtune.data.splits import train_qrels_split
+
+    train, test = load_beir(with_train_qrels, "train"), load_beir(with_train_qrels, "test")
+    split = train_qrels_split(train, test, 0.2, seed=7)
+    test.qrels = {**train.qrels, **test.qrels}
+    experiment = Experiment(dataset=test, embeddings=None, split=split)  # type: ignore[arg-type]
+    folds = fold_experiments(experiment, n_folds=5, seed=7)
+    assert sorted(q for f in folds for q in f.part_ids("test")) == sorted(f"q{i}" for i in range(60))
+    assert all(f.split.qrels_split == "train+test" and "qrels/train.tsv" in f.split.fingerprints for f in folds)
+    assert all(f.dataset is experiment.dataset for f in folds)
+    assert experiment.split is split  # the experiment itself keeps its split

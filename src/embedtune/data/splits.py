@@ -1,10 +1,15 @@
 """Query-disjoint train/validation/test splits, as in the DIVE paper (§4.1, "Training Protocol").
 
-Two protocols:
+Three protocols:
 
 - ``query_disjoint_split`` (the paper's): one qrels split's judged queries cut 60/20/20;
 - ``train_qrels_split`` (``beir-train``): train and validation from the dataset's own train
-  qrels, test = every judged query of the test qrels, for a larger, lower-variance test set.
+  qrels, test = every judged query of the test qrels, for a larger, lower-variance test set;
+- ``positive_disjoint_folds``: every judged query is tested once, by a fit on folds that share no
+  positive document with it. A query-disjoint split still lets a test query's relevant document be
+  a training query's positive (a "seen" query); these folds make every test query "unseen", so a
+  supervised gain is measured where users need it, on all the judged queries instead of the few
+  unseen ones a single split leaves.
 
 Judged query ids are ranked by ``sha256(f"{seed}:{query_id}")`` (hex digest order) and cut at
 the given fractions (60/20/20 by default). The manifest records the seed, fractions, counts,
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +30,8 @@ from embedtune.data.beir import BeirDataset
 from embedtune.errors import NoQueriesError
 from embedtune.io import atomic_write_json
 
-__all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "rank_by_hash", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
+__all__ = ["QuerySplit", "query_disjoint_split", "train_qrels_split", "positive_components", "positive_disjoint_folds",
+           "rank_by_hash", "DEFAULT_FRACTIONS", "DEFAULT_SEED"]
 
 DEFAULT_FRACTIONS = (0.6, 0.2, 0.2)
 DEFAULT_SEED = 2027
@@ -44,6 +50,8 @@ class QuerySplit:
     dataset: str
     qrels_split: str
     fingerprints: dict[str, str]
+    #: ``(fold, n_folds)`` for one fold of :func:`positive_disjoint_folds`; None for a single split.
+    fold: tuple[int, int] | None = None
 
     @property
     def train_val(self) -> list[str]:
@@ -94,6 +102,7 @@ class QuerySplit:
             "query_ids": {name: getattr(self, name) for name in PARTS},
             "source_sha256": dict(sorted(self.fingerprints.items())),
             "rank_rule": "sha256(f'{seed}:{query_id}').hexdigest(), ascending",
+            **({"fold": self.fold[0], "n_folds": self.fold[1], "fold_rule": FOLD_RULE} if self.fold else {}),
             "embedtune_version": __version__,
         }
 
@@ -177,3 +186,104 @@ def train_qrels_split(
         qrels_split=f"{train.split}+{test.split}",
         fingerprints={**train.fingerprints, **test.fingerprints},
     )
+
+
+FOLD_RULE = ("queries that share a positive document form one group (connected components); groups, largest first "
+             "(ties by the hash rank of their first query), each go to the fold with the fewest queries so far (ties: the lower fold); "
+             "validation: whole groups of the other folds, in hash-rank order, each that keeps it within val_fraction of their queries "
+             "(else the smallest group)")
+
+
+def positive_components(qrels: Mapping[str, Mapping[str, int]], query_ids: Iterable[str]) -> list[list[str]]:
+    """The queries of ``query_ids`` grouped so that two queries share a group iff a chain of shared positives links them.
+
+    A positive is a document judged above 0. Each group is sorted; groups come in the order of
+    their first query. A query with no positive is a group of its own.
+
+    >>> positive_components({"a": {"d1": 1}, "b": {"d1": 2, "d2": 1}, "c": {"d2": 1}, "e": {"d9": 1}}, "abce")
+    [['a', 'b', 'c'], ['e']]
+    """
+    ids = list(dict.fromkeys(query_ids))
+    parent = {q: q for q in ids}
+
+    def root(q: str) -> str:
+        while parent[q] != q:
+            parent[q] = parent[parent[q]]
+            q = parent[q]
+        return q
+
+    first_with: dict[str, str] = {}
+    for q in ids:
+        for doc, grade in (qrels.get(q) or {}).items():
+            if grade <= 0:
+                continue
+            other = first_with.setdefault(doc, q)
+            a, b = root(q), root(other)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = {}
+    for q in ids:
+        groups.setdefault(root(q), []).append(q)
+    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
+
+
+def positive_disjoint_folds(
+    dataset: BeirDataset, n_folds: int = 5, seed: int = DEFAULT_SEED, val_fraction: float = 0.2
+) -> list[QuerySplit]:
+    """``n_folds`` splits of ``dataset``'s judged queries: fold ``i`` tests on its own queries, none of
+    whose positives is a positive of a train or validation query of that fold.
+
+    Queries linked by shared positives (:func:`positive_components`) stay together, so the folds are
+    as balanced as the groups allow: a collection whose queries mostly share documents (one group
+    holding most of them) gives one large fold and small ones, and the manifest's counts say so.
+    Train and validation are the other folds' queries, validation whole groups in hash-rank order,
+    each that keeps it within ``val_fraction`` of them (if none fits, the smallest group). The same dataset and seed give the same folds.
+
+    Raises:
+        ValueError: fewer than 2 folds, a ``val_fraction`` outside [0, 1), or fewer groups than folds.
+    """
+    if n_folds < 2:
+        raise ValueError(f"n_folds must be at least 2; got {n_folds!r}.")
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1); got {val_fraction!r}.")
+    ranked = rank_by_hash(dataset.judged_query_ids(), seed)
+    if not ranked:
+        raise ValueError(f"{dataset.source}: qrels split {dataset.split!r} has no judged queries to split.")
+    position = {q: i for i, q in enumerate(ranked)}
+    groups = [sorted(g, key=position.__getitem__) for g in positive_components(dataset.qrels, ranked)]
+    if len(groups) < n_folds:
+        raise ValueError(f"{dataset.source}: its {len(ranked)} judged queries form {len(groups)} groups that share positives, "
+                         f"fewer than the {n_folds} folds asked for. Fix: ask for at most {len(groups)} folds.")
+    groups.sort(key=lambda g: (-len(g), position[g[0]]))
+    members: list[list[list[str]]] = [[] for _ in range(n_folds)]
+    sizes = [0] * n_folds
+    for group in groups:
+        fold = min(range(n_folds), key=lambda f: (sizes[f], f))
+        members[fold].append(group)
+        sizes[fold] += len(group)
+    splits = []
+    for fold in range(n_folds):
+        test = sorted((q for g in members[fold] for q in g), key=position.__getitem__)
+        rest = sorted((g for f in range(n_folds) if f != fold for g in members[f]), key=lambda g: position[g[0]])
+        n_rest = sum(len(g) for g in rest)
+        val: list[str] = []
+        train: list[str] = []
+        for group in rest:  # a group that would take validation past its share trains instead
+            (val if len(val) + len(group) <= val_fraction * n_rest else train).extend(group)
+        if not val and val_fraction > 0 and len(rest) > 1:  # every group too large: the smallest one validates
+            smallest = min(rest, key=lambda g: (len(g), position[g[0]]))
+            val = list(smallest)
+            train = [q for q in train if q not in set(smallest)]
+        n_all = len(ranked)
+        splits.append(QuerySplit(
+            train=sorted(train, key=position.__getitem__),
+            val=sorted(val, key=position.__getitem__),
+            test=test,
+            seed=seed,
+            fractions=(len(train) / n_all, len(val) / n_all, len(test) / n_all),
+            dataset=dataset.name,
+            qrels_split=dataset.split,
+            fingerprints=dict(dataset.fingerprints),
+            fold=(fold, n_folds),
+        ))
+    return splits

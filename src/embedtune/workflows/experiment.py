@@ -10,7 +10,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 from embedtune.compress.base import TrainingData
 from embedtune.data.beir import BeirDataset, load_beir, load_beir_corpus, untitled_corpus
 from embedtune.data.pairs import labelled_dataset, read_labels
-from embedtune.data.splits import QuerySplit, query_disjoint_split, train_qrels_split
+from embedtune.data.splits import QuerySplit, positive_disjoint_folds, query_disjoint_split, train_qrels_split
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.dataset import DatasetEmbeddings, embed_dataset
 from embedtune.encoders.recipe import EncoderRecipe, recipe_beside
@@ -34,7 +34,7 @@ from embedtune.io import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Experiment", "load_experiment", "load_corpus_experiment", "evaluate_frozen", "training_data", "encoder_settings", "PROTOCOLS"]
+__all__ = ["Experiment", "load_experiment", "load_corpus_experiment", "fold_experiments", "evaluate_frozen", "training_data", "encoder_settings", "PROTOCOLS"]
 
 # "paper": 60/20/20 query-disjoint split of one qrels split's judged queries (DIVE §4.1).
 # "beir-train": train/val from qrels/train.tsv, test = every judged query of qrels/test.tsv.
@@ -103,6 +103,21 @@ class Experiment:
         return evaluate_embeddings(ids, query_embeddings, self.embeddings.doc_ids, doc_embeddings, self.qrels_for(ids), top_k,
                                    ignore_identical_ids, similarity=self.similarity,  # type: ignore[arg-type]
                                    **({"metrics": metrics} if metrics else {}))
+
+
+def fold_experiments(experiment: Experiment, n_folds: int = 5, seed: int = 2027, val_fraction: float = 0.2) -> list[Experiment]:
+    """``experiment`` once per positive-disjoint fold of all its judged queries (:func:`~embedtune.data.splits.positive_disjoint_folds`).
+
+    Every judged query is a test query of exactly one fold, and no positive of a fold's test
+    queries is a positive of its train or validation queries, so each test query is "unseen".
+    Under ``beir-train`` the train and test qrels are pooled (their queries are disjoint) and the
+    folds record both files' sha256. The vectors are shared, not copied.
+    """
+    splits = positive_disjoint_folds(experiment.dataset, n_folds, seed, val_fraction)
+    if experiment.split is not None:  # the pooled qrels' own files (beir-train: train.tsv too)
+        splits = [replace(s, qrels_split=experiment.split.qrels_split, fingerprints={**experiment.split.fingerprints, **s.fingerprints})
+                  for s in splits]
+    return [replace(experiment, split=s) for s in splits]
 
 
 def encoder_settings(
