@@ -77,7 +77,7 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     # The experiment stack and the result tables (a tenth of a second with numpy's warm imports): commands on vectors
     # alone (`index build`, `search --query-vectors`, `compress apply`) never read an experiment or print a table.
     ("embedtune.cli.common", "embedtune.workflows.experiment"): "the experiment stack, only for commands that load one",
-    ("embedtune.cli.common", "embedtune.workflows.results"): "the result tables, only for commands that print one",
+    ("embedtune.cli.common", "embedtune.result_files"): "the table formatter and numpy under it, only for commands that print a table",
     ("embedtune.cli.common", "embedtune.compress.ray_apply"): "the Ray layer, only for commands run with --ray-actors",
     ("embedtune.cli.compress.apply", "embedtune.compress.ray_apply"): "the Ray layer, only with --ray-actors",
     # torch (about a second to import): commands that need no model (`index build`, `compress apply` on a PCA,

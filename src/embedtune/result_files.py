@@ -51,6 +51,7 @@ from embedtune.io import atomic_write_bytes, atomic_write_json
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "format_table",
     "RESULTS_NAME",
     "TABLE_NAME",
     "SCHEMA",
@@ -256,3 +257,18 @@ def results_details(folder: str | Path) -> dict[str, Any] | None:
     if find_results(folder) is None:
         return None
     return read_results(folder).get("details")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """The rows as an aligned text table (what commands print and ``results.md`` keeps); floats
+    with 4 decimals, a missing or None cell blank."""
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return ""
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    widths = {c: max([len(c), *(len(cell(r.get(c))) for r in rows)]) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
+    lines += ["  ".join(cell(row.get(c)).ljust(widths[c]) for c in columns) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)

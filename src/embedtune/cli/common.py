@@ -178,8 +178,8 @@ def print_json(obj: Any) -> None:
 
 
 def format_table(*args: Any, **kwargs: Any) -> str:
-    """:func:`embedtune.workflows.results.format_table`, imported on use (see :func:`encoder_options_from_args`)."""
-    from embedtune.workflows.results import format_table as table
+    """:func:`embedtune.result_files.format_table`, imported on use: this module loads for every command, numpy or not."""
+    from embedtune.result_files import format_table as table
 
     return table(*args, **kwargs)
 

@@ -50,6 +50,7 @@ from embedtune.result_files import (
     SCHEMA,
     TABLE_NAME,
     find_results,
+    format_table,
     json_safe,
     mteb_metric_name,
     mteb_metrics,
@@ -105,21 +106,6 @@ _MTEB_TASKS = {
 }
 # Languages of the datasets above (all English); other datasets get none rather than a guess.
 _ENGLISH = set(_MTEB_TASKS)
-
-
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """The rows as an aligned text table (what commands print and ``results.md`` keeps); floats
-    with 4 decimals, a missing or None cell blank."""
-
-    def cell(value: Any) -> str:
-        if value is None:
-            return ""
-        return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-    widths = {c: max([len(c), *(len(cell(r.get(c))) for r in rows)]) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns), "  ".join("-" * widths[c] for c in columns)]
-    lines += ["  ".join(cell(row.get(c)).ljust(widths[c]) for c in columns) for row in rows]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 def per_query_scores(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
