@@ -15,7 +15,9 @@ Every setting stores the same bytes per vector in RAM, ``klt-apq:B`` fitted on t
 * DIVE to k dims without labels (``dive@unsupervised``), one fit per seed for every fold (it sees
   no label);
 * DIVE to k dims with the labels (``dive``: the default ``robust`` preset with its
-  positive-disjoint epoch selection inside the training folds), one fit per fold and seed.
+  positive-disjoint epoch selection inside the training folds), one fit per fold and seed;
+  ``dive@pseudo-title`` (``--learned``): the same plus one pseudo-query per document, its title
+  (the corpus's own text, no label).
 
 Scored: nDCG@10 per query; DIVE's per-query scores averaged over the seeds; paired sign-flip
 permutation test over queries (:func:`embedtune.workflows.significance.paired_test`). The
@@ -58,6 +60,7 @@ from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.workflows import load_experiment  # noqa: E402
 from embedtune.workflows.experiment import fold_experiments  # noqa: E402
 from embedtune.workflows.fit_and_score import fit_and_evaluate  # noqa: E402
+from embedtune.workflows.pseudo_queries import build_pseudo_queries  # noqa: E402
 from embedtune.workflows.significance import paired_test  # noqa: E402
 from embedtune.workflows.train_compressor import resolve_preset  # noqa: E402
 from embedtune.workflows.triplets import shared_triplets  # noqa: E402
@@ -66,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "positive-disjoint-folds"
 FOLDS = 5
 LABEL_FREE = ("frozen", "pca", "pca-uncentred")
+LEARNED = ("dive", "dive@pseudo-title")
 
 
 def experiment_for(dataset: str):
@@ -88,8 +92,9 @@ def run(args: argparse.Namespace) -> None:
         for dim in args.dims:
             todo: list[tuple[str, int, int | None]] = [(label, 0, None) for label in LABEL_FREE]
             todo += [("dive@unsupervised", seed, None) for seed in args.seeds]
-            todo += [("dive", seed, fold) for seed in args.seeds for fold in range(args.folds)]
+            todo += [(label, seed, fold) for label in args.learned for seed in args.seeds for fold in range(args.folds)]
             mined: dict[int, np.ndarray] = {}
+            pseudo = None
             for label, seed, fold in todo:
                 name = label + (f"+fold{fold}" if fold is not None else "") + f"+seed{seed}"
                 path = out / dataset / f"k{dim}" / f"{name}.json"
@@ -114,8 +119,13 @@ def run(args: argparse.Namespace) -> None:
                     preset = resolve_preset("dive", None)
                     if fold not in mined:
                         mined[fold] = shared_triplets(part, "train+val", preset.mining, SPLIT_SEED)
-                    result = fit_and_evaluate(part, "dive", dim, seed, final=True, triplets=mined[fold],
-                                              overrides={**preset.settings, "progress": False})
+                    overrides = {**preset.settings, "progress": False}
+                    if label == "dive@pseudo-title":
+                        if pseudo is None:  # the corpus's titles: the same for every fold
+                            pseudo = build_pseudo_queries(experiment, "title", preset.mining, SPLIT_SEED)
+                        overrides["pseudo_query_weight"] = 1.0
+                    result = fit_and_evaluate(part, "dive", dim, seed, final=True, triplets=mined[fold], overrides=overrides,
+                                              pseudo_queries=pseudo if label == "dive@pseudo-title" else None)
                     transform = result.compressor.transform
                     seen = training_positives(part.dataset.qrels, part.part_ids("train+val"))
                     subsets = query_subsets(part.qrels_for(test_ids), seen)
@@ -147,7 +157,7 @@ def merged(records: list[dict[str, Any]], budget: str) -> dict[str, float]:
 def report(out: Path) -> str:
     lines = ["# Learning at equal bytes on positive-disjoint folds", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), ""]
-    verdicts: list[tuple[str, str, str, str, float, float, float, float, float, float]] = []
+    verdicts: list[tuple[str, str, str, str, str, float, float, float, float, float, float]] = []
     commands, dates, machines = set(), [], set()
     for dataset in DATA:
         for block in sorted((out / dataset).glob("k*"), key=lambda p: int(p.name[1:])):
@@ -158,20 +168,22 @@ def report(out: Path) -> str:
                 commands.add(record["command"])
                 dates.append(record["date"])
                 machines.add(str(record["machine"].get("cpu")))
-            if not set(LABEL_FREE) <= records.keys() or "dive" not in records:
+            learned = [label for label in LEARNED if label in records]
+            if not set(LABEL_FREE) <= records.keys() or not learned:
                 continue
-            n_folds = records["dive"][0]["n_folds"]
-            seeds = sorted({r["seed"] for r in records["dive"]})
-            complete = all(sum(r["seed"] == s for r in records["dive"]) == n_folds for s in seeds)
+            n_folds = records[learned[0]][0]["n_folds"]
+            seeds = {label: sorted({r["seed"] for r in records[label]}) for label in learned}
+            complete = all(sum(r["seed"] == s for r in records[label]) == n_folds for label in learned for s in seeds[label])
             budgets = list(records["frozen"][0]["per_query_by_budget"])
             n_queries = len(records["frozen"][0]["per_query_by_budget"][budgets[0]])
-            train_sizes = sorted({(r["fold"], r["train_queries"] + r["val_queries"]) for r in records["dive"]})
+            train_sizes = sorted({(r["fold"], r["train_queries"] + r["val_queries"]) for r in records[learned[0]]})
             lines += [f"## {dataset}, k = {block.name[1:]}: {n_queries} judged queries, all unseen, {n_folds} folds"
-                      + ("" if complete else " (**incomplete**: some folds missing)"), "",
-                      "Training queries per fold (train + validation): " + ", ".join(f"fold {f}: {n}" for f, n in train_sizes)
-                      + f". DIVE seeds: {', '.join(map(str, seeds))}; label-free DIVE seeds: "
-                      + ", ".join(str(r["seed"]) for r in records.get("dive@unsupervised", [])) + ".", "",
-                      "| B | setting | nDCG@10 | Δ DIVE − it (p) |", "|---|---|---|---|"]
+                      + ("" if complete else " (**incomplete**: some folds missing; the rows use the queries every setting scored)"), "",
+                      "Queries that train each fold (train + validation): " + ", ".join(f"fold {f}: {n}" for f, n in train_sizes)
+                      + ". Seeds: " + "; ".join(f"{label} {', '.join(map(str, seeds[label]))}" for label in learned)
+                      + "; label-free DIVE " + ", ".join(str(r["seed"]) for r in records.get("dive@unsupervised", [])) + ".", "",
+                      "| B | setting | nDCG@10 | Δ − stronger PCA (p) | Δ − best label-free (p) | Δ − plain codec (p) |",
+                      "|---|---|---|---|---|---|"]
             for budget in budgets:
                 scores = {label: merged(rs, budget) for label, rs in records.items()}
                 ids = sorted(set.intersection(*(set(s) for s in scores.values())))
@@ -180,32 +192,32 @@ def report(out: Path) -> str:
                 label_free = [label for label in ("frozen", "pca", "pca-uncentred", "dive@unsupervised") if label in mean]
                 best_free = max(label_free, key=mean.__getitem__)
 
-                def versus(other: str) -> tuple[float, float]:
-                    test = paired_test(np.array([scores["dive"][q] for q in ids]), np.array([scores[other][q] for q in ids]))
+                def versus(label: str, other: str) -> tuple[float, float]:
+                    test = paired_test(np.array([scores[label][q] for q in ids]), np.array([scores[other][q] for q in ids]))
                     return test.mean_difference, test.p_value
 
-                for label in [*label_free, "dive"]:
+                for label in [*label_free, *learned]:
                     name = f"`{CODEC}:{budget}`" if label == "frozen" else f"{label}-{block.name[1:]} + `{CODEC}:{budget}`"
                     tags = [t for t, hit in (("stronger PCA", label == stronger), ("best label-free", label == best_free)) if hit]
-                    delta = "" if label == "dive" else "{:+.4f} ({:.3f})".format(*versus(label))
-                    lines.append(f"| {budget} | {name}{' (' + ', '.join(tags) + ')' if tags else ''} | {mean[label]:.4f} | {delta} |")
-                d_pca, p_pca = versus(stronger)
-                d_free, p_free = versus(best_free)
-                d_plain, p_plain = versus("frozen")
-                verdicts.append((dataset, block.name, budget, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain))
+                    cells = " | | |"
+                    if label in learned:
+                        (d_pca, p_pca), (d_free, p_free), (d_plain, p_plain) = versus(label, stronger), versus(label, best_free), versus(label, "frozen")
+                        cells = f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) |"
+                        verdicts.append((dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain))
+                    lines.append(f"| {budget} | {name}{' (' + ', '.join(tags) + ')' if tags else ''} | {mean[label]:.4f} |{cells}")
             lines.append("")
-    wins = [v for v in verdicts if v[4] > 0 and v[5] < 0.05 and v[6] > 0 and v[7] < 0.05]
-    losses = [v for v in verdicts if (v[4] < 0 and v[5] < 0.05) or (v[6] < 0 and v[7] < 0.05)]
+    wins = [v for v in verdicts if v[5] > 0 and v[6] < 0.05 and v[7] > 0 and v[8] < 0.05]
+    losses = [v for v in verdicts if (v[5] < 0 and v[6] < 0.05) or (v[7] < 0 and v[8] < 0.05)]
     win_sets = sorted({v[0] for v in wins})
     lines += ["## Verdict", "",
-              "| collection | k | B | DIVE − stronger PCA (p) | DIVE − best label-free (which) (p) | DIVE − plain codec (p) |",
-              "|---|---|---|---|---|---|"]
-    lines += [f"| {d} | {k[1:]} | {b} | {dp:+.4f} ({pp:.3f}) | {df:+.4f} ({'plain codec' if bf == 'frozen' else bf}) ({pf:.3f}) | {dc:+.4f} ({pc:.3f}) |"
-              for d, k, b, bf, dp, pp, df, pf, dc, pc in verdicts]
-    lines += ["", f"Of {len(verdicts)} cells (collection × k × B), {len(wins)} are significantly above (p < 0.05) both the stronger PCA "
-              f"and the best label-free setting at the same bytes, in {len(win_sets)} collection(s)"
+              "| collection | k | B | learned | DIVE − stronger PCA (p) | DIVE − best label-free (which) (p) | DIVE − plain codec (p) |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {d} | {k[1:]} | {b} | {lab} | {dp:+.4f} ({pp:.3f}) | {df:+.4f} ({'plain codec' if bf == 'frozen' else bf}) ({pf:.3f}) "
+              f"| {dc:+.4f} ({pc:.3f}) |" for d, k, b, lab, bf, dp, pp, df, pf, dc, pc in verdicts]
+    lines += ["", f"Of {len(verdicts)} cells (collection × k × B × learned setting), {len(wins)} are significantly above (p < 0.05) both "
+              f"the stronger PCA and the best label-free setting at the same bytes, in {len(win_sets)} collection(s)"
               + (f" ({', '.join(win_sets)})" if win_sets else "") + f"; {len(losses)} are significantly below one of them"
-              + (": " + "; ".join(f"{d} {k} {b} B" for d, k, b, *_ in losses) if losses else "") + ".", "",
+              + (": " + "; ".join(f"{d} {k} {b} B {lab}" for d, k, b, lab, *_ in losses) if losses else "") + ".", "",
               f"Machine: {', '.join(sorted(machines))} (2 cores, one thread per process); cells written {min(dates, default='?')} to "
               f"{max(dates, default='?')}. Commands:", "", "```bash", *sorted(commands), "python benchmarks/positive_disjoint_folds.py --report", "```", ""]
     text = "\n".join(lines)
@@ -220,6 +232,7 @@ def main() -> None:
     parser.add_argument("--budgets", nargs="+", type=int, default=list(BUDGETS))
     parser.add_argument("--folds", type=int, default=FOLDS)
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    parser.add_argument("--learned", nargs="+", default=["dive"], choices=list(LEARNED))
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--report", action="store_true")
