@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import re
 
 import numpy as np
 import pytest
@@ -95,6 +96,11 @@ def test_build_errors(corpus, tmp_path):
         build_index(tmp_path / "docs.npy", tmp_path / "x")
     with pytest.raises(ValueError, match="300 rows but 2 ids"):
         build_index(tmp_path / "docs.npy", tmp_path / "x", ids=["a", "b"])
+    for broken in ("two\nlines", "carriage\rreturn", "ends\n"):
+        bad = [*ids[:150], broken, *ids[151:]]
+        with pytest.raises(ValueError, match=re.escape(f"id {broken!r} contains a line break")):
+            build_index(tmp_path / "docs.npy", tmp_path / "x", ids=bad)
+        assert not (tmp_path / "x").exists()  # refused before anything was moved into place
     with pytest.raises(FileNotFoundError):
         load_index(tmp_path / "nowhere")
 

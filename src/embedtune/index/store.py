@@ -144,10 +144,16 @@ def check_adapter(manifest: dict[str, Any], manifest_path: Path, adapter: str | 
         )
 
 
-def _check_ids(ids: list[str], source: str) -> None:
-    bad = next((i for i in ids if "\n" in i or "\r" in i), None)
-    if bad is not None:
+def _ids_text(ids: list[str], source: str) -> str:
+    """``ids.txt``'s text, one id per line, after checking that no id holds a line break.
+
+    The check runs on the joined text (one scan in C) and looks for the culprit only when it finds one.
+    """
+    text = "\n".join(ids) + "\n" if ids else ""
+    if "\r" in text or text.count("\n") != len(ids):
+        bad = next(i for i in ids if "\n" in i or "\r" in i)
         raise ValueError(f"{source}: id {bad!r} contains a line break, which ids.txt cannot hold.")
+    return text
 
 
 def build_index(
@@ -303,7 +309,7 @@ def build_index(
                                     vector_column)
         if len(id_list) != index.ntotal:
             raise ValueError(f"{embeddings}: indexed {index.ntotal} vectors but read {len(id_list)} ids.")
-        _check_ids(id_list, str(embeddings))
+        ids_text = _ids_text(id_list, str(embeddings))
 
         writer = faiss.write_index_binary if kind == "binary" else faiss.write_index
 
@@ -316,7 +322,7 @@ def build_index(
                               "choose another --out") from None
 
         atomic_write(staging / INDEX_FILE, write_index)
-        atomic_write(staging / IDS_FILE, lambda tmp: tmp.write_text("".join(i + "\n" for i in id_list), encoding="utf-8"))
+        atomic_write(staging / IDS_FILE, lambda tmp: tmp.write_text(ids_text, encoding="utf-8"))
         if titles is not None:
             atomic_write_json(staging / TITLES_FILE, [titles.get(i, "") for i in id_list])
         seconds = time.perf_counter() - start_time
