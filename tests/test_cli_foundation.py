@@ -19,6 +19,20 @@ def test_split_command_writes_manifest(toy_beir, tmp_path, capsys):
     assert manifest["counts"] == {"train": 6, "val": 2, "test": 2}
 
 
+def test_split_command_writes_positive_disjoint_folds(toy_beir, tmp_path, capsys):
+    out = tmp_path / "folds.json"
+    assert main(["split", "--data", str(toy_beir), "--folds", "5", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["protocol"] == "positive-disjoint folds" and written["n_folds"] == 5
+    tested = [q for fold in written["folds"] for q in fold["query_ids"]["test"]]
+    assert len(tested) == len(set(tested)) == 10  # every judged query of toy_beir, once
+    printed = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert [counts["test"] for counts in printed["counts"]] == [len(fold["query_ids"]["test"]) for fold in written["folds"]]
+    assert [fold["fold"] for fold in written["folds"]] == [0, 1, 2, 3, 4]
+    assert main(["split", "--data", str(toy_beir), "--folds", "11", "--out", str(tmp_path / "too-many.json")]) == 2
+    assert "at most" in capsys.readouterr().err and not (tmp_path / "too-many.json").exists()
+
+
 def test_evaluate_precomputed_json(toy_beir, tmp_path, capsys):
     # Docs are one-hot on their own id; each query points at its two relevant docs.
     docs = np.eye(20, dtype=np.float32)

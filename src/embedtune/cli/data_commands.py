@@ -10,6 +10,7 @@ import numpy as np
 
 from embedtune.cli.common import add_backend_flag, add_data_flags, add_model_flags, add_ray_flags, add_split_flags, backend_options, experiment_from_args, print_json
 from embedtune.data import load_beir, query_disjoint_split
+from embedtune.data.splits import positive_disjoint_folds
 from embedtune.encoders.ray_encode import RUN_RECORD
 from embedtune.encoders.recipe import EncoderRecipe, write_recipe
 from embedtune.io import atomic_save_npy, atomic_write_json
@@ -52,9 +53,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     corpus.set_defaults(handler=run_embed_corpus)
 
     split = commands.add_parser("split", help="write the query-disjoint train/val/test manifest", formatter_class=fmt,
-                                description="Rank judged query ids by sha256(f'{seed}:{id}') and cut them into train/val/test.")
+                                description="Rank judged query ids by sha256(f'{seed}:{id}') and cut them into train/val/test; "
+                                            "with --folds N, cut them into N positive-disjoint folds instead.")
     add_data_flags(split)
     add_split_flags(split)
+    split.add_argument("--folds", type=int, default=None, metavar="N",
+                       help="N positive-disjoint folds (N >= 2): each judged query is a test query of one fold, and no test query's "
+                            "relevant document is a relevant document of that fold's train or val queries; --fractions' VAL share of "
+                            "TRAIN+VAL sets the validation part. The manifest lists the folds")
     split.add_argument("--out", required=True, help="manifest JSON path")
     split.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     split.set_defaults(handler=run_split)
@@ -106,6 +112,13 @@ def run_embed_corpus(args: argparse.Namespace) -> int:
 def run_split(args: argparse.Namespace) -> int:
     prepare_output_file(args.out, args.overwrite, inputs=[args.data])
     dataset = load_beir(args.data, args.split)
+    if args.folds is not None:
+        train, val, _ = args.fractions
+        folds = positive_disjoint_folds(dataset, args.folds, args.split_seed, val_fraction=val / (train + val) if train + val else 0.0)
+        atomic_write_json(args.out, {"protocol": "positive-disjoint folds", "n_folds": args.folds,
+                                     "folds": [fold.manifest() for fold in folds]})
+        print_json({"out": args.out, "counts": [fold.manifest()["counts"] for fold in folds], "seed": args.split_seed})
+        return 0
     split = query_disjoint_split(dataset, tuple(args.fractions), args.split_seed)
     split.save(args.out)
     manifest = split.manifest()
