@@ -127,10 +127,11 @@ def test_default_selection_keeps_unseen_queries_at_pca_where_static_corpus_memor
 
 def test_disjoint_holdout_shares_no_positive_with_the_fit_part():
     from embedtune.compress.base import TrainingData
-    from embedtune.compress.holdout import holdout_split, positive_groups
+    from embedtune.compress.holdout import holdout_split
+    from embedtune.data.splits import positive_components
 
     qrels = {"a": {"d1": 1}, "b": {"d1": 1, "d2": 1}, "c": {"d2": 1}, "d": {"d3": 1}, "e": {"d4": 1}, "f": {"d5": 1, "d0": 0}}
-    assert sorted(map(sorted, positive_groups(list(qrels), qrels))) == [["a", "b", "c"], ["d"], ["e"], ["f"]]
+    assert sorted(map(sorted, positive_components(qrels, list(qrels)))) == [["a", "b", "c"], ["d"], ["e"], ["f"]]
     ids = list(qrels)
     docs = [f"d{i}" for i in range(6)]
     triplets = np.array([[i, docs.index(next(d for d, r in qrels[q].items() if r > 0)), 0] for i, q in enumerate(ids)])

@@ -138,7 +138,7 @@ def test_positive_components_follow_shared_positives_only():
     from embedtune.data.splits import positive_components
 
     qrels = {"a": {"d1": 1}, "b": {"d1": 1, "d2": 1}, "c": {"d2": 3}, "e": {"d9": 1}, "f": {"d1": 0, "d8": 1}}
-    assert positive_components(qrels, ["e", "c", "a", "f", "b"]) == [["a", "b", "c"], ["e"], ["f"]]
+    assert positive_components(qrels, ["e", "c", "a", "f", "b"]) == [["e"], ["c", "a", "b"], ["f"]]  # the given order, kept
     assert positive_components(qrels, ["a", "a", "g"]) == [["a"], ["g"]]  # repeated ids once; a query without judgments alone
 
 

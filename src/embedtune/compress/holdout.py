@@ -25,38 +25,13 @@ import math
 import numpy as np
 
 from embedtune.compress.base import TrainingData
-from embedtune.data.splits import rank_by_hash
+from embedtune.data.splits import positive_components, rank_by_hash
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SELECTION_HOLDOUTS", "holdout_ids", "holdout_split", "positive_groups"]
+__all__ = ["SELECTION_HOLDOUTS", "holdout_ids", "holdout_split"]
 
 SELECTION_HOLDOUTS = ("disjoint-positives", "random-queries")
-
-
-def positive_groups(query_ids: list[str], qrels: dict[str, dict[str, int]]) -> list[list[str]]:
-    """The queries grouped by shared positives (connected components), each group in ``query_ids`` order."""
-    parent = {qid: qid for qid in query_ids}
-
-    def find(node: str) -> str:
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    owner: dict[str, str] = {}
-    for qid in query_ids:
-        for doc, rel in qrels.get(qid, {}).items():
-            if rel <= 0:
-                continue
-            if doc in owner:
-                parent[find(qid)] = find(owner[doc])
-            else:
-                owner[doc] = qid
-    groups: dict[str, list[str]] = {}
-    for qid in query_ids:
-        groups.setdefault(find(qid), []).append(qid)
-    return list(groups.values())
 
 
 def holdout_ids(ids: list[str], qrels: dict[str, dict[str, int]], n_holdout: int, seed: int, rule: str = "disjoint-positives",
@@ -73,7 +48,7 @@ def holdout_ids(ids: list[str], qrels: dict[str, dict[str, int]], n_holdout: int
     if rule == "disjoint-positives":
         position = {qid: i for i, qid in enumerate(ranked)}
         held: list[str] = []
-        for group in sorted(positive_groups(list(ids), qrels), key=lambda group: min(position[q] for q in group)):
+        for group in sorted(positive_components(qrels, list(ids)), key=lambda group: min(position[q] for q in group)):
             if len(held) >= n_holdout:
                 break
             if len(held) + len(group) < len(ids):  # the fit part keeps at least one query

@@ -197,11 +197,13 @@ FOLD_RULE = ("queries that share a positive document form one group (connected c
 def positive_components(qrels: Mapping[str, Mapping[str, int]], query_ids: Iterable[str]) -> list[list[str]]:
     """The queries of ``query_ids`` grouped so that two queries share a group iff a chain of shared positives links them.
 
-    A positive is a document judged above 0. Each group is sorted; groups come in the order of
-    their first query. A query with no positive is a group of its own.
+    A positive is a document judged above 0; a query with none is a group of its own. Each group
+    keeps the order of ``query_ids`` (a repeated id counts once), and the groups come in the order
+    of their first query. Selection hold-outs (:mod:`embedtune.compress.holdout`) and the
+    positive-disjoint folds both group queries this way.
 
-    >>> positive_components({"a": {"d1": 1}, "b": {"d1": 2, "d2": 1}, "c": {"d2": 1}, "e": {"d9": 1}}, "abce")
-    [['a', 'b', 'c'], ['e']]
+    >>> positive_components({"a": {"d1": 1}, "b": {"d1": 2, "d2": 1}, "c": {"d2": 1}, "e": {"d9": 1}}, "ceab")
+    [['c', 'a', 'b'], ['e']]
     """
     ids = list(dict.fromkeys(query_ids))
     parent = {q: q for q in ids}
@@ -212,19 +214,19 @@ def positive_components(qrels: Mapping[str, Mapping[str, int]], query_ids: Itera
             q = parent[q]
         return q
 
-    first_with: dict[str, str] = {}
+    owner: dict[str, str] = {}
     for q in ids:
         for doc, grade in (qrels.get(q) or {}).items():
             if grade <= 0:
                 continue
-            other = first_with.setdefault(doc, q)
-            a, b = root(q), root(other)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+            if doc in owner:
+                parent[root(q)] = root(owner[doc])
+            else:
+                owner[doc] = q
     groups: dict[str, list[str]] = {}
     for q in ids:
         groups.setdefault(root(q), []).append(q)
-    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
+    return list(groups.values())
 
 
 def positive_disjoint_folds(
