@@ -7,6 +7,11 @@ beside centred and uncentred PCA fitted on the same documents. No query and no l
 selects anything, so every judged query is one whose positives training never saw: "all" is
 "unseen" here.
 
+``dive@pq-anchors`` (``--methods``) is the same preset with ``pseudo_query_weight=1``: each
+training document's pseudo-query (its title; NPL, which has none, its first 12 words; never a
+pseudo-query that is the whole document) is an anchor too, distilling how the frozen space ranks
+the training documents for that query-like text. Still no query and no label.
+
 Scored: nDCG@10 on every judged test query. The comparison is with the **stronger PCA variant
 on the test queries** (chosen after the fact, which favours PCA), paired over queries with DIVE's
 per-query nDCG@10 averaged over the seeds (:func:`embedtune.workflows.significance.paired_test`).
@@ -53,6 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "label-free-dive"
 DATASETS = ("scifact", "arguana", "npl", "cacm", "med")
 SEEDS = (2027, 2028, 2029)
+METHODS = ("dive", "dive@pq-anchors")
+#: Where each collection's pseudo-queries come from: NPL's documents have neither a title nor a sentence end.
+PSEUDO_SOURCE = {"npl": "first-words"}
 
 
 def vectors_path(name: str) -> Path:
@@ -82,6 +90,16 @@ def cell_file(out: Path, name: str, dim: int, method: str, seed: int) -> Path:
     return out / name / f"k{dim}-{method}-s{seed}.json"
 
 
+def training_pseudo_queries(name: str, data_root: Path):
+    """Every document's pseudo-query (:data:`PSEUDO_SOURCE`, else its title), encoded by MiniLM as a query; cached."""
+    from embedtune.workflows import load_experiment
+    from embedtune.workflows.pseudo_queries import build_pseudo_queries
+
+    os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(ROOT / "benchmarks" / "data" / "vectors"))
+    experiment = load_experiment(data_root / name, "minilm", split_seed=None)
+    return build_pseudo_queries(experiment, PSEUDO_SOURCE.get(name, "title"), mine=False, skip_whole_documents=True)
+
+
 def run(args: argparse.Namespace) -> None:
     out = Path(args.out)
     command = " ".join(["python", *sys.argv])
@@ -96,16 +114,24 @@ def run(args: argparse.Namespace) -> None:
             atomic_write_json(frozen_path, {**base, "dataset": name, "dim": ds["docs"].shape[1], "method": "frozen", "seed": None,
                                             "n_docs": len(ds["docs"]), "n_queries": len(ds["query_ids"]), "vectors": ds["vectors"],
                                             "ndcg@10": value, "per_query": per_query})
+        pseudo = None
         for dim in args.dims:
             for seed in args.seeds:
-                for method in ("pca", "pca-uncentred", "dive"):
+                for method in ("pca", "pca-uncentred", *args.methods):
                     path = cell_file(out, name, dim, method, seed)
-                    if path.is_file() or (method != "dive" and seed != args.seeds[0]):  # PCA is fitted once per k
+                    if path.is_file() or (method in ("pca", "pca-uncentred") and seed != args.seeds[0]):  # PCA is fitted once per k
                         continue
                     start = time.perf_counter()
-                    if method == "dive":
-                        compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu"))
-                        compressor.fit_unsupervised(TrainingData.corpus_only(ds["docs"], ds["doc_ids"]))
+                    if method in METHODS:
+                        data = TrainingData.corpus_only(ds["docs"], ds["doc_ids"])
+                        weight = 0.0
+                        if method == "dive@pq-anchors":
+                            pseudo = pseudo if pseudo is not None else training_pseudo_queries(name, Path(args.data_root))
+                            data.pseudo_queries, weight = pseudo, 1.0
+                        start = time.perf_counter()  # the fit alone (the pseudo-queries are encoded once per collection)
+                        compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu",
+                                                                      pseudo_query_weight=weight))
+                        compressor.fit_unsupervised(data)
                     else:
                         cls = get_compressor_class(method)
                         compressor = cls(cls.config_class(dim=dim, seed=seed)).fit_unsupervised(ds["docs"])
@@ -114,12 +140,14 @@ def run(args: argparse.Namespace) -> None:
                     row: dict[str, Any] = {**base, "dataset": name, "dim": dim, "method": method, "seed": seed, "ndcg@10": value,
                                            "per_query": per_query, "fit_s": round(fit_s, 1),
                                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-                    if method == "dive":
+                    if method in METHODS:
+                        if method == "dive@pq-anchors":
+                            row.update(pseudo_queries={"source": pseudo.source, "n": len(pseudo.ids)})  # type: ignore[union-attr]
                         row.update(start=compressor.fit_details().get("start"), selected_epoch=compressor.selected_epoch_,
                                    epochs_run=len(compressor.history_) - 1, config=compressor.config.to_dict())
                     atomic_write_json(path, row)
                     print(f"{name} k={dim} {method} seed {seed}: nDCG@10 {value:.4f} ({fit_s:.0f}s"
-                          + (f", {row['start']}, epoch {row['selected_epoch']} of {row['epochs_run']})" if method == "dive" else ")"), flush=True)
+                          + (f", {row['start']}, epoch {row['selected_epoch']} of {row['epochs_run']})" if method in METHODS else ")"), flush=True)
 
 
 def _mean_per_query(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -129,9 +157,9 @@ def _mean_per_query(rows: list[dict[str, Any]]) -> dict[str, float]:
 def report(out: Path) -> str:
     lines = ["# Label-free DIVE against PCA on every judged collection", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), "",
-             "| collection (judged queries) | k | frozen | PCA centred | PCA uncentred | label-free DIVE, mean over seeds (start, epoch per seed) "
-             "| DIVE − stronger PCA (p) | DIVE − frozen (p) |", "|---|---|---|---|---|---|---|---|"]
-    cells = []
+             "| collection (judged queries) | k | frozen | PCA centred | PCA uncentred | setting | label-free DIVE, mean over seeds (start, epoch per seed) "
+             "| DIVE − stronger PCA (p) | DIVE − frozen (p) |", "|---|---|---|---|---|---|---|---|---|"]
+    cells: dict[str, list[tuple[float, float, int]]] = {}
     commands, dates, machines, fit_seconds = set(), [], set(), []
     for name in DATASETS:
         folder = out / name
@@ -144,30 +172,35 @@ def report(out: Path) -> str:
             machines.add(f"{row['machine'].get('cpu', '?')}")
             if row.get("date"):
                 dates.append(row["date"])
-            if row["method"] == "dive":
+            if row["method"] in METHODS:
                 fit_seconds.append(row["fit_s"])
         for dim in sorted({r["dim"] for r in rows if r["method"] != "frozen"}):
             at = [r for r in rows if r["dim"] == dim]
-            dive = sorted((r for r in at if r["method"] == "dive"), key=lambda r: r["seed"])
             pca = {m: next((r for r in at if r["method"] == m), None) for m in ("pca", "pca-uncentred")}
-            if not dive or None in pca.values():
+            if None in pca.values():
                 continue
             stronger = max(pca.values(), key=lambda r: r["ndcg@10"])
-            ours = _mean_per_query(dive)
-            versus_pca = paired_test(*align_by_query(ours, stronger["per_query"]))
-            versus_frozen = paired_test(*align_by_query(ours, frozen["per_query"]))
-            kept = "; ".join(f"{(r['start'] or '?').split()[0]} {r['selected_epoch']}" for r in dive)
-            mean = float(np.mean([r["ndcg@10"] for r in dive]))
-            lines.append(f"| {name} ({frozen['n_queries']}) | {dim} | {frozen['ndcg@10']:.4f} | {pca['pca']['ndcg@10']:.4f} | "
-                         f"{pca['pca-uncentred']['ndcg@10']:.4f} | {mean:.4f} ({kept}) | "
-                         f"{versus_pca.mean_difference:+.4f} ({versus_pca.p_value:.3f}) | {versus_frozen.mean_difference:+.4f} ({versus_frozen.p_value:.3f}) |")
-            cells.append((versus_pca.mean_difference, versus_pca.p_value, len(dive)))
-    above = sum(1 for d, p, _ in cells if d > 0 and p < 0.05)
-    below = sum(1 for d, p, _ in cells if d < 0 and p < 0.05)
-    at_least = sum(1 for d, _, _ in cells if d >= 0)
-    lines += ["", f"Over {len(cells)} cells: DIVE at or above the stronger PCA variant in {at_least}, significantly above it in {above} "
-              f"and significantly below it in {below} (p < 0.05). Seeds per DIVE cell: {sorted({n for _, _, n in cells})}. "
-              f"DIVE fits took {min(fit_seconds, default=0):.0f}–{max(fit_seconds, default=0):.0f} s each on one thread.", "",
+            for method in METHODS:
+                dive = sorted((r for r in at if r["method"] == method), key=lambda r: r["seed"])
+                if not dive:
+                    continue
+                ours = _mean_per_query(dive)
+                versus_pca = paired_test(*align_by_query(ours, stronger["per_query"]))
+                versus_frozen = paired_test(*align_by_query(ours, frozen["per_query"]))
+                kept = "; ".join(f"{(r['start'] or '?').split()[0]} {r['selected_epoch']}" for r in dive)
+                mean = float(np.mean([r["ndcg@10"] for r in dive]))
+                lines.append(f"| {name} ({frozen['n_queries']}) | {dim} | {frozen['ndcg@10']:.4f} | {pca['pca']['ndcg@10']:.4f} | "
+                             f"{pca['pca-uncentred']['ndcg@10']:.4f} | `{method}` | {mean:.4f} ({kept}) | "
+                             f"{versus_pca.mean_difference:+.4f} ({versus_pca.p_value:.3f}) | {versus_frozen.mean_difference:+.4f} ({versus_frozen.p_value:.3f}) |")
+                cells.setdefault(method, []).append((versus_pca.mean_difference, versus_pca.p_value, len(dive)))
+    lines.append("")
+    for method, found in cells.items():
+        above = sum(1 for d, p, _ in found if d > 0 and p < 0.05)
+        below = sum(1 for d, p, _ in found if d < 0 and p < 0.05)
+        at_least = sum(1 for d, _, _ in found if d >= 0)
+        lines.append(f"`{method}`, over {len(found)} cells: at or above the stronger PCA variant in {at_least}, significantly above it "
+                     f"in {above} and significantly below it in {below} (p < 0.05). Seeds per cell: {sorted({n for _, _, n in found})}.")
+    lines += ["", f"DIVE fits took {min(fit_seconds, default=0):.0f}–{max(fit_seconds, default=0):.0f} s each on one thread.", "",
               f"Machine: {', '.join(sorted(machines))}, one torch thread; cells written {min(dates, default='?')} to {max(dates, default='?')}. "
               "Commands:", "", "```bash", *sorted(commands), "python benchmarks/label_free_dive.py --report", "```", ""]
     text = "\n".join(lines)
@@ -180,6 +213,7 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--dims", nargs="+", type=int, default=[64, 128], help="k (MiniLM's d / 6 and d / 3 by default)")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    parser.add_argument("--methods", nargs="+", default=["dive"], choices=list(METHODS), help="which label-free DIVE settings to fit")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "beir"))
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")

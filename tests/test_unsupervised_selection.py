@@ -152,3 +152,28 @@ def test_compress_fit_says_when_no_held_out_document_gives_a_pseudo_query(toy40,
     with pytest.raises(EmbedtuneError, match="nothing to select on. Try --pseudo-queries first-sentence or --pseudo-queries first-words"):
         fit_on_all("dive", 8, data=toy40, model=str(tiny_bert_dir), unsupervised=True,
                    settings={"selection_signal": "pseudo-queries", "epochs": 1, "heads": 2, "progress": False})
+
+
+def test_pseudo_query_anchors_train_on_training_documents_only_and_need_pseudo_queries(synthetic, one_torch_thread):
+    from embedtune.compress.dive.unsupervised import _training_pseudo_queries, holdout_documents
+
+    corpus, *_ = synthetic
+    config = DIVEConfig.preset("unsupervised", dim=K, epochs=2, progress=False, device="cpu", seed=3, pseudo_query_weight=1.0)
+    held, fit_rows = holdout_documents(N_DOCS, config)
+    rows, anchors = _training_pseudo_queries(corpus.pseudo_queries, corpus.doc_ids, fit_rows)
+    documents = {corpus.pseudo_queries.ids[row][len(PSEUDO_PREFIX):] for row in rows}
+    assert documents == {corpus.doc_ids[row] for row in fit_rows}  # every training document's, no held-out one's
+    assert [corpus.doc_ids[fit_rows[a]] for a in anchors] == [corpus.pseudo_queries.ids[r][len(PSEUDO_PREFIX):] for r in rows]
+
+    fitted = DIVECompressor(config).fit_unsupervised(corpus)
+    assert all(row["loss_pseudo_rank"] > 0 for row in fitted.history_[1:])
+    again = DIVECompressor(config).fit_unsupervised(corpus)
+    np.testing.assert_array_equal(again.transform(corpus.doc_embeddings), fitted.transform(corpus.doc_embeddings))
+    plain = DIVECompressor(dataclasses.replace(config, pseudo_query_weight=0.0)).fit_unsupervised(corpus)
+    assert all("loss_pseudo_rank" not in row for row in plain.history_[1:])
+
+    with pytest.raises(ValueError, match="pseudo_query_weight > 0 distils .* none were given.*pseudo_query_weight=0"):
+        DIVECompressor(config).fit_unsupervised(TrainingData.corpus_only(corpus.doc_embeddings, corpus.doc_ids))
+    only_held = PseudoQueries([PSEUDO_PREFIX + corpus.doc_ids[row] for row in held], corpus.pseudo_queries.embeddings[held], np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="none of the .* is of a training document"):
+        DIVECompressor(config).fit_unsupervised(dataclasses.replace(corpus, pseudo_queries=only_held))

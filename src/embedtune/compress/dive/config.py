@@ -4,7 +4,6 @@ allowed option values, and :func:`resolve_heads`.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -51,8 +50,10 @@ class DIVEConfig(CompressorConfig):
     epochs: int = field(default=50, metadata={"help": "Passes over the training triplets (0 keeps the identity adapter)."})
     pseudo_query_weight: float = field(
         default=0.0,
-        metadata={"help": "Weight of the hinge on pseudo-query triplets (each document's title or first sentence against the "
-                  "document; TrainingData.pseudo_queries), one batch beside every batch of real triplets; 0 ignores them."},
+        metadata={"help": "Weight of the pseudo-query term (TrainingData.pseudo_queries: each document's title or first sentence, "
+                  "encoded as a query), one batch beside every batch of the main term; 0 ignores them. Supervised mode: the "
+                  "hinge on pseudo-query triplets (against their document). Unsupervised mode: neighbour-rank distillation with "
+                  "the training documents' pseudo-queries as anchors (how the frozen space ranks the training documents for each)."},
     )
     hidden_dim: int | None = field(default=None, metadata={"help": "Residual MLP hidden width r; None means d // 2, as in the paper."})
     activation: str = field(default="gelu", metadata={"help": f"Residual MLP activation σ, one of {sorted(ACTIVATION_NAMES)}."})

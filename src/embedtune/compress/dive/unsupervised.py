@@ -1,7 +1,10 @@
 """DIVE's unsupervised training algorithm (``mode="unsupervised"``): corpus embeddings only.
 
-``L = L_rank + λ·L_view + γ·L_geo``, with neighbour-rank distillation on the corpus in place of
-the triplet term; the better of the two PCA starts is trained, and the start or epoch with the
+``L = L_rank + λ·L_view + γ·L_geo (+ w·L_rank^pq)``, with neighbour-rank distillation on the
+corpus in place of the triplet term; with ``pseudo_query_weight`` w > 0 the training documents'
+pseudo-queries (titles, first sentences: query-like text, no label) are anchors too, each
+distilling how the frozen space ranks the training documents for it. The better of the two PCA
+starts is trained, and the start or epoch with the
 best held-out selection signal is kept: the lowest rank KL to the frozen space, or with
 ``selection_signal='pseudo-queries'`` the highest nDCG@10 of the held-out documents'
 pseudo-queries (see :mod:`embedtune.compress.dive`).
@@ -90,6 +93,30 @@ def _held_out_pseudo_queries(pseudo: PseudoQueries | None, doc_ids: list[str], h
     return np.asarray(query_rows, dtype=np.int64), np.asarray(doc_rows, dtype=np.int64)
 
 
+def _training_pseudo_queries(pseudo: PseudoQueries | None, doc_ids: list[str], fit_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows of pseudo.embeddings, their documents' rows in fit_rows)`` for the pseudo-queries of training documents.
+
+    Those of held-out documents are left out: selection reads documents the fit never saw, through their text either.
+    """
+    fix = ("build them with embedtune.workflows.pseudo_queries.build_pseudo_queries(experiment, mine=False) and pass "
+           "TrainingData(pseudo_queries=...), or set pseudo_query_weight=0.")
+    if pseudo is None or not pseudo.ids:
+        raise ValueError(f"DIVE mode='unsupervised' with pseudo_query_weight > 0 distils the training documents' pseudo-queries' "
+                         f"rankings, but none were given: {fix}")
+    row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+    local = {int(row): i for i, row in enumerate(fit_rows)}
+    query_rows, anchors = [], []
+    for query_row, query_id in enumerate(pseudo.ids):
+        doc_row = row_of.get(query_id[len(PSEUDO_PREFIX):]) if query_id.startswith(PSEUDO_PREFIX) else None
+        if doc_row is not None and doc_row in local:
+            query_rows.append(query_row)
+            anchors.append(local[doc_row])
+    if not query_rows:
+        raise ValueError(f"DIVE mode='unsupervised' with pseudo_query_weight > 0: none of the {len(pseudo.ids)} pseudo-queries given "
+                         f"is of a training document (ids '{PSEUDO_PREFIX}<doc id>'): {fix}")
+    return np.asarray(query_rows, dtype=np.int64), np.asarray(anchors, dtype=np.int64)
+
+
 class UnsupervisedTraining:
     """The unsupervised mode of :class:`~embedtune.compress.dive.DIVECompressor` (a mixin).
 
@@ -127,6 +154,17 @@ class UnsupervisedTraining:
         frozen = unit_float32(train.doc_embeddings[universe])
         adapter_input = frozen if config.normalize_input else np.ascontiguousarray(train.doc_embeddings[universe], dtype=np.float32)
         neighbors = nearest_neighbors(frozen[fit_local], config.neighbors)  # rows of fit_local
+        pseudo_anchors = None
+        if config.pseudo_query_weight > 0:
+            query_rows, _ = _training_pseudo_queries(train.pseudo_queries, train.doc_ids, fit_rows)
+            raw = np.asarray(train.pseudo_queries.embeddings[query_rows], dtype=np.float32)  # type: ignore[union-attr]
+            pseudo_teacher = unit_float32(raw)
+            # Each pseudo-query's pool: the training documents the frozen space ranks first for it (its own among them, mostly).
+            _, pseudo_top = exact_search(pseudo_teacher, frozen[fit_local], k=min(config.neighbors, len(fit_local)))
+            pseudo_anchors = (torch.from_numpy(pseudo_teacher if config.normalize_input else np.ascontiguousarray(raw)),
+                              torch.from_numpy(pseudo_teacher), torch.from_numpy(np.ascontiguousarray(pseudo_top, dtype=np.int64)))
+            logger.info("DIVE (unsupervised): %d pseudo-queries of training documents as anchors (weight %g)", len(query_rows),
+                        config.pseudo_query_weight)
 
         # measure() -> the row's selection metrics; the first is the one selected on, `sign` says which way is better.
         measure: Callable[[], dict[str, float]] | None = None
@@ -198,7 +236,7 @@ class UnsupervisedTraining:
         progress = progress_bar(config.epochs, "DIVE unsupervised epochs", unit="epoch", enabled=config.progress)
         for epoch in range(1, config.epochs + 1):
             start = time.perf_counter()
-            row = self._corpus_epoch(adapter, optimizer, docs, teacher, neighbor_rows, generator, device)
+            row = self._corpus_epoch(adapter, optimizer, docs, teacher, neighbor_rows, generator, device, pseudo_anchors)
             if measure is not None:
                 row.update(measure())
                 value = sign * row[score_name]
@@ -232,12 +270,21 @@ class UnsupervisedTraining:
         neighbor_rows: torch.Tensor,
         generator: torch.Generator,
         device: torch.device,
+        pseudo_anchors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, float]:
-        """One pass over the training documents as anchors; mean loss terms."""
+        """One pass over the training documents as anchors; mean loss terms.
+
+        ``pseudo_anchors`` (adapter inputs, unit frozen vectors, frozen top training-document rows of
+        the pseudo-queries): a batch of them beside every batch of documents, cycling through them.
+        """
         config = self.config
         adapter.train()
         order = torch.randperm(len(docs), generator=generator)
         totals = {"loss_rank": 0.0, "loss_view": 0.0, "loss_geometry": 0.0}
+        if pseudo_anchors is not None:
+            totals["loss_pseudo_rank"] = 0.0
+            pseudo_order = torch.randperm(len(pseudo_anchors[0]), generator=generator)
+            pseudo_at, pseudo_seen = 0, 0
         for lo in range(0, len(docs), config.batch_size):
             anchors = order[lo : lo + config.batch_size]
             pool = torch.unique(torch.cat([anchors, neighbor_rows[anchors].reshape(-1)]))  # sorted
@@ -250,6 +297,20 @@ class UnsupervisedTraining:
             with torch.set_grad_enabled(config.geometry_weight > 0):
                 loss_geometry = geometry_distillation_loss(student[slots], frozen[slots])
             loss = loss_rank + config.view_weight * loss_view + config.geometry_weight * loss_geometry
+            if pseudo_anchors is not None:
+                inputs, unit_queries, top = pseudo_anchors
+                if pseudo_at >= len(pseudo_order):
+                    pseudo_order, pseudo_at = torch.randperm(len(pseudo_order), generator=generator), 0
+                picks = pseudo_order[pseudo_at : pseudo_at + config.batch_size]
+                pseudo_at += len(picks)
+                pseudo_pool = torch.unique(top[picks].reshape(-1))
+                loss_pseudo = neighbor_rank_distillation_loss(
+                    adapter(inputs[picks].to(device))[:, 0], adapter(docs[pseudo_pool].to(device))[:, 0], unit_queries[picks].to(device),
+                    teacher[pseudo_pool].to(device), torch.full((len(picks),), -1, dtype=torch.int64, device=device),
+                    config.neighbor_temperature)
+                loss = loss + config.pseudo_query_weight * loss_pseudo
+                totals["loss_pseudo_rank"] += float(loss_pseudo.detach()) * len(picks)
+                pseudo_seen += len(picks)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -257,6 +318,9 @@ class UnsupervisedTraining:
                 totals[name] += float(value.detach()) * len(anchors)
         means = {name: value / len(docs) for name, value in totals.items()}
         means["loss_total"] = means["loss_rank"] + config.view_weight * means["loss_view"] + config.geometry_weight * means["loss_geometry"]
+        if pseudo_anchors is not None:
+            means["loss_pseudo_rank"] = totals["loss_pseudo_rank"] / max(pseudo_seen, 1)
+            means["loss_total"] += config.pseudo_query_weight * means["loss_pseudo_rank"]
         return means
 
     def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
