@@ -178,7 +178,8 @@ def report(out: Path) -> str:
             n_queries = len(records["frozen"][0]["per_query_by_budget"][budgets[0]])
             train_sizes = sorted({(r["fold"], r["train_queries"] + r["val_queries"]) for r in records[learned[0]]})
             lines += [f"## {dataset}, k = {block.name[1:]}: {n_queries} judged queries, all unseen, {n_folds} folds"
-                      + ("" if complete else " (**incomplete**: some folds missing; the rows use the queries every setting scored)"), "",
+                      + ("" if complete else " (**incomplete**: some folds missing; the rows use the queries every setting scored, and the "
+                                          "verdict leaves them out)"), "",
                       "Queries that train each fold (train + validation): " + ", ".join(f"fold {f}: {n}" for f, n in train_sizes)
                       + ". Seeds: " + "; ".join(f"{label} {', '.join(map(str, seeds[label]))}" for label in learned)
                       + "; label-free DIVE " + ", ".join(str(r["seed"]) for r in records.get("dive@unsupervised", [])) + ".", "",
@@ -203,7 +204,8 @@ def report(out: Path) -> str:
                     if label in learned:
                         (d_pca, p_pca), (d_free, p_free), (d_plain, p_plain) = versus(label, stronger), versus(label, best_free), versus(label, "frozen")
                         cells = f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) |"
-                        verdicts.append((dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain))
+                        if complete:  # a block missing folds scores only some queries: shown, not counted
+                            verdicts.append((dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain))
                     lines.append(f"| {budget} | {name}{' (' + ', '.join(tags) + ')' if tags else ''} | {mean[label]:.4f} |{cells}")
             lines.append("")
     wins = [v for v in verdicts if v[5] > 0 and v[6] < 0.05 and v[7] > 0 and v[8] < 0.05]
