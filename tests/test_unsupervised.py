@@ -114,6 +114,17 @@ def test_neighbor_rank_distillation_is_zero_on_a_perfect_copy_and_leaves_the_anc
         float(neighbor_rank_distillation_loss(shuffled[slots], shuffled, pool[slots], pool, slots, **raw)), rel=1e-3)
 
 
+def test_neighbor_rank_distillation_has_a_finite_gradient_when_every_score_is_equal():
+    """Identical pool items (duplicate documents) give an anchor equal scores: the standardisation's floor must not make NaN."""
+    same = torch.nn.functional.normalize(torch.ones(5, 4), dim=-1)
+    student = same.clone().requires_grad_(True)
+    query = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), dim=-1).requires_grad_(True)
+    loss = neighbor_rank_distillation_loss(query, student, query.detach(), same, torch.tensor([-1]))
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-6)
+    assert torch.isfinite(student.grad).all() and torch.isfinite(query.grad).all()
+
+
 def test_dive_unsupervised_starts_at_the_better_pca_projection(corpus):
     """With no epochs, unsupervised DIVE is exactly the PCA projection (centred or not) that recovers held-out neighbours better."""
     dive = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, epochs=0, progress=False, device="cpu", seed=5))

@@ -177,3 +177,15 @@ def test_pseudo_query_anchors_train_on_training_documents_only_and_need_pseudo_q
     only_held = PseudoQueries([PSEUDO_PREFIX + corpus.doc_ids[row] for row in held], corpus.pseudo_queries.embeddings[held], np.zeros((0, 3)))
     with pytest.raises(ValueError, match="none of the .* is of a training document"):
         DIVECompressor(config).fit_unsupervised(dataclasses.replace(corpus, pseudo_queries=only_held))
+
+
+def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    out = tmp_path / "dive-anchors"
+    settings = {"pseudo_query_weight": 1.0, "epochs": 1, "heads": 2, "progress": False}
+    fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings,
+               pseudo_queries="first-sentence", out=out)
+    info = json.loads((out / "fit.json").read_text())
+    assert info["pseudo_queries"]["source"] == "first-sentence"
+    assert info["pseudo_queries"]["n_queries"] > info["pseudo_queries"]["held_out_documents"]  # every document's, not the held-out ones'
+    log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss_pseudo_rank"] >= 0  # trained on (a random tiny model's near-identical documents give a loss near 0)

@@ -46,6 +46,7 @@ from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
 from embedtune.data.splits import QuerySplit, rank_by_hash
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embedding_rows, require_ids
+from embedtune.errors import EmbedtuneError
 from embedtune.evaluate.search import unit_rows
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_corpus_experiment, load_experiment, training_data
@@ -333,16 +334,24 @@ def fit_on_all(
             ids, docs, provenance, corpus_experiment = _corpus(data, model, vectors, encoder_options, cache)
             n_docs = len(ids)
         corpus = TrainingData.corpus_only(docs, ids)
-        if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
+        selects_on_them = getattr(compressor.config, "selection_signal", None) == "pseudo-queries"
+        trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
+        if selects_on_them or trains_on_them:
             if pseudo_queries == "none":
-                raise ValueError("selection_signal='pseudo-queries' selects on the held-out documents' pseudo-queries; "
-                                 "drop --pseudo-queries none (or give title or first-sentence), or use --set selection_signal=rank-kl.")
+                raise ValueError("selection_signal='pseudo-queries' and pseudo_query_weight > 0 read the documents' pseudo-queries; "
+                                 "drop --pseudo-queries none (or give title or first-sentence), or use --set selection_signal=rank-kl "
+                                 "and pseudo_query_weight=0.")
             source = pseudo_queries or "title"
+            if corpus_experiment is None:  # the sampled route read vectors only: there is no text to make them from
+                raise EmbedtuneError("pseudo-queries (selection_signal='pseudo-queries', pseudo_query_weight > 0) are made from the "
+                                     "documents' text and encoded by their model; a fit on a sample of given vectors has neither. Fit from "
+                                     "the corpus (--data CORPUS --model MODEL), or use --set selection_signal=rank-kl and pseudo_query_weight=0.")
             held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
-            assert corpus_experiment is not None  # the sampled route never selects on pseudo-queries
-            selection = selection_pseudo_queries(corpus_experiment, held_out, source, cache=cache)
-            corpus = dataclasses.replace(corpus, pseudo_queries=selection)
-            info["selection_pseudo_queries"] = {"source": source, "n_queries": len(selection.ids), "held_out_documents": len(held_out)}
+            # Anchors need every training document's; selection reads the held-out ones' only (the fit keeps them apart).
+            made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
+            corpus = dataclasses.replace(corpus, pseudo_queries=made)
+            info["selection_pseudo_queries" if not trains_on_them else "pseudo_queries"] = {
+                "source": source, "n_queries": len(made.ids), "held_out_documents": len(held_out)}
         elif pseudo_queries not in (None, "none"):
             notes.append("--pseudo-queries on the unsupervised path names the source of the pseudo-queries selected on "
                          "(--set selection_signal=pseudo-queries); with this selection they are not used.")

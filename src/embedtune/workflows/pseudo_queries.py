@@ -126,13 +126,14 @@ def recipe_pseudo_queries(
     return build_pseudo_queries(experiment, source, mining, seed), None
 
 
-def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str], source: str = "title",
+def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str] | None, source: str = "title",
                              cache: EmbeddingCache | bool = True) -> PseudoQueries:
-    """The pseudo-queries an unsupervised fit selects on: one per held-out document, encoded as queries, not mined.
+    """The pseudo-queries an unsupervised fit reads: one per document, encoded as queries, not mined.
 
     Documents whose pseudo-query would be their whole text get none (it would retrieve itself
-    through any map). ``held_out``: the documents the fit holds out, e.g.
-    :meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`.
+    through any map). ``held_out``: the documents the fit holds out and selects on, e.g.
+    :meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`; None: every document
+    (DIVE's ``pseudo_query_weight`` trains on the training documents' and selects on the held-out ones').
 
     Raises:
         EmbedtuneError: the vectors were given without the documents' text or the model that encoded them,
@@ -143,10 +144,12 @@ def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str], so
         raise EmbedtuneError("selection_signal='pseudo-queries' scores pseudo-queries made from the held-out documents' text and "
                              "encoded by their model; these vectors were given without either. Fit from the corpus instead "
                              "(--data CORPUS --model MODEL), or select on agreement with the frozen space: --set selection_signal=rank-kl.")
-    pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=list(held_out), mine=False, skip_whole_documents=True)
+    pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=None if held_out is None else list(held_out), mine=False,
+                                  skip_whole_documents=True)
     if not pseudo.ids:
         others = " or ".join(f"--pseudo-queries {name}" for name in PSEUDO_QUERY_SOURCES if name != source)
-        raise EmbedtuneError(f"selection_signal='pseudo-queries': none of the {len(held_out)} held-out documents has a {source} "
+        which = "documents" if held_out is None else f"{len(held_out)} held-out documents"
+        raise EmbedtuneError(f"pseudo-queries: none of the {which} has a {source} "
                              "pseudo-query shorter than the document itself (a corpus without titles or sentence ends has none), "
                              f"so there is nothing to select on. Try {others} (first-words: texts without punctuation), "
                              "or --set selection_signal=rank-kl.")

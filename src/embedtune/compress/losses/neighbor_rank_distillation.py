@@ -76,7 +76,9 @@ def _standardized(scores: Tensor, own: Tensor) -> Tensor:
     keep = (~own).to(scores.dtype)
     count = keep.sum(dim=-1, keepdim=True).clamp_min(1.0)
     mean = (scores * keep).sum(dim=-1, keepdim=True) / count
-    spread = (((scores - mean) ** 2) * keep).sum(dim=-1, keepdim=True).div(count).sqrt().clamp_min(1e-6)
+    # The floor goes on the variance, before the square root: sqrt's gradient at 0 is infinite, and a row of equal
+    # scores (identical documents) would then turn every weight into NaN. The value is the same (a spread of at least 1e-6).
+    spread = (((scores - mean) ** 2) * keep).sum(dim=-1, keepdim=True).div(count).clamp_min(1e-12).sqrt()
     return (scores - mean) / spread
 
 
