@@ -158,7 +158,7 @@ def report(out: Path) -> str:
     lines = ["# Label-free DIVE against PCA on every judged collection", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), "",
              "| collection (judged queries) | k | frozen | PCA centred | PCA uncentred | setting | label-free DIVE, mean over seeds (start, epoch per seed) "
-             "| DIVE − stronger PCA (p) | DIVE − frozen (p) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| DIVE − stronger PCA (p) | DIVE − frozen (p) | − `dive` (p) |", "|---|---|---|---|---|---|---|---|---|---|"]
     cells: dict[str, list[tuple[float, float, int]]] = {}
     commands, dates, machines, fit_seconds = set(), [], set(), []
     for name in DATASETS:
@@ -180,6 +180,7 @@ def report(out: Path) -> str:
             if None in pca.values():
                 continue
             stronger = max(pca.values(), key=lambda r: r["ndcg@10"])
+            plain = sorted((r for r in at if r["method"] == "dive"), key=lambda r: r["seed"])
             for method in METHODS:
                 dive = sorted((r for r in at if r["method"] == method), key=lambda r: r["seed"])
                 if not dive:
@@ -191,7 +192,9 @@ def report(out: Path) -> str:
                 mean = float(np.mean([r["ndcg@10"] for r in dive]))
                 lines.append(f"| {name} ({frozen['n_queries']}) | {dim} | {frozen['ndcg@10']:.4f} | {pca['pca']['ndcg@10']:.4f} | "
                              f"{pca['pca-uncentred']['ndcg@10']:.4f} | `{method}` | {mean:.4f} ({kept}) | "
-                             f"{versus_pca.mean_difference:+.4f} ({versus_pca.p_value:.3f}) | {versus_frozen.mean_difference:+.4f} ({versus_frozen.p_value:.3f}) |")
+                             f"{versus_pca.mean_difference:+.4f} ({versus_pca.p_value:.3f}) | {versus_frozen.mean_difference:+.4f} ({versus_frozen.p_value:.3f}) |"
+                             + (" {:+.4f} ({:.3f}) |".format(*(lambda t: (t.mean_difference, t.p_value))(
+                                 paired_test(*align_by_query(ours, _mean_per_query(plain))))) if method != "dive" and plain else " |"))
                 cells.setdefault(method, []).append((versus_pca.mean_difference, versus_pca.p_value, len(dive)))
     lines.append("")
     for method, found in cells.items():
