@@ -180,10 +180,13 @@ def test_pseudo_query_anchors_train_on_training_documents_only_and_need_pseudo_q
 
 
 def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    """The command of docs/no-labels.md, on a tiny model."""
+    from embedtune.cli import main
+
     out = tmp_path / "dive-anchors"
-    settings = {"pseudo_query_weight": 1.0, "epochs": 1, "heads": 2, "progress": False}
-    fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings,
-               pseudo_queries="first-sentence", out=out)
+    assert main(["--quiet", "compress", "fit", "--method", "dive", "--dim", "8", "--unsupervised", "--data", str(sentences), "--model",
+                 str(tiny_bert_dir), "--pseudo-queries", "first-sentence", "--set", "pseudo_query_weight=1", "--set", "epochs=1",
+                 "--set", "heads=2", "--out", str(out)]) == 0
     info = json.loads((out / "fit.json").read_text())
     assert info["pseudo_queries"]["source"] == "first-sentence"
     assert info["pseudo_queries"]["n_queries"] > info["pseudo_queries"]["held_out_documents"]  # every document's, not the held-out ones'

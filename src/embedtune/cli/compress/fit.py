@@ -55,8 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
                      help="DIVE's training-only pseudo-queries, one per document (its title, its first sentence or its first 12 words); "
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
-                     "path with --set selection_signal=pseudo-queries: the source of the held-out documents' pseudo-queries "
-                     "DIVE selects its start and epoch on (default title)")
+                     "path: their source (default title) for --set selection_signal=pseudo-queries (the held-out documents' "
+                     "pseudo-queries DIVE selects its start and epoch on) and for --set pseudo_query_weight=W (the training "
+                     "documents' pseudo-queries as anchors of the rank distillation)")
     add_method_config_flags(fit)
     fit.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE", help="any other config field")
     val = fit.add_mutually_exclusive_group()
