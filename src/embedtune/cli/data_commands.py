@@ -115,9 +115,9 @@ def run_split(args: argparse.Namespace) -> int:
     if args.folds is not None:
         train, val, _ = args.fractions
         folds = positive_disjoint_folds(dataset, args.folds, args.split_seed, val_fraction=val / (train + val) if train + val else 0.0)
-        atomic_write_json(args.out, {"protocol": "positive-disjoint folds", "n_folds": args.folds,
-                                     "folds": [fold.manifest() for fold in folds]})
-        print_json({"out": args.out, "counts": [fold.manifest()["counts"] for fold in folds], "seed": args.split_seed})
+        manifests = [fold.manifest() for fold in folds]
+        atomic_write_json(args.out, {"protocol": "positive-disjoint folds", "n_folds": args.folds, "folds": manifests})
+        print_json({"out": args.out, "counts": [manifest["counts"] for manifest in manifests], "seed": args.split_seed})
         return 0
     split = query_disjoint_split(dataset, tuple(args.fractions), args.split_seed)
     split.save(args.out)

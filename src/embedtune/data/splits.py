@@ -274,8 +274,8 @@ def positive_disjoint_folds(
             (val if len(val) + len(group) <= val_fraction * n_rest else train).extend(group)
         if not val and val_fraction > 0 and len(rest) > 1:  # every group too large: the smallest one validates
             smallest = min(rest, key=lambda g: (len(g), position[g[0]]))
-            val = list(smallest)
-            train = [q for q in train if q not in set(smallest)]
+            val, moved = list(smallest), set(smallest)
+            train = [q for q in train if q not in moved]
         n_all = len(ranked)
         splits.append(QuerySplit(
             train=sorted(train, key=position.__getitem__),
