@@ -156,3 +156,15 @@ def test_index_build_takes_titles_from_a_bare_corpus_file(tmp_path):
     assert main(["index", "build", "--embeddings", str(tmp_path / "v.npy"), "--ids", str(tmp_path / "ids.txt"),
                  "--data", str(corpus), "--out", str(tmp_path / "index")]) == 0
     assert json.loads((tmp_path / "index" / "titles.json").read_text()) == ["Alpha", "Beta"]
+
+
+@pytest.mark.parametrize("dim", [1, 7, 8, 33])
+@pytest.mark.parametrize("kind", ["flat", "sq8", "binary"])
+def test_the_manifests_bytes_per_vector_is_the_precision_tables(kind, dim, rng, tmp_path):
+    """The manifest takes FAISS's own code size for a built-in kind (the build never loads the codecs for a flat
+    index); it must be the figure the precision table gives."""
+    from embedtune.index.codecs import bytes_per_vector
+
+    np.save(tmp_path / "docs.npy", rng.normal(size=(20, dim)).astype(np.float32))
+    out = build_index(tmp_path / "docs.npy", tmp_path / "index", ids=[f"d{i}" for i in range(20)], kind=kind)
+    assert load_index(out).manifest["bytes_per_vector"] == bytes_per_vector(kind, dim)

@@ -293,6 +293,38 @@ def test_written_files_get_the_permissions_the_umask_allows(tmp_path):
     assert (tmp_path / "private.bin").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="folder ownership is a POSIX notion")
+def test_atomic_writes_create_their_file_in_a_private_folder_and_reserve_it_in_a_shared_one(tmp_path):
+    """In a folder only its owner can write to, the writer creates the temporary file (ext4 writes back a file
+    truncated by its writer as it closes it, which doubled a large index's write time); in a folder others may
+    write to, the name is held by an empty file until the writer replaces it."""
+    from embedtune.io import atomic_write
+
+    seen = {}
+
+    def writer(tmp: Path) -> None:
+        seen[tmp.parent.name] = tmp.exists()
+        tmp.write_bytes(b"payload")
+
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir(mode=0o700)
+    shared.mkdir()
+    shared.chmod(0o777)
+    for folder in (private, shared):
+        atomic_write(folder / "out.bin", writer)
+        assert (folder / "out.bin").read_bytes() == b"payload"
+        assert [p.name for p in folder.iterdir()] == ["out.bin"]
+    assert seen == {"private": False, "shared": True}
+    # A writer that writes nothing still leaves the empty file it would have found.
+    atomic_write(private / "empty.bin", lambda tmp: None)
+    assert (private / "empty.bin").read_bytes() == b""
+    # A failing writer leaves nothing behind, in either kind of folder.
+    for folder in (private, shared):
+        with pytest.raises(RuntimeError):
+            atomic_write(folder / "failed.bin", lambda tmp: (tmp.write_bytes(b"half"), (_ for _ in ()).throw(RuntimeError("x"))))
+        assert not (folder / "failed.bin").exists() and not list(folder.glob(".*.tmp"))
+
+
 def test_a_saved_config_from_a_newer_embedtune_gets_a_warning(tmp_path):
     from dataclasses import dataclass
 

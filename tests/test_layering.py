@@ -87,6 +87,15 @@ FUNCTION_BODY_ALLOWED: dict[tuple[str, str], str] = {
     ("embedtune.workflows.train_compressor", "embedtune.compress.dive"): "torch (DIVE's module), only to warn when DIVE's "
                                                                           "static-corpus preset is chosen",
     ("embedtune.workflows.plan", "embedtune.compress.csr"): "torch (CSR's module), only when CSR peers are swept",
+    # Every codec (a third of a flat `index build`'s start-up, which is most of a small build's time): a flat
+    # index is built and searched with FAISS alone (benchmarks/scale.py times it against FAISS directly).
+    ("embedtune.index.store", "embedtune.index.codecs"): "every codec, only for an index that is not flat",
+    ("embedtune.index.store", "embedtune.index.ann"): "every codec (under approximate search), only for a factory index",
+    ("embedtune.index.store", "embedtune.index.refine"): "every codec (under refinement), only when a plan refines",
+    ("embedtune.cli.index", "embedtune.index.planned"): "every codec, only for `index build --plan`",
+    ("embedtune.cli.index", "embedtune.index.deploy_bundle"): "every codec and the stores' recipes, only for `index deploy`",
+    # The triplet miner under the presets: applying a fitted compressor never asks for a preset.
+    ("embedtune.compress.base", "embedtune.compress.presets"): "the triplet miner, only when a preset is asked for",
 }
 
 

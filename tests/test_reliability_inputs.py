@@ -104,6 +104,21 @@ def test_check_finite_counts_and_names_the_first_bad_row():
     check_finite(np.arange(6).reshape(3, 2), "ints")  # always finite
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_check_finite_sees_through_cancelling_and_overflowing_row_sums(dtype):
+    """The fast path sums each row; +inf and -inf in one row sum to NaN, and a row of huge finite values sums to
+    infinity without any non-finite value: the first is refused, the second passes, and neither warns."""
+    huge = np.finfo(dtype).max
+    array = np.ones((6, 5), dtype)
+    array[2] = huge  # finite, but its sum overflows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_finite(array, "huge.npy")
+        array[4, [0, 3]] = [np.inf, -np.inf]
+        with pytest.raises(NonFiniteError, match=r"row 4 \(0-based\) holds inf at column 0\. Fix"):
+            check_finite(array, "mixed.npy")
+
+
 def test_compressor_output_must_be_finite(rng):
     X = rng.normal(size=(50, 16)).astype(np.float32)
     pca = make_compressor("pca", dim=4).fit(TrainingData.corpus_only(X, [f"d{i}" for i in range(50)]))

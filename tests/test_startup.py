@@ -22,7 +22,8 @@ from embedtune.compress.catalog import BUILTIN_METHODS
 HEAVY = ("torch", "transformers", "sentence_transformers")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# Runs each argv through the CLI's main() in one interpreter, then prints the exit codes and the heavy modules it imported.
+# Runs each argv through the CLI's main() in one interpreter, then prints the exit codes and which of the watched
+# modules (argv[2]) it imported.
 PROBE = """
 import contextlib, io, json, sys
 from embedtune.cli import main
@@ -34,13 +35,14 @@ for argv in json.loads(sys.argv[1]):
         except SystemExit as stop:
             code = stop.code
     codes.append([code, err.getvalue()[-400:]])
-print(json.dumps({"codes": codes, "heavy": sorted(m for m in %r if m in sys.modules)}))
-""" % (HEAVY,)
+print(json.dumps({"codes": codes, "heavy": sorted(m for m in json.loads(sys.argv[2]) if m in sys.modules)}))
+"""
 
 
-def run_cli(argvs: list[list[str]], cwd: Path, env_extra: dict[str, str] | None = None) -> dict:
+def run_cli(argvs: list[list[str]], cwd: Path, env_extra: dict[str, str] | None = None, watch: tuple[str, ...] = HEAVY) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **(env_extra or {})}
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs)], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argvs), json.dumps(watch)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -100,6 +102,25 @@ def test_commands_without_a_model_import_no_model_stack(own_vectors):
     assert [code for code, _ in report["codes"]] == [0] * len(argvs), report["codes"]
     assert report["heavy"] == []
     assert (own_vectors / "run-flat" / "run.trec").is_file() and (own_vectors / "plan" / "plan.json").is_file()
+
+
+# What a flat index's build and search leave unimported: every codec, and the triplet miner under the compressors'
+# presets. Start-up is most of a small build's time (benchmarks/scale.py times `index build` against FAISS directly).
+CODEC_STACK = ("embedtune.index.codecs", "embedtune.compress.presets", "embedtune.data.triplets")
+
+
+def test_a_flat_index_is_built_and_searched_without_the_codecs(own_vectors):
+    flat = [
+        ["index", "build", "--embeddings", "docs.npy", "--ids", "ids.txt", "--out", "flat"],
+        ["search", "--index", "flat", "--query-vectors", "queries.npy", "--query-ids", "qids.txt", "--out", "run-flat"],
+    ]
+    report = run_cli(flat, own_vectors, watch=CODEC_STACK)
+    assert [code for code, _ in report["codes"]] == [0, 0], report["codes"]
+    assert report["heavy"] == []
+    # The probe sees them when they are imported: an sq8 index needs its codec.
+    sq8 = [["index", "build", "--embeddings", "docs.npy", "--ids", "ids.txt", "--kind", "sq8", "--out", "sq8"]]
+    report = run_cli(sq8, own_vectors, watch=CODEC_STACK)
+    assert report["codes"][0][0] == 0 and "embedtune.index.codecs" in report["heavy"]
 
 
 def test_every_method_agrees_with_its_catalogue_entry():

@@ -24,6 +24,7 @@ __all__ = ["EmbedtuneError", "NonFiniteError", "NoQueriesError", "NoSpaceError",
 VECTORS_FIX = "drop or re-encode the rows holding NaN or infinity; every score would be computed from them"
 
 # Rows per isfinite() pass: bounded temporaries on a memory-mapped corpus of any size.
+_BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _FINITE_BLOCK_BYTES = 64 << 20
 
 
@@ -121,8 +122,11 @@ def check_finite(
         block = rows[lo : lo + step]
         # Fast path: NaN and infinity propagate through a row's sum, which reads the block once with no
         # temporary (~6x faster than isfinite().all()); a finite row can only sum to infinity by
-        # overflow, and such blocks get the exact check below.
-        if np.isfinite(block.sum(axis=1)).all():
+        # overflow, and such blocks get the exact check below. For float32/float64 rows the sum is a
+        # BLAS matrix-vector product with ones, twice as fast again as numpy's sum.
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow or inf - inf here only sends the block to the exact check
+            sums = block @ np.ones(block.shape[1], block.dtype) if block.dtype in _BLAS_FLOATS else block.sum(axis=1)
+        if np.isfinite(sums).all():
             continue
         finite = np.isfinite(block)
         bad_rows = ~finite.all(axis=1)

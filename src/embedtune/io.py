@@ -127,6 +127,15 @@ def _temporary_path(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"{path.parent}: could not create a temporary file next to {path.name}.")
 
 
+def _only_owner_writes(folder: Path) -> bool:
+    """Whether only this process's user can create files in ``folder`` (it owns it; neither group nor others may write)."""
+    try:
+        info = folder.stat()
+    except OSError:
+        return False
+    return hasattr(os, "geteuid") and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
 def _write_through(path: Path, writer: Callable[[Path], None]) -> Path:
     """``writer`` into a scratch file, whose bytes are then written into the device or pipe ``path`` (kept as it is)."""
     import shutil
@@ -155,8 +164,15 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = _temporary_path(path)
     os.close(fd)
+    if _only_owner_writes(path.parent):
+        # No one else can create a file in the folder, so the reserved name is safe to leave free: the writer then
+        # creates the file rather than truncating one, and ext4 starts the write-back of a truncated file's data
+        # when it is closed (auto_da_alloc), which made writing a 150 MB index twice as slow.
+        tmp.unlink()
     try:
         writer(tmp)
+        if not tmp.exists():  # a writer that wrote nothing leaves an empty file, as it did in the reserved one
+            tmp.touch()
         # Some writers replace the file with their own (safetensors makes it 0600): set the mode last.
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)

@@ -12,13 +12,14 @@ from embedtune.cli.common import add_backend_flag, add_data_flags, add_ray_flags
 from embedtune.data.beir import load_beir_corpus
 from embedtune.data.query_files import read_query_file
 from embedtune.evaluate.run_files import write_jsonl_run, write_trec_run
-from embedtune.index import build_index
-from embedtune.index.deploy_bundle import write_deploy_bundle
-from embedtune.index.planned import build_planned_index
 from embedtune.index.query import search_texts, search_vectors
+from embedtune.index.store import build_index
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
 
-__all__ = ["register", "run_index_build", "run_index_deploy", "run_search", "search_texts"]
+# The plan's builder and the deployment bundle are imported by the commands that use them: they load every codec,
+# which a flat `index build` and `search --query-vectors` never need, and start-up is most of a small job's time.
+
+__all__ = ["register", "run_index_build", "run_index_deploy", "run_search"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ def run_index_build(args: argparse.Namespace) -> int:
         # Only the corpus is read: a bare corpus.jsonl, or a BEIR folder whether or not it has qrels.
         titles = {doc_id: doc.get("title", "") for doc_id, doc in load_beir_corpus(args.data).corpus.items()}
     if args.plan:
+        from embedtune.index.planned import build_planned_index
+
         out = build_planned_index(args.embeddings, args.out, args.plan, ids=args.ids, titles=titles, model=args.model,
                                   backend=args.backend, chunk_size=args.chunk_size, id_column=args.id_column, vector_column=args.vector_column,
                                   before_write=prepare, ray=pool)
@@ -145,6 +148,8 @@ def run_index_build(args: argparse.Namespace) -> int:
 
 
 def run_index_deploy(args: argparse.Namespace) -> int:
+    from embedtune.index.deploy_bundle import write_deploy_bundle
+
     deploy = write_deploy_bundle(args.plan, args.out, model=args.model, include_model=not args.no_model, overwrite=args.overwrite,
                                  top_k=args.top_k)
     print_json({"out": str(args.out), "precision": deploy["precision"]["name"], "dim": deploy["dim"], "model": deploy["model"],

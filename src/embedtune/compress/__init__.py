@@ -1,7 +1,6 @@
 """Embedding compressors: DIVE and the baselines of the DIVE paper, one estimator contract."""
 
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData
-from embedtune.compress.presets import MiningOptions, Preset
 from embedtune.compress.registry import (
     available_methods,
     describe_method,
@@ -15,7 +14,9 @@ from embedtune.compress.registry import (
 
 # The method modules (torch with most of them) are imported when a class is first asked for, not here:
 # `compress apply` on a PCA, `index build` and `--help` never import torch.
-_LAZY = {"DIVECompressor": "embedtune.compress.dive", "DIVEConfig": "embedtune.compress.dive", "ROBUST": "embedtune.compress.dive"}
+# Nor the presets (they import the triplet miner): applying a fitted compressor never reads one.
+_LAZY = {"DIVECompressor": "embedtune.compress.dive", "DIVEConfig": "embedtune.compress.dive", "ROBUST": "embedtune.compress.dive",
+         "MiningOptions": "embedtune.compress.presets", "Preset": "embedtune.compress.presets"}
 
 
 def __getattr__(name: str) -> object:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import numpy as np
 
 from embedtune import __version__
-from embedtune.compress.presets import Preset
 from embedtune.constraints import Constraint, Interval, validate_constraints
 from embedtune.array_facts import known, remember
 from embedtune.errors import check_finite
@@ -48,6 +47,8 @@ if TYPE_CHECKING:
     import torch
 
     from embedtune.compress.export_layers import ExportLayer
+    # Imported where a preset is asked for: presets import the triplet miner, which applying a fitted compressor never needs.
+    from embedtune.compress.presets import Preset
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +283,8 @@ class Compressor(abc.ABC):
     @classmethod
     def get_preset(cls, name: str | None) -> Preset:
         """The preset ``name`` (None: :attr:`default_preset`, else the config defaults)."""
+        from embedtune.compress.presets import Preset
+
         name = cls.default_preset if name is None else name
         if name is None:
             return Preset("defaults")

@@ -30,6 +30,7 @@ import numpy as np
 
 from embedtune.evaluate.search import as_rows, break_ties, rescore
 from embedtune.index.codecs import Precision, QuantizedIndex
+from embedtune.index.store import ORIGINAL_VECTORS_FILE  # the index folder's file of original float32 vectors
 
 if TYPE_CHECKING:
     from embedtune.compress import Compressor
@@ -55,8 +56,6 @@ REFINE_MARK = "+refine"
 DEFAULT_REFINE_CANDIDATES = 100
 #: The tier of every refined setting: it reads float32 vectors from disk at query time.
 REFINE_TIER = "disk-rescore"
-#: The index folder's file of original (model-space) float32 vectors, row-aligned with ``ids.txt``.
-ORIGINAL_VECTORS_FILE = "original_vectors.npy"
 _REFINED = re.compile(r"^(?P<base>.+)\+refine(?P<candidates>[1-9]\d*)$")
 
 

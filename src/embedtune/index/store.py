@@ -46,21 +46,6 @@ from embedtune.encoders.precomputed import read_ids
 from embedtune.encoders.recipe import recipe_for_vectors
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, check_finite
 from embedtune.evaluate.search import as_rows, break_ties, exact_search, rescore
-from embedtune.index.codecs import (
-    Calibration,
-    binary_codes,
-    binary_search,
-    bytes_per_vector,
-    check_faiss_supports,
-    faiss_release_needed,
-    faiss_version_error,
-    sq8_index,
-    sq8_search,
-)
-from embedtune.index.codecs.faiss_codes import without_polysemous_training
-from embedtune.index.codecs.precision_registry import faiss_index_of
-from embedtune.index.ann import default_params, set_search_params
-from embedtune.index.refine import ORIGINAL_VECTORS_FILE, refine_candidates
 from embedtune.io import (
     DIGEST_KEY,
     IntegrityError,
@@ -77,6 +62,9 @@ from embedtune.io import (
 )
 from embedtune.runtime import native_chatter_filtered
 
+# The codecs (and approximate search and refinement, which build on them) are imported where a build or a search
+# needs them: a flat index is built and searched with FAISS alone, and start-up is most of a small job's time.
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["INDEX_KINDS", "build_index", "load_index", "verify_index", "Index", "adapter_fingerprint", "check_adapter"]
@@ -91,6 +79,8 @@ INDEX_FILE = "index.faiss"
 # "auto") at 200k x 384 on one thread it was as fast or faster, and it needs no tuning run and no torch.
 FLAT_KERNEL = "faiss"
 IDS_FILE = "ids.txt"
+#: A ``+refine<N>`` plan's original float32 vectors (:mod:`embedtune.index.refine` rescores with them).
+ORIGINAL_VECTORS_FILE = "original_vectors.npy"
 TITLES_FILE = "titles.json"
 VECTORS_FILE = "vectors.npy"
 ADAPTER_FILES = ("config.json", "model.safetensors")
@@ -270,9 +260,13 @@ def build_index(
             source = apply_compressor_ray(adapter, embeddings, staging / "adapted.npy", ray, rows_per_range=chunk_size)
             transform = None
         if kind == "sq8" and sq8_ranges is None:
+            from embedtune.index.codecs import Calibration, sq8_index
+
             # One extra pass for the per-dimension ranges, so the calibration sees every vector.
             index = sq8_index(d, Calibration.fit_blocks(blocks()))
         elif kind not in INDEX_KINDS:
+            from embedtune.index.ann import default_params, set_search_params
+
             if not index.is_trained:
                 sample = []
                 for _, block in blocks():
@@ -291,6 +285,8 @@ def build_index(
                     ) from None
             set_search_params(index, default_params(kind))
 
+        if kind == "binary":
+            from embedtune.index.codecs import binary_codes
         vectors_path = staging / VECTORS_FILE
         vectors_out = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(n, d)) if keep_vectors else None
         for start, block in blocks(collect_ids=True):
@@ -312,11 +308,17 @@ def build_index(
         ids_text = _ids_text(id_list, str(embeddings))
 
         writer = faiss.write_index_binary if kind == "binary" else faiss.write_index
+        if kind in INDEX_KINDS:
+            served = index
+        else:
+            # A codec that encodes with more than its FAISS index (klt-wpq) has added its codes to that index: it is what is served.
+            from embedtune.index.codecs import faiss_index_of
+
+            served = faiss_index_of(index)
 
         def write_index(tmp: Path) -> None:
             try:
-                # A codec that encodes with more than its FAISS index (klt-wpq) has added its codes to that index: it is what is served.
-                writer(faiss_index_of(index), str(tmp))
+                writer(served, str(tmp))
             except RuntimeError as error:
                 raise OSError(f"FAISS could not write the index ({_faiss_message(error)}); is the disk full? Free space or "
                               "choose another --out") from None
@@ -337,9 +339,10 @@ def build_index(
             "dim": int(d),
             "input_dim": int(d_in),
             "ntotal": int(index.ntotal),
-            "bytes_per_vector": bytes_per_vector(kind, d) if kind in INDEX_KINDS else None,
+            # FAISS's own bytes per code, which is the precision table's figure for the built-in kinds (a test holds them equal).
+            "bytes_per_vector": int(index.code_size) if kind in INDEX_KINDS else None,
             "index_bytes": (staging / INDEX_FILE).stat().st_size,
-            "search_params": default_params(kind) if kind not in INDEX_KINDS else {},
+            "search_params": {} if kind in INDEX_KINDS else default_params(kind),
             "adapter": adapter_info if adapter_info is not None else (
                 {"method": compressor.method, "path": None, "input_dim": compressor.input_dim_, "output_dim": compressor.output_dim,
                  "input_normalization": compressor.input_normalization_, "state_sha256": compressor.state_sha256()}
@@ -404,12 +407,16 @@ def new_index(kind: str, d: int, sq8_ranges: tuple[np.ndarray, np.ndarray] | Non
             if vmin.shape != (d,) or vmax.shape != (d,) or not (np.isfinite(vmin).all() and np.isfinite(vmax).all()) or (vmax < vmin).any():
                 raise EmbedtuneError(f"sq8 calibration: expected finite ({d},) ranges with vmin <= vmax; got {vmin.shape} and {vmax.shape}. "
                                      "Fix: write the plan again with `embedtune compress plan`.")
+            from embedtune.index.codecs import sq8_index
+
             return sq8_index(int(d), (vmin, vmax))
         return faiss.IndexScalarQuantizer(int(d), faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     if kind == "binary":
         return faiss.IndexBinaryFlat(((int(d) + 7) // 8) * 8)
     if not isinstance(kind, str) or not kind.strip():
         raise EmbedtuneError(f"--kind {kind!r}: give flat, sq8, binary, or a FAISS index_factory string such as 'IVF1024,Flat'.")
+    from embedtune.index.codecs import check_faiss_supports, faiss_release_needed, faiss_version_error, without_polysemous_training
+
     check_faiss_supports(kind, faiss_module=faiss)  # RaBitQ / TurboQuant on an older FAISS: name the release that has them
     try:
         return without_polysemous_training(faiss.index_factory(int(d), kind, faiss.METRIC_INNER_PRODUCT))
@@ -464,6 +471,8 @@ class Index:
         if rescore_with is not None:
             raise ValueError(f"{self.path}: the index rescores with the original vectors as planned; drop --rescore {rescore_with}.")
         fetch = min(self.faiss_index.ntotal, max(int(k), int(self.refine["candidates"])))
+        from embedtune.index.refine import refine_candidates
+
         _, I = self._search_codes(xq, fetch, None, candidates)
         return refine_candidates(I, original_queries, self.original_vectors, min(int(k), self.faiss_index.ntotal))
 
@@ -485,6 +494,8 @@ class Index:
         if kind == "flat":
             xb = faiss.rev_swig_ptr(self.faiss_index.get_xb(), self.faiss_index.ntotal * self.dim).reshape(-1, self.dim)
             return exact_search(xq, xb, k, kernel=os.environ.get("EMBEDTUNE_SEARCH_KERNEL") or FLAT_KERNEL)
+        from embedtune.index.codecs import binary_search, sq8_search
+
         if kind == "binary":
             planned = self.manifest.get("plan") or {}
             if rescore_with is None and planned.get("rescore"):  # built from a plan: search as planned
@@ -573,6 +584,8 @@ def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
         raise IntegrityError(f"{path / INDEX_FILE}: FAISS cannot read it ({_faiss_message(error)}). {REBUILD_HINT}") from None
     _check_index_agrees(index, kind, dim, ntotal, path / INDEX_FILE, manifest_path)
     if manifest.get("search_params"):
+        from embedtune.index.ann import set_search_params
+
         set_search_params(index, manifest["search_params"])
     ids = (path / IDS_FILE).read_text(encoding="utf-8").split("\n")[:-1]
     if len(ids) != index.ntotal:

@@ -84,6 +84,7 @@ the KLT codec weighted for the score's error, served as a FAISS additive quantis
 from embedtune.index.codecs.precision import FAISS_PRECISIONS, FLOAT_RESCORED, PRECISIONS, Precision, bytes_per_vector
 from embedtune.index.codecs.precision_registry import (
     PrecisionCodec,
+    faiss_index_of,
     precision_codec,
     precision_examples,
     register_precision,
@@ -96,6 +97,7 @@ from embedtune.index.codecs.faiss_codes import (
     faiss_release_needed,
     faiss_version_error,
     new_factory_index,
+    without_polysemous_training,
 )
 from embedtune.index.codecs.int8 import Calibration, int8_quantize, int8_ranges, int8_search, sq8_index, sq8_search
 from embedtune.index.codecs.quantized_index import (
@@ -116,6 +118,8 @@ from embedtune.index.codecs.weighted import KltWeightedPQ
 from embedtune.index.codecs.anisotropic import KltAnisotropicPQ
 
 __all__ = [
+    "faiss_index_of",
+    "without_polysemous_training",
     "PRECISIONS",
     "FAISS_PRECISIONS",
     "FLOAT_RESCORED",
