@@ -206,10 +206,14 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str], steps: t
 
 
 def _machine() -> str:
-    """The CPU and library versions (:func:`embedtune.bench.efficiency.machine_info`), and the load when the run started."""
-    from embedtune.bench.efficiency import machine_info
+    """The CPU and library versions (:func:`embedtune.bench.efficiency.machine_info`), and the load when the run started.
 
-    info = machine_info()
+    Read in a child: machine_info imports torch and FAISS, and a child's peak RSS starts from this process's memory
+    at fork, so importing them here set a floor of about 500 MB under every cell's figure.
+    """
+    done = subprocess.run([sys.executable, "-c", "import json; from embedtune.bench.efficiency import machine_info; "
+                           "print(json.dumps(machine_info()))"], capture_output=True, text=True, check=True)
+    info = json.loads(done.stdout.strip().splitlines()[-1])
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"{info['cpu']}, {info['cpus']} CPUs, faiss {info['faiss']}, numpy {info['numpy']}, torch {info['torch']}, "
             f"load average {load:.1f} at the start")
@@ -256,9 +260,8 @@ def report(data: dict) -> str:
             lines.append(f"| {step} | " + " | ".join(row) + f" | {growth} |")
         lines.append("")
     lines += ["Each cell: embedtune seconds / direct seconds = ratio, then embedtune's peak RSS. A child's peak RSS counts "
-              "this benchmark's own memory when it forked: a figure marked (floor) is that, not the step's; runs before "
-              "2026-12-06 05:00 UTC did not record it, and their cells at the benchmark's size (500 MB in the run of 03:44 "
-              "UTC) are such floors. fit: `compress fit --method pca "
+              "this benchmark's own memory when it forked: a figure marked (floor) is that, not the step's (the benchmark "
+              "keeps itself small: it imports neither torch nor FAISS). fit: `compress fit --method pca "
               "--dim 128` against a direct PCA of the same sample rule; apply: `compress apply`; build: `index build` (flat); "
               "search: `search --query-vectors` with 1,000 queries, top 10.", ""]
     return "\n".join(lines)
