@@ -18,7 +18,8 @@ outputs removed and the page cache flushed (:func:`fresh_start`); peak RSS is th
 × N: embedtune s, direct s, ratio, embedtune peak MB) and each step's growth exponent (the slope of
 log time against log N over the measured N), and writes ``scale.json`` and ``REPORT.md`` to
 ``--out`` (a rerun of the same ``--work`` reuses the vector files). Resumable: finished cells are
-kept in ``--out``/``scale.json`` and skipped.
+kept in ``--out``/``scale.json`` and skipped. ``--compare-fit`` times nothing: it fits both sides once per
+N and d and prints how much of the direct PCA's subspace embedtune's spans (equal quality: 1).
 """
 
 from __future__ import annotations
@@ -205,6 +206,30 @@ def cell(work: Path, n: int, d: int, repeats: int, env: dict[str, str], steps: t
     return result
 
 
+def compare_fits(work: Path, rows: list[int], dims: list[int]) -> list[dict[str, float]]:
+    """Fit both sides once per N and d (untimed) and compare what they fitted: the share of the direct PCA's subspace
+    that embedtune's spans (``||C_e C_d^T||_F^2 / k``, 1 when equal) and the largest difference of the means."""
+    from safetensors.numpy import load_file
+
+    found = []
+    for d in dims:
+        for n in rows:
+            docs, ids, _, _ = vectors(work, n, d)
+            ours, theirs = work / f"compare-pca-{n}x{d}", work / f"compare-direct-{n}x{d}.safetensors"
+            subprocess.run([sys.executable, "-m", "embedtune", "--threads", "1", "--quiet", "compress", "fit", "--method", "pca",
+                            "--dim", str(K), "--doc-embeddings", str(docs), "--doc-ids", str(ids), "--out", str(ours), "--overwrite"],
+                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([sys.executable, "-c", DIRECT["fit"], str(docs), str(theirs), str(K)], check=True)
+            a, b = load_file(str(ours / "model.safetensors")), load_file(str(theirs))
+            span = float(np.linalg.norm(a["components"].astype(np.float64) @ b["components"].astype(np.float64).T) ** 2 / K)
+            found.append({"n": n, "d": d, "subspace_share": span, "max_mean_difference": float(np.abs(a["mean"] - b["mean"]).max())})
+            print(f"  {n}x{d}: embedtune's PCA spans {span:.6f} of the direct one's subspace; means differ by at most "
+                  f"{found[-1]['max_mean_difference']:.2e}", flush=True)
+            shutil.rmtree(ours)
+            theirs.unlink()
+    return found
+
+
 def _machine() -> str:
     """The CPU and library versions (:func:`embedtune.bench.efficiency.machine_info`), and the load when the run started.
 
@@ -278,9 +303,14 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/scale-steps")
     parser.add_argument("--note", default=None, help="a line recorded with the figures (e.g. what else ran on the machine)")
     parser.add_argument("--report-only", action="store_true", help="rewrite REPORT.md from --out/scale.json, measuring nothing")
+    parser.add_argument("--compare-fit", action="store_true",
+                        help="time nothing: fit both sides once per N and d and print how far apart their PCAs are (equal quality)")
     args = parser.parse_args()
     work, out = Path(args.work), Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
+    if args.compare_fit:
+        compare_fits(work, args.rows, args.dims)
+        return
     out.mkdir(parents=True, exist_ok=True)
     record = out / "scale.json"
     data = json.loads(record.read_text()) if record.is_file() else {"cells": []}
