@@ -198,3 +198,25 @@ def test_transform_rows_into_a_given_array(fitted, vectors):
     np.testing.assert_array_equal(target, transform_rows(fitted, X, tile=64))
     with pytest.raises(ValueError, match="C-contiguous float32"):
         transform_rows(fitted, X, out=np.zeros((len(X), fitted.output_dim), np.float64))
+
+
+def test_the_bits_do_not_depend_on_the_thread_count(tmp_path, rng):
+    """``compress apply`` and ``index build --adapter`` write the same bytes with one thread or two. A tile left
+    to the process's BLAS threads (the last, partial one of a file) summed in another order with two, so the
+    output's last bit followed ``--threads``, and a Ray actor's (one thread) differed from a local apply."""
+    from embedtune.cli import main
+
+    n = 3 * TILE_ROWS + 1234
+    X = rng.normal(size=(n, 40)).astype(np.float32)
+    np.save(tmp_path / "in.npy", X)
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(n)), encoding="utf-8")
+    ids = [f"d{i}" for i in range(n)]
+    make_compressor("pca", dim=16).fit(TrainingData(ids[:1], X[:1], ids, X, {})).save(tmp_path / "adapter")
+    for threads in ("1", "2"):
+        assert main(["--threads", threads, "--quiet", "compress", "apply", "--adapter", str(tmp_path / "adapter"),
+                     "--input", str(tmp_path / "in.npy"), "--out", str(tmp_path / f"out-{threads}.npy")]) == 0
+        assert main(["--threads", threads, "--quiet", "index", "build", "--adapter", str(tmp_path / "adapter"),
+                     "--embeddings", str(tmp_path / "in.npy"), "--ids", str(tmp_path / "ids.txt"),
+                     "--out", str(tmp_path / f"index-{threads}")]) == 0
+    assert (tmp_path / "out-1.npy").read_bytes() == (tmp_path / "out-2.npy").read_bytes()
+    assert (tmp_path / "index-1" / "index.faiss").read_bytes() == (tmp_path / "index-2" / "index.faiss").read_bytes()

@@ -58,6 +58,7 @@ __all__ = [
     "iter_embedding_blocks",
     "embedding_file_shape",
     "transform_rows",
+    "default_tile_workers",
     "ids_path_for",
 ]
 
@@ -70,6 +71,11 @@ def iter_row_blocks(xb: np.ndarray, chunk_size: int):
     """Yield ``(start, block)`` with float32 C-contiguous blocks of at most ``chunk_size`` rows."""
     for start in range(0, len(xb), chunk_size):
         yield start, np.ascontiguousarray(xb[start : start + chunk_size], dtype=np.float32)
+
+
+def default_tile_workers() -> int:
+    """Threads that transform tiles side by side when the caller does not say: the CPU count, at most 4."""
+    return max(1, min(os.cpu_count() or 1, 4))
 
 
 def transform_rows(
@@ -92,8 +98,8 @@ def transform_rows(
     reuses one, so no output pages are faulted in per block). ``validated``: ``X`` is already a
     C-contiguous float32 array checked finite, so the tiles skip the input scan. Methods with
     ``non_finite_input_reaches_output`` skip it anyway and read the input only when an output
-    row is not finite. ``workers``: threads that transform tiles side by side, each with one
-    BLAS thread.
+    row is not finite. ``workers``: threads that transform tiles side by side. Every tile runs on
+    one BLAS thread, so the bits do not depend on the thread count either.
     """
     X = np.asarray(X)
     n = len(X)
@@ -133,18 +139,21 @@ def transform_rows(
             raise error.shifted(start) from None  # rows of X, not of the tile
 
     starts = range(0, n, tile)
-    if workers > 1 and len(starts) > 1:
-        # Tiles in parallel threads (BLAS and torch release the GIL), each on one BLAS thread: a
-        # 4096-row product is too small for BLAS's own threads to pay off (measured 2 threads, 768 -> 128:
-        # 2.2 s of matmul per 1M rows in tiles against 1.6 s in 65536-row blocks).
-        from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits
 
-        with threadpool_limits(limits=1), ThreadPoolExecutor(max_workers=workers) as pool:
-            for _ in pool.map(one_tile, starts):  # in order, so the first bad tile is the one reported
-                pass
-    else:
-        for start in starts:
-            one_tile(start)
+    # Every tile on one BLAS thread, however many the process has: BLAS sums in another order with more
+    # threads, so a tile's bits would follow the thread count (a 2-thread apply differed from a 1-thread
+    # one, and from a Ray actor's, in the last bit). A 4096-row product is too small for BLAS's own
+    # threads to pay off anyway (measured 2 threads, 768 -> 128: 2.2 s of matmul per 1M rows in tiles
+    # against 1.6 s in 65536-row blocks); tiles run in parallel threads instead (BLAS and torch release the GIL).
+    with threadpool_limits(limits=1):
+        if workers > 1 and len(starts) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                for _ in pool.map(one_tile, starts):  # in order, so the first bad tile is the one reported
+                    pass
+        else:
+            for start in starts:
+                one_tile(start)
     return out
 
 
@@ -442,7 +451,7 @@ def apply_compressor_streaming(
     if n and d != compressor.input_dim_:
         raise ValueError(f"{input_path} has {d} columns but the compressor was fitted on {compressor.input_dim_}-d input.")
     k = compressor.output_dim
-    workers = max(1, min(os.cpu_count() or 1, 4)) if workers is None else max(1, workers)
+    workers = default_tile_workers() if workers is None else max(1, workers)
     start_time = time.perf_counter()
 
     def checked_blocks():

@@ -41,7 +41,7 @@ from embedtune import __version__
 from embedtune.compress import load_compressor
 from embedtune.compress.base import Compressor, read_compressor_meta
 from embedtune.compress.ray_apply import RayPool, apply_compressor_ray, check_ray_apply_paths
-from embedtune.compress.streaming import embedding_file_shape, iter_embedding_blocks, transform_rows
+from embedtune.compress.streaming import default_tile_workers, embedding_file_shape, iter_embedding_blocks, transform_rows
 from embedtune.encoders.precomputed import read_ids
 from embedtune.encoders.recipe import recipe_for_vectors
 from embedtune.errors import VECTORS_FIX, EmbedtuneError, check_finite
@@ -249,7 +249,7 @@ def build_index(
                 id_list.extend(block_ids)
             if compressor is None:  # the adapter's tiles check their input; raw vectors are checked here, as every reader does
                 check_finite(block, str(embeddings), "vectors", row_offset=start, fix=VECTORS_FIX, partial=True)
-            yield start, (transform_rows(transform, block) if transform is not None else block)
+            yield start, (transform_rows(transform, block, workers=default_tile_workers()) if transform is not None else block)
 
     # Everything is built in a folder beside OUT and moved in at the end: a build that fails
     # (bad input, a FAISS error, a full disk) leaves OUT as it was.
