@@ -121,6 +121,25 @@ def test_load_embedding_rows_refuses_what_it_cannot_read(tmp_path):
         load_embedding_rows(tmp_path / "v.parquet", tmp_path / "ids.txt", None)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_load_embedding_rows_reads_exactly_the_rows_asked_for(tmp_path, dtype, order):
+    """Rows are read with positioned reads, a run of consecutive rows at a time (a Fortran-ordered file through its
+    mapping): single rows, runs, the first and last row, every row and none give what indexing the array gives."""
+    x = np.asarray(np.random.default_rng(3).standard_normal((500, 9)).astype(dtype), order=order)
+    np.save(tmp_path / "docs.npy", x)
+    (tmp_path / "ids.txt").write_text("".join(f"d{i}\n" for i in range(len(x))))
+    picks = [np.array([0, 1, 2, 7, 200, 201, 499]), np.sort(np.random.default_rng(5).choice(500, 137, replace=False)),
+             np.arange(500), np.array([], dtype=np.int64)]
+    for rows in [None, *picks]:
+        ids, vectors, record = load_embedding_rows(tmp_path / "docs.npy", tmp_path / "ids.txt", rows)
+        expected = x if rows is None else x[rows]
+        assert vectors.dtype == np.float32 and vectors.flags.c_contiguous
+        np.testing.assert_array_equal(vectors, expected.astype(np.float32))
+        assert ids == [f"d{i}" for i in (range(500) if rows is None else rows)]
+        assert record["rows_xxh3_128"] == xxhash.xxh3_128_hexdigest(np.ascontiguousarray(expected).data)
+
+
 def test_the_cli_says_the_sample_was_read(tmp_path, capsys):
     docs, ids = files(tmp_path, corpus())
     assert main(["compress", "fit", "--method", "pca", "--dim", "4", "--doc-embeddings", str(docs), "--doc-ids", str(ids),
