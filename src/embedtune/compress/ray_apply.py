@@ -236,8 +236,6 @@ class RangeCompressor:
 
     def transform_range(self, start: int, stop: int) -> int:
         """Transform rows ``[start, stop)`` and write them to their place in the output; returns the rows written."""
-        from threadpoolctl import threadpool_limits
-
         block = self.rows[start:stop]
         if self.dtype != np.float32:
             block = block.astype(np.float32)
@@ -246,8 +244,7 @@ class RangeCompressor:
             self.buffer = np.empty((rows, k), dtype=np.float32)
         out = self.buffer[:rows]
         try:
-            with threadpool_limits(limits=1):  # one BLAS thread per tile, as the local apply: the same kernels, the same bits
-                transform_rows(self.compressor, block, out=out, workers=self.threads)
+            transform_rows(self.compressor, block, out=out, workers=self.threads)  # one BLAS thread per tile, as everywhere
         except NonFiniteError as error:
             if error.what == "input":
                 raise error.shifted(start, source=self.source, what="input vectors") from None
@@ -466,10 +463,7 @@ class CompressorBatchFn:
         return batch.append_column(self.output_column, column)
 
     def _transform(self, vectors: np.ndarray) -> np.ndarray:
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=1):  # one BLAS thread per tile, as the local apply: the same kernels, the same bits
-            return transform_rows(self.compressor, vectors)
+        return transform_rows(self.compressor, vectors)  # one BLAS thread per tile, as the local apply: the same bits
 
 
 def compress_dataset(
