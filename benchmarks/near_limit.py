@@ -26,6 +26,8 @@ The settings (every one on the frozen vectors unless named otherwise):
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
   codecs on the plain vectors at equal bytes;
 * **the textbook transform coder** ``klt-sq:B`` (KLT, integer reverse water-filling, Lloyd-Max per axis);
+* **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded): a
+  reference for how near the bound a coder of these bytes gets; FAISS cannot serve it, so it is never the pick;
 * **the peers a user would pick instead**, at most B bytes in RAM: FAISS ``PQ``, ``OPQ`` (up to 32 B),
   fast-scan ``PQ..x4fs``, ``RQ..x8`` (up to 32 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
   PCA (centred, fitted on the corpus) at int8 / int4 / TurboQuant / sign bits, ScaNN's anisotropic codes
@@ -325,6 +327,8 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
         if budget <= d:
             out.append((f"frozen/klt-sq:{budget}", budget, "textbook transform coder", "ram",
                         lambda ds, b=budget: frozen_setting(ds, f"klt-sq:{b}")))
+        out.append((f"frozen/klt-tcq:{budget}", budget, "trellis code (reference)", "ram",
+                    lambda ds, b=budget: frozen_setting(ds, f"klt-tcq:{b}")))
         factories = []
         if d % budget == 0:  # "np": no polysemous training (minutes here; it reorders centroid ids, ADC ranks the same)
             factories.append(f"PQ{budget}np")

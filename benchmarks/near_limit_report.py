@@ -15,6 +15,8 @@ held-out corpus documents as queries), then scored on the judged test queries:
   RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
 * **textbook** — ``klt-sq:B``, the textbook transform coder;
+* **trellis** — ``klt-tcq:B``, a trellis code over the principal axes (a reference for how near the bound a coder of
+  these bytes gets; FAISS cannot serve it, so it is never the pick);
 * **disk tier** — the best setting that rescores its top 100 with float32 vectors read from disk
   (RAM bytes as shown; ``+4d`` bytes per candidate read per query), a separate tier.
 
@@ -50,6 +52,7 @@ BUDGETS = (16, 32, 48, 64, 128)
 LEARNED = "embedtune learned + codec"
 OURS = {"embedtune codec", LEARNED}
 TEXTBOOK = {"textbook transform coder"}
+TRELLIS = {"trellis code (reference)"}
 #: Rows read from disk per query by the disk tier (``near_limit.RESCORE_CANDIDATES``).
 RESCORE_CANDIDATES = 100
 ORDER = ("scifact-minilm", "arguana-minilm", "npl-minilm", "cacm-minilm", "med-minilm", "scifact-mpnet", "arguana-mpnet")
@@ -85,8 +88,9 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
     lines = [f"### {name}: {meta['n_docs']:,} documents, {meta['dim']}-d, {reference['n_queries']} test queries, "
              f"float32 nDCG@10 {base:.4f}", "",
              "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
-             "| textbook | share | its dB | Δ textbook − pick (p) | disk tier (RAM B) | share | fit s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| textbook | share | its dB | Δ textbook − pick (p) | trellis | share | its dB | Δ trellis − pick (p) "
+             "| disk tier (RAM B) | share | fit s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary, bills, learned_lines = [], [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
@@ -94,8 +98,9 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
             continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
         ours = pick([r for r in fits if r["family"] in OURS])
-        peer = pick([r for r in fits if r["family"] not in OURS | TEXTBOOK])
+        peer = pick([r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS])
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
+        trellis = next((r for r in rows if r["setting"] == f"frozen/klt-tcq:{budget}"), None)
         disk = pick([r for r in rows if r.get("tier") == "disk-rescore" and r["ram_bytes"] <= budget])
         if ours is None:
             continue
@@ -118,6 +123,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         disk_bytes = "" if disk is None else f" ({disk['ram_bytes']})"
         lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
                      f"| {cell(textbook)} | {share(textbook)} | {db(textbook)} | {compare(ours, textbook)} "
+                     f"| {cell(trellis)} | {share(trellis)} | {db(trellis)} | {compare(ours, trellis)} "
                      f"| {cell(disk)}{disk_bytes} | {share(disk)} | {ours['fit_s']:.1f} |")
         versus_peer = None
         if peer is not None:
@@ -130,6 +136,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "pick_gap_db_in_transform_space": ours.get("gap_db") is None and ours.get("space_gap_db") is not None, "peer": None if peer is None else peer["setting"],
                         "peer_share": None if peer is None else peer["ndcg@10"] / base,
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
+                        "trellis_share": None if trellis is None else trellis["ndcg@10"] / base,
+                        "trellis_gap_db": None if trellis is None else trellis.get("gap_db"),
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base})
         bills.append((budget, ours, disk))
         learned = pick([r for r in fits if r["family"] == LEARNED and r["ram_bytes"] == budget])

@@ -27,7 +27,7 @@ from embedtune.index.codecs import (
     water_level,
 )
 from embedtune.index.codecs.precision_registry import Encoded
-from embedtune.index.codecs.textbook import ScalarTransformIndex, water_filling_bits
+from embedtune.index.codecs.textbook import RotatedCodeIndex, water_filling_bits
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.store_configs import STORE_SETTINGS, STORES, milvus_config, pgvector_sql, precision_kind, qdrant_config
 from embedtune.io import IntegrityError
@@ -77,8 +77,9 @@ def test_every_registered_codec_encodes_saves_loads_and_scores_the_same(family, 
     else:
         with pytest.raises(ValueError, match="reference codec"):
             index.save_precision(tmp_path)
+        assert isinstance(index.backend, RotatedCodeIndex)
         index.backend.clone_empty().save(tmp_path)
-        reloaded = ScalarTransformIndex.load(tmp_path)
+        reloaded = type(index.backend).load(tmp_path)
         assert np.array_equal(reloaded.sa_encode(docs), codes)
     reloaded.add(docs)
     again, again_rows = reloaded.search(queries, 10)

@@ -71,7 +71,9 @@ built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.deployed` (the codes of new vectors, with the parameters fitted once),
 :mod:`~embedtune.index.codecs.transform` (the KLT codecs), :mod:`~embedtune.index.codecs.weighted` (``klt-wpq``:
 the KLT codec weighted for the score's error, served as a FAISS additive quantiser), :mod:`~embedtune.index.codecs.anisotropic`
-(``klt-apq``: its codes chosen for the score error of the queries that rank a document high).
+(``klt-apq``: its codes chosen for the score error of the queries that rank a document high),
+:mod:`~embedtune.index.codecs.textbook` (``klt-sq``: the textbook transform coder) and
+:mod:`~embedtune.index.codecs.trellis` (``klt-tcq``: a trellis code over the principal axes, nearest the bound).
 
 >>> from embedtune.index.codecs import Precision, QuantizedIndex
 >>> index = QuantizedIndex.build(doc_vectors, Precision("int8"))          # doctest: +SKIP
@@ -114,6 +116,7 @@ from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_r
 from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
 from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltRQ
 from embedtune.index.codecs.textbook import KltSQ
+from embedtune.index.codecs.trellis import KltTCQ
 from embedtune.index.codecs.weighted import KltWeightedPQ
 from embedtune.index.codecs.anisotropic import KltAnisotropicPQ
 
@@ -165,6 +168,7 @@ __all__ = [
     "KltPQ4",
     "KltRQ",
     "KltSQ",
+    "KltTCQ",
     "KltWeightedPQ",
     "KltAnisotropicPQ",
     "corpus_spectrum",

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.transform import fit_klt, training_sample
 from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
 
-__all__ = ["KltSQ", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
+__all__ = ["KltSQ", "RotatedCodeIndex", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
 
 MAX_BITS_PER_AXIS = 8
 LLOYD_ITERATIONS = 30
@@ -66,27 +66,26 @@ def lloyd_max(values: np.ndarray, levels: int, iterations: int = LLOYD_ITERATION
     return np.sort(points)
 
 
-class ScalarTransformIndex:
-    """The ``klt-sq`` index: the FAISS index interface (``add``, ``search``, ``sa_encode``, ``sa_decode``...) in numpy.
+class RotatedCodeIndex:
+    """The FAISS index interface (``add``, ``search``, ``sa_encode``, ``sa_decode``...) in numpy, for codes of a vector's
+    principal axes: a subclass encodes ``(x − mean) · axes`` and decodes codes back to those axes (``_decode_rotated``);
+    the float query is scored against the decoded documents, block by block.
+
+    A subclass sets ``file_stem`` and gives ``sa_code_size``, ``sa_encode``, ``_decode_rotated``, ``tensors``,
+    ``from_tensors`` and ``clone_empty``.
 
     Attributes:
-        d: input dimension.
-        mean: ``(d,)`` the corpus centre.
-        axes: ``(d, r)`` the principal axes that get bits.
-        bits: ``(r,)`` bits per axis (1 to 8).
-        points: ``(r, 256)`` each axis's reconstruction points (the first ``2^bits`` are used).
-        codes: ``(ntotal, code_size)`` the bit-packed codes added.
+        d: input dimension; mean: ``(d,)`` the corpus centre; axes: ``(d, r)`` the coded principal axes.
+        codes: ``(ntotal, code_size)`` the codes added.
     """
 
     is_trained = True
+    file_stem: ClassVar[str]
 
-    def __init__(self, mean: np.ndarray, axes: np.ndarray, bits: np.ndarray, points: np.ndarray) -> None:
+    def __init__(self, mean: np.ndarray, axes: np.ndarray) -> None:
         self.mean = np.ascontiguousarray(mean, dtype=np.float32)
         self.axes = np.ascontiguousarray(axes, dtype=np.float32)
-        self.bits = np.asarray(bits, dtype=np.int64)
-        self.points = np.ascontiguousarray(points, dtype=np.float32)
         self.d = int(self.axes.shape[0])
-        self._mask = np.arange(8)[None, :] >= (8 - self.bits)[:, None]  # (r, 8): the low `bits` of each axis's byte
         self.codes = np.zeros((0, self.sa_code_size()), dtype=np.uint8)
 
     @property
@@ -94,11 +93,97 @@ class ScalarTransformIndex:
         return len(self.codes)
 
     def sa_code_size(self) -> int:
+        raise NotImplementedError
+
+    def sa_encode(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray]) -> "RotatedCodeIndex":
+        raise NotImplementedError
+
+    def clone_empty(self) -> "RotatedCodeIndex":
+        raise NotImplementedError
+
+    def sa_decode(self, codes: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(self._decode_rotated(codes) @ self.axes.T + self.mean, dtype=np.float32)
+
+    def add(self, x: np.ndarray) -> None:
+        self.codes = np.concatenate([self.codes, self.sa_encode(x)])
+
+    def reset(self) -> None:
+        self.codes = self.codes[:0]
+
+    def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
+        xq = np.asarray(xq, dtype=np.float32)
+        rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
+        blocks = ((start, np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
+                  for start in range(0, self.ntotal, _SEARCH_BLOCK))
+        best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
+        return (best_d + offset[:, None]).astype(np.float32), best_i
+
+    def save(self, directory: str | Path) -> Path:
+        """``<stem>.safetensors`` (the tables) and ``<stem>.json`` (shapes and the tables' sha256)."""
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors, stem = self.tensors(), self.file_stem
+        atomic_write(directory / f"{stem}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
+        atomic_write_json(directory / f"{stem}.json", {"d": self.d, "code_size": self.sa_code_size(),
+                                                       "sha256": sha256_file(directory / f"{stem}.safetensors")})
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "RotatedCodeIndex":
+        from safetensors.numpy import load_file
+
+        directory, stem = Path(directory), cls.file_stem
+        info = json.loads((directory / f"{stem}.json").read_text(encoding="utf-8"))
+        verify_sha256(directory / f"{stem}.safetensors", info["sha256"], "Save the codec again.")
+        index = cls.from_tensors(load_file(str(directory / f"{stem}.safetensors")))
+        if index.d != info["d"] or index.sa_code_size() != info["code_size"]:
+            raise ValueError(f"{directory / f'{stem}.json'}: says {info['d']}-d, {info['code_size']} bytes; the tables give "
+                             f"{index.d}-d, {index.sa_code_size()} bytes. Save the codec again.")
+        return index
+
+
+class ScalarTransformIndex(RotatedCodeIndex):
+    """The ``klt-sq`` index.
+
+    Attributes:
+        bits: ``(r,)`` bits per axis (1 to 8).
+        points: ``(r, 256)`` each axis's reconstruction points (the first ``2^bits`` are used).
+    """
+
+    file_stem: ClassVar[str] = "klt-sq"
+
+    def __init__(self, mean: np.ndarray, axes: np.ndarray, bits: np.ndarray, points: np.ndarray) -> None:
+        self.bits = np.asarray(bits, dtype=np.int64)
+        self.points = np.ascontiguousarray(points, dtype=np.float32)
+        self._mask = np.arange(8)[None, :] >= (8 - self.bits)[:, None]  # (r, 8): the low `bits` of each axis's byte
+        super().__init__(mean, axes)
+
+    def sa_code_size(self) -> int:
         return int((self.bits.sum() + 7) // 8)
 
     def fixed_bytes(self) -> int:
         """Bytes that do not grow with the corpus: the axes, the centre and the reconstruction points (float32)."""
         return int(4 * (self.axes.size + self.mean.size + int((2 ** self.bits).sum())))
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean, "axes": self.axes, "bits": self.bits, "points": self.points}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray]) -> "ScalarTransformIndex":
+        return cls(tensors["mean"], tensors["axes"], tensors["bits"], tensors["points"])
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:
         y = (np.asarray(x, dtype=np.float32) - self.mean) @ self.axes
@@ -120,52 +205,8 @@ class ScalarTransformIndex:
         cells = self._cells(codes)
         return np.take_along_axis(self.points, cells.T.astype(np.int64), axis=1).T  # (n, r)
 
-    def sa_decode(self, codes: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(self._decode_rotated(codes) @ self.axes.T + self.mean, dtype=np.float32)
-
-    def add(self, x: np.ndarray) -> None:
-        self.codes = np.concatenate([self.codes, self.sa_encode(x)])
-
-    def reset(self) -> None:
-        self.codes = self.codes[:0]
-
-    def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
-        xq = np.asarray(xq, dtype=np.float32)
-        rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
-        blocks = ((start, np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
-                  for start in range(0, self.ntotal, _SEARCH_BLOCK))
-        best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
-        return (best_d + offset[:, None]).astype(np.float32), best_i
-
     def clone_empty(self) -> "ScalarTransformIndex":
         return ScalarTransformIndex(self.mean, self.axes, self.bits, self.points)
-
-    def save(self, directory: str | Path) -> Path:
-        """``klt-sq.safetensors`` (the tables) and ``klt-sq.json`` (shapes and the tables' sha256)."""
-        from safetensors.numpy import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {"mean": self.mean, "axes": self.axes, "bits": self.bits, "points": self.points}
-        atomic_write(directory / "klt-sq.safetensors", lambda tmp: save_file(tensors, str(tmp)))
-        atomic_write_json(directory / "klt-sq.json", {"d": self.d, "code_size": self.sa_code_size(),
-                                                      "sha256": sha256_file(directory / "klt-sq.safetensors")})
-        return directory
-
-    @classmethod
-    def load(cls, directory: str | Path) -> "ScalarTransformIndex":
-        from safetensors.numpy import load_file
-
-        directory = Path(directory)
-        info = json.loads((directory / "klt-sq.json").read_text(encoding="utf-8"))
-        verify_sha256(directory / "klt-sq.safetensors", info["sha256"], "Save the codec again.")
-        tensors = load_file(str(directory / "klt-sq.safetensors"))
-        index = cls(tensors["mean"], tensors["axes"], tensors["bits"], tensors["points"])
-        if index.d != info["d"] or index.sa_code_size() != info["code_size"]:
-            raise ValueError(f"{directory / 'klt-sq.json'}: says {info['d']}-d, {info['code_size']} bytes; the tables give "
-                             f"{index.d}-d, {index.sa_code_size()} bytes. Save the codec again.")
-        return index
 
 
 @register_codec

@@ -1,0 +1,237 @@
+"""``klt-tcq:B``: KLT, then a bit-shift trellis code over the principal axes, chosen by the Viterbi algorithm.
+
+A scalar quantiser per axis (the textbook coder, ``klt-sq``) spends a whole number of bits on each
+axis and quantises each alone: at about one bit an axis it sits 1.5–2.5 dB above the Gaussian
+rate-distortion bound, and a product quantiser of 8-bit tables over groups of axes (``klt-pq``) is
+not much nearer. A *trellis* code quantises the whole sequence of axes at once (Marcellin & Fischer,
+*Trellis coded quantization of memoryless and Gauss-Markov sources*, IEEE Trans. Comm. 1990; the
+bit-shift trellis of Tseng et al., *QTIP*, 2024):
+
+1. rotate onto the principal axes (the KLT) and split the ``8B`` bits over them by reverse
+   water-filling: axis ``i`` gets rate ``R_i = max(0, ½ log2(λ_i / θ))``; the *running* sum of the
+   rates, rounded down, says after which axis each bit is emitted, so an axis may get no bit of its
+   own (a fractional rate) and the bits add up to ``8B`` exactly;
+2. the code of a vector is one stream of ``8B`` bits. The decoder reads the axes weakest first; on
+   reaching axis ``i`` it shifts that axis's ``k_i`` bits into an ``L``-bit register (the *state*,
+   :data:`STATE_BITS`, zero at the start) and reconstructs ``ŷ_i = s_i · c_i[state]`` from a fixed table
+   ``c_i`` of ``2^L`` Gaussian values (seeded) and a scale ``s_i`` fitted by least squares. An axis with no
+   bit of its own still gets a value that depends on the bits before it, so the axes share bits, as a
+   vector quantiser's do;
+3. the encoder chooses the whole stream that minimises ``Σ (y_i − ŷ_i)²``: a shortest path through
+   the ``2^L`` states, found by the Viterbi algorithm (``O(r · 2^L)`` per vector; a state's cost depends
+   only on the state, so each step is a minimum over the ``2^k`` states that shift into it).
+
+Measured (``benchmarks/near_limit.py``, each half of the corpus coded by tables fitted on the other):
+at 32 B on SciFact MiniLM it is 0.9 dB above the bound, where ``klt-pq`` is 1.6 and ``klt-sq`` 1.9.
+A longer register comes nearer the bound (``L = 12``: about 0.2 dB nearer) at four times the encoding
+time; :data:`STATE_BITS` is 10.
+
+Scoring decodes blocks of codes to the rotated axes and takes the float query's inner products with
+them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). FAISS has no index type
+for these codes, so the family is a *reference* codec (``deployable = False``): a plan scores it beside
+the others, and the near-limit benchmark reports it, but a plan does not ship it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from embedtune.index.codecs.rate_distortion import water_level
+from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.textbook import RotatedCodeIndex
+from embedtune.index.codecs.transform import fit_klt, training_sample
+
+__all__ = ["STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
+
+#: ``L``: bits of the trellis register (``2^L`` states). Encoding time grows as ``2^L``.
+STATE_BITS = 10
+#: Rows the per-axis scales are fitted on (least squares over the Viterbi codes, :data:`SCALE_PASSES` times).
+SCALE_FIT_ROWS = 4_096
+SCALE_PASSES = 2
+#: Rows encoded at once: the Viterbi back-pointers of a block take ``rows × r × 2^L / 2`` bytes or less.
+ENCODE_BLOCK = 256
+
+
+def trellis_bits(eigenvalues: np.ndarray, bits: int, state_bits: int = STATE_BITS) -> np.ndarray:
+    """Bits emitted at each axis (descending eigenvalues): the running sum of the water-filling rates, rounded down.
+
+    Returns ``(d,)`` integers summing to ``bits``, each at most ``state_bits``; zero beyond the axes whose rate is positive.
+    """
+    lam = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0.0, None)
+    if bits < 1 or bits > state_bits * int((lam > 0).sum()):
+        raise ValueError(f"{bits} bits do not fit {int((lam > 0).sum())} axes of positive variance at most {state_bits} bits "
+                         "each; use a smaller budget.")
+    theta = water_level(lam, float(bits))
+    rates = np.where(lam > 0, np.maximum(0.0, 0.5 * np.log2(np.maximum(lam, 1e-300) / max(theta, 1e-300))), 0.0)
+    running = np.cumsum(rates) * (bits / rates.sum())
+    emitted = np.diff(np.concatenate([[0], np.floor(running + 1e-9)])).astype(np.int64)
+    emitted[-1] += int(bits) - int(emitted.sum())  # rounding at the end of the running sum
+    # A register of L bits holds at most L new bits: move any excess to the next axes with room (rare: λ far above the rest).
+    excess = int(np.maximum(emitted - state_bits, 0).sum())
+    emitted = np.minimum(emitted, state_bits)
+    axis = 0
+    while excess:
+        if emitted[axis] < state_bits and rates[axis] > 0:
+            emitted[axis] += 1
+            excess -= 1
+        axis = (axis + 1) % len(emitted)
+    return emitted
+
+
+def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook: np.ndarray, state_bits: int = STATE_BITS,
+                   block: int = ENCODE_BLOCK) -> np.ndarray:
+    """The register's state after each axis, for the stream that minimises ``Σ_i (y_i − scale_i · codebook_i[state_i])²``.
+
+    Args:
+        y: ``(n, r)`` the rotated vectors, axes in the order the decoder reads them.
+        scale: ``(r,)``; bits: ``(r,)`` bits shifted in at each axis; codebook: ``(r, 2^L)``.
+
+    Returns:
+        ``(n, r)`` int64 states (the register starts at 0; after axis ``i`` it is ``(state << k_i | new bits) mod 2^L``).
+    """
+    y = np.asarray(y, dtype=np.float32)
+    n, r = y.shape
+    states_count = 1 << state_bits
+    values = (np.asarray(scale, dtype=np.float32)[:, None] * np.asarray(codebook, dtype=np.float32)).astype(np.float32)
+    states = np.empty((n, r), dtype=np.int64)
+    for start in range(0, n, block):
+        chunk = y[start : start + block]
+        m = len(chunk)
+        cost = np.full((m, states_count), np.inf, dtype=np.float32)
+        cost[:, 0] = 0.0
+        back: list[np.ndarray | None] = []
+        for axis in range(r):
+            error = (chunk[:, axis, None] - values[axis][None, :]) ** 2
+            k = int(bits[axis])
+            if k:
+                # The states shifting into state s are (u << (L - k)) | (s >> k), u = 0 .. 2^k - 1: the high bits drop out.
+                grouped = cost.reshape(m, 1 << k, states_count >> k)
+                choice = grouped.argmin(axis=1).astype(np.uint16)
+                best = np.take_along_axis(grouped, choice[:, None, :].astype(np.int64), axis=1)[:, 0, :]
+                cost = np.repeat(best, 1 << k, axis=1) + error
+                back.append(choice)
+            else:
+                cost += error
+                back.append(None)
+        state = cost.argmin(axis=1).astype(np.int64)
+        rows = np.arange(m)
+        for axis in range(r - 1, -1, -1):
+            states[start : start + m, axis] = state
+            choice = back[axis]
+            if choice is not None:
+                k = int(bits[axis])
+                high = choice[rows, state >> k].astype(np.int64)
+                state = (high << (state_bits - k)) | (state >> k)
+    return states
+
+
+class TrellisTransformIndex(RotatedCodeIndex):
+    """The ``klt-tcq`` index (the FAISS index interface in numpy; see the module docstring).
+
+    Attributes:
+        mean: ``(d,)`` the corpus centre; axes: ``(d, r)`` the coded principal axes, in the order the decoder reads them.
+        bits: ``(r,)`` bits shifted in at each axis; scale: ``(r,)``; codebook: ``(r, 2^L)`` the fixed Gaussian tables.
+    """
+
+    file_stem: ClassVar[str] = "klt-tcq"
+
+    def __init__(self, mean: np.ndarray, axes: np.ndarray, bits: np.ndarray, scale: np.ndarray, codebook: np.ndarray) -> None:
+        self.bits = np.asarray(bits, dtype=np.int64)
+        self.scale = np.ascontiguousarray(scale, dtype=np.float32)
+        self.codebook = np.ascontiguousarray(codebook, dtype=np.float32)
+        self.state_bits = int(self.codebook.shape[1]).bit_length() - 1
+        if self.codebook.shape[1] != 1 << self.state_bits or self.codebook.shape[0] != len(self.bits) or len(self.scale) != len(self.bits):
+            raise ValueError(f"a trellis codec needs (r,) bits and scales and an (r, 2^L) codebook; got {self.bits.shape}, "
+                             f"{self.scale.shape}, {self.codebook.shape}.")
+        self._values = (self.scale[:, None] * self.codebook).ravel()
+        super().__init__(mean, axes)
+
+    def sa_code_size(self) -> int:
+        return int((self.bits.sum() + 7) // 8)
+
+    def fixed_bytes(self) -> int:
+        """Bytes that do not grow with the corpus: the axes, the centre, the scales and the tables (float32)."""
+        return int(4 * (self.axes.size + self.mean.size + self.scale.size + self.codebook.size))
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean, "axes": self.axes, "bits": self.bits, "scale": self.scale, "codebook": self.codebook}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, np.ndarray]) -> "TrellisTransformIndex":
+        return cls(tensors["mean"], tensors["axes"], tensors["bits"], tensors["scale"], tensors["codebook"])
+
+    def sa_encode(self, x: np.ndarray) -> np.ndarray:
+        y = (np.asarray(x, dtype=np.float32) - self.mean) @ self.axes
+        states = viterbi_states(y, self.scale, self.bits, self.codebook, self.state_bits)
+        columns = []
+        for axis, k in enumerate(self.bits):
+            fresh = states[:, axis] & ((1 << int(k)) - 1)
+            columns.extend(((fresh >> (int(k) - 1 - j)) & 1).astype(np.uint8) for j in range(int(k)))
+        stream = np.stack(columns, axis=1) if columns else np.zeros((len(y), 0), dtype=np.uint8)
+        return np.packbits(stream, axis=1)
+
+    def states(self, codes: np.ndarray) -> np.ndarray:
+        """``(n, r)`` the register after each axis, read back from the packed codes."""
+        codes = np.asarray(codes, dtype=np.uint8)
+        stream = np.unpackbits(codes, axis=1)[:, : int(self.bits.sum())]
+        mask = (1 << self.state_bits) - 1
+        state = np.zeros(len(codes), dtype=np.int64)
+        states = np.empty((len(codes), len(self.bits)), dtype=np.int64)
+        position = 0
+        for axis, k in enumerate(self.bits):
+            for _ in range(int(k)):
+                state = ((state << 1) | stream[:, position]) & mask
+                position += 1
+            states[:, axis] = state
+        return states
+
+    def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
+        states = self.states(codes)
+        flat = states + (np.arange(len(self.bits), dtype=np.int64) << self.state_bits)[None, :]
+        return self._values[flat]
+
+    def clone_empty(self) -> "TrellisTransformIndex":
+        return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook)
+
+
+@register_codec
+class KltTCQ(CodecFamily):
+    family = "klt-tcq"
+    summary = ("KLT, water-filled bits in one bit-shift trellis code over the axes, Viterbi-encoded "
+               "(nearest the rate-distortion bound; reference)")
+    deployable = False
+    state_bits: ClassVar[int] = STATE_BITS
+
+    def check_dim(self, dim: int) -> None:
+        if 8 * self.code_bytes > self.state_bits * dim:
+            raise ValueError(f"codec {self.name!r}: {8 * self.code_bytes} bits do not fit {dim} axes of at most "
+                             f"{self.state_bits} bits; use a budget of at most {self.state_bits * dim // 8} bytes.")
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        x = np.asarray(x)
+        if x.ndim != 2:
+            raise ValueError(f"codec {self.name!r}: expected a (n, d) matrix; got shape {x.shape}.")
+        self.check_dim(x.shape[1])
+        sample = training_sample(x, seed=seed)
+        eigenvalues, axes = fit_klt(sample)
+        emitted = trellis_bits(eigenvalues, 8 * self.code_bytes, self.state_bits)
+        coded = int(np.flatnonzero(eigenvalues > water_level(eigenvalues, 8.0 * self.code_bytes))[-1]) + 1
+        coded = max(coded, int(np.flatnonzero(emitted)[-1]) + 1)
+        # The decoder reads the weakest axis first: the register starts at 0, and the first few axes, which reach few
+        # states, are then those that cost least to code badly.
+        order = np.arange(coded)[::-1]
+        mean = sample.mean(axis=0)
+        rng = np.random.default_rng(seed)
+        codebook = rng.standard_normal((coded, 1 << self.state_bits)).astype(np.float32)
+        scale = np.sqrt(np.maximum(eigenvalues[order], 1e-30)).astype(np.float32)
+        fit_rows = sample if len(sample) <= SCALE_FIT_ROWS else sample[np.sort(rng.choice(len(sample), SCALE_FIT_ROWS, replace=False))]
+        rotated = ((fit_rows - mean) @ axes[:, order]).astype(np.float32)
+        for _ in range(SCALE_PASSES):
+            states = viterbi_states(rotated, scale, emitted[order], codebook, self.state_bits)
+            chosen = codebook[np.arange(coded)[None, :], states]
+            energy = (chosen.astype(np.float64) ** 2).sum(axis=0)
+            scale = np.where(energy > 0, (chosen * rotated).sum(axis=0, dtype=np.float64) / np.maximum(energy, 1e-30), 0.0)
+            scale = scale.astype(np.float32)
+        return TrellisTransformIndex(mean, axes[:, order], emitted[order], scale, codebook)
