@@ -175,10 +175,12 @@ SEARCHED_CODEC_BEATS_CHEAPER_PEERS = True
 REFERENCE_CODEC = "klt-sq"
 #: Codewords per codebook of the built-in codec families, for the too-few-training-points rule of
 #: :func:`codec_precisions` (a family not listed is taken to train 256 codewords, the cautious guess).
-CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-sq": 0}
+CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-sq": 0, "klt-tcq": 0}
 #: Row labels (``family``) of codec rows: a deployable codec, and the reference codecs.
 CODEC_FAMILY_LABEL = "embedtune codec ({family})"
 REFERENCE_FAMILY_LABEL = "textbook transform coder (reference)"
+#: The label of any other reference codec asked for by name (``--codecs klt-tcq``).
+OTHER_REFERENCE_LABEL = "reference codec ({family})"
 #: Corpus rows the distortion of a precision is measured on (a seeded sample beyond this; reconstruction is cheap, not free).
 DISTORTION_SAMPLE = 20_000
 #: Queries the inner-product error of the decoded corpus (``score_mse``) is measured with (a seeded sample beyond this).
@@ -360,7 +362,8 @@ def _label_codec_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if codec.deployable:
             row["family"] = CODEC_FAMILY_LABEL.format(family=codec.family_codec.family)
         else:
-            row["family"] = REFERENCE_FAMILY_LABEL
+            family = codec.family_codec.family
+            row["family"] = REFERENCE_FAMILY_LABEL if family == REFERENCE_CODEC else OTHER_REFERENCE_LABEL.format(family=family)
             row["choosable"] = False  # not a FAISS index: a plan could not ship it
     return rows
 

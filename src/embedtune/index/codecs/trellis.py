@@ -23,8 +23,8 @@ bit-shift trellis of Tseng et al., *QTIP*, 2024):
 
 Measured (``benchmarks/near_limit.py``, each half of the corpus coded by tables fitted on the other):
 at 32 B on SciFact MiniLM it is 0.9 dB above the bound, where ``klt-pq`` is 1.6 and ``klt-sq`` 1.9.
-A longer register comes nearer the bound (``L = 12``: about 0.2 dB nearer) at four times the encoding
-time; :data:`STATE_BITS` is 10.
+A longer register comes nearer the bound (``L = 12``: 0.76 dB, 0.12 dB nearer) at four times the encoding
+time (``benchmarks/trellis_state_bits.py``); :data:`STATE_BITS` is 10.
 
 Scoring decodes blocks of codes to the rotated axes and takes the float query's inner products with
 them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). FAISS has no index type
@@ -145,7 +145,7 @@ class TrellisTransformIndex(RotatedCodeIndex):
         if self.codebook.shape[1] != 1 << self.state_bits or self.codebook.shape[0] != len(self.bits) or len(self.scale) != len(self.bits):
             raise ValueError(f"a trellis codec needs (r,) bits and scales and an (r, 2^L) codebook; got {self.bits.shape}, "
                              f"{self.scale.shape}, {self.codebook.shape}.")
-        self._values = (self.scale[:, None] * self.codebook).ravel()
+        self._table = np.ascontiguousarray(self.scale[:, None] * self.codebook, dtype=np.float32)  # (r, 2^L): ŷ_i = table[i, state]
         super().__init__(mean, axes)
 
     def sa_code_size(self) -> int:
@@ -174,23 +174,31 @@ class TrellisTransformIndex(RotatedCodeIndex):
 
     def states(self, codes: np.ndarray) -> np.ndarray:
         """``(n, r)`` the register after each axis, read back from the packed codes."""
+        return self.states_by_axis(codes).T.astype(np.int64)
+
+    def states_by_axis(self, codes: np.ndarray) -> np.ndarray:
+        """``(r, n)`` int32: the register after each axis, one contiguous row per axis (what decoding reads)."""
         codes = np.asarray(codes, dtype=np.uint8)
-        stream = np.unpackbits(codes, axis=1)[:, : int(self.bits.sum())]
-        mask = (1 << self.state_bits) - 1
-        state = np.zeros(len(codes), dtype=np.int64)
-        states = np.empty((len(codes), len(self.bits)), dtype=np.int64)
+        stream = np.ascontiguousarray(np.unpackbits(codes, axis=1)[:, : int(self.bits.sum())].T)  # (bits, n): one row a bit
+        mask = np.int32((1 << self.state_bits) - 1)
+        state = np.zeros(len(codes), dtype=np.int32)
+        states = np.empty((len(self.bits), len(codes)), dtype=np.int32)
         position = 0
         for axis, k in enumerate(self.bits):
             for _ in range(int(k)):
-                state = ((state << 1) | stream[:, position]) & mask
+                np.left_shift(state, 1, out=state)
+                np.bitwise_or(state, stream[position], out=state)
                 position += 1
-            states[:, axis] = state
+            np.bitwise_and(state, mask, out=states[axis])
+            state = states[axis].copy() if k else state
         return states
 
     def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
-        states = self.states(codes)
-        flat = states + (np.arange(len(self.bits), dtype=np.int64) << self.state_bits)[None, :]
-        return self._values[flat]
+        states = self.states_by_axis(codes)
+        decoded = np.empty(states.shape, dtype=np.float32)  # (r, n): one take per axis from that axis's table
+        for axis in range(len(self.bits)):
+            np.take(self._table[axis], states[axis], out=decoded[axis])
+        return decoded.T
 
     def clone_empty(self) -> "TrellisTransformIndex":
         return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook)

@@ -1,0 +1,83 @@
+"""Search speed of ``klt-tcq`` codes against FAISS's ``IndexPQ`` scan at the same bytes, on 1M vectors, one thread.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/trellis_speed.py
+
+A scan's time does not depend on what its codes hold, so both indexes hold 1,000,000 random codes
+of 32 bytes (encoding a million vectors with the Viterbi encoder takes about 20 minutes): the
+trellis index trained on the SciFact MiniLM documents, FAISS ``PQ32`` (8-bit) trained on the same.
+FAISS's fastest scan at the same bytes, the 4-bit fast-scan ``PQ{2B}x4fs``, lays its codes out in
+blocks of its own, so it holds the SciFact documents tiled to the same rows (plus a little noise),
+encoded. The three are timed in turns, ``--rounds`` times, on the same batch of SciFact queries;
+each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). Writes
+``benchmarks/results/trellis/speed.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "src"))
+
+from embedtune.bench.efficiency import machine_info  # noqa: E402
+from embedtune.index.codecs.trellis import KltTCQ  # noqa: E402
+from embedtune.io import atomic_write_json  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    import faiss
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--bytes", type=int, default=32)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    faiss.omp_set_num_threads(1)
+    data = np.load(HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz", allow_pickle=False)
+    docs = np.ascontiguousarray(data["document"], dtype=np.float32)
+    queries = np.ascontiguousarray(data["query"][: args.queries], dtype=np.float32)
+    codes = np.random.default_rng(0).integers(0, 256, size=(args.rows, args.bytes), dtype=np.uint8)
+    trellis = KltTCQ(args.bytes).train(docs)
+    trellis.codes = codes
+    pq = faiss.IndexPQ(docs.shape[1], args.bytes, 8, faiss.METRIC_INNER_PRODUCT)
+    pq.train(docs)
+    pq.sa_decode(codes[:1])  # the tables are trained
+    pq.codes.resize(codes.size)
+    faiss.copy_array_to_vector(codes.ravel(), pq.codes)
+    pq.ntotal = args.rows
+    fast = faiss.IndexPQFastScan(docs.shape[1], 2 * args.bytes, 4, faiss.METRIC_INNER_PRODUCT)
+    fast.train(docs)
+    noise = np.random.default_rng(1)
+    for start in range(0, args.rows, 65_536):
+        rows = np.arange(start, min(args.rows, start + 65_536)) % len(docs)
+        fast.add(docs[rows] + 0.02 * noise.standard_normal((len(rows), docs.shape[1]), dtype=np.float32))
+    timings: dict[str, list[float]] = {"klt-tcq": [], "faiss IndexPQ": [], "faiss IndexPQFastScan": []}
+    for _ in range(args.rounds):
+        for name, index in (("klt-tcq", trellis), ("faiss IndexPQ", pq), ("faiss IndexPQFastScan", fast)):
+            start = time.perf_counter()
+            index.search(queries, 10)
+            timings[name].append(time.perf_counter() - start)
+    tcq_s, pq_s = float(np.median(timings["klt-tcq"])), float(np.median(timings["faiss IndexPQ"]))
+    fast_s = float(np.median(timings["faiss IndexPQFastScan"]))
+    record = {"rows": args.rows, "bytes": args.bytes, "queries": args.queries, "rounds": args.rounds, "timings_s": timings,
+              "klt_tcq_queries_per_s": args.queries / tcq_s, "faiss_pq_queries_per_s": args.queries / pq_s,
+              "ratio_faiss_s_over_tcq_s": pq_s / tcq_s, "faiss_fast_scan_queries_per_s": args.queries / fast_s,
+              "ratio_fast_scan_s_over_tcq_s": fast_s / tcq_s, "machine": machine_info(),
+              "command": "python benchmarks/trellis_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    (HERE / "results" / "trellis").mkdir(parents=True, exist_ok=True)
+    atomic_write_json(HERE / "results" / "trellis" / "speed.json", record)
+    print(f"klt-tcq:{args.bytes} {args.queries / tcq_s:.1f} q/s, FAISS PQ{args.bytes} {args.queries / pq_s:.1f} q/s at "
+          f"{args.rows:,} rows: ratio {pq_s / tcq_s:.2f}; FAISS PQ{2 * args.bytes}x4fs {args.queries / fast_s:.1f} q/s: "
+          f"ratio {fast_s / tcq_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
