@@ -12,7 +12,6 @@ and the other half coded again. Writes ``benchmarks/results/trellis/rows.json`` 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

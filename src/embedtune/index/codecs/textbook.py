@@ -25,7 +25,7 @@ import numpy as np
 
 from embedtune.evaluate.search import exact_search_blocks
 from embedtune.index.codecs.registry import CodecFamily, register_codec
-from embedtune.index.codecs.transform import fit_klt, training_sample
+from embedtune.index.codecs.transform import sampled_klt
 from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
 
 __all__ = ["KltSQ", "RotatedCodeIndex", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
@@ -221,10 +221,7 @@ class KltSQ(CodecFamily):
                              f"{MAX_BITS_PER_AXIS} bits; use a budget of at most {dim} bytes.")
 
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
-        x = np.asarray(x)
-        self.check_dim(x.shape[1])
-        sample = training_sample(x, seed=seed)
-        eigenvalues, axes = fit_klt(sample)
+        sample, eigenvalues, axes = sampled_klt(self, x, seed)
         bits = water_filling_bits(eigenvalues, 8 * self.code_bytes)
         kept = np.nonzero(bits)[0]
         mean = sample.mean(axis=0)

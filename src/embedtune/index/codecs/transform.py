@@ -46,7 +46,7 @@ from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.runtime import native_chatter_filtered
 
-__all__ = ["FIT_SAMPLE", "fit_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
+__all__ = ["FIT_SAMPLE", "fit_klt", "sampled_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
            "KltRQ", "training_sample"]
 
 #: Rows a transform codec is fitted on, at most (the KLT, the choice of axes and the quantisers' tables).
@@ -82,6 +82,18 @@ def fit_klt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # A fixed sign per axis (largest component positive), so the same corpus always gives the same transform.
     signs = np.sign(axes[np.abs(axes).argmax(axis=0), np.arange(axes.shape[1])])
     return np.clip(eigenvalues[order], 0.0, None), axes * np.where(signs == 0, 1.0, signs)
+
+
+def sampled_klt(family: CodecFamily, x: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(sample, eigenvalues, axes)`` for a transform codec's fit: ``x`` checked as a ``(n, d)`` matrix the family can code,
+    at most :data:`FIT_SAMPLE` of its rows (:func:`training_sample`), and their KLT (:func:`fit_klt`)."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"codec {family.name!r}: expected a (n, d) matrix; got shape {x.shape}.")
+    family.check_dim(x.shape[1])
+    sample = training_sample(x, seed=seed)
+    eigenvalues, axes = fit_klt(sample)
+    return sample, eigenvalues, axes
 
 
 def eigenvalue_allocation(eigenvalues: np.ndarray, r: int, m: int) -> np.ndarray:
@@ -231,12 +243,7 @@ class _KltCodec(CodecFamily):
         return eigenvalue_allocation(padded, r, self.groups())
 
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
-        x = np.asarray(x)
-        if x.ndim != 2:
-            raise ValueError(f"codec {self.name!r}: expected a (n, d) matrix; got shape {x.shape}.")
-        self.check_dim(x.shape[1])
-        sample = training_sample(x, seed=seed)
-        eigenvalues, axes = fit_klt(sample)
+        sample, eigenvalues, axes = sampled_klt(self, x, seed)
         candidates = self.candidate_axes(eigenvalues)
         if len(candidates) > 1 and len(sample) >= 20:
             fit_rows, held_rows = _held_out_split(len(sample), seed)

@@ -41,7 +41,7 @@ import numpy as np
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.textbook import RotatedCodeIndex
-from embedtune.index.codecs.transform import fit_klt, training_sample
+from embedtune.index.codecs.transform import sampled_klt
 
 __all__ = ["STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
 
@@ -218,12 +218,7 @@ class KltTCQ(CodecFamily):
                              f"{self.state_bits} bits; use a budget of at most {self.state_bits * dim // 8} bytes.")
 
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
-        x = np.asarray(x)
-        if x.ndim != 2:
-            raise ValueError(f"codec {self.name!r}: expected a (n, d) matrix; got shape {x.shape}.")
-        self.check_dim(x.shape[1])
-        sample = training_sample(x, seed=seed)
-        eigenvalues, axes = fit_klt(sample)
+        sample, eigenvalues, axes = sampled_klt(self, x, seed)
         emitted = trellis_bits(eigenvalues, 8 * self.code_bytes, self.state_bits)
         coded = int(np.flatnonzero(eigenvalues > water_level(eigenvalues, 8.0 * self.code_bytes))[-1]) + 1
         coded = max(coded, int(np.flatnonzero(emitted)[-1]) + 1)
