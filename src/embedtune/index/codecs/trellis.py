@@ -42,6 +42,7 @@ from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.textbook import RotatedCodeIndex
 from embedtune.index.codecs.transform import sampled_klt
+from embedtune.runtime import progress_bar
 
 __all__ = ["STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
 
@@ -96,21 +97,32 @@ def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook:
     states_count = 1 << state_bits
     values = (np.asarray(scale, dtype=np.float32)[:, None] * np.asarray(codebook, dtype=np.float32)).astype(np.float32)
     states = np.empty((n, r), dtype=np.int64)
+    # About a millisecond a vector: a bar from a few thousand rows on (it appears only once the job has run a while).
+    bar = progress_bar(n, "klt-tcq: Viterbi encoding", unit="vector", leave=False)
     for start in range(0, n, block):
         chunk = y[start : start + block]
         m = len(chunk)
         cost = np.full((m, states_count), np.inf, dtype=np.float32)
         cost[:, 0] = 0.0
+        error = np.empty((m, states_count), dtype=np.float32)
         back: list[np.ndarray | None] = []
         for axis in range(r):
-            error = (chunk[:, axis, None] - values[axis][None, :]) ** 2
+            np.subtract(chunk[:, axis, None], values[axis][None, :], out=error)
+            np.square(error, out=error)
             k = int(bits[axis])
             if k:
                 # The states shifting into state s are (u << (L - k)) | (s >> k), u = 0 .. 2^k - 1: the high bits drop out.
+                # A running minimum over u (2^k passes over contiguous rows) is faster than argmin across the middle axis.
                 grouped = cost.reshape(m, 1 << k, states_count >> k)
-                choice = grouped.argmin(axis=1).astype(np.uint16)
-                best = np.take_along_axis(grouped, choice[:, None, :].astype(np.int64), axis=1)[:, 0, :]
-                cost = np.repeat(best, 1 << k, axis=1) + error
+                best = grouped[:, 0, :].copy()
+                choice = np.zeros((m, states_count >> k), dtype=np.uint16)
+                for u in range(1, 1 << k):
+                    better = grouped[:, u, :] < best
+                    np.copyto(best, grouped[:, u, :], where=better)
+                    choice[better] = u
+                # New state s reads best[s >> k]: add it to the error in place, 2^k consecutive states at a time.
+                error.reshape(m, states_count >> k, 1 << k)[...] += best[:, :, None]
+                cost, error = error, cost
                 back.append(choice)
             else:
                 cost += error
@@ -124,6 +136,8 @@ def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook:
                 k = int(bits[axis])
                 high = choice[rows, state >> k].astype(np.int64)
                 state = (high << (state_bits - k)) | (state >> k)
+        bar.update(m)
+    bar.close()
     return states
 
 
