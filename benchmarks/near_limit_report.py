@@ -74,6 +74,12 @@ def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(rows, key=lambda r: (r["agreement"], -r["ram_bytes"], r["setting"]), default=None)
 
 
+def _versus(row: dict[str, Any], other: dict[str, Any]) -> str:
+    """``row − other``, paired over queries: ``"+0.0012, p 0.345"``."""
+    test = paired_test(*align_by_query(row["per_query"], other["per_query"]))
+    return f"{test.mean_difference:+.4f}, p {test.p_value:.3f}"
+
+
 def compare(ours: dict[str, Any], other: dict[str, Any] | None) -> str:
     if other is None:
         return "–"
@@ -176,6 +182,16 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                   + ". A score-aware or learned code is not held to it: the bound limits the vectors' error, not the ranking's."]
         for entry in summary:
             entry["share_at_bound"] = dict(at_bound).get(entry["budget"])
+    behind = sorted((r for r in rows if r["family"] in TRELLIS and not r["setting"].startswith("frozen/")), key=lambda r: r["ram_bytes"])
+    if behind:
+        picks = {entry["budget"]: entry for entry in summary}
+        lines += ["", "The trellis code behind label-free DIVE (a reference, as above): "
+                  + "; ".join(f"{_pretty(r['setting'])} keeps {100 * r['ndcg@10'] / base:.1f} %"
+                              + (f" ({r['space_gap_db']:.2f} dB† above the bound in DIVE's space)" if r.get("space_gap_db") is not None else "")
+                              + (f", against the pick's {100 * picks[r['ram_bytes']]['pick_share']:.1f} % "
+                                 f"(trellis − pick {_versus(r, next(x for x in rows if x['setting'] == picks[r['ram_bytes']]['pick']))})"
+                                 if r["ram_bytes"] in picks else "")
+                              for r in behind) + "."]
     if learned_lines:
         lines += ["", "Label-free DIVE in front of a codec, against the best codec without a learned transform (on the plain "
                   "vectors, or after PCA where run) at the same bytes (each chosen by agreement, no labels; every test query is "
