@@ -49,10 +49,14 @@ def test_trellis_bits_spend_the_budget_on_the_axes_water_filling_gives_a_rate():
     # Fractional rates: some axes inside the coded range emit no bit of their own.
     coded = int(np.flatnonzero(emitted)[-1]) + 1
     assert (emitted[:coded] == 0).any()
-    # A strong axis never takes more than the register holds.
+    # A strong axis never takes more than the register holds, even where it alone is above the water level.
     assert trellis_bits(np.array([1e12, 1.0, 1.0]), 24, state_bits=8).max() <= 8
+    alone = trellis_bits(np.array([1e30, 1.0, 1.0]), 20, state_bits=8)
+    assert alone.sum() == 20 and alone.max() <= 8
     with pytest.raises(ValueError, match="do not fit"):
         trellis_bits(np.array([1.0, 1.0]), 21, state_bits=10)
+    with pytest.raises(ValueError, match="do not vary"):
+        trellis_bits(np.zeros(4), 8)
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,9 @@ def trellis_bits(eigenvalues: np.ndarray, bits: int, state_bits: int = STATE_BIT
     Returns ``(d,)`` integers summing to ``bits``, each at most ``state_bits``; zero beyond the axes whose rate is positive.
     """
     lam = np.clip(np.asarray(eigenvalues, dtype=np.float64), 0.0, None)
+    if not (lam > 0).any():
+        raise ValueError("the vectors to fit a trellis code on do not vary (every row is the same), so there is nothing to code; "
+                         "check that the input holds the embeddings you meant.")
     if bits < 1 or bits > state_bits * int((lam > 0).sum()):
         raise ValueError(f"{bits} bits do not fit {int((lam > 0).sum())} axes of positive variance at most {state_bits} bits "
                          "each; use a smaller budget.")
@@ -69,15 +72,14 @@ def trellis_bits(eigenvalues: np.ndarray, bits: int, state_bits: int = STATE_BIT
     running = np.cumsum(rates) * (bits / rates.sum())
     emitted = np.diff(np.concatenate([[0], np.floor(running + 1e-9)])).astype(np.int64)
     emitted[-1] += int(bits) - int(emitted.sum())  # rounding at the end of the running sum
-    # A register of L bits holds at most L new bits: move any excess to the next axes with room (rare: λ far above the rest).
+    # A register of L bits holds at most L new bits: move any excess to the strongest axes with room (rare: λ far above the
+    # rest). The check above leaves room among the axes of positive variance.
     excess = int(np.maximum(emitted - state_bits, 0).sum())
     emitted = np.minimum(emitted, state_bits)
-    axis = 0
-    while excess:
-        if emitted[axis] < state_bits and rates[axis] > 0:
-            emitted[axis] += 1
-            excess -= 1
-        axis = (axis + 1) % len(emitted)
+    for axis in np.flatnonzero(lam > 0):
+        room = min(excess, state_bits - int(emitted[axis]))
+        emitted[axis] += room
+        excess -= room
     return emitted
 
 
