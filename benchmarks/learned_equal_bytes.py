@@ -81,8 +81,8 @@ def cell_path(out: Path, dataset: str, dim: int, label: str, seed: int) -> Path:
     return out / dataset / f"k{dim}" / f"{label}+seed{seed}.json"
 
 
-def budget_scores(experiment, transform, test_ids: list[str], budgets: tuple[int, ...]) -> dict[str, dict[str, float]]:
-    """Per budget, per test query nDCG@10 of ``klt-apq:B`` on ``transform``'s output (the codec fitted on the corpus)."""
+def budget_scores(experiment, transform, test_ids: list[str], budgets: tuple[int, ...], codec: str = CODEC) -> dict[str, dict[str, float]]:
+    """Per budget, per test query nDCG@10 of ``<codec>:B`` (``klt-apq``) on ``transform``'s output (fitted on the corpus)."""
     emb = experiment.embeddings
     docs = np.ascontiguousarray(transform(emb.doc_embeddings), dtype=np.float32)
     rows = [emb.query_ids.index(q) for q in test_ids]
@@ -90,7 +90,7 @@ def budget_scores(experiment, transform, test_ids: list[str], budgets: tuple[int
     qrels = experiment.qrels_for(test_ids)
     out: dict[str, dict[str, float]] = {}
     for budget in budgets:
-        index = QuantizedIndex.build(docs, Precision(f"{CODEC}:{budget}"), train=docs)
+        index = QuantizedIndex.build(docs, Precision(f"{codec}:{budget}"), train=docs)
         D, I = index.search(queries, FETCH)
         metrics = evaluate_run(qrels, run_from_topk(test_ids, D, I, emb.doc_ids, 100, True), ("ndcg@10",))
         out[str(budget)] = {q: round(float(v["ndcg@10"]), 6) for q, v in metrics.per_query.items()}

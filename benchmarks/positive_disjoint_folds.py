@@ -69,6 +69,10 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "positive-disjoint-folds"
 FOLDS = 5
 LABEL_FREE = ("frozen", "pca", "pca-uncentred")
+#: The trellis code on the plain vectors: a reference (FAISS cannot serve it), shown beside the deployable settings but never
+#: the "best label-free" one.
+TRELLIS = "frozen@klt-tcq"
+TRELLIS_CODEC = "klt-tcq"
 LEARNED = ("dive", "dive@pseudo-title")
 
 
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> None:
         folds = fold_experiments(experiment, args.folds, SPLIT_SEED)
         every = judged(experiment, experiment.part_ids("all"))
         for dim in args.dims:
-            todo: list[tuple[str, int, int | None]] = [(label, 0, None) for label in LABEL_FREE]
+            todo: list[tuple[str, int, int | None]] = [(label, 0, None) for label in (*LABEL_FREE, TRELLIS)]
             todo += [("dive@unsupervised", seed, None) for seed in args.seeds]
             todo += [(label, seed, fold) for label in args.learned for seed in args.seeds for fold in range(args.folds)]
             mined: dict[int, np.ndarray] = {}
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 details: dict[str, Any] = {}
                 test_ids = every
-                if label == "frozen":
+                if label in ("frozen", TRELLIS):
                     transform = lambda x: x  # noqa: E731
                 elif label in ("pca", "pca-uncentred"):
                     cls = get_compressor_class(label)
@@ -135,8 +139,9 @@ def run(args: argparse.Namespace) -> None:
                                "selected_epoch": getattr(result.compressor, "selected_epoch_", None)}
                 fit_s = time.perf_counter() - start
                 record = {"dataset": dataset, "protocol": protocol, "split_seed": SPLIT_SEED, "dim": dim, "label": label, "seed": seed,
-                          "codec": CODEC, "fit_s": round(fit_s, 1), **details,
-                          "per_query_by_budget": budget_scores(experiment, transform, test_ids, tuple(args.budgets)),
+                          "codec": TRELLIS_CODEC if label == TRELLIS else CODEC, "fit_s": round(fit_s, 1), **details,
+                          "per_query_by_budget": budget_scores(experiment, transform, test_ids, tuple(args.budgets),
+                                                               TRELLIS_CODEC if label == TRELLIS else CODEC),
                           "command": command, "git_commit": commit, "embedtune_version": __version__, "machine": machine_info(),
                           "seconds": round(time.perf_counter() - start, 1), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
                 atomic_write_json(path, record)
@@ -162,7 +167,7 @@ def detectable(differences: np.ndarray) -> float:
 def report(out: Path) -> str:
     lines = ["# Learning at equal bytes on positive-disjoint folds", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), ""]
-    verdicts: list[tuple[str, str, str, str, str, float, float, float, float, float, float, float]] = []
+    verdicts: list[tuple[str, str, str, str, str, float, float, float, float, float, float, float, float, float]] = []
     commands, dates, machines = set(), [], set()
     for dataset in DATA:
         for block in sorted((out / dataset).glob("k*"), key=lambda p: int(p.name[1:])):
@@ -188,8 +193,9 @@ def report(out: Path) -> str:
                       "Queries that train each fold (train + validation): " + ", ".join(f"fold {f}: {n}" for f, n in train_sizes)
                       + ". Seeds: " + "; ".join(f"{label} {', '.join(map(str, seeds[label]))}" for label in learned)
                       + "; label-free DIVE " + ", ".join(str(r["seed"]) for r in records.get("dive@unsupervised", [])) + ".", "",
-                      "| B | setting | nDCG@10 | Δ − stronger PCA (p) | Δ − best label-free (p) | Δ − plain codec (p) |",
-                      "|---|---|---|---|---|---|"]
+                      "| B | setting | nDCG@10 | Δ − stronger PCA (p) | Δ − best label-free (p) | Δ − plain codec (p) "
+                      "| Δ − trellis code (p) |",
+                      "|---|---|---|---|---|---|---|"]
             for budget in budgets:
                 scores = {label: merged(rs, budget) for label, rs in records.items()}
                 ids = sorted(set.intersection(*(set(s) for s in scores.values())))
@@ -202,16 +208,22 @@ def report(out: Path) -> str:
                     test = paired_test(np.array([scores[label][q] for q in ids]), np.array([scores[other][q] for q in ids]))
                     return test.mean_difference, test.p_value
 
-                for label in [*label_free, *learned]:
-                    name = f"`{CODEC}:{budget}`" if label == "frozen" else f"{label}-{block.name[1:]} + `{CODEC}:{budget}`"
+                trellis = TRELLIS in mean
+                for label in [*label_free, *([TRELLIS] if trellis else []), *learned]:
+                    if label == TRELLIS:
+                        name = f"`{TRELLIS_CODEC}:{budget}` (reference: FAISS cannot serve it)"
+                    else:
+                        name = f"`{CODEC}:{budget}`" if label == "frozen" else f"{label}-{block.name[1:]} + `{CODEC}:{budget}`"
                     tags = [t for t, hit in (("stronger PCA", label == stronger), ("best label-free", label == best_free)) if hit]
-                    cells = " | | |"
+                    cells = " | | | |"
                     if label in learned:
                         (d_pca, p_pca), (d_free, p_free), (d_plain, p_plain) = versus(label, stronger), versus(label, best_free), versus(label, "frozen")
-                        cells = f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) |"
+                        d_tcq, p_tcq = versus(label, TRELLIS) if trellis else (float("nan"), float("nan"))
+                        cells = (f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) | "
+                                 + (f"{d_tcq:+.4f} ({p_tcq:.3f}) |" if trellis else "– |"))
                         if complete:  # a block missing folds scores only some queries: shown, not counted
                             verdicts.append((dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain,
-                                             detectable(np.array([scores[label][q] - scores[best_free][q] for q in ids]))))
+                                             detectable(np.array([scores[label][q] - scores[best_free][q] for q in ids])), d_tcq, p_tcq))
                     lines.append(f"| {budget} | {name}{' (' + ', '.join(tags) + ')' if tags else ''} | {mean[label]:.4f} |{cells}")
             lines.append("")
     wins = [v for v in verdicts if v[5] > 0 and v[6] < 0.05 and v[7] > 0 and v[8] < 0.05]
@@ -219,13 +231,22 @@ def report(out: Path) -> str:
     win_sets = sorted({v[0] for v in wins})
     lines += ["## Verdict", "",
               "| collection | k | B | learned | DIVE − stronger PCA (p) | DIVE − best label-free (which) (p) | DIVE − plain codec (p) "
-              "| detectable Δ |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| detectable Δ | DIVE − trellis code (p) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {d} | {k[1:]} | {b} | {lab} | {dp:+.4f} ({pp:.3f}) | {df:+.4f} ({'plain codec' if bf == 'frozen' else bf}) ({pf:.3f}) "
-              f"| {dc:+.4f} ({pc:.3f}) | {mde:.4f} |" for d, k, b, lab, bf, dp, pp, df, pf, dc, pc, mde in verdicts]
+              f"| {dc:+.4f} ({pc:.3f}) | {mde:.4f} | " + ("–" if np.isnan(dt_) else f"{dt_:+.4f} ({pt:.3f})") + " |"
+              for d, k, b, lab, bf, dp, pp, df, pf, dc, pc, mde, dt_, pt in verdicts]
     lines += ["", "\"detectable Δ\" is the smallest mean difference over the best label-free setting that a paired test at "
               "p < 0.05 finds four times in five, given how much the per-query differences of this cell vary: "
               "(z₀.₉₇₅ + z₀.₈) · sd / √n = 2.80 · sd / √n (the normal approximation)."]
+    measured = [v for v in verdicts if not np.isnan(v[12])]
+    above_trellis = [v for v in measured if v[12] > 0 and v[13] < 0.05]
+    below_trellis = [v for v in measured if v[12] < 0 and v[13] < 0.05]
+    lines += ["", f"The trellis code (`{TRELLIS_CODEC}`, on the plain vectors: the codec nearest the rate-distortion bound, a reference "
+              f"FAISS cannot serve) is not one of the label-free settings above. Against it, DIVE with labels is significantly above in "
+              f"{len(above_trellis)} of {len(measured)} cells ({', '.join(sorted({v[0] for v in above_trellis})) or 'none'}) and "
+              f"significantly below in {len(below_trellis)}"
+              + (" (" + "; ".join(f"{d} {k} {b} B" for d, k, b, *_ in below_trellis) + ")" if below_trellis else "") + "."]
     lines += ["", f"Of {len(verdicts)} cells (collection × k × B × learned setting), {len(wins)} are significantly above (p < 0.05) both "
               f"the stronger PCA and the best label-free setting at the same bytes, in {len(win_sets)} collection(s)"
               + (f" ({', '.join(win_sets)})" if win_sets else "") + f"; {len(losses)} are significantly below one of them"
