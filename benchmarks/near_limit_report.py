@@ -74,17 +74,21 @@ def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(rows, key=lambda r: (r["agreement"], -r["ram_bytes"], r["setting"]), default=None)
 
 
+def _paired(row: dict[str, Any], other: dict[str, Any]) -> Any:
+    """The paired test of ``row`` against ``other`` over the queries both scored (mean difference ``row − other``)."""
+    return paired_test(*align_by_query(row["per_query"], other["per_query"]))
+
+
 def _versus(row: dict[str, Any], other: dict[str, Any]) -> str:
     """``row − other``, paired over queries: ``"+0.0012, p 0.345"``."""
-    test = paired_test(*align_by_query(row["per_query"], other["per_query"]))
+    test = _paired(row, other)
     return f"{test.mean_difference:+.4f}, p {test.p_value:.3f}"
 
 
 def compare(ours: dict[str, Any], other: dict[str, Any] | None) -> str:
     if other is None:
         return "–"
-    a, b = align_by_query(ours["per_query"], other["per_query"])
-    test = paired_test(a, b)
+    test = _paired(ours, other)
     return f"{-test.mean_difference:+.4f} (p {test.p_value:.3f})"
 
 
@@ -148,8 +152,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                      f"| {cell(disk)}{disk_bytes} | {share(disk)} | {ours['fit_s']:.1f} |")
         versus_peer = None
         if peer is not None:
-            a, b = align_by_query(ours["per_query"], peer["per_query"])
-            versus_peer = paired_test(a, b)
+            versus_peer = _paired(ours, peer)
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
                         "pick_minus_peer": None if versus_peer is None else versus_peer.mean_difference,
                         "pick_minus_peer_p": None if versus_peer is None else versus_peer.p_value,
@@ -164,7 +167,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         learned = pick([r for r in fits if r["family"] == LEARNED and r["ram_bytes"] == budget])
         if learned is not None:
             plain = pick([r for r in fits if r["family"] == "embedtune codec"])
-            versus = paired_test(*align_by_query(learned["per_query"], plain["per_query"]))
+            versus = _paired(learned, plain)
             summary[-1].update(learned=learned["setting"], learned_share=learned["ndcg@10"] / base, plain=plain["setting"],
                                plain_share=plain["ndcg@10"] / base, learned_minus_plain=versus.mean_difference,
                                learned_minus_plain_p=versus.p_value, learned_picked=learned is ours)

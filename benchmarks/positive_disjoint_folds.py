@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -159,6 +159,25 @@ def merged(records: list[dict[str, Any]], budget: str) -> dict[str, float]:
     return {q: float(np.mean([s[q] for s in by_seed.values()])) for q in sorted(queries)}
 
 
+class Verdict(NamedTuple):
+    """One learned setting at one (collection, k, budget): its paired differences (mean, p) with each comparison."""
+
+    dataset: str
+    k: str
+    budget: str
+    label: str
+    best_free: str
+    d_pca: float
+    p_pca: float
+    d_free: float
+    p_free: float
+    d_plain: float
+    p_plain: float
+    detectable: float
+    d_trellis: float  # NaN where the block has no trellis row
+    p_trellis: float
+
+
 def detectable(differences: np.ndarray) -> float:
     """The smallest mean of ``differences`` (per query) a two-sided paired test at 0.05 detects with 80 % power."""
     return float(2.80 * differences.std(ddof=1) / np.sqrt(len(differences))) if len(differences) > 1 else float("nan")
@@ -167,7 +186,7 @@ def detectable(differences: np.ndarray) -> float:
 def report(out: Path) -> str:
     lines = ["# Learning at equal bytes on positive-disjoint folds", "",
              (__doc__ or "").split("\n\n", 1)[1].split("\n\nOne JSON")[0].strip(), ""]
-    verdicts: list[tuple[str, str, str, str, str, float, float, float, float, float, float, float, float, float]] = []
+    verdicts: list[Verdict] = []
     commands, dates, machines = set(), [], set()
     for dataset in DATA:
         for block in sorted((out / dataset).glob("k*"), key=lambda p: int(p.name[1:])):
@@ -222,12 +241,13 @@ def report(out: Path) -> str:
                         cells = (f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) | "
                                  + (f"{d_tcq:+.4f} ({p_tcq:.3f}) |" if trellis else "– |"))
                         if complete:  # a block missing folds scores only some queries: shown, not counted
-                            verdicts.append((dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain, p_plain,
-                                             detectable(np.array([scores[label][q] - scores[best_free][q] for q in ids])), d_tcq, p_tcq))
+                            verdicts.append(Verdict(dataset, block.name, budget, label, best_free, d_pca, p_pca, d_free, p_free, d_plain,
+                                                    p_plain, detectable(np.array([scores[label][q] - scores[best_free][q] for q in ids])),
+                                                    d_tcq, p_tcq))
                     lines.append(f"| {budget} | {name}{' (' + ', '.join(tags) + ')' if tags else ''} | {mean[label]:.4f} |{cells}")
             lines.append("")
-    wins = [v for v in verdicts if v[5] > 0 and v[6] < 0.05 and v[7] > 0 and v[8] < 0.05]
-    losses = [v for v in verdicts if (v[5] < 0 and v[6] < 0.05) or (v[7] < 0 and v[8] < 0.05)]
+    wins = [v for v in verdicts if v.d_pca > 0 and v.p_pca < 0.05 and v.d_free > 0 and v.p_free < 0.05]
+    losses = [v for v in verdicts if (v.d_pca < 0 and v.p_pca < 0.05) or (v.d_free < 0 and v.p_free < 0.05)]
     win_sets = sorted({v[0] for v in wins})
     lines += ["## Verdict", "",
               "| collection | k | B | learned | DIVE − stronger PCA (p) | DIVE − best label-free (which) (p) | DIVE − plain codec (p) "
@@ -239,9 +259,9 @@ def report(out: Path) -> str:
     lines += ["", "\"detectable Δ\" is the smallest mean difference over the best label-free setting that a paired test at "
               "p < 0.05 finds four times in five, given how much the per-query differences of this cell vary: "
               "(z₀.₉₇₅ + z₀.₈) · sd / √n = 2.80 · sd / √n (the normal approximation)."]
-    measured = [v for v in verdicts if not np.isnan(v[12])]
-    above_trellis = [v for v in measured if v[12] > 0 and v[13] < 0.05]
-    below_trellis = [v for v in measured if v[12] < 0 and v[13] < 0.05]
+    measured = [v for v in verdicts if not np.isnan(v.d_trellis)]
+    above_trellis = [v for v in measured if v.d_trellis > 0 and v.p_trellis < 0.05]
+    below_trellis = [v for v in measured if v.d_trellis < 0 and v.p_trellis < 0.05]
     lines += ["", f"The trellis code (`{TRELLIS_CODEC}`, on the plain vectors: the codec nearest the rate-distortion bound, a reference "
               f"FAISS cannot serve) is not one of the label-free settings above. Against it, DIVE with labels is significantly above in "
               f"{len(above_trellis)} of {len(measured)} cells ({', '.join(sorted({v[0] for v in above_trellis})) or 'none'}) and "

@@ -205,8 +205,8 @@ class TrellisTransformIndex(RotatedCodeIndex):
                 np.left_shift(state, 1, out=state)
                 np.bitwise_or(state, stream[position], out=state)
                 position += 1
-            np.bitwise_and(state, mask, out=states[axis])
-            state = states[axis].copy() if k else state
+            np.bitwise_and(state, mask, out=state)
+            states[axis] = state
         return states
 
     def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
