@@ -84,3 +84,22 @@ def test_k_is_capped_at_the_rows_held():
     index, xq = _residual_quantiser(n=300)
     D, I = additive_search(index, xq[:2], 1000)
     assert I.shape == (2, 300) and sorted(I[0]) == list(range(300))
+
+
+@pytest.mark.parametrize("factory", ["PRQ2x3x8", "PRQ3x2x8"])
+def test_a_product_additive_quantiser_is_scanned_with_its_codebooks_in_their_own_dimensions(factory):
+    # PRQ keeps each codebook in its part's d / s dimensions; read as full-dimensional codewords they would score garbage.
+    rng = np.random.default_rng(5)
+    xb = rng.standard_normal((700, 24)).astype(np.float32)
+    xq = rng.standard_normal((29, 24)).astype(np.float32)
+    index = faiss.index_factory(24, factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(xb)
+    index.add(xb)
+    assert additive_scanner(index) is not None
+    D, I = additive_search(index, xq, 10)
+    D_ref, I_ref = index.search(xq, 10)
+    np.testing.assert_allclose(D, D_ref, rtol=1e-4, atol=1e-4)
+    assert (I == I_ref).mean() > 0.99
+    # and the scores are the inner products with the decoded vectors
+    decoded = index.sa_decode(index.sa_encode(xb))
+    np.testing.assert_allclose(D[:, 0], (xq @ decoded.T).max(axis=1), rtol=1e-4, atol=1e-4)

@@ -16,6 +16,10 @@ byte for byte the product quantiser's, so :func:`additive_search` runs
 codes, the same bytes in RAM. Queries are repeated in blocks of at most :data:`REPEATED_QUERY_FLOATS`
 floats. Anything else (another metric, other code widths, norms stored in the codes) is searched by
 the index itself.
+
+A *product* additive quantiser (``PRQ``, ``PLSQ``: the dimensions split into ``s`` parts, each with
+its own additive quantiser) keeps its codebooks in their part's ``d / s`` dimensions. Each is placed
+in its part of a full-dimensional codeword, zeros elsewhere, so that the same scan reads them.
 """
 
 from __future__ import annotations
@@ -50,6 +54,27 @@ def _additive_parts(index: Any) -> tuple[list[Any], Any, Any] | None:
     return chain, inner, quantiser
 
 
+def full_dimensional_codebooks(inner: Any, quantiser: Any) -> np.ndarray | None:
+    """``(M, 256, d)``: every codebook's codewords in the full ``d`` dimensions; a product additive quantiser's codebooks
+    (kept in their part's ``d / s`` dimensions, the parts in order) padded with zeros outside their part. None for a
+    layout this does not recognise."""
+    import faiss
+
+    m, d = int(quantiser.M), int(quantiser.d)
+    codebooks = np.asarray(faiss.vector_to_array(quantiser.codebooks), dtype=np.float32)
+    if codebooks.size == m * 256 * d:
+        return codebooks.reshape(m, 256, d)
+    splits = next((int(getattr(inner, name).nsplits) for name in ("prq", "plsq") if hasattr(inner, name)), 0)
+    if splits < 1 or m % splits or d % splits or codebooks.size * splits != m * 256 * d:
+        return None
+    per_split, width = m // splits, d // splits
+    full = np.zeros((m, 256, d), dtype=np.float32)
+    for j, codebook in enumerate(codebooks.reshape(m, 256, width)):
+        part = j // per_split
+        full[j, :, part * width : (part + 1) * width] = codebook
+    return full
+
+
 def additive_scanner(index: Any) -> tuple[list[Any], Any, Any] | None:
     """The product-quantiser view of ``index``'s codebooks (built once, kept on the index object), or ``None`` if
     ``index`` is not an additive quantiser this scan reproduces exactly."""
@@ -63,8 +88,11 @@ def additive_scanner(index: Any) -> tuple[list[Any], Any, Any] | None:
         return None
     chain, inner, quantiser = parts
     m, d = int(quantiser.M), int(quantiser.d)
+    codebooks = full_dimensional_codebooks(inner, quantiser)
+    if codebooks is None:
+        return None
     product = faiss.ProductQuantizer(m * d, m, 8)
-    faiss.copy_array_to_vector(faiss.vector_to_array(quantiser.codebooks).astype(np.float32, copy=False), product.centroids)
+    faiss.copy_array_to_vector(np.ascontiguousarray(codebooks, dtype=np.float32).ravel(), product.centroids)
     scanner = (chain, inner, product)
     try:
         setattr(index, _CACHE_ATTRIBUTE, scanner)
