@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for state_bits in args.state_bits:
-        family = KltTCQ(args.bytes)
-        family.state_bits = state_bits
+        family = KltTCQ(args.bytes, state_bits=state_bits)
         start = time.perf_counter()
         index = family.train(fit)
         fit_s = time.perf_counter() - start

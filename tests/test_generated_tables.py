@@ -53,3 +53,27 @@ def test_the_headline_counts_where_label_free_learning_was_kept_and_where_it_was
     assert "ran in 3 cells and was picked, by agreement alone, in 2 (arguana-minilm at 16 B, arguana-minilm at 32 B)" in text
     assert "+0.0100 to +0.0300 nDCG@10 over the best codec without a learned transform, significant in 1 (arguana-minilm at 16 B)" in text
     assert "picked where it was worse: 0; left out where it was significantly worse: 1." in text
+
+
+def test_the_trellis_at_scale_report_is_what_its_script_writes_from_the_committed_rows():
+    import trellis_gap_at_scale
+
+    rows = json.loads(trellis_gap_at_scale.ROWS.read_text(encoding="utf-8"))
+    written = (trellis_gap_at_scale.OUT / "AT-SCALE.md").read_text(encoding="utf-8")
+    assert written == trellis_gap_at_scale.report(rows), (
+        "benchmarks/results/trellis/AT-SCALE.md is not what `python benchmarks/trellis_gap_at_scale.py --report` writes "
+        "from at-scale.json; run it.")
+
+
+def test_the_gaussian_stand_in_has_the_corpus_spectrum():
+    import numpy as np
+    import trellis_gap_at_scale
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4000, 6)) * np.array([3.0, 2.0, 1.0, 0.5, 0.2, 0.1])) @ np.linalg.qr(rng.standard_normal((6, 6)))[0]
+    mean, values, vectors = trellis_gap_at_scale.gaussian_like(x)
+    assert np.all(np.diff(values) <= 0)
+    draws = trellis_gap_at_scale.draw(mean, values, vectors, 200_000, seed=1)
+    assert draws.dtype == np.float32 and draws.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(np.cov(draws.astype(np.float64), rowvar=False), np.cov(x, rowvar=False), atol=0.05)
+    np.testing.assert_allclose(draws.mean(axis=0), x.mean(axis=0), atol=0.02)

@@ -112,3 +112,24 @@ def test_a_tampered_trellis_codec_is_refused(gaussian, tmp_path):
 def test_a_budget_beyond_the_register_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="at most 30 bytes"):
         KltTCQ(31).check_dim(24)
+
+
+def test_a_longer_register_is_nearer_the_bound_and_travels_with_the_saved_tables(gaussian, tmp_path):
+    fit, coded = gaussian
+    lam = corpus_spectrum(coded)
+    gaps = {}
+    for state_bits in (6, 10):
+        index = KltTCQ(4, state_bits=state_bits).train(fit)
+        assert index.state_bits == state_bits and index.codebook.shape[1] == 1 << state_bits
+        gaps[state_bits] = distortion_report(coded, index.sa_decode(index.sa_encode(coded)), 32, eigenvalues=lam)["gap_db"]
+    assert gaps[10] < gaps[6] - 0.1, gaps
+    index.save(tmp_path)
+    reloaded = TrellisTransformIndex.load(tmp_path)
+    assert reloaded.state_bits == 10
+    assert np.array_equal(reloaded.sa_encode(coded[:50]), index.sa_encode(coded[:50]))
+
+
+@pytest.mark.parametrize("state_bits", [0, 13, 2.5, True])
+def test_a_register_outside_what_the_encoder_holds_is_refused(state_bits):
+    with pytest.raises(ValueError, match="register is 1 to 12 bits"):
+        KltTCQ(4, state_bits=state_bits)

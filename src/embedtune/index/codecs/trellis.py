@@ -23,8 +23,10 @@ bit-shift trellis of Tseng et al., *QTIP*, 2024):
 
 Measured (``benchmarks/near_limit.py``, each half of the corpus coded by tables fitted on the other):
 at 32 B on SciFact MiniLM it is 0.9 dB above the bound, where ``klt-pq`` is 1.6 and ``klt-sq`` 1.9.
-A longer register comes nearer the bound (``L = 12``: 0.76 dB, 0.12 dB nearer) at four times the encoding
-time (``benchmarks/trellis_state_bits.py``); :data:`STATE_BITS` is 10.
+Much of that is the small fit sample and the coded half's own (too spread) sample spectrum: fitted on 50,000
+draws of a Gaussian with a corpus's spectrum, it is 0.43-0.56 dB above that source's bound at 32 B, and with a
+12-bit register (``KltTCQ(B, state_bits=12)``, four times the encoding time) 0.32-0.42 dB
+(``benchmarks/trellis_gap_at_scale.py``). :data:`STATE_BITS` is 10.
 
 Scoring decodes blocks of codes to the rotated axes and takes the float query's inner products with
 them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). FAISS has no index type
@@ -44,10 +46,13 @@ from embedtune.index.codecs.textbook import RotatedCodeIndex
 from embedtune.index.codecs.transform import sampled_klt
 from embedtune.runtime import progress_bar
 
-__all__ = ["STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
+__all__ = ["STATE_BITS", "MAX_STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
 
 #: ``L``: bits of the trellis register (``2^L`` states). Encoding time grows as ``2^L``.
 STATE_BITS = 10
+#: The longest register :class:`KltTCQ` takes: a block's back-pointers are ``ENCODE_BLOCK × r × 2^L / 2`` bytes (about 200 MB
+#: at 12 bits and 384 axes).
+MAX_STATE_BITS = 12
 #: Rows the per-axis scales are fitted on (least squares over the Viterbi codes, :data:`SCALE_PASSES` times).
 SCALE_FIT_ROWS = 4_096
 SCALE_PASSES = 2
@@ -226,7 +231,15 @@ class KltTCQ(CodecFamily):
     summary = ("KLT, water-filled bits in one bit-shift trellis code over the axes, Viterbi-encoded "
                "(nearest the rate-distortion bound; reference)")
     deployable = False
-    state_bits: ClassVar[int] = STATE_BITS
+
+    def __init__(self, code_bytes: int, state_bits: int = STATE_BITS) -> None:
+        """``state_bits``: the register's length ``L`` (:data:`STATE_BITS` by default, what a plan uses). A longer one is
+        nearer the bound and doubles the encoding time per bit (``benchmarks/trellis_gap_at_scale.py``)."""
+        super().__init__(code_bytes)
+        if isinstance(state_bits, bool) or not isinstance(state_bits, (int, np.integer)) or not 1 <= int(state_bits) <= MAX_STATE_BITS:
+            raise ValueError(f"codec {self.name!r}: the register is 1 to {MAX_STATE_BITS} bits (the encoder's back-pointers grow "
+                             f"as 2^L); got state_bits={state_bits!r}.")
+        self.state_bits = int(state_bits)
 
     def check_dim(self, dim: int) -> None:
         if 8 * self.code_bytes > self.state_bits * dim:
