@@ -29,7 +29,7 @@ The settings (every one on the frozen vectors unless named otherwise):
 * **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded): a
   reference for how near the bound a coder of these bytes gets; FAISS cannot serve it, so it is never the pick;
 * **the peers a user would pick instead**, at most B bytes in RAM: FAISS ``PQ``, ``OPQ`` (up to 32 B),
-  fast-scan ``PQ..x4fs``, ``RQ..x8`` (up to 32 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
+  fast-scan ``PQ..x4fs``, the additive quantisers ``RQ..x8``, ``PRQ2x..x8`` and ``LSQ..x8`` (up to 32 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
   PCA (centred, fitted on the corpus) at int8 / int4 / TurboQuant / sign bits, ScaNN's anisotropic codes
   and extended RaBitQ (``benchmarks/in_ram_peers.py``: their bytes are the code's, a benefit of the doubt:
   ScaNN's 4-bit build holds three times that);
@@ -341,8 +341,13 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
             factories.append(f"PQ{2 * budget}x4fs")
         if budget <= FAISS_RQ_MAX_BYTES:
             factories.append(f"RQ{budget}x8")
+            # The other additive quantisers: residual over two halves of the dimensions, and local search (LSQ, minutes).
+            if budget % 2 == 0 and d % 2 == 0:
+                factories.append(f"PRQ2x{budget // 2}x8")
+            factories.append(f"LSQ{budget}x8")
         for factory in factories:
-            out.append((f"frozen/faiss:{factory}", budget, "FAISS PQ/OPQ/RQ", "ram", lambda ds, f=factory: frozen_setting(ds, f"faiss:{f}")))
+            family = "FAISS PRQ/LSQ" if factory.startswith(("PRQ", "LSQ")) else "FAISS PQ/OPQ/RQ"
+            out.append((f"frozen/faiss:{factory}", budget, family, "ram", lambda ds, f=factory: frozen_setting(ds, f"faiss:{f}")))
         for peer in ("scann-ah", "scann-ah256", "rabitq-ext"):
             out.append((f"peer/{peer}:{budget}", budget, "ScaNN / RaBitQ-Library", "ram", lambda ds, p=peer, b=budget: peer_setting(ds, p, b)))
     if learned:

@@ -12,7 +12,7 @@ held-out corpus documents as queries), then scored on the judged test queries:
   (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
   every codec without one at the same bytes;
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
-  RQ, RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
+  RQ / PRQ / LSQ (where run), RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
 * **textbook** — ``klt-sq:B``, the textbook transform coder;
 * **trellis** — ``klt-tcq:B``, a trellis code over the principal axes (a reference for how near the bound a coder of
