@@ -29,7 +29,7 @@ The settings (every one on the frozen vectors unless named otherwise):
 * **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded): a
   reference for how near the bound a coder of these bytes gets; FAISS cannot serve it, so it is never the pick;
 * **the peers a user would pick instead**, at most B bytes in RAM: FAISS ``PQ``, ``OPQ`` (up to 32 B),
-  fast-scan ``PQ..x4fs``, the additive quantisers ``RQ..x8``, ``PRQ2x..x8`` and ``LSQ..x8`` (up to 32 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
+  fast-scan ``PQ..x4fs``, the additive quantisers ``RQ..x8`` and ``PRQ2x..x8`` (up to 32 B) and ``LSQ..x8`` (16 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
   PCA (centred, fitted on the corpus) at int8 / int4 / TurboQuant / sign bits, ScaNN's anisotropic codes
   and extended RaBitQ (``benchmarks/in_ram_peers.py``: their bytes are the code's, a benefit of the doubt:
   ScaNN's 4-bit build holds three times that);
@@ -78,6 +78,9 @@ CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq", "klt-apq")
 RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32
+#: LSQ re-encodes its training set at every step: LSQ16x8 took 3 minutes on MED's two 516-row halves, and LSQ32x8 had not
+#: finished after 17 (one thread), so it is run up to 16 B.
+FAISS_LSQ_MAX_BYTES = 16
 PCA_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 384)
 PCA_PRECISIONS = ("int8", "int4", "turboquant1", "turboquant4", "binary-asym", "float16")
 FROZEN_PRECISIONS = ("binary-asym", "turboquant1", "rabitq1", "rabitq4", "int4", "turboquant4", "int8", "float16")
@@ -344,7 +347,8 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
             # The other additive quantisers: residual over two halves of the dimensions, and local search (LSQ, minutes).
             if budget % 2 == 0 and d % 2 == 0:
                 factories.append(f"PRQ2x{budget // 2}x8")
-            factories.append(f"LSQ{budget}x8")
+            if budget <= FAISS_LSQ_MAX_BYTES:
+                factories.append(f"LSQ{budget}x8")
         for factory in factories:
             family = "FAISS PRQ/LSQ" if factory.startswith(("PRQ", "LSQ")) else "FAISS PQ/OPQ/RQ"
             out.append((f"frozen/faiss:{factory}", budget, family, "ram", lambda ds, f=factory: frozen_setting(ds, f"faiss:{f}")))
