@@ -24,7 +24,10 @@ held-out corpus documents as queries), then scored on the judged test queries:
 test over queries, :func:`embedtune.workflows.significance.paired_test`) against embedtune's pick; dB
 is the pick's MSE above the Gaussian rate-distortion bound at ``8 B`` bits for that corpus's spectrum; for a pick
 with a transform in front (DIVE, PCA), which cannot be decoded back to the d-dim vectors, it is measured in the
-transform's own k-dim space, against the bound for that space's spectrum, and marked †.
+transform's own k-dim space, against the bound for that space's spectrum, and marked †. On halves of
+these small corpora every dB reads farther than the codec's own distance: the tables are fitted on a
+few thousand vectors, and the coded half's sample spectrum puts the bound low (the trellis code at 32 B: 0.7-1.3 dB
+here, MED 2.2-2.9, against 0.4-0.6 dB on a large sample of the same spectrum; ``results/trellis/AT-SCALE.md``).
 
 Under each table, the bill of each pick (:func:`embedtune.index.bill.vector_bill`): its bytes as a
 share of the float32 vector's, vectors per GB (10^9 bytes), RAM at a million, a hundred million and
