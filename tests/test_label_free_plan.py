@@ -300,3 +300,16 @@ def test_a_cached_label_free_fit_is_not_reused_once_a_config_default_changes(tmp
     monkeypatch.setattr(label_free, "build_config", other_default)
     label_free.fit_label_free(candidate, ids, docs, seed=0, work=tmp_path)
     assert {path: path.stat().st_mtime_ns for path in keys} != written  # fitted again, under the new key
+
+
+def test_the_choice_says_when_its_tables_outweigh_the_codes_of_the_corpus():
+    from embedtune.cli.plan import tables_said
+
+    # PRQ2x16x8 on SciFact's 5,183 documents: 32 B of codes, 12.6 MB of codebooks.
+    said = tables_said({"ram_bytes": 32, "fixed_bytes": 12_583_636, "amortized_bytes": 32 + 12_583_636 / 5183})
+    assert "its tables (12.6 MB) outweigh the codes of this corpus: 2,460 bytes per vector" in said
+    assert "only from about 393,239 vectors" in said
+    # Tables smaller than the codes (a large corpus), or no tables at all: nothing to say.
+    assert tables_said({"ram_bytes": 32, "fixed_bytes": 12_583_636, "amortized_bytes": 32 + 12_583_636 / 1_000_000}) == ""
+    assert tables_said({"ram_bytes": 384, "fixed_bytes": 0, "amortized_bytes": 384.0}) == ""
+    assert tables_said({"ram_bytes": 32}) == ""

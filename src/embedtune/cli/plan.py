@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Mapping
+from typing import Any
 
 from embedtune.cli.common import (
     HelpFormatter,
@@ -292,10 +295,26 @@ def _print_scale(plan: dict) -> None:
 
 
 def _bytes_said(plan: dict) -> str:
-    """The choice's bytes, in words: in RAM, on disk, and its gap to the Gaussian bound where it has one."""
+    """The choice's bytes, in words: in RAM, on disk, its gap to the Gaussian bound where it has one, and its tables' share
+    where they outweigh the codes of the corpus (:func:`tables_said`)."""
     gap = _gap(plan["chosen"].get("gap_db"))
     return (f"{plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk"
-            + (f"; {gap} dB from the Gaussian rate-distortion bound" if gap is not None else "") + ")")
+            + (f"; {gap} dB from the Gaussian rate-distortion bound" if gap is not None else "") + ")"
+            + tables_said(plan["chosen"]))
+
+
+def tables_said(row: Mapping[str, Any]) -> str:
+    """Where a setting's fixed tables (rotations, codebooks) weigh more than all its codes on the corpus planned: what a
+    vector costs with its share of them, and from how many vectors on the tables weigh less than the codes. Empty otherwise.
+
+    Bytes per vector count the codes only, as FAISS's ``sa_code_size`` does; on a corpus of a few thousand documents a
+    codec's tables can be larger than the float32 vectors themselves, which a user sizing RAM should see.
+    """
+    ram, fixed, amortized = row.get("ram_bytes"), row.get("fixed_bytes"), row.get("amortized_bytes")
+    if not ram or not fixed or amortized is None or amortized - ram <= ram:
+        return ""
+    return (f"; its tables ({fixed / 1e6:.3g} MB) outweigh the codes of this corpus: {amortized:,.0f} bytes per vector "
+            f"with their share, and they weigh less than the codes only from about {math.ceil(fixed / ram):,} vectors")
 
 
 def _print_label_free(plan: dict) -> None:
