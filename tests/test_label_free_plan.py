@@ -307,8 +307,8 @@ def test_the_choice_says_when_its_tables_outweigh_the_codes_of_the_corpus():
 
     # PRQ2x16x8 on SciFact's 5,183 documents: 32 B of codes, 12.6 MB of codebooks.
     said = tables_said({"ram_bytes": 32, "fixed_bytes": 12_583_636, "amortized_bytes": 32 + 12_583_636 / 5183})
-    assert "its tables (12.6 MB) outweigh the codes of this corpus: 2,460 bytes per vector" in said
-    assert "only from about 393,239 vectors" in said
+    assert "tables (12.6 MB) outweigh its codes on this corpus: 2,460 bytes per vector with their share" in said
+    assert "they weigh less than the codes from about 393,239 vectors" in said
     # Tables smaller than the codes (a large corpus), or no tables at all: nothing to say.
     assert tables_said({"ram_bytes": 32, "fixed_bytes": 12_583_636, "amortized_bytes": 32 + 12_583_636 / 1_000_000}) == ""
     assert tables_said({"ram_bytes": 384, "fixed_bytes": 0, "amortized_bytes": 384.0}) == ""

@@ -295,12 +295,10 @@ def _print_scale(plan: dict) -> None:
 
 
 def _bytes_said(plan: dict) -> str:
-    """The choice's bytes, in words: in RAM, on disk, its gap to the Gaussian bound where it has one, and its tables' share
-    where they outweigh the codes of the corpus (:func:`tables_said`)."""
+    """The choice's bytes, in words: in RAM, on disk, and its gap to the Gaussian bound where it has one."""
     gap = _gap(plan["chosen"].get("gap_db"))
     return (f"{plan['ram_bytes']} bytes per vector in RAM ({plan['disk_bytes']} on disk"
-            + (f"; {gap} dB from the Gaussian rate-distortion bound" if gap is not None else "") + ")"
-            + tables_said(plan["chosen"]))
+            + (f"; {gap} dB from the Gaussian rate-distortion bound" if gap is not None else "") + ")")
 
 
 def tables_said(row: Mapping[str, Any]) -> str:
@@ -313,8 +311,8 @@ def tables_said(row: Mapping[str, Any]) -> str:
     ram, fixed, amortized = row.get("ram_bytes"), row.get("fixed_bytes"), row.get("amortized_bytes")
     if not ram or not fixed or amortized is None or amortized - ram <= ram:
         return ""
-    return (f"; its tables ({fixed / 1e6:.3g} MB) outweigh the codes of this corpus: {amortized:,.0f} bytes per vector "
-            f"with their share, and they weigh less than the codes only from about {math.ceil(fixed / ram):,} vectors")
+    return (f"tables: the choice's tables ({fixed / 1e6:.3g} MB) outweigh its codes on this corpus: {amortized:,.0f} bytes per "
+            f"vector with their share; they weigh less than the codes from about {math.ceil(fixed / ram):,} vectors")
 
 
 def _print_label_free(plan: dict) -> None:
@@ -328,6 +326,7 @@ def _print_label_free(plan: dict) -> None:
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference), refitted on every document; FAISS factory {plan['faiss_factory']!r}")
+    _print_tables(chosen)
 
 
 def _print_supervised(plan: dict) -> None:
@@ -343,6 +342,13 @@ def _print_supervised(plan: dict) -> None:
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); FAISS factory {plan['faiss_factory']!r}")
+    _print_tables(chosen)
+
+
+def _print_tables(chosen: Mapping[str, Any]) -> None:
+    said = tables_said(chosen)
+    if said:
+        print(said)
 
 
 def _print_deployment(plan: dict, out: str) -> None:
