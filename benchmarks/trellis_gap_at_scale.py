@@ -29,6 +29,7 @@ tables to ``benchmarks/results/trellis/AT-SCALE.md``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -89,6 +90,11 @@ def measure(fit: np.ndarray, coded: np.ndarray, code_bytes: int, state_bits: int
             "encode_ms_per_vector": 1000 * encode_s / len(coded), "n_fit": len(fit), "n_coded": len(coded)}
 
 
+def read_rows() -> dict[str, Any]:
+    """The rows written so far (none before the first run)."""
+    return json.loads(ROWS.read_text(encoding="utf-8")) if ROWS.is_file() else {}
+
+
 def cell_key(data: str, model: str, code_bytes: int, state_bits: int, condition: str) -> str:
     return f"{data}-{model}/klt-tcq:{code_bytes}/L{state_bits}/{condition}"
 
@@ -118,13 +124,13 @@ def run(corpora: list[tuple[str, str]], code_bytes: int, state_bits: list[int], 
                 row.update(data=data, model=model, dim=int(x.shape[1]), n_corpus=len(x), bytes=code_bytes, state_bits=bits,
                            condition=condition, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), machine=machine_info().get("cpu"))
                 rows[key] = row
-                atomic_write_json(ROWS, rows)
+                # Another run (another budget) may have written rows since this one read the file: keep them.
+                atomic_write_json(ROWS, {**read_rows(), **rows})
                 print(f"{key}: {row['gap_db']:.3f} dB ({row['encode_ms_per_vector']:.2f} ms a vector)", flush=True)
 
 
 def report(rows: dict[str, Any]) -> str:
     budgets = sorted({r["bytes"] for r in rows.values()})
-    registers = sorted({r["state_bits"] for r in rows.values()})
     order = list(VECTORS)
     corpora = sorted(dict.fromkeys((r["data"], r["model"], r["n_corpus"], r["dim"]) for r in rows.values()),
                      key=lambda c: order.index((c[0], c[1])) if (c[0], c[1]) in order else len(order))
@@ -137,6 +143,7 @@ def report(rows: dict[str, Any]) -> str:
              "distance, which a large corpus of that spectrum would read). In brackets under Gaussian: the same MSE "
              "against the bound of the coded draws' sample spectrum.", ""]
     for budget in budgets:
+        registers = sorted({r["state_bits"] for r in rows.values() if r["bytes"] == budget})
         header = "| corpus (vectors, dims) | " + " | ".join(f"L = {L}: cross-fitted | in-sample | Gaussian at scale" for L in registers) + " |"
         lines += [f"## {budget} B", "", header, "|---|" + "---|---|---|" * len(registers)]
         for data, model, n, dim in corpora:
@@ -172,11 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-bits", type=int, nargs="+", default=[10, 12])
     parser.add_argument("--report", action="store_true", help="only write AT-SCALE.md from the rows written")
     args = parser.parse_args(argv)
-    rows: dict[str, Any] = {}
-    if ROWS.is_file():
-        import json
-
-        rows = json.loads(ROWS.read_text(encoding="utf-8"))
+    rows = read_rows()
     if not args.report:
         corpora = []
         for name in args.data:
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             corpora.append(pair)
         OUT.mkdir(parents=True, exist_ok=True)
         run(corpora, args.bytes, args.state_bits, rows)
+        rows = read_rows()
     if not rows:
         parser.error(f"no rows in {ROWS}: run without --report first")
     atomic_write(OUT / "AT-SCALE.md", lambda tmp: tmp.write_text(report(rows), encoding="utf-8"))
