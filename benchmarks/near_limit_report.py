@@ -126,7 +126,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
             continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
         ours = pick([r for r in fits if r["family"] in OURS])
-        peer = pick([r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS])
+        peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS]
+        peer = pick(peers)
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
         trellis = next((r for r in rows if r["setting"] == f"frozen/klt-tcq:{budget}"), None)
         disk = pick([r for r in rows if r.get("tier") == "disk-rescore" and r["ram_bytes"] <= budget])
@@ -157,8 +158,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         if peer is not None:
             versus_peer = _paired(ours, peer)
         # The peer a user with labels would keep: the best test score, chosen after the fact (which favours the peers).
-        peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS and r.get("ndcg@10") is not None]
-        best_peer = max(peers, key=lambda r: (r["ndcg@10"], r["setting"])) if peers else None
+        scored = [r for r in peers if r.get("ndcg@10") is not None]
+        best_peer = max(scored, key=lambda r: (r["ndcg@10"], r["setting"])) if scored else None
         versus_best_peer = None if best_peer is None else _paired(ours, best_peer)
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
                         "pick_minus_peer": None if versus_peer is None else versus_peer.mean_difference,

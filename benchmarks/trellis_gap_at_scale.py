@@ -45,18 +45,12 @@ from embedtune.index.codecs import corpus_spectrum, distortion_report  # noqa: E
 from embedtune.index.codecs.rate_distortion import gap_db, gaussian_bound  # noqa: E402
 from embedtune.index.codecs.trellis import KltTCQ, TrellisTransformIndex  # noqa: E402
 from embedtune.io import atomic_write, atomic_write_json  # noqa: E402
+from near_limit import VECTORS as NEAR_LIMIT_VECTORS  # noqa: E402
 
 OUT = HERE / "results" / "trellis"
 ROWS = OUT / "at-scale.json"
-#: (corpus, model) -> the npz of its vectors (``document``), as the near-limit benchmark reads them.
-VECTORS = {
-    ("scifact", "minilm"): HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz",
-    ("arguana", "minilm"): HERE / "data/vectors/arguana-minilm-vectors.npz",
-    ("npl", "minilm"): HERE / "data/vectors/npl-minilm-vectors.npz",
-    ("cacm", "minilm"): HERE / "data/vectors/cacm-minilm-vectors.npz",
-    ("med", "minilm"): HERE / "data/vectors/med-minilm-vectors.npz",
-    ("scifact", "mpnet"): HERE / "data/vectors/scifact-mpnet-vectors.npz",
-}
+#: (corpus, model) -> the npz of its vectors (``document``): the near-limit benchmark's, those committed.
+VECTORS = {pair: path for pair, path in NEAR_LIMIT_VECTORS.items() if path.is_file()}
 CONDITIONS = ("cross-fitted", "in-sample", "gaussian-at-scale")
 GAUSSIAN_FIT_ROWS = 50_000
 GAUSSIAN_CODED_ROWS = 5_000

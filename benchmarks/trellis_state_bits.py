@@ -25,14 +25,13 @@ from embedtune.bench.efficiency import machine_info  # noqa: E402
 from embedtune.index.codecs import corpus_spectrum, distortion_report  # noqa: E402
 from embedtune.index.codecs.trellis import STATE_BITS, KltTCQ, TrellisTransformIndex, viterbi_states  # noqa: E402
 from embedtune.io import atomic_write, atomic_write_json  # noqa: E402
+from near_limit import VECTORS  # noqa: E402
 
 OUT = HERE / "results" / "trellis"
-VECTORS = {"scifact": HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz"}
 
 
 def vectors(data: str) -> np.ndarray:
-    path = VECTORS.get(data, HERE / "data" / "vectors" / f"{data}-minilm-vectors.npz")
-    return np.ascontiguousarray(np.load(path, allow_pickle=False)["document"], dtype=np.float32)
+    return np.ascontiguousarray(np.load(VECTORS[(data, "minilm")], allow_pickle=False)["document"], dtype=np.float32)
 
 
 def lloyd(index: TrellisTransformIndex, fit: np.ndarray, prior: float) -> TrellisTransformIndex:
