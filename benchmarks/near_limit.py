@@ -21,13 +21,18 @@ The settings (every one on the frozen vectors unless named otherwise):
 
 * **embedtune's codecs** (:mod:`embedtune.index.codecs.transform`): ``klt-pq:B``, ``klt-pq4:B``,
   ``klt-rq:B`` (up to 32 B: more residual stages take too long to train on this CPU), ``klt-wpq:B``
-  (weighted for the score's error) and ``klt-apq:B`` (its codes chosen by the anisotropic loss);
+  (weighted for the score's error), ``klt-apq:B`` (its codes chosen by the anisotropic loss), and
+  ``klt-pq4-sphere:B`` and ``klt-apq-sphere:B``: the same codes, each query's top 100 ranked by the direction of
+  their decoded vectors (:mod:`embedtune.index.codecs.sphere`; the vectors are unit, nothing more is held);
 * with ``--learned``, **a label-free learned transform in front** (DIVE's unsupervised preset, fitted
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
   codecs on the plain vectors at equal bytes;
 * **the textbook transform coder** ``klt-sq:B`` (KLT, integer reverse water-filling, Lloyd-Max per axis);
 * **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded): a
   reference for how near the bound a coder of these bytes gets; FAISS cannot serve it, so it is never the pick;
+* **the same two decoded onto the unit sphere**, ``klt-sq-sphere:B`` and ``klt-tcq-sphere:B``: the same codes, each
+  document scaled to norm 1 before it is scored (:meth:`embedtune.index.codecs.textbook.RotatedCodeIndex.on_sphere`);
+  references too, never the pick;
 * **the peers a user would pick instead**, at most B bytes in RAM: FAISS ``PQ``, ``OPQ`` (up to 32 B),
   fast-scan ``PQ..x4fs``, the additive quantisers ``RQ..x8`` and ``PRQ2x..x8`` (up to 32 B) and ``LSQ..x8`` (16 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
   PCA (centred, fitted on the corpus) at int8 / int4 / TurboQuant / sign bits, ScaNN's anisotropic codes
@@ -74,7 +79,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
-CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq", "klt-apq")
+CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq", "klt-apq", "klt-pq4-sphere", "klt-apq-sphere")
+#: The reference codes decoded onto the unit sphere (``--only sphere``): the textbook coder's and the trellis code's.
+SPHERE_CODECS = ("klt-sq-sphere", "klt-tcq-sphere")
 RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32
@@ -335,6 +342,12 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
                         lambda ds, b=budget: frozen_setting(ds, f"klt-sq:{b}")))
         out.append((f"frozen/klt-tcq:{budget}", budget, "trellis code (reference)", "ram",
                     lambda ds, b=budget: frozen_setting(ds, f"klt-tcq:{b}")))
+        # The same two reference codes, each document decoded onto the unit sphere (no extra byte; a cosine model's vectors).
+        for family in SPHERE_CODECS:
+            if family == "klt-sq-sphere" and budget > d:
+                continue
+            out.append((f"frozen/{family}:{budget}", budget, "sphere decode (reference)", "ram",
+                        lambda ds, name=f"{family}:{budget}": frozen_setting(ds, name)))
         factories = []
         if d % budget == 0:  # "np": no polysemous training (minutes here; it reorders centroid ids, ADC ranks the same)
             factories.append(f"PQ{budget}np")

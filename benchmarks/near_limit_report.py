@@ -6,7 +6,9 @@
 Every choice is made without labels, by the agreement objective (recall@10 of the float32 top-10,
 held-out corpus documents as queries), then scored on the judged test queries:
 
-* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq`` where run) that fits the budget,
+* **embedtune** — the best embedtune codec (``klt-pq``, ``klt-pq4``, ``klt-rq``, ``klt-wpq``, ``klt-apq``, and where run
+  ``klt-pq4-sphere`` and ``klt-apq-sphere``: the same codes, each query's top 100 ranked by the direction of their decoded
+  vectors, :mod:`embedtune.index.codecs.sphere`) that fits the budget,
   or, where run (``--learned``), label-free DIVE (``compress fit --unsupervised``, fitted on the other half's documents) in
   front of a codec (``dive-128/klt-apq:32``), and, where run (``--truncated``), PCA to k dims in front of ``klt-apq``
   (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
@@ -17,6 +19,8 @@ held-out corpus documents as queries), then scored on the judged test queries:
 * **textbook** — ``klt-sq:B``, the textbook transform coder;
 * **trellis** — ``klt-tcq:B``, a trellis code over the principal axes (a reference for how near the bound a coder of
   these bytes gets; FAISS cannot serve it, so it is never the pick);
+* **on the sphere** — ``klt-tcq-sphere:B``, the trellis code's codes with every document decoded onto the unit sphere
+  (a reference too, where run);
 * **disk tier** — the best setting that rescores its top 100 with float32 vectors read from disk
   (RAM bytes as shown; ``+4d`` bytes per candidate read per query), a separate tier.
 
@@ -56,6 +60,7 @@ LEARNED = "embedtune learned + codec"
 OURS = {"embedtune codec", LEARNED}
 TEXTBOOK = {"textbook transform coder"}
 TRELLIS = {"trellis code (reference)"}
+SPHERE = {"sphere decode (reference)"}
 #: Rows read from disk per query by the disk tier (``near_limit.RESCORE_CANDIDATES``).
 RESCORE_CANDIDATES = 100
 ORDER = ("scifact-minilm", "arguana-minilm", "npl-minilm", "cacm-minilm", "med-minilm", "scifact-mpnet", "arguana-mpnet")
@@ -117,8 +122,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
              f"float32 nDCG@10 {base:.4f}", "",
              "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
              "| textbook | share | its dB | Δ textbook − pick (p) | trellis | share | its dB | Δ trellis − pick (p) "
-             "| disk tier (RAM B) | share | fit s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| on the sphere | share | Δ − pick (p) | disk tier (RAM B) | share | fit s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary, bills, learned_lines = [], [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
@@ -126,10 +131,11 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
             continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
         ours = pick([r for r in fits if r["family"] in OURS])
-        peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS]
+        peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS | SPHERE]
         peer = pick(peers)
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
         trellis = next((r for r in rows if r["setting"] == f"frozen/klt-tcq:{budget}"), None)
+        sphere = next((r for r in rows if r["setting"] == f"frozen/klt-tcq-sphere:{budget}"), None)
         disk = pick([r for r in rows if r.get("tier") == "disk-rescore" and r["ram_bytes"] <= budget])
         if ours is None:
             continue
@@ -153,6 +159,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
                      f"| {cell(textbook)} | {share(textbook)} | {db(textbook)} | {compare(ours, textbook)} "
                      f"| {cell(trellis)} | {share(trellis)} | {db(trellis)} | {compare(ours, trellis)} "
+                     f"| {cell(sphere)} | {share(sphere)} | {compare(ours, sphere)} "
                      f"| {cell(disk)}{disk_bytes} | {share(disk)} | {ours['fit_s']:.1f} |")
         versus_peer = None
         if peer is not None:
@@ -170,6 +177,10 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "textbook_share": None if textbook is None else textbook["ndcg@10"] / base,
                         "trellis_share": None if trellis is None else trellis["ndcg@10"] / base,
                         "trellis_gap_db": None if trellis is None else trellis.get("gap_db"),
+                        "sphere": None if sphere is None else sphere["setting"],
+                        "sphere_share": None if sphere is None else sphere["ndcg@10"] / base,
+                        "sphere_minus_pick": None if sphere is None else _paired(sphere, ours).mean_difference,
+                        "sphere_minus_pick_p": None if sphere is None else _paired(sphere, ours).p_value,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base,
                         "best_peer": None if best_peer is None else best_peer["setting"],
                         "best_peer_share": None if best_peer is None else best_peer["ndcg@10"] / base,

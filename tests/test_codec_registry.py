@@ -26,7 +26,8 @@ from embedtune.index.codecs import (
     registered_precisions,
     water_level,
 )
-from embedtune.index.codecs.precision_registry import Encoded
+from embedtune.index.codecs.precision_registry import Encoded, faiss_index_of
+from embedtune.index.codecs.sphere import sphere_rescore
 from embedtune.index.codecs.textbook import RotatedCodeIndex, water_filling_bits
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.store_configs import STORE_SETTINGS, STORES, milvus_config, pgvector_sql, precision_kind, qdrant_config
@@ -49,16 +50,24 @@ def corpus() -> tuple[np.ndarray, np.ndarray]:
 _BUILT: dict[str, QuantizedIndex] = {}
 
 
+def _rows_for(name: str, docs: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The corpus as a codec (``family`` or ``family:B``) takes it: unit rows for a family that declares it needs one norm."""
+    family = registered_codecs().get(name.split(":")[0])
+    if family is not None and family.requires_common_norm:
+        return (docs / np.linalg.norm(docs, axis=1, keepdims=True)).astype(np.float32), queries
+    return docs, queries
+
+
 def _built_at_8_bytes(family: str, docs: np.ndarray) -> QuantizedIndex:
     """``family:8`` built on the module's corpus once: residual quantisation takes about a minute to train here."""
     if family not in _BUILT:
-        _BUILT[family] = QuantizedIndex.build(docs, Precision(f"{family}:8"))
+        _BUILT[family] = QuantizedIndex.build(_rows_for(family, docs, docs)[0], Precision(f"{family}:8"))
     return _BUILT[family]
 
 
 @pytest.mark.parametrize("family", sorted(registered_codecs()))
 def test_every_registered_codec_encodes_saves_loads_and_scores_the_same(family, corpus, tmp_path):
-    docs, queries = corpus
+    docs, queries = _rows_for(family, *corpus)
     precision = Precision(f"{family}:8")
     assert precision.is_codec and precision.ram_bytes(D) == 8
     index = _built_at_8_bytes(family, docs)
@@ -83,12 +92,15 @@ def test_every_registered_codec_encodes_saves_loads_and_scores_the_same(family, 
         assert np.array_equal(reloaded.sa_encode(docs), codes)
     reloaded.add(docs)
     again, again_rows = reloaded.search(queries, 10)
+    candidates = codec_family(f"{family}:8").sphere_candidates
+    if candidates:  # the deployed search: the codes' own top candidates, ranked by their decoded direction
+        again, again_rows = sphere_rescore(faiss_index_of(reloaded), queries, reloaded.search(queries, candidates)[1], 10)
     assert np.array_equal(again_rows, rows) or np.allclose(np.sort(again, axis=1), np.sort(scores, axis=1), atol=1e-5)
 
 
 @pytest.mark.parametrize("family", sorted(registered_codecs()))
 def test_a_codec_is_never_far_below_the_gaussian_bound_and_reports_its_gap(family, corpus):
-    docs, queries = corpus
+    docs, queries = _rows_for(family, *corpus)
     index = _built_at_8_bytes(family, docs)
     report = distortion_report(docs, index.backend.sa_decode(index.backend.sa_encode(docs)), 64, queries)
     assert report["bound_mse"] == pytest.approx(gaussian_bound(corpus_spectrum(docs), 64))
@@ -248,7 +260,7 @@ def _check_precision_contract(name: str, docs: np.ndarray, queries: np.ndarray, 
 
 @pytest.mark.parametrize("name", precision_examples())
 def test_every_registered_precision_builds_saves_loads_searches_the_same_and_refuses_tampering(name, corpus, tmp_path):
-    docs, queries = corpus
+    docs, queries = _rows_for(name, *corpus)
     _check_precision_contract(name, docs, queries, tmp_path)
 
 

@@ -73,7 +73,7 @@ def _experiment(toy):
 
 
 def test_codec_budgets_follow_the_dimension_and_the_corpus():
-    assert DEFAULT_CODECS == ("klt-pq4",) and CODEC_BUDGETS == (16, 32, 48, 64)
+    assert DEFAULT_CODECS == ("klt-pq4", "klt-pq4-sphere") and CODEC_BUDGETS == (16, 32, 48, 64)
     # klt-pq4:B has 2B four-bit sub-quantisers: at most d/2 bytes; klt-pq:B needs B dimensions.
     assert codec_precisions(("klt-pq4", "klt-pq"), CODEC_BUDGETS, 64) == ["klt-pq4:16", "klt-pq4:32", "klt-pq:16", "klt-pq:32",
                                                                            "klt-pq:48", "klt-pq:64"]
@@ -118,7 +118,7 @@ def test_every_row_carries_its_distortion_tier_and_amortised_bytes(toy, tmp_path
     assert not any(r["choosable"] for r in references) and all(r["gap_db"] is not None for r in references)
     assert rows["frozen-32/klt-pq4:8"]["mse"] < rows["frozen-32/klt-pq4:4"]["mse"]  # more bytes, less error
     assert plan["codecs"] == {"families": ["klt-pq4"], "budgets": [4, 8], "reference": "klt-sq",
-                              "searched": {"families": ["klt-apq"], "budgets": [16, 32, 48, 64, 96, 128]}}
+                              "searched": {"families": ["klt-apq", "klt-apq-sphere"], "budgets": [16, 32, 48, 64, 96, 128]}}
     # The codecs' indexes are cached (the frozen vectors' beside the FAISS peers, a compressor's under its fit's digest),
     # and a second plan on the same fits reuses them: the same index, so the same recorded build time.
     cached = load_faiss_cache(faiss_cache_dir(tmp_path / "work", _experiment(toy).embeddings.doc_embeddings))
@@ -270,13 +270,16 @@ def test_the_searched_codec_is_fitted_at_the_budget_and_served_as_scored(tmp_pat
     plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "binary"],
                                peers=[], codecs=("klt-pq4",), codec_budgets=(32,), rounds=0, work=tmp_path / "work")
     searched = {r["setting"]: r for r in plan["sweep"] if "klt-apq" in r["setting"]}
-    assert list(searched) == ["frozen-384/klt-apq:32"]  # a budget alone: the dearest level within it
+    # A budget alone: the dearest level within it; the sphere family ranks the same fit's codes by direction.
+    assert list(searched) == ["frozen-384/klt-apq:32", "frozen-384/klt-apq-sphere:32"]
+    assert searched["frozen-384/klt-apq-sphere:32"]["build_s"] == searched["frozen-384/klt-apq:32"]["build_s"]  # not refitted
     skipped = {s["setting"]: s["reason"] for s in plan["skipped_settings"]}
     assert "above the budget" in skipped["frozen-384/klt-apq:48"] and "fits the budget" in skipped["frozen-384/klt-apq:16"]
     row = searched["frozen-384/klt-apq:32"]
     assert row["choosable"] and row["tier"] == "ram" and row["family"] == "embedtune codec (klt-apq)"
     assert row["objective"] > next(r for r in plan["sweep"] if r["setting"] == "frozen-384/klt-pq4:32")["objective"]
-    assert plan["chosen"]["setting"] == "frozen-384/klt-apq:32"
+    row = max(searched.values(), key=lambda r: r["objective"])
+    assert plan["chosen"]["setting"] == row["setting"]
     # The index built from the plan scores the held-out documents' agreement@10 the sweep recorded.
     index = load_index(build_planned_index(tmp_path / "docs.npy", tmp_path / "index", tmp_path / "plan", ids=tmp_path / "docs.txt"))
     position = {doc_id: i for i, doc_id in enumerate(experiment.embeddings.doc_ids)}

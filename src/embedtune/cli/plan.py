@@ -99,7 +99,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                   "fitted on the corpus like the sweep's compressors: compared, never chosen) ('' for none)")
     add_list_flag(plan, "--codecs", default=list(DEFAULT_CODECS), help="registered codec families scored on the uncompressed vectors "
                   f"and on every compressor's output at each --codec-budgets size that fits: {', '.join(sorted(registered_codecs()))} "
-                  f"(default: {' '.join(DEFAULT_CODECS)}, which fits in seconds; klt-pq, klt-wpq and klt-apq fit for tens of seconds "
+                  f"(default: {' '.join(DEFAULT_CODECS)}, which fits in seconds; a -sphere family ranks its plain family's codes by "
+                  "their decoded direction, reuses that fit, and is scored only on uncompressed vectors of one norm; "
+                  "klt-pq, klt-wpq and klt-apq fit for tens of seconds "
                   "per budget and space, klt-rq for minutes: opt-in. klt-apq kept the most of float32 retrieval in the "
                   "near-limit benchmark at 16-48 B on most corpora, docs/codecs.md); with any, the textbook transform coder "
                   f"({REFERENCE_CODEC}) is scored on the uncompressed vectors as their reference, never chosen ('none' for none)")

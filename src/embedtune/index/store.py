@@ -513,7 +513,21 @@ class Index:
             _, I = sq8_search(self.faiss_index, xq, max(k, candidates))
             D, I = break_ties(rescore(xq, self.vectors, I), I)
             return D[:, :k], I[:, :k]
+        sphere = self.sphere_candidates
+        if sphere:  # a -sphere codec: its top candidates ranked by their decoded direction, as the plan scored them
+            from embedtune.index.codecs.sphere import sphere_rescore
+
+            _, I = sq8_search(self.faiss_index, xq, min(self.faiss_index.ntotal, max(k, sphere)))
+            return sphere_rescore(self.faiss_index, xq, I, k)
         return sq8_search(self.faiss_index, xq, k)
+
+    @property
+    def sphere_candidates(self) -> int:
+        """Candidates per query ranked by their decoded direction: the planned codec's, or 0 (plain scores)."""
+        from embedtune.index.codecs import codec_family, is_registered_codec
+
+        name = (self.manifest.get("plan") or {}).get("precision")
+        return codec_family(name).sphere_candidates if is_registered_codec(name) else 0
 
     def hits(self, D: np.ndarray, I: np.ndarray) -> list[list[dict[str, Any]]]:
         """Rows of ``{"rank", "id", "score", "title"}`` per query."""

@@ -51,11 +51,13 @@ from embedtune.encoders.paths import cache_root
 from embedtune.index.codecs import (
     Precision,
     QuantizedIndex,
+    codec_family,
     corpus_spectrum,
     distortion_report,
     factory_code_bytes,
     registered_codecs,
 )
+from embedtune.index.codecs.sphere import plain_family_name, shares_one_norm
 from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, disk_read_per_query, scale_label, vector_bill
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
@@ -145,15 +147,17 @@ PEER_MAX_BYTES = {"pq": 64, "pq-fs": 64, "ivf-pq-fs": 64, "opq": 32, "rq": 32, "
 CSR_PEER_BYTES = (16, 128)
 CSR_LATENT_MULTIPLE = 4  # m = 4d latents, the width the CSR paper and s-t's examples use
 #: The registered codec families (:mod:`embedtune.index.codecs.registry`) a plan puts on every space by default: the
-#: one that fits in seconds (``klt-pq`` takes tens of seconds per budget and space, ``klt-rq`` minutes: both opt-in).
-DEFAULT_CODECS = ("klt-pq4",)
+#: one that fits in seconds (``klt-pq`` takes tens of seconds per budget and space, ``klt-rq`` minutes: both opt-in), and
+#: its codes ranked by their decoded direction where the documents share one norm (the same fit; only the search differs).
+DEFAULT_CODECS = ("klt-pq4", "klt-pq4-sphere")
 #: The bytes per vector each codec family is scored at (where the dimension allows; see :func:`codec_precisions`).
 CODEC_BUDGETS = (16, 32, 48, 64)
 #: Codec families a plan fits on the uncompressed vectors only, at the fewest of :data:`SEARCHED_CODEC_BUDGETS` that find the
 #: cheapest keeping the target (:func:`search_budgets`). klt-apq came nearest the textbook coder in the near-limit benchmark
 #: (agreement@10 0.949 at 128 B on NPL's 11,429 MiniLM vectors, against 0.849 for klt-pq4 and 0.928 for TurboQuant at
-#: 192 B), but fits for about a minute a budget on 65,536 rows: too slow for every compressor's space.
-SEARCHED_CODECS = ("klt-apq",)
+#: 192 B), but fits for about a minute a budget on 65,536 rows: too slow for every compressor's space. ``klt-apq-sphere``
+#: reuses ``klt-apq``'s fit at each budget both score.
+SEARCHED_CODECS = ("klt-apq", "klt-apq-sphere")
 SEARCHED_CODEC_BUDGETS = (16, 32, 48, 64, 96, 128)
 #: A compressed space whose float32 vectors fall short of the target by more than this share of the reference's objective
 #: is not scored at any other precision or codec, once a setting within the budget keeps the target (the choice is then one
@@ -175,7 +179,8 @@ SEARCHED_CODEC_BEATS_CHEAPER_PEERS = True
 REFERENCE_CODEC = "klt-sq"
 #: Codewords per codebook of the built-in codec families, for the too-few-training-points rule of
 #: :func:`codec_precisions` (a family not listed is taken to train 256 codewords, the cautious guess).
-CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-sq": 0, "klt-tcq": 0}
+CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-pq4-sphere": 16, "klt-sq": 0, "klt-sq-sphere": 0, "klt-tcq": 0,
+                   "klt-tcq-sphere": 0}
 #: Row labels (``family``) of codec rows: a deployable codec, and the reference codecs.
 CODEC_FAMILY_LABEL = "embedtune codec ({family})"
 REFERENCE_FAMILY_LABEL = "textbook transform coder (reference)"
@@ -321,17 +326,21 @@ def check_codecs(codecs: Sequence[str], budgets: Sequence[int] = CODEC_BUDGETS) 
         raise ValueError(f"--codec-budgets: bytes per vector must be positive integers; got {bad[0]!r}.")
 
 
-def codec_precisions(families: Sequence[str], budgets: Sequence[int], dim: int, n_train: int | None = None) -> list[str]:
+def codec_precisions(families: Sequence[str], budgets: Sequence[int], dim: int, n_train: int | None = None,
+                     one_norm: bool = True) -> list[str]:
     """The codec precisions ``"{family}:{budget}"`` that fit ``dim``-d vectors, family by family, budgets ascending.
 
     A budget is left out where the family refuses the dimension (:meth:`~embedtune.index.codecs.registry.CodecFamily.check_dim`:
     more bytes than float32 of the vectors, more sub-quantisers than dimensions) and, with ``n_train``
     (the documents a codec is trained on), where its codebooks would have fewer than
     :data:`MIN_POINTS_PER_CENTROID` training points per codeword (:data:`CODEC_CODEWORDS`), the rule
-    the 8-bit FAISS peers follow: FAISS's k-means needs at least as many points as codewords.
+    the 8-bit FAISS peers follow: FAISS's k-means needs at least as many points as codewords. A family that
+    needs rows of one norm (the ``-sphere`` families) is left out where ``one_norm`` is False.
     """
     names = []
     for family in dict.fromkeys(families):
+        if not one_norm and codec_family(f"{family}:1").requires_common_norm:
+            continue
         codewords = CODEC_CODEWORDS.get(family, 256)
         if n_train is not None and n_train < MIN_POINTS_PER_CENTROID * codewords:
             continue
@@ -650,8 +659,15 @@ def score_precisions(
     builds: dict[str, float] = {}
     for spec in precisions:
         precision = Precision(spec) if isinstance(spec, str) else spec
+        plain = plain_family_name(precision.name) if precision.is_codec and precision.codec.sphere_candidates else None
         if prebuilt is not None and precision.name in prebuilt:
             index, builds[precision.name] = prebuilt[precision.name]
+        elif prebuilt is not None and plain in prebuilt:
+            # A -sphere family's codes are its plain family's, fitted and encoded alike: only the search differs, so the
+            # index built for the plain family is searched the sphere's way, not fitted again.
+            built, builds[precision.name] = prebuilt[plain]
+            index = QuantizedIndex(precision, built.dim, built.backend, built.ntotal)
+            prebuilt[precision.name] = (index, builds[precision.name])
         else:
             start = time.perf_counter()
             # Trained precisions (FAISS factories, codecs, int4's ranges, RaBitQ's centroid) fit on the sample rows only.
@@ -1134,7 +1150,10 @@ def run_sweep(
         # The reference codecs (the textbook coder, and any other non-deployable family asked for) on the frozen vectors only:
         # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
         references = list(dict.fromkeys([REFERENCE_CODEC, *(f for f in codecs if f not in deployable)])) if codecs else []
-        frozen_codecs = [p for p in codec_precisions([*deployable, *references], codec_budgets, input_dim, n_docs)
+        # The -sphere families rank by decoded direction, which needs documents of one norm (a cosine model's unit vectors):
+        # scored on the uncompressed vectors where theirs share one, and never on a compressor's output.
+        frozen_one_norm = shares_one_norm(docs)
+        frozen_codecs = [p for p in codec_precisions([*deployable, *references], codec_budgets, input_dim, n_docs, frozen_one_norm)
                          if p not in frozen_precisions]
         # Every scoring of the uncompressed vectors shares their spectrum (score_precisions' ``space``).
         frozen_space: dict[str, Any] = {}
@@ -1189,7 +1208,8 @@ def run_sweep(
             for candidate in sweep:
                 bar.set_postfix_str(candidate.name, refresh=False)
                 # Each codec family is a ladder of budgets, searched like the peers' (search_budgets): only the levels the choice needs.
-                space_codecs = {family: [p for p in codec_precisions([family], codec_budgets, candidate.dim, n_docs) if p not in precisions]
+                space_codecs = {family: [p for p in codec_precisions([family], codec_budgets, candidate.dim, n_docs, one_norm=False)
+                                         if p not in precisions]
                                 for family in deployable}
                 space_precisions = []
                 for spec in [*precisions, *(s for names in space_codecs.values() for s in names)]:
@@ -1258,7 +1278,8 @@ def run_sweep(
         _mark_choosable(rows, allow_disk)
         # The searched codecs (klt-apq: near the textbook coder, a minute a budget on 65,536 rows) on the uncompressed vectors, at
         # the fewest budgets that find the cheapest keeping the target (quality grows with a family's bytes), before the peers.
-        levels = {family: [p for p in codec_precisions([family], SEARCHED_CODEC_BUDGETS, input_dim, n_docs) if p not in frozen_precisions]
+        levels = {family: [p for p in codec_precisions([family], SEARCHED_CODEC_BUDGETS, input_dim, n_docs, frozen_one_norm)
+                           if p not in frozen_precisions]
                   for family in searched_codecs}
         with progress_bar(sum(map(len, levels.values())), f"{name} 2/3, searched codecs on the uncompressed vectors", unit="budget") as bar:
             def score(spec: str) -> bool:

@@ -72,8 +72,10 @@ built-in FAISS precisions),
 :mod:`~embedtune.index.codecs.transform` (the KLT codecs), :mod:`~embedtune.index.codecs.weighted` (``klt-wpq``:
 the KLT codec weighted for the score's error, served as a FAISS additive quantiser), :mod:`~embedtune.index.codecs.anisotropic`
 (``klt-apq``: its codes chosen for the score error of the queries that rank a document high),
-:mod:`~embedtune.index.codecs.textbook` (``klt-sq``: the textbook transform coder) and
-:mod:`~embedtune.index.codecs.trellis` (``klt-tcq``: a trellis code over the principal axes, nearest the bound).
+:mod:`~embedtune.index.codecs.textbook` (``klt-sq``: the textbook transform coder),
+:mod:`~embedtune.index.codecs.trellis` (``klt-tcq``: a trellis code over the principal axes, nearest the bound) and
+:mod:`~embedtune.index.codecs.sphere` (the ``-sphere`` families: a cosine model's documents ranked by the direction
+of their decoded vectors, no extra byte).
 
 >>> from embedtune.index.codecs import Precision, QuantizedIndex
 >>> index = QuantizedIndex.build(doc_vectors, Precision("int8"))          # doctest: +SKIP
@@ -114,11 +116,11 @@ from embedtune.index.codecs.quantized_index import (
 from embedtune.index.codecs.deployed import PRECISION_SUBFOLDER, DeployedCodec
 from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_report, gap_db, gaussian_bound, water_level
 from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
-from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltRQ
-from embedtune.index.codecs.textbook import KltSQ
-from embedtune.index.codecs.trellis import KltTCQ
+from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltPQ4Sphere, KltRQ
+from embedtune.index.codecs.textbook import KltSQ, KltSQSphere
+from embedtune.index.codecs.trellis import KltTCQ, KltTCQSphere
 from embedtune.index.codecs.weighted import KltWeightedPQ
-from embedtune.index.codecs.anisotropic import KltAnisotropicPQ
+from embedtune.index.codecs.anisotropic import KltAnisotropicPQ, KltAnisotropicPQSphere
 
 __all__ = [
     "faiss_index_of",
@@ -166,11 +168,15 @@ __all__ = [
     "is_registered_codec",
     "KltPQ",
     "KltPQ4",
+    "KltPQ4Sphere",
     "KltRQ",
     "KltSQ",
+    "KltSQSphere",
     "KltTCQ",
+    "KltTCQSphere",
     "KltWeightedPQ",
     "KltAnisotropicPQ",
+    "KltAnisotropicPQSphere",
     "corpus_spectrum",
     "water_level",
     "gaussian_bound",

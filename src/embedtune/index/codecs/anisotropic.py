@@ -37,10 +37,11 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
+from embedtune.index.codecs.sphere import SPHERE_CANDIDATES, common_norm
 from embedtune.index.codecs.weighted import ENCODER_FILE, KltWeightedPQ, ScoreWeightedIndex
 from embedtune.io import atomic_write
 
-__all__ = ["ANISOTROPY", "ANISOTROPY_FILE", "SWEEPS", "AnisotropicIndex", "KltAnisotropicPQ", "anisotropic_codes", "anisotropic_loss"]
+__all__ = ["ANISOTROPY", "ANISOTROPY_FILE", "SWEEPS", "AnisotropicIndex", "KltAnisotropicPQ", "KltAnisotropicPQSphere", "anisotropic_codes", "anisotropic_loss"]
 
 #: η: the cost of the residual along the document against that of an average direction (1: plain klt-wpq codes).
 ANISOTROPY = 8.0
@@ -204,3 +205,19 @@ class KltAnisotropicPQ(KltWeightedPQ):
 
     def read_trained(self, directory: Path) -> AnisotropicIndex:
         return AnisotropicIndex.read(Path(directory))
+
+
+@register_codec
+class KltAnisotropicPQSphere(KltAnisotropicPQ):
+    """``klt-apq-sphere:B``: ``klt-apq``'s codes, each query's top candidates then ranked by the direction of their decoded
+    vectors (:mod:`embedtune.index.codecs.sphere`): same bytes, for a cosine model's unit vectors."""
+
+    family = "klt-apq-sphere"
+    summary = ("klt-apq's codes, the top candidates ranked by their decoded direction "
+               "(a cosine model's unit vectors; no extra byte)")
+    requires_common_norm = True
+    sphere_candidates = SPHERE_CANDIDATES
+
+    def train(self, x: np.ndarray, seed: int = 0) -> AnisotropicIndex:
+        common_norm(self.name, x)
+        return super().train(x, seed)

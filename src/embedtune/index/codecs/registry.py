@@ -30,7 +30,17 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+from embedtune.index.codecs.faiss_scan import faiss_index_search
+from embedtune.index.codecs.precision_registry import (
+    CODEC_FILE,
+    Encoded,
+    PrecisionCodec,
+    StoredIndex,
+    divisor_near,
+    faiss_index_of,
+    register_precision,
+)
+from embedtune.index.codecs.sphere import sphere_rescore
 
 __all__ = ["FamilyCodecPrecision", "CodecFamily", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
 
@@ -62,6 +72,11 @@ class CodecFamily(ABC):
     faiss_index: ClassVar[bool] = True
     #: The files a deployable family's trained tables are saved as, beside ``precision.json``.
     files: ClassVar[tuple[str, ...]] = (CODEC_FILE,)
+    #: Whether :meth:`train` needs rows of one common norm (a cosine model's unit vectors) and refuses others.
+    requires_common_norm: ClassVar[bool] = False
+    #: Candidates per query that a deployable family's search ranks by their decoded direction
+    #: (:func:`embedtune.index.codecs.sphere.sphere_rescore`; it then requires a common norm), or 0: the plain scores.
+    sphere_candidates: ClassVar[int] = 0
 
     def __init__(self, code_bytes: int) -> None:
         if isinstance(code_bytes, bool) or not isinstance(code_bytes, (int, np.integer)) or not 1 <= int(code_bytes) <= MAX_CODE_BYTES:
@@ -216,6 +231,23 @@ class FamilyCodecPrecision(PrecisionCodec):
         index = self.trained_copy(trained_index) if trained_index is not None else self.family_codec.train(train if train is not None else xb)
         index.add(xb)
         return Encoded(index)
+
+    def search(self, index: StoredIndex, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        candidates = self.family_codec.sphere_candidates
+        if not candidates:
+            return super().search(index, xq, k)
+        # The codes' own search finds the candidates; their decoded directions rank them (nothing read from disk).
+        _, rows = faiss_index_search(index.backend, xq, min(index.ntotal, max(int(k), candidates)))
+        return sphere_rescore(faiss_index_of(index.backend), xq, rows, k)
+
+    def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
+        decoded = super().reconstruct(index, x)
+        if decoded is None or not self.family_codec.sphere_candidates:
+            return decoded
+        # What the search scores: each decoded direction, at the norm of the row it codes (rows share one norm).
+        norms = np.linalg.norm(decoded.astype(np.float64), axis=1, keepdims=True)
+        scale = np.linalg.norm(np.asarray(x, dtype=np.float64), axis=1, keepdims=True) / np.maximum(norms, 1e-30)
+        return (decoded * scale).astype(np.float32)
 
     def lancedb_settings(self, dim: int, candidates: int, top_k: int) -> dict[str, Any]:
         return {"index": {"index_type": "IVF_PQ", "distance_type": "dot", "num_sub_vectors": divisor_near(dim, self.ram_bytes(dim)),

@@ -25,10 +25,11 @@ import numpy as np
 
 from embedtune.evaluate.search import exact_search_blocks
 from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.transform import sampled_klt
 from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
 
-__all__ = ["KltSQ", "RotatedCodeIndex", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
+__all__ = ["KltSQ", "KltSQSphere", "RotatedCodeIndex", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
 
 MAX_BITS_PER_AXIS = 8
 LLOYD_ITERATIONS = 30
@@ -74,9 +75,16 @@ class RotatedCodeIndex:
     A subclass sets ``file_stem`` and gives ``sa_code_size``, ``sa_encode``, ``_decode_rotated``, ``tensors``,
     ``from_tensors`` and ``clone_empty``.
 
+    With a ``radius`` (:meth:`on_sphere`), every decoded document is scaled onto the sphere of that radius before it is
+    scored or returned. For a corpus whose rows all have that norm (a cosine model's unit vectors) this costs no byte:
+    the norm of a decoded document is a function of its code. It removes a bias the plain decode has: a conditional-mean
+    quantiser shrinks each document towards the centre by an amount that depends on its cells, so two documents
+    equally near a query score differently. Dividing by the decoded norm gives each the score of its direction.
+
     Attributes:
         d: input dimension; mean: ``(d,)`` the corpus centre; axes: ``(d, r)`` the coded principal axes.
         codes: ``(ntotal, code_size)`` the codes added.
+        radius: the sphere decoded documents are scaled onto, or 0 (decoded as they are).
     """
 
     is_trained = True
@@ -87,6 +95,21 @@ class RotatedCodeIndex:
         self.axes = np.ascontiguousarray(axes, dtype=np.float32)
         self.d = int(self.axes.shape[0])
         self.codes = np.zeros((0, self.sa_code_size()), dtype=np.uint8)
+        self.radius = 0.0
+
+    def on_sphere(self, radius: float) -> "RotatedCodeIndex":
+        """Decode onto the sphere of ``radius`` (> 0; 0 turns it off); returns ``self``."""
+        radius = float(radius)
+        if not np.isfinite(radius) or radius < 0:
+            raise ValueError(f"a sphere's radius is a finite number >= 0; got {radius!r}.")
+        self.radius = radius
+        return self
+
+    def _sphere_scale(self, rotated: np.ndarray) -> np.ndarray:
+        """``(n, 1)``: radius / ‖x̂‖ for decoded rows ``rotated`` (``x̂ = axes · ŷ + mean``, ``axes`` orthonormal columns)."""
+        y = np.asarray(rotated, dtype=np.float64)
+        squared = (y * y).sum(axis=1) + 2.0 * (y @ (self.axes.T.astype(np.float64) @ self.mean)) + float(self.mean @ self.mean)
+        return (self.radius / np.sqrt(np.maximum(squared, 1e-30)))[:, None]
 
     @property
     def ntotal(self) -> int:
@@ -112,7 +135,11 @@ class RotatedCodeIndex:
         raise NotImplementedError
 
     def sa_decode(self, codes: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(self._decode_rotated(codes) @ self.axes.T + self.mean, dtype=np.float32)
+        rotated = self._decode_rotated(codes)
+        decoded = rotated @ self.axes.T + self.mean
+        if self.radius:
+            decoded = decoded * self._sphere_scale(rotated)
+        return np.ascontiguousarray(decoded, dtype=np.float32)
 
     def add(self, x: np.ndarray) -> None:
         self.codes = np.concatenate([self.codes, self.sa_encode(x)])
@@ -124,6 +151,17 @@ class RotatedCodeIndex:
         """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
         xq = np.asarray(xq, dtype=np.float32)
         rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
+        if self.radius:
+            # On the sphere the offset ranks too: q · x̂ s = ((Uᵀq) · ŷ + q · μ) s, so it rides along as one more column.
+            def scaled(codes: np.ndarray) -> np.ndarray:
+                y = self._decode_rotated(codes)
+                return np.hstack([y, np.ones((len(y), 1), dtype=np.float32)]) * self._sphere_scale(y)
+
+            blocks = ((start, np.ascontiguousarray(scaled(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
+                      for start in range(0, self.ntotal, _SEARCH_BLOCK))
+            queries = np.ascontiguousarray(np.hstack([rotated, offset[:, None]]), dtype=np.float32)
+            best_d, best_i = exact_search_blocks(queries, blocks, int(k))
+            return best_d.astype(np.float32), best_i
         blocks = ((start, np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
                   for start in range(0, self.ntotal, _SEARCH_BLOCK))
         best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
@@ -136,6 +174,8 @@ class RotatedCodeIndex:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors, stem = self.tensors(), self.file_stem
+        if self.radius:
+            tensors = {**tensors, "radius": np.array([self.radius], dtype=np.float64)}
         atomic_write(directory / f"{stem}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
         atomic_write_json(directory / f"{stem}.json", {"d": self.d, "code_size": self.sa_code_size(),
                                                        "sha256": sha256_file(directory / f"{stem}.safetensors")})
@@ -148,7 +188,10 @@ class RotatedCodeIndex:
         directory, stem = Path(directory), cls.file_stem
         info = json.loads((directory / f"{stem}.json").read_text(encoding="utf-8"))
         verify_sha256(directory / f"{stem}.safetensors", info["sha256"], "Save the codec again.")
-        index = cls.from_tensors(load_file(str(directory / f"{stem}.safetensors")))
+        tensors = load_file(str(directory / f"{stem}.safetensors"))
+        index = cls.from_tensors(tensors)
+        if "radius" in tensors:
+            index.on_sphere(float(tensors["radius"][0]))
         if index.d != info["d"] or index.sa_code_size() != info["code_size"]:
             raise ValueError(f"{directory / f'{stem}.json'}: says {info['d']}-d, {info['code_size']} bytes; the tables give "
                              f"{index.d}-d, {index.sa_code_size()} bytes. Save the codec again.")
@@ -206,7 +249,7 @@ class ScalarTransformIndex(RotatedCodeIndex):
         return np.take_along_axis(self.points, cells.T.astype(np.int64), axis=1).T  # (n, r)
 
     def clone_empty(self) -> "ScalarTransformIndex":
-        return ScalarTransformIndex(self.mean, self.axes, self.bits, self.points)
+        return ScalarTransformIndex(self.mean, self.axes, self.bits, self.points).on_sphere(self.radius)
 
 
 @register_codec
@@ -231,3 +274,18 @@ class KltSQ(CodecFamily):
             levels = 2 ** int(bits[axis])
             points[column, :levels] = lloyd_max(rotated[:, column], levels)
         return ScalarTransformIndex(mean, axes[:, kept], bits[kept], points)
+
+
+@register_codec
+class KltSQSphere(KltSQ):
+    """``klt-sq-sphere:B``: the textbook coder's codes, each document decoded onto the sphere of the corpus's common norm
+    (:meth:`RotatedCodeIndex.on_sphere`). Same codes, same bytes; only the decode and the scores differ."""
+
+    family = "klt-sq-sphere"
+    summary = ("the textbook transform coder's codes, decoded onto the unit sphere of a cosine model's vectors "
+               "(no extra byte; reference)")
+    requires_common_norm = True
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        radius = common_norm(self.name, x)
+        return super().train(x, seed).on_sphere(radius)

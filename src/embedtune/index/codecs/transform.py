@@ -44,10 +44,11 @@ import numpy as np
 
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.sphere import SPHERE_CANDIDATES, common_norm
 from embedtune.runtime import native_chatter_filtered
 
 __all__ = ["FIT_SAMPLE", "fit_klt", "sampled_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
-           "KltRQ", "training_sample"]
+           "KltPQ4Sphere", "KltRQ", "training_sample"]
 
 #: Rows a transform codec is fitted on, at most (the KLT, the choice of axes and the quantisers' tables).
 FIT_SAMPLE = 65_536
@@ -291,6 +292,22 @@ class KltPQ4(_KltCodec):
         import faiss
 
         return faiss.IndexPQFastScan(int(r), self.groups(), 4, faiss.METRIC_INNER_PRODUCT)
+
+
+@register_codec
+class KltPQ4Sphere(KltPQ4):
+    """``klt-pq4-sphere:B``: ``klt-pq4``'s codes and fast scan, each query's top candidates then ranked by the direction of
+    their decoded vectors (:mod:`embedtune.index.codecs.sphere`): same bytes, for a cosine model's unit vectors."""
+
+    family = "klt-pq4-sphere"
+    summary = ("klt-pq4's codes and fast scan, the top candidates ranked by their decoded direction "
+               "(a cosine model's unit vectors; no extra byte)")
+    requires_common_norm = True
+    sphere_candidates = SPHERE_CANDIDATES
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        common_norm(self.name, x)
+        return super().train(x, seed)
 
 
 @register_codec

@@ -42,11 +42,12 @@ import numpy as np
 
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.textbook import RotatedCodeIndex
 from embedtune.index.codecs.transform import sampled_klt
 from embedtune.runtime import progress_bar
 
-__all__ = ["STATE_BITS", "MAX_STATE_BITS", "KltTCQ", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
+__all__ = ["STATE_BITS", "MAX_STATE_BITS", "KltTCQ", "KltTCQSphere", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
 
 #: ``L``: bits of the trellis register (``2^L`` states). Encoding time grows as ``2^L``.
 STATE_BITS = 10
@@ -222,7 +223,7 @@ class TrellisTransformIndex(RotatedCodeIndex):
         return decoded.T
 
     def clone_empty(self) -> "TrellisTransformIndex":
-        return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook)
+        return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook).on_sphere(self.radius)
 
 
 @register_codec
@@ -267,3 +268,17 @@ class KltTCQ(CodecFamily):
             scale = np.where(energy > 0, (chosen * rotated).sum(axis=0, dtype=np.float64) / np.maximum(energy, 1e-30), 0.0)
             scale = scale.astype(np.float32)
         return TrellisTransformIndex(mean, axes[:, order], emitted[order], scale, codebook)
+
+
+@register_codec
+class KltTCQSphere(KltTCQ):
+    """``klt-tcq-sphere:B``: the trellis code's codes, each document decoded onto the sphere of the corpus's common norm
+    (:meth:`~embedtune.index.codecs.textbook.RotatedCodeIndex.on_sphere`). Same codes, same bytes."""
+
+    family = "klt-tcq-sphere"
+    summary = "the trellis code's codes, decoded onto the unit sphere of a cosine model's vectors (no extra byte; reference)"
+    requires_common_norm = True
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        radius = common_norm(self.name, x)
+        return super().train(x, seed).on_sphere(radius)
