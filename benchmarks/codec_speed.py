@@ -14,7 +14,8 @@ Codecs, at 32 and 64 bytes per vector:
   wrapped as ``QuantizedIndex(precision, d, index, n)``: exactly the body of
   ``QuantizedIndex.build`` for a registered codec, split so fit and add are timed apart; searched
   through ``QuantizedIndex.search`` (what a user calls; it adds ``break_ties`` on the ``(1000, 10)``
-  result): ``klt-pq:B``, ``klt-wpq:B``, ``klt-pq4:B``, ``klt-rq:B`` (32 B only; its fit + add is given 20 minutes)
+  result): ``klt-pq:B``, ``klt-wpq:B``, ``klt-pq4:B``, ``klt-pq4-sphere:B`` and ``klt-apq-sphere:B`` (their codes' own
+  search, then the top 100 ranked by direction), ``klt-rq:B`` (32 B only; its fit + add is given 20 minutes)
   and the numpy reference ``klt-sq:B`` (each search of the batch is given 10 minutes at 1M rows;
   past that it is measured on the first 100,000 rows instead);
 * FAISS's own exhaustive scans at the same bytes, built with
@@ -30,7 +31,7 @@ Each (codec, budget) runs in its own process (so its peak RSS is its own), one t
 corpus, one warm-up search of the 1,000 queries at k = 10 (its result gives recall@10), then
 three timed searches of the batch; queries/s is 1,000 over the median. The ratio is embedtune's
 queries/s over FAISS's scan of the same code type at the same bytes (klt-pq and klt-wpq vs ``PQ{B}``,
-klt-pq4 vs ``PQ{2B}x4fs``, klt-rq vs ``PQ{B}``); above 1 embedtune is faster.
+klt-pq4 and klt-pq4-sphere vs ``PQ{2B}x4fs``, klt-rq and klt-apq-sphere vs ``PQ{B}``); above 1 embedtune is faster.
 
 Resumable: one JSON per (codec, budget) in ``--out``; a JSON already there is not run again
 (delete it to rerun). ``REPORT.md`` is rewritten from the JSONs at the end of every run
@@ -101,7 +102,8 @@ def jobs(budgets: list[int]) -> list[tuple[str, int]]:
     """(codec, budget) in the order they run: exact search first (its top-10 is every recall's truth), slow ones last."""
     out: list[tuple[str, int]] = [("Flat", 1536)]
     for b in budgets:
-        out += [(f"PQ{b}", b), (f"klt-pq:{b}", b), (f"klt-wpq:{b}", b), (f"PQ{2 * b}x4fs", b), (f"klt-pq4:{b}", b)]
+        out += [(f"PQ{b}", b), (f"klt-pq:{b}", b), (f"klt-wpq:{b}", b), (f"PQ{2 * b}x4fs", b), (f"klt-pq4:{b}", b),
+                (f"klt-pq4-sphere:{b}", b), (f"klt-apq-sphere:{b}", b)]
     out += [("klt-rq:32", 32)] if 32 in budgets else []
     out += [(f"klt-sq:{b}", b) for b in budgets]
     out += [(f"OPQ{b},PQ{b}", b) for b in budgets]  # optional extra peers: last, so a time budget cuts them first
@@ -116,7 +118,8 @@ def family(codec: str) -> str:
 
 def peer_of(codec: str, budget: int) -> str | None:
     """FAISS's scan of the same code type at the same bytes (the ratio's denominator)."""
-    return {"klt-pq": f"PQ{budget}", "klt-wpq": f"PQ{budget}", "klt-pq4": f"PQ{2 * budget}x4fs", "klt-rq": f"PQ{budget}"}.get(family(codec))
+    return {"klt-pq": f"PQ{budget}", "klt-wpq": f"PQ{budget}", "klt-pq4": f"PQ{2 * budget}x4fs", "klt-rq": f"PQ{budget}",
+            "klt-pq4-sphere": f"PQ{2 * budget}x4fs", "klt-apq-sphere": f"PQ{budget}"}.get(family(codec))
 
 
 def key(codec: str, rows: int, threads: int = 1) -> str:

@@ -309,13 +309,45 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
     return "\n".join(lines)
 
 
+#: The codecs whose codes are also ranked by their decoded direction (``<family>-sphere``), in the sphere table's order.
+SPHERE_PAIRS = ("klt-pq4", "klt-apq", "klt-sq", "klt-tcq")
+
+
+def sphere_table(rows_by_corpus: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per corpus and budget: each family's share of float32 with its plain scores and on the sphere, paired (sphere − plain)."""
+    lines = ["## Ranking by the decoded direction: each code plain and on the sphere", "",
+             "The same codes, scored `q · x̂` (plain) and `q · x̂ / ‖x̂‖` (`-sphere`: each query's top 100 re-ranked for `klt-pq4` "
+             "and `klt-apq`, every document for the references `klt-sq` and `klt-tcq`). Share of float32 nDCG@10, plain → sphere, "
+             "and the paired difference sphere − plain (p). Cross-fitted halves, as above.", "",
+             "| corpus | budget | " + " | ".join(f"`{f}`" for f in SPHERE_PAIRS) + " |", "|---|---|" + "---|" * len(SPHERE_PAIRS)]
+    up = total = 0
+    for corpus, rows in rows_by_corpus.items():
+        by = {r["setting"]: r for r in rows}
+        base = by["frozen/float32"]["ndcg@10"]
+        for budget in BUDGETS:
+            cells = []
+            for family in SPHERE_PAIRS:
+                plain, sphere = by.get(f"frozen/{family}:{budget}"), by.get(f"frozen/{family}-sphere:{budget}")
+                if plain is None or sphere is None:
+                    cells.append("–")
+                    continue
+                test = _paired(sphere, plain)
+                total += 1
+                up += test.mean_difference > 0
+                cells.append(f"{100 * plain['ndcg@10'] / base:.1f} → {100 * sphere['ndcg@10'] / base:.1f} % "
+                             f"({test.mean_difference:+.4f}, p {test.p_value:.3f})")
+            if any(c != "–" for c in cells):
+                lines.append(f"| {corpus} | {budget} B | " + " | ".join(cells) + " |")
+    return lines + ["", f"On the sphere above plain in {up} of {total} cells."] if total else []
+
+
 def update_readme(block: str) -> None:
     """Replace the README's generated headline block."""
     replace_between_markers(README, README_START, README_END, block)
 
 
 def main() -> int:
-    sections, summary = [], []
+    sections, summary, rows_by_corpus = [], [], {}
     folders = sorted((p for p in RESULTS.iterdir() if p.is_dir()), key=lambda p: (ORDER.index(p.name) if p.name in ORDER else 99, p.name))
     for folder in folders:
         rows = load_rows(folder)
@@ -323,6 +355,7 @@ def main() -> int:
             continue
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         lines, part = corpus_table(folder.name, rows, meta)
+        rows_by_corpus[folder.name] = rows
         dates = sorted(r["date"] for r in rows if "date" in r)
         peak = max((r.get("peak_rss_mb") or 0) for r in rows)
         fit_total = sum(r.get("fit_s") or 0 for r in rows if r.get("tier", "ram") == "ram")
@@ -334,7 +367,7 @@ def main() -> int:
         sections += lines
         summary += part
     intro = (__doc__ or "").split("\n\n", 2)[2].strip().replace("$PRICE", f"${DEFAULT_PRICE_PER_GB_MONTH:g}")
-    text = "\n".join(["# In-RAM codes near the limit", "", intro, "", *sections])
+    text = "\n".join(["# In-RAM codes near the limit", "", intro, "", *sections, *sphere_table(rows_by_corpus)])
     atomic_write(RESULTS / "REPORT.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
     update_results_page("\n".join(sections).strip())
     atomic_write_json(RESULTS / "summary.json", summary)

@@ -194,6 +194,14 @@ class FamilyCodecPrecision(PrecisionCodec):
 
     @property
     def faiss_load(self) -> str:
+        candidates = self.family_codec.sphere_candidates
+        if candidates:
+            return (f"{self._faiss_load()}; then search each query for its top {candidates} and rank them by q · x / |x|, x each "
+                    "candidate's decoded vector (index.reconstruct_batch: from RAM), as "
+                    "embedtune.index.codecs.sphere.sphere_rescore does; `embedtune search` does it")
+        return self._faiss_load()
+
+    def _faiss_load(self) -> str:
         if not self.family_codec.faiss_index:
             # FAISS's own add() would encode in another metric than the codes the plan scored.
             return (f"load {CODEC_FILE} with faiss.read_index (the codec's search tables, fitted on the corpus), then add the codes "
