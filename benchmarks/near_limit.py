@@ -97,7 +97,10 @@ RESCORE_CANDIDATES = 100
 #: plan's best on ArguAna before the codecs).
 LEARNED = (("dive", 64, "klt-pq4:16"), ("dive", 64, "klt-pq4:32"), ("dive", 64, "int4"), ("dive", 128, "klt-pq4:32"),
            ("dive", 128, "klt-pq4:48"), ("dive", 64, "klt-apq:16"), ("dive", 64, "klt-apq:32"), ("dive", 128, "klt-apq:32"),
-           ("dive", 128, "klt-apq:48"))
+           ("dive", 128, "klt-apq:48"),
+           # DIVE's output is unit-norm (its head is normalised), so the sphere families apply behind it too.
+           ("dive", 64, "klt-pq4-sphere:16"), ("dive", 64, "klt-apq-sphere:16"), ("dive", 128, "klt-pq4-sphere:32"),
+           ("dive", 128, "klt-apq-sphere:32"), ("dive", 128, "klt-apq-sphere:48"))
 #: The trellis code (a reference, never the pick) behind the same label-free DIVE (``--learned``): how near a learned space's
 #: codes get to keeping the model once the quantiser is near the bound.
 LEARNED_REFERENCE = (("dive", 128, "klt-tcq:32"), ("dive", 128, "klt-tcq:48"))

@@ -51,6 +51,8 @@ SPHERE_CANDIDATES = 100
 COMMON_NORM_TOLERANCE = 1e-2
 #: What a sphere family's name adds to its plain family's: ``klt-pq4-sphere`` is ``klt-pq4``'s codes, ranked by direction.
 SPHERE_SUFFIX = "-sphere"
+#: Rows whose norms are taken at once (float64: 65,536 × 768 is 400 MB).
+_NORM_BLOCK = 16_384
 #: Queries decoded per step: ``block × N × d`` float32 at once (256 × 100 × 768: 79 MB).
 _QUERY_BLOCK = 256
 
@@ -61,13 +63,17 @@ def plain_family_name(name: str) -> str | None:
     return f"{family.removesuffix(SPHERE_SUFFIX)}:{budget}" if sep and family.endswith(SPHERE_SUFFIX) else None
 
 
-def shares_one_norm(x: np.ndarray, block: int = 65_536) -> bool:
-    """Whether every row of ``x`` (finite) is within :data:`COMMON_NORM_TOLERANCE` of the rows' median norm (blocks of rows:
-    a memory-mapped corpus is read once, not copied)."""
+def row_norms(x: np.ndarray, block: int = _NORM_BLOCK) -> np.ndarray:
+    """``(n,)`` float64: each row's norm, a block of rows at a time (a large or memory-mapped corpus is never copied whole)."""
+    return np.concatenate([np.linalg.norm(np.asarray(x[start : start + block], dtype=np.float64), axis=1)
+                           for start in range(0, len(x), block)]) if len(x) else np.zeros(0)
+
+
+def shares_one_norm(x: np.ndarray) -> bool:
+    """Whether every row of ``x`` (finite) is within :data:`COMMON_NORM_TOLERANCE` of the rows' median norm."""
     if np.ndim(x) != 2 or not len(x):
         return False
-    norms = np.concatenate([np.linalg.norm(np.asarray(x[start : start + block], dtype=np.float64), axis=1)
-                            for start in range(0, len(x), block)])
+    norms = row_norms(x)
     if not np.isfinite(norms).all():
         return False
     radius = float(np.median(norms))
@@ -80,7 +86,7 @@ def common_norm(name: str, x: np.ndarray) -> float:
     x = np.asarray(x)
     if x.ndim != 2 or not len(x):
         raise ValueError(f"codec {name!r}: expected a non-empty (n, d) matrix; got shape {x.shape}.")
-    norms = np.linalg.norm(x.astype(np.float64, copy=False), axis=1)
+    norms = row_norms(x)
     if not np.isfinite(norms).all():  # the same words as every codec's fit (transform.training_sample)
         bad = int(np.flatnonzero(~np.isfinite(norms))[0])
         raise ValueError(f"the vectors to fit a codec on hold NaN or inf (row {bad}); drop or re-encode those rows first.")
