@@ -10,6 +10,7 @@ from test_plan_codecs import QUICK, _experiment, toy  # noqa: F401  (toy: the un
 from embedtune.index.codecs import Precision, QuantizedIndex, codec_family
 from embedtune.index.codecs.sphere import SPHERE_CANDIDATES, common_norm, shares_one_norm
 from embedtune.index.codecs.textbook import RotatedCodeIndex
+from embedtune.workflows.experiment import load_experiment
 from embedtune.workflows.plan import codec_precisions, run_plan
 
 D = 32
@@ -100,5 +101,22 @@ def test_a_plan_with_a_sphere_codec_serves_it_as_scored(toy, tmp_path, monkeypat
                     **{**QUICK, "codecs": ("klt-pq4-sphere",)})
     assert plan["chosen"]["precision"] == "klt-pq4-sphere:4"
     scored = {row["setting"] for row in plan["sweep"]}
-    assert not any("sphere" in setting for setting in scored if not setting.startswith("frozen"))  # not on the truncation
+    # A normalised truncation's rows share a norm, so the sphere family is scored there too.
+    assert {"frozen-32/klt-pq4-sphere:4", "truncate-16/klt-pq4-sphere:4"} <= scored
     assert_served_as_scored(experiment, plan, out, built, toy[1]["doc"][0], toy[1]["doc"][1], tmp_path / "index")
+
+
+
+def test_a_plan_on_vectors_of_many_norms_leaves_the_sphere_families_out_of_the_raw_space(toy, tmp_path):  # noqa: F811
+    """A dot-product model's vectors: no sphere family on them (and no error); a compressor's output is unit rows, so there."""
+    root, paths = toy
+    docs = np.load(paths["doc"][0])
+    np.save(tmp_path / "scaled.npy", (docs * np.linspace(0.5, 1.5, len(docs))[:, None]).astype(np.float32))
+    experiment = load_experiment(root, doc_embeddings=tmp_path / "scaled.npy", doc_ids=paths["doc"][1],
+                                 query_embeddings=paths["query"][0], query_ids=paths["query"][1], encoder_options={"normalize": False})
+    assert experiment.similarity == "dot"  # the raw inner product: the vectors keep their norms
+    plan = run_plan(experiment, tmp_path / "plan", budget_bytes=8, precisions=["float32", "int8"], work=tmp_path / "work",
+                    **{**QUICK, "codecs": ("klt-pq4", "klt-pq4-sphere")})
+    scored = {row["setting"] for row in plan["sweep"]}
+    assert "frozen-32/klt-pq4:8" in scored and not any(s.startswith("frozen") and "sphere" in s for s in scored)
+    assert "truncate-16/klt-pq4-sphere:8" in scored

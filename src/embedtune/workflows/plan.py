@@ -148,7 +148,8 @@ CSR_PEER_BYTES = (16, 128)
 CSR_LATENT_MULTIPLE = 4  # m = 4d latents, the width the CSR paper and s-t's examples use
 #: The registered codec families (:mod:`embedtune.index.codecs.registry`) a plan puts on every space by default: the
 #: one that fits in seconds (``klt-pq`` takes tens of seconds per budget and space, ``klt-rq`` minutes: both opt-in), and
-#: its codes ranked by their decoded direction where the documents share one norm (the same fit; only the search differs).
+#: its codes ranked by their decoded direction where the documents share one norm (every compressor's output, and a
+#: cosine model's uncompressed vectors; the same fit, only the search differs).
 DEFAULT_CODECS = ("klt-pq4", "klt-pq4-sphere")
 #: The bytes per vector each codec family is scored at (where the dimension allows; see :func:`codec_precisions`).
 CODEC_BUDGETS = (16, 32, 48, 64)
@@ -1151,7 +1152,7 @@ def run_sweep(
         # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
         references = list(dict.fromkeys([REFERENCE_CODEC, *(f for f in codecs if f not in deployable)])) if codecs else []
         # The -sphere families rank by decoded direction, which needs documents of one norm (a cosine model's unit vectors):
-        # scored on the uncompressed vectors where theirs share one, and never on a compressor's output.
+        # scored on the uncompressed vectors where theirs share one (a compressor's output is unit rows: checked per space).
         frozen_one_norm = shares_one_norm(docs)
         frozen_codecs = [p for p in codec_precisions([*deployable, *references], codec_budgets, input_dim, n_docs, frozen_one_norm)
                          if p not in frozen_precisions]
@@ -1208,8 +1209,7 @@ def run_sweep(
             for candidate in sweep:
                 bar.set_postfix_str(candidate.name, refresh=False)
                 # Each codec family is a ladder of budgets, searched like the peers' (search_budgets): only the levels the choice needs.
-                space_codecs = {family: [p for p in codec_precisions([family], codec_budgets, candidate.dim, n_docs, one_norm=False)
-                                         if p not in precisions]
+                space_codecs = {family: [p for p in codec_precisions([family], codec_budgets, candidate.dim, n_docs) if p not in precisions]
                                 for family in deployable}
                 space_precisions = []
                 for spec in [*precisions, *(s for names in space_codecs.values() for s in names)]:
@@ -1232,6 +1232,10 @@ def run_sweep(
                 family = candidate.method if candidate.variant == "default" else f"{candidate.method}+{candidate.variant}"
                 # The codecs (and any faiss: precision) fitted on this compressor's output: reused by a later plan on the same fit.
                 space_dir, space_probe = space_cache_dir(work, docs_digest, compressor), compressor.transform(probe)
+                if not shares_one_norm(space_probe):  # a -sphere family ranks by direction: only where the output rows share a norm
+                    sphere = {spec for names in space_codecs.values() for spec in names if codec_family(spec).requires_common_norm}
+                    space_codecs = {family: [spec for spec in names if spec not in sphere] for family, names in space_codecs.items()}
+                    space_precisions = [spec for spec in space_precisions if spec not in sphere]
                 space_indexes = load_faiss_cache(space_dir, space_probe)
 
                 space_state: dict[str, Any] = {}  # this space's compressed vectors and spectrum, shared by its scorings
