@@ -37,7 +37,7 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
-from embedtune.index.codecs.sphere import SPHERE_CANDIDATES, common_norm
+from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.index.codecs.weighted import ENCODER_FILE, KltWeightedPQ, ScoreWeightedIndex
 from embedtune.io import atomic_write
 
@@ -208,16 +208,10 @@ class KltAnisotropicPQ(KltWeightedPQ):
 
 
 @register_codec
-class KltAnisotropicPQSphere(KltAnisotropicPQ):
+class KltAnisotropicPQSphere(SphereRanked, KltAnisotropicPQ):
     """``klt-apq-sphere:B``: ``klt-apq``'s codes, each query's top candidates then ranked by the direction of their decoded
     vectors (:mod:`embedtune.index.codecs.sphere`): same bytes, for a cosine model's unit vectors."""
 
     family = "klt-apq-sphere"
     summary = ("klt-apq's codes, the top candidates ranked by their decoded direction "
                "(a cosine model's unit vectors; no extra byte)")
-    requires_common_norm = True
-    sphere_candidates = SPHERE_CANDIDATES
-
-    def train(self, x: np.ndarray, seed: int = 0) -> AnisotropicIndex:
-        common_norm(self.name, x)
-        return super().train(x, seed)

@@ -41,8 +41,8 @@ import numpy as np
 
 from embedtune.evaluate.search import break_ties
 
-__all__ = ["SPHERE_CANDIDATES", "COMMON_NORM_TOLERANCE", "SPHERE_SUFFIX", "common_norm", "plain_family_name", "shares_one_norm",
-           "sphere_rescore"]
+__all__ = ["SPHERE_CANDIDATES", "COMMON_NORM_TOLERANCE", "SPHERE_SUFFIX", "SphereRanked", "common_norm", "plain_family_name",
+           "row_norms", "shares_one_norm", "sphere_rescore"]
 
 #: Candidates per query the codes' own search returns for :func:`sphere_rescore` (FAISS users' usual ``k_factor`` for
 #: k = 10, as for refinement).
@@ -123,3 +123,16 @@ def sphere_rescore(index: Any, xq: np.ndarray, rows: np.ndarray, k: int) -> tupl
     D, I = break_ties(scores, rows)
     k = min(int(k), n)
     return D[:, :k], I[:, :k]
+
+
+class SphereRanked:
+    """What makes a deployable codec family a ``-sphere`` one, mixed in before it (``class KltPQ4Sphere(SphereRanked,
+    KltPQ4)``): the same fit and codes, rows of one norm required, each query's top :data:`SPHERE_CANDIDATES` ranked by
+    :func:`sphere_rescore` (``FamilyCodecPrecision.search``, and the index store for a planned one)."""
+
+    requires_common_norm = True
+    sphere_candidates = SPHERE_CANDIDATES
+
+    def train(self, x: np.ndarray, seed: int = 0) -> Any:
+        common_norm(self.name, x)  # type: ignore[attr-defined]
+        return super().train(x, seed)  # type: ignore[misc]

@@ -44,7 +44,7 @@ import numpy as np
 
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
-from embedtune.index.codecs.sphere import SPHERE_CANDIDATES, common_norm
+from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.runtime import native_chatter_filtered
 
 __all__ = ["FIT_SAMPLE", "fit_klt", "sampled_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
@@ -295,19 +295,13 @@ class KltPQ4(_KltCodec):
 
 
 @register_codec
-class KltPQ4Sphere(KltPQ4):
+class KltPQ4Sphere(SphereRanked, KltPQ4):
     """``klt-pq4-sphere:B``: ``klt-pq4``'s codes and fast scan, each query's top candidates then ranked by the direction of
     their decoded vectors (:mod:`embedtune.index.codecs.sphere`): same bytes, for a cosine model's unit vectors."""
 
     family = "klt-pq4-sphere"
     summary = ("klt-pq4's codes and fast scan, the top candidates ranked by their decoded direction "
                "(a cosine model's unit vectors; no extra byte)")
-    requires_common_norm = True
-    sphere_candidates = SPHERE_CANDIDATES
-
-    def train(self, x: np.ndarray, seed: int = 0) -> Any:
-        common_norm(self.name, x)
-        return super().train(x, seed)
 
 
 @register_codec
