@@ -103,8 +103,8 @@ def common_norm(name: str, x: np.ndarray) -> float:
 
 def _rotated_decoder(index: Any) -> tuple[Any, Any] | None:
     """``(inner index, query map)`` when ``index`` is one orthonormal ``LinearTransform`` (no bias) in front of an index:
-    then ``q · x̂ = (Aq) · ŷ`` and ``‖x̂‖ = ‖ŷ‖``, so candidates are decoded in the rotated space (FAISS reverses a transform
-    one vector at a time: about 14 times slower for a 384 × 192 KLT). None for any other index."""
+    then ``q · x̂ = (Aq) · ŷ`` and ``‖x̂‖ = ‖ŷ‖``, so candidates are decoded in the rotated space (through FAISS's transform back to 384 dims
+    it was about 14 times slower for a 384 × 192 KLT). None for any other index."""
     import faiss
 
     if not isinstance(index, faiss.IndexPreTransform) or index.chain.size() != 1:
