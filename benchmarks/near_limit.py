@@ -103,7 +103,8 @@ LEARNED = (("dive", 64, "klt-pq4:16"), ("dive", 64, "klt-pq4:32"), ("dive", 64, 
            ("dive", 128, "klt-apq-sphere:32"), ("dive", 128, "klt-apq-sphere:48"))
 #: The trellis code (a reference, never the pick) behind the same label-free DIVE (``--learned``): how near a learned space's
 #: codes get to keeping the model once the quantiser is near the bound.
-LEARNED_REFERENCE = (("dive", 128, "klt-tcq:32"), ("dive", 128, "klt-tcq:48"))
+LEARNED_REFERENCE = (("dive", 128, "klt-tcq:32"), ("dive", 128, "klt-tcq:48"), ("dive", 64, "klt-tcq-sphere:16"),
+                     ("dive", 128, "klt-tcq-sphere:32"))
 #: PCA to k dims in front of the codec (``--truncated``): the spaces a plan scores its codecs on besides the plain vectors.
 #: At 16-32 B a codec over all d axes spreads its bits thin; dropping the weakest axes first may keep more.
 TRUNCATED = (("pca", 64, "klt-apq:16"), ("pca", 128, "klt-apq:16"), ("pca", 128, "klt-apq:32"), ("pca", 192, "klt-apq:48"))
@@ -375,7 +376,8 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
             out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "embedtune learned + codec", "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
         for method, k, precision in LEARNED_REFERENCE:
-            out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "trellis code (reference)", "ram",
+            family = "sphere decode (reference)" if "-sphere:" in precision else "trellis code (reference)"
+            out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), family, "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
     if truncated:
         for method, k, precision in TRUNCATED:

@@ -208,14 +208,15 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                   + ". A score-aware or learned code is not held to it: the bound limits the vectors' error, not the ranking's."]
         for entry in summary:
             entry["share_at_bound"] = dict(at_bound).get(entry["budget"])
-    behind = sorted((r for r in rows if r["family"] in TRELLIS and not r["setting"].startswith("frozen/")), key=lambda r: r["ram_bytes"])
+    behind = sorted((r for r in rows if r["family"] in TRELLIS | SPHERE and not r["setting"].startswith("frozen/")),
+                    key=lambda r: (r["ram_bytes"], r["setting"]))
     if behind:
         picks = {entry["budget"]: entry for entry in summary}
-        lines += ["", "The trellis code behind label-free DIVE (a reference, as above): "
+        lines += ["", "The trellis code behind label-free DIVE, plain and on the sphere (references, as above): "
                   + "; ".join(f"{_pretty(r['setting'])} keeps {100 * r['ndcg@10'] / base:.1f} %"
                               + (f" ({r['space_gap_db']:.2f} dB† above the bound in DIVE's space)" if r.get("space_gap_db") is not None else "")
                               + (f", against the pick's {100 * picks[r['ram_bytes']]['pick_share']:.1f} % "
-                                 f"(trellis − pick {_versus(r, next(x for x in rows if x['setting'] == picks[r['ram_bytes']]['pick']))})"
+                                 f"(it − pick {_versus(r, next(x for x in rows if x['setting'] == picks[r['ram_bytes']]['pick']))})"
                                  if r["ram_bytes"] in picks else "")
                               for r in behind) + "."]
     if learned_lines:
