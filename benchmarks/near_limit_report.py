@@ -122,8 +122,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
              f"float32 nDCG@10 {base:.4f}", "",
              "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
              "| textbook | share | its dB | Δ textbook − pick (p) | trellis | share | its dB | Δ trellis − pick (p) "
-             "| on the sphere | share | Δ − pick (p) | disk tier (RAM B) | share | fit s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| on the sphere | share | its dB | Δ − pick (p) | disk tier (RAM B) | share | fit s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary, bills, learned_lines = [], [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
@@ -159,7 +159,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
                      f"| {cell(textbook)} | {share(textbook)} | {db(textbook)} | {compare(ours, textbook)} "
                      f"| {cell(trellis)} | {share(trellis)} | {db(trellis)} | {compare(ours, trellis)} "
-                     f"| {cell(sphere)} | {share(sphere)} | {compare(ours, sphere)} "
+                     f"| {cell(sphere)} | {share(sphere)} | {db(sphere)} | {compare(ours, sphere)} "
                      f"| {cell(disk)}{disk_bytes} | {share(disk)} | {ours['fit_s']:.1f} |")
         versus_peer = None
         if peer is not None:
@@ -319,7 +319,9 @@ def sphere_table(rows_by_corpus: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = ["## Ranking by the decoded direction: each code plain and on the sphere", "",
              "The same codes, scored `q · x̂` (plain) and `q · x̂ / ‖x̂‖` (`-sphere`: each query's top 100 re-ranked for `klt-pq4` "
              "and `klt-apq`, every document for the references `klt-sq` and `klt-tcq`). Share of float32 nDCG@10, plain → sphere, "
-             "and the paired difference sphere − plain (p). Cross-fitted halves, as above.", "",
+             "the paired difference sphere − plain (p), and each one's distance above the Gaussian bound (the sphere's decode is the "
+             "direction at the rows' norm, not the least-squares one, so its dB can rise while it ranks better). Cross-fitted halves, "
+             "as above.", "",
              "| corpus | budget | " + " | ".join(f"`{f}`" for f in SPHERE_PAIRS) + " |", "|---|---|" + "---|" * len(SPHERE_PAIRS)]
     up = total = 0
     for corpus, rows in rows_by_corpus.items():
@@ -335,8 +337,10 @@ def sphere_table(rows_by_corpus: dict[str, list[dict[str, Any]]]) -> list[str]:
                 test = _paired(sphere, plain)
                 total += 1
                 up += test.mean_difference > 0
+                gaps = [r.get("gap_db") for r in (plain, sphere)]
                 cells.append(f"{100 * plain['ndcg@10'] / base:.1f} → {100 * sphere['ndcg@10'] / base:.1f} % "
-                             f"({test.mean_difference:+.4f}, p {test.p_value:.3f})")
+                             f"({test.mean_difference:+.4f}, p {test.p_value:.3f}"
+                             + (f"; {gaps[0]:.2f} → {gaps[1]:.2f} dB" if None not in gaps else "") + ")")
             if any(c != "–" for c in cells):
                 lines.append(f"| {corpus} | {budget} B | " + " | ".join(cells) + " |")
     return lines + ["", f"On the sphere above plain in {up} of {total} cells."] if total else []
