@@ -168,6 +168,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         scored = [r for r in peers if r.get("ndcg@10") is not None]
         best_peer = max(scored, key=lambda r: (r["ndcg@10"], r["setting"])) if scored else None
         versus_best_peer = None if best_peer is None else _paired(ours, best_peer)
+        sphere_test = None if sphere is None else _paired(sphere, ours)
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
                         "pick_minus_peer": None if versus_peer is None else versus_peer.mean_difference,
                         "pick_minus_peer_p": None if versus_peer is None else versus_peer.p_value,
@@ -179,8 +180,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "trellis_gap_db": None if trellis is None else trellis.get("gap_db"),
                         "sphere": None if sphere is None else sphere["setting"],
                         "sphere_share": None if sphere is None else sphere["ndcg@10"] / base,
-                        "sphere_minus_pick": None if sphere is None else _paired(sphere, ours).mean_difference,
-                        "sphere_minus_pick_p": None if sphere is None else _paired(sphere, ours).p_value,
+                        "sphere_minus_pick": None if sphere_test is None else sphere_test.mean_difference,
+                        "sphere_minus_pick_p": None if sphere_test is None else sphere_test.p_value,
                         "disk": None if disk is None else disk["setting"], "disk_share": None if disk is None else disk["ndcg@10"] / base,
                         "best_peer": None if best_peer is None else best_peer["setting"],
                         "best_peer_share": None if best_peer is None else best_peer["ndcg@10"] / base,

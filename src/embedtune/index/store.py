@@ -515,10 +515,9 @@ class Index:
             return D[:, :k], I[:, :k]
         sphere = self.sphere_candidates
         if sphere:  # a -sphere codec: its top candidates ranked by their decoded direction, as the plan scored them
-            from embedtune.index.codecs.sphere import sphere_rescore
+            from embedtune.index.codecs.sphere import sphere_search
 
-            _, I = sq8_search(self.faiss_index, xq, min(self.faiss_index.ntotal, max(k, sphere)))
-            return sphere_rescore(self.faiss_index, xq, I, k)
+            return sphere_search(self.faiss_index, xq, k, sphere)
         return sq8_search(self.faiss_index, xq, k)
 
     @property

@@ -30,17 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from embedtune.index.codecs.faiss_scan import faiss_index_search
-from embedtune.index.codecs.precision_registry import (
-    CODEC_FILE,
-    Encoded,
-    PrecisionCodec,
-    StoredIndex,
-    divisor_near,
-    faiss_index_of,
-    register_precision,
-)
-from embedtune.index.codecs.sphere import sphere_rescore
+from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+from embedtune.index.codecs.sphere import sphere_search
 
 __all__ = ["FamilyCodecPrecision", "CodecFamily", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
 
@@ -244,9 +235,7 @@ class FamilyCodecPrecision(PrecisionCodec):
         candidates = self.family_codec.sphere_candidates
         if not candidates:
             return super().search(index, xq, k)
-        # The codes' own search finds the candidates; their decoded directions rank them (nothing read from disk).
-        _, rows = faiss_index_search(index.backend, xq, min(index.ntotal, max(int(k), candidates)))
-        return sphere_rescore(faiss_index_of(index.backend), xq, rows, k)
+        return sphere_search(index.backend, xq, k, candidates)  # the candidates' codes are decoded from RAM: nothing from disk
 
     def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
         decoded = super().reconstruct(index, x)

@@ -40,9 +40,11 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.search import break_ties
+from embedtune.index.codecs.faiss_scan import faiss_index_search
+from embedtune.index.codecs.precision_registry import faiss_index_of
 
 __all__ = ["SPHERE_CANDIDATES", "COMMON_NORM_TOLERANCE", "SPHERE_SUFFIX", "SphereRanked", "common_norm", "plain_family_name",
-           "row_norms", "shares_one_norm", "sphere_rescore"]
+           "row_norms", "shares_one_norm", "sphere_rescore", "sphere_search"]
 
 #: Candidates per query the codes' own search returns for :func:`sphere_rescore` (FAISS users' usual ``k_factor`` for
 #: k = 10, as for refinement).
@@ -76,8 +78,14 @@ def shares_one_norm(x: np.ndarray) -> bool:
     norms = row_norms(x)
     if not np.isfinite(norms).all():
         return False
+    radius, spread = _radius_and_spread(norms)
+    return radius > 0 and spread <= COMMON_NORM_TOLERANCE
+
+
+def _radius_and_spread(norms: np.ndarray) -> tuple[float, float]:
+    """The rows' median norm, and how far the farthest row is from it, relative to it."""
     radius = float(np.median(norms))
-    return radius > 0 and float(np.max(np.abs(norms - radius))) <= COMMON_NORM_TOLERANCE * radius
+    return radius, float(np.max(np.abs(norms - radius))) / max(radius, 1e-30)
 
 
 def common_norm(name: str, x: np.ndarray) -> float:
@@ -90,8 +98,7 @@ def common_norm(name: str, x: np.ndarray) -> float:
     if not np.isfinite(norms).all():  # the same words as every codec's fit (transform.training_sample)
         bad = int(np.flatnonzero(~np.isfinite(norms))[0])
         raise ValueError(f"the vectors to fit a codec on hold NaN or inf (row {bad}); drop or re-encode those rows first.")
-    radius = float(np.median(norms))
-    spread = float(np.max(np.abs(norms - radius))) / max(radius, 1e-30)
+    radius, spread = _radius_and_spread(norms)
     if radius <= 0 or spread > COMMON_NORM_TOLERANCE:
         plain = plain_family_name(name) or name
         raise ValueError(f"codec {name!r} scores each document by the direction of its decoded vector, which needs rows of one "
@@ -113,6 +120,13 @@ def _rotated_decoder(index: Any) -> tuple[Any, Any] | None:
     if not isinstance(step, faiss.LinearTransform) or step.have_bias or not step.is_orthonormal or step.d_out > step.d_in:
         return None
     return faiss.downcast_index(index.index), step
+
+
+def sphere_search(index: Any, xq: np.ndarray, k: int, candidates: int = SPHERE_CANDIDATES) -> tuple[np.ndarray, np.ndarray]:
+    """``(D, I)``: the top ``k`` of FAISS index ``index`` (or a wrapper around one) for float queries ``xq``: the codes'
+    own search finds each query's top ``candidates``, :func:`sphere_rescore` ranks them by direction."""
+    _, rows = faiss_index_search(index, xq, min(index.ntotal, max(int(k), int(candidates))))
+    return sphere_rescore(faiss_index_of(index), xq, rows, k)
 
 
 def sphere_rescore(index: Any, xq: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
