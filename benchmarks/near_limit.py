@@ -28,11 +28,12 @@ The settings (every one on the frozen vectors unless named otherwise):
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
   codecs on the plain vectors at equal bytes;
 * **the textbook transform coder** ``klt-sq:B`` (KLT, integer reverse water-filling, Lloyd-Max per axis);
-* **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded): a
-  reference for how near the bound a coder of these bytes gets; FAISS cannot serve it, so it is never the pick;
+* **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded),
+  the nearest the bound a coder of these bytes gets; no FAISS index type holds its codes, and embedtune's numpy scan
+  serves them, so it is one of embedtune's codecs (a candidate of the pick), shown in its own column too;
 * **the same two decoded onto the unit sphere**, ``klt-sq-sphere:B`` and ``klt-tcq-sphere:B``: the same codes, each
   document scaled to norm 1 before it is scored (:meth:`embedtune.index.codecs.textbook.RotatedCodeIndex.on_sphere`);
-  references too, never the pick;
+  ``klt-sq-sphere`` is a reference, ``klt-tcq-sphere`` served as ``klt-tcq`` is;
 * **the peers a user would pick instead**, at most B bytes in RAM: FAISS ``PQ``, ``OPQ`` (up to 32 B),
   fast-scan ``PQ..x4fs``, the additive quantisers ``RQ..x8`` and ``PRQ2x..x8`` (up to 32 B) and ``LSQ..x8`` (16 B), RaBitQ, TurboQuant, SQ4, sign bits (float query),
   PCA (centred, fitted on the corpus) at int8 / int4 / TurboQuant / sign bits, ScaNN's anisotropic codes
@@ -70,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from embedtune.bench.efficiency import machine_info  # noqa: E402
 from embedtune.evaluate.metrics import evaluate_run  # noqa: E402
 from embedtune.evaluate.search import run_from_topk  # noqa: E402
-from embedtune.index.codecs import Precision, QuantizedIndex, corpus_spectrum, distortion_report  # noqa: E402
+from embedtune.index.codecs import Precision, QuantizedIndex, codec_family, corpus_spectrum, distortion_report  # noqa: E402
 from embedtune.io import atomic_write_json  # noqa: E402
 from embedtune.runtime import set_threads  # noqa: E402
 from embedtune.workflows.label_free import exact_top_k, held_out_documents  # noqa: E402
@@ -321,6 +322,14 @@ def score(ds: dict[str, Any], searcher: Searcher, budget_bits: int) -> dict[str,
     return row
 
 
+def served_label(precision: str, reference: str, learned: bool = False) -> str:
+    """The family label of a codec row: a codec a plan can ship (``klt-tcq``, served by embedtune's numpy scan) is one of
+    embedtune's candidates (the pick's); one no plan ships (``klt-sq``) is a reference column, ``reference``."""
+    if codec_family(precision).deployable:
+        return "embedtune learned + codec" if learned else "embedtune codec"
+    return reference
+
+
 def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
              truncated: bool = False) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
     """Every (setting name, budget, family, tier, builder) of the run, cheapest first."""
@@ -344,13 +353,13 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
         if budget <= d:
             out.append((f"frozen/klt-sq:{budget}", budget, "textbook transform coder", "ram",
                         lambda ds, b=budget: frozen_setting(ds, f"klt-sq:{b}")))
-        out.append((f"frozen/klt-tcq:{budget}", budget, "trellis code (reference)", "ram",
+        out.append((f"frozen/klt-tcq:{budget}", budget, served_label(f"klt-tcq:{budget}", "trellis code (reference)"), "ram",
                     lambda ds, b=budget: frozen_setting(ds, f"klt-tcq:{b}")))
         # The same two reference codes, each document decoded onto the unit sphere (no extra byte; a cosine model's vectors).
         for family in SPHERE_CODECS:
             if family == "klt-sq-sphere" and budget > d:
                 continue
-            out.append((f"frozen/{family}:{budget}", budget, "sphere decode (reference)", "ram",
+            out.append((f"frozen/{family}:{budget}", budget, served_label(f"{family}:{budget}", "sphere decode (reference)"), "ram",
                         lambda ds, name=f"{family}:{budget}": frozen_setting(ds, name)))
         factories = []
         if d % budget == 0:  # "np": no polysemous training (minutes here; it reorders centroid ids, ADC ranks the same)
@@ -376,7 +385,8 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
             out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "embedtune learned + codec", "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
         for method, k, precision in LEARNED_REFERENCE:
-            family = "sphere decode (reference)" if "-sphere:" in precision else "trellis code (reference)"
+            family = served_label(precision, "sphere decode (reference)" if "-sphere:" in precision else "trellis code (reference)",
+                                  learned=True)
             out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), family, "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
     if truncated:

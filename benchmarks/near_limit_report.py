@@ -17,10 +17,12 @@ held-out corpus documents as queries), then scored on the judged test queries:
   RQ / PRQ / LSQ (where run), RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
 * **textbook** — ``klt-sq:B``, the textbook transform coder;
-* **trellis** — ``klt-tcq:B``, a trellis code over the principal axes (a reference for how near the bound a coder of
-  these bytes gets; FAISS cannot serve it, so it is never the pick);
+* **trellis** — ``klt-tcq:B``, a trellis code over the principal axes (the nearest the bound a coder of these bytes
+  gets), shown in its own column;
 * **on the sphere** — ``klt-tcq-sphere:B``, the trellis code's codes with every document decoded onto the unit sphere
-  (a reference too, where run);
+  (where run). Both are served by embedtune's numpy scan (no FAISS index type holds their codes), so both, and DIVE in
+  front of them, are also candidates of embedtune's pick; rows written while they were references are counted so
+  by :func:`load_rows`;
 * **disk tier** — the best setting that rescores its top 100 with float32 vectors read from disk
   (RAM bytes as shown; ``+4d`` bytes per candidate read per query), a separate tier.
 
@@ -50,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query
+from embedtune.index.codecs import codec_family
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -73,8 +76,17 @@ def load_rows(folder: Path) -> list[dict[str, Any]]:
             continue
         row = json.loads(path.read_text(encoding="utf-8"))
         if "skipped" not in row:
-            rows.append(row)
+            rows.append(served(row))
     return rows
+
+
+def served(row: dict[str, Any]) -> dict[str, Any]:
+    """``row``, labelled as embedtune's where a plan can now ship its codec (a trellis row written as a reference)."""
+    if row["family"] in TRELLIS | SPHERE:
+        precision = row["setting"].split("/", 1)[1]
+        if codec_family(precision).deployable:
+            return {**row, "family": "embedtune codec" if row["setting"].startswith("frozen/") else LEARNED}
+    return row
 
 
 def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ import pytest
 from embedtune.evaluate.metrics import evaluate_run
 from embedtune.evaluate.search import run_from_topk
 from embedtune.index import load_index
-from embedtune.index.codecs import CODEC_FILE, QuantizedIndex
+from embedtune.index.codecs import QuantizedIndex
 from embedtune.index.plan_export import plan_codec
 from embedtune.index.plan_format import load_plan
 from embedtune.index.planned import build_planned_index
@@ -42,7 +42,7 @@ def assert_served_as_scored(experiment, plan: dict, out: Path, built: list, doc_
     scored = next(index for name, xb, index in built
                   if name == precision.name and xb.shape == docs.shape and np.allclose(xb, docs, rtol=0, atol=1e-6))
     index = load_index(build_planned_index(doc_vectors, index_dir, out, ids=doc_ids))
-    assert index.manifest["kind"] == precision.name and index.manifest["plan"]["codec"] == CODEC_FILE
+    assert index.manifest["kind"] == precision.name and index.manifest["plan"]["codec"] == precision.precision_codec.tables_file
     queries = LabelledObjective(experiment).queries
     xq = compressor.transform(queries.vectors)
     assert np.array_equal(scored.search(xq, 10)[1], index.search(xq, 10)[1])

@@ -163,13 +163,24 @@ def test_a_reference_codec_asked_for_by_name_is_scored_under_its_own_label_and_n
     _, paths = toy
     experiment = load_corpus_experiment(doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1])
     plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=8, methods=["truncate"], dims=[16],
-                               precisions=["float32", "int8"], peers=[], codecs=("klt-pq4", "klt-tcq"), codec_budgets=(4, 8),
+                               precisions=["float32", "int8"], peers=[], codecs=("klt-pq4", "klt-sq-sphere"), codec_budgets=(4, 8),
                                rounds=0, work=tmp_path / "work")
-    trellis = {r["setting"]: r for r in plan["sweep"] if r["family"] == "reference codec (klt-tcq)"}
-    assert set(trellis) == {"frozen-32/klt-tcq:4", "frozen-32/klt-tcq:8"}
-    assert all(not r["choosable"] and r["gap_db"] is not None for r in trellis.values())
+    reference = {r["setting"]: r for r in plan["sweep"] if r["family"] == "reference codec (klt-sq-sphere)"}
+    assert set(reference) == {"frozen-32/klt-sq-sphere:4", "frozen-32/klt-sq-sphere:8"}
+    assert all(not r["choosable"] and r["gap_db"] is not None for r in reference.values())
     assert {r["setting"] for r in plan["sweep"] if r["family"] == REFERENCE_FAMILY_LABEL} == {"frozen-32/klt-sq:4", "frozen-32/klt-sq:8"}
-    assert "klt-tcq" not in plan["chosen"]["setting"]
+    assert "klt-sq" not in plan["chosen"]["setting"]
+
+
+def test_the_trellis_code_asked_for_by_name_is_scored_on_every_space_and_can_be_chosen(toy, tmp_path):
+    _, paths = toy
+    experiment = load_corpus_experiment(doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1])
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=8, methods=["truncate"], dims=[16],
+                               precisions=["float32", "int8"], peers=[], codecs=("klt-tcq",), codec_budgets=(4, 8),
+                               rounds=0, work=tmp_path / "work")
+    trellis = {r["setting"]: r for r in plan["sweep"] if r["family"] == "embedtune codec (klt-tcq)"}
+    assert {"frozen-32/klt-tcq:4", "frozen-32/klt-tcq:8", "truncate-16/klt-tcq:8"} <= set(trellis)
+    assert all(r["choosable"] and r["gap_db"] is not None for r in trellis.values())
 
 
 def test_the_label_free_plan_scores_the_codecs_too(toy, tmp_path):

@@ -101,7 +101,7 @@ def test_a_tampered_trellis_codec_is_refused(gaussian, tmp_path):
     fit, _ = gaussian
     KltTCQ(6).train(fit).save(tmp_path)
     assert isinstance(TrellisTransformIndex.load(tmp_path), TrellisTransformIndex)
-    path = tmp_path / "klt-tcq.safetensors"
+    path = tmp_path / "codec.safetensors"
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x01
     path.write_bytes(bytes(data))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from embedtune.compress import Compressor
 from embedtune.compress.st_export import export_sentence_transformer
-from embedtune.index.codecs import CODEC_FILE, PRECISION_SUBFOLDER, Calibration, DeployedCodec, Precision, read_codec_index
+from embedtune.index.codecs import PRECISION_SUBFOLDER, Calibration, DeployedCodec, Precision, read_codec_index
 from embedtune.index.plan_format import load_plan
 
 if TYPE_CHECKING:
@@ -44,8 +44,9 @@ def plan_codec(plan: str | Path) -> DeployedCodec:
 def _codec(plan: Path, compressor: Compressor, precision: Precision, calibration: Calibration | None) -> DeployedCodec:
     trained = None
     if precision.uses_factory:
-        if not (plan / CODEC_FILE).is_file():  # faiss: peers were trained at index build before plans kept their tables
-            raise FileNotFoundError(f"{plan}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), which plans "
+        tables = precision.precision_codec.tables_file
+        if not (plan / tables).is_file():  # faiss: peers were trained at index build before plans kept their tables
+            raise FileNotFoundError(f"{plan}: precision {precision.name!r} needs {tables} (its trained tables), which plans "
                                     "written by an older embedtune lack; write the plan again with `embedtune compress plan`, or "
                                     f"export the compressor alone with `compress export --adapter {plan / 'compressor'}`.")
         trained = read_codec_index(plan, precision, compressor.output_dim)

@@ -33,7 +33,6 @@ from embedtune.compress import Compressor, load_compressor
 from embedtune.index.codecs import (
     CALIBRATION_FILE,
     CALIBRATION_JSON,
-    CODEC_FILE,
     PRECISION_FILE,
     Calibration,
     Precision,
@@ -202,8 +201,9 @@ def _check_plan_agrees(directory: Path, plan: dict[str, Any], compressor: Compre
         if name not in (CALIBRATION_FILE, CALIBRATION_JSON) and (directory / name).is_file() and name not in files:
             raise IntegrityError(f"{directory}: precision {precision.name} has no use for {name}. {PLAN_FIX}")
     missing = [name for name in files if not (directory / name).is_file()]
-    if CODEC_FILE in files and (directory / CODEC_FILE).is_file() and missing:
-        raise IntegrityError(f"{directory}: precision {precision.name} needs {', '.join(missing)} beside {CODEC_FILE}. {PLAN_FIX}")
+    tables = precision.precision_codec.tables_file
+    if tables in files and (directory / tables).is_file() and missing:
+        raise IntegrityError(f"{directory}: precision {precision.name} needs {', '.join(missing)} beside {tables}. {PLAN_FIX}")
     if calibration is not None:
         if calibration.dim != dim:
             raise IntegrityError(f"{directory / CALIBRATION_FILE}: {calibration.dim} ranges for {dim} dimensions. {PLAN_FIX}")

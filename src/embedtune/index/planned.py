@@ -34,7 +34,7 @@ from typing import Any
 from embedtune.compress.ray_apply import RayPool
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
 from embedtune.encoders.recipe import recipe_beside
-from embedtune.index.codecs import CODEC_FILE, read_codec_index, registered_precisions
+from embedtune.index.codecs import read_codec_index, registered_precisions
 from embedtune.index.store import build_index
 from embedtune.index.plan_format import load_plan
 from embedtune.index.refine import plan_refine
@@ -90,9 +90,10 @@ def build_planned_index(
     if refine is not None:  # the codes find candidates, the original vectors (written beside the index) rank them
         recorded["refine"] = refine.to_dict()
     trained = None
-    if (plan / CODEC_FILE).is_file():  # int4, RaBitQ, TurboQuant: the trained tables the plan scored, not a refit
+    tables = precision.precision_codec.tables_file
+    if precision.uses_factory and (plan / tables).is_file():  # int4, RaBitQ, the codecs: the trained tables the plan scored, not a refit
         trained = read_codec_index(plan, precision, int(info["dim"]))
-        recorded["codec"] = CODEC_FILE
+        recorded["codec"] = tables
     ranges = None
     if calibration is not None:
         ranges = (calibration.vmin, calibration.vmax)

@@ -2,7 +2,9 @@
 
 Layout of an index folder::
 
-    index.faiss     FAISS index (IndexFlatIP, IndexScalarQuantizer, IndexBinaryFlat or a factory index)
+    index.faiss     FAISS index (IndexFlatIP, IndexScalarQuantizer, IndexBinaryFlat or a factory index), or
+    index.safetensors  instead, for a planned codec no FAISS index type holds (``klt-tcq``): its tables and codes,
+                    searched by embedtune's numpy scan (:func:`embedtune.index.codecs.read_rotated_index`)
     ids.txt         one document id per line, row-aligned with the index
     titles.json     optional, a JSON list of titles row-aligned with ids.txt
     vectors.npy     optional (float rescoring: binary, a rabitq1-rescore plan): the float32 vectors the codes came from
@@ -75,6 +77,8 @@ FORMAT_VERSION = 2
 _FILE_DIGEST = {1: "sha256", 2: "xxh3_128"}
 MANIFEST = "manifest.json"
 INDEX_FILE = "index.faiss"
+#: The index file of a planned codec served by embedtune's numpy scan (its tables and codes, one safetensors file).
+CODES_INDEX_FILE = "index.safetensors"
 # A flat index is searched with FAISS's own scan: measured against embedtune's tuned kernels (exact_search's
 # "auto") at 200k x 384 on one thread it was as fast or faster, and it needs no tuning run and no torch.
 FLAT_KERNEL = "faiss"
@@ -308,13 +312,16 @@ def build_index(
         ids_text = _ids_text(id_list, str(embeddings))
 
         writer = faiss.write_index_binary if kind == "binary" else faiss.write_index
+        numpy_codes = False
         if kind in INDEX_KINDS:
             served = index
         else:
             # A codec that encodes with more than its FAISS index (klt-wpq) has added its codes to that index: it is what is served.
-            from embedtune.index.codecs import faiss_index_of
+            from embedtune.index.codecs import faiss_index_of, is_rotated_index
 
             served = faiss_index_of(index)
+            numpy_codes = is_rotated_index(served)  # no FAISS index type holds these codes: the tables and codes, as safetensors
+        index_file = CODES_INDEX_FILE if numpy_codes else INDEX_FILE
 
         def write_index(tmp: Path) -> None:
             try:
@@ -323,7 +330,10 @@ def build_index(
                 raise OSError(f"FAISS could not write the index ({_faiss_message(error)}); is the disk full? Free space or "
                               "choose another --out") from None
 
-        atomic_write(staging / INDEX_FILE, write_index)
+        if numpy_codes:
+            served.write_file(staging / CODES_INDEX_FILE, with_codes=True)
+        else:
+            atomic_write(staging / INDEX_FILE, write_index)
         atomic_write(staging / IDS_FILE, lambda tmp: tmp.write_text(ids_text, encoding="utf-8"))
         if titles is not None:
             atomic_write_json(staging / TITLES_FILE, [titles.get(i, "") for i in id_list])
@@ -341,7 +351,7 @@ def build_index(
             "ntotal": int(index.ntotal),
             # FAISS's own bytes per code, which is the precision table's figure for the built-in kinds (a test holds them equal).
             "bytes_per_vector": int(index.code_size) if kind in INDEX_KINDS else None,
-            "index_bytes": (staging / INDEX_FILE).stat().st_size,
+            "index_bytes": (staging / index_file).stat().st_size,
             "search_params": {} if kind in INDEX_KINDS else default_params(kind),
             "adapter": adapter_info if adapter_info is not None else (
                 {"method": compressor.method, "path": None, "input_dim": compressor.input_dim_, "output_dim": compressor.output_dim,
@@ -350,11 +360,11 @@ def build_index(
             "model": recipe.model if recipe is not None else model,
             "encoder": recipe.to_dict() if recipe is not None else None,
             "source": {"embeddings": str(embeddings.resolve()), "bytes": embeddings.stat().st_size},
-            "files": {"index": INDEX_FILE, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
+            "files": {"index": index_file, "ids": IDS_FILE, "titles": TITLES_FILE if titles is not None else None,
                       "vectors": VECTORS_FILE if keep_vectors else None,
                       "original_vectors": ORIGINAL_VECTORS_FILE if keep_original_vectors else None},
             _FILE_DIGEST[FORMAT_VERSION]: {name: xxh3_file(staging / name)
-                                           for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE)
+                                           for name in (*_INDEX_FILES, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE)
                                            if (staging / name).is_file()},
             **({"plan": plan} if plan is not None else {}),
             "build_seconds": seconds,
@@ -364,10 +374,10 @@ def build_index(
             before_write()  # e.g. the command's --overwrite: only now, with the new index ready
         out.mkdir(parents=True, exist_ok=True)
         (out / MANIFEST).unlink(missing_ok=True)  # first: a half-moved folder has no manifest, so it never loads
-        for name in (TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
+        for name in (*_INDEX_FILES, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
             if not (staging / name).exists():
                 (out / name).unlink(missing_ok=True)  # a previous build's, which this index does not match
-        for name in (INDEX_FILE, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE, MANIFEST):  # the manifest last
+        for name in (*_INDEX_FILES, IDS_FILE, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE, MANIFEST):  # the manifest last
             if (staging / name).exists():
                 os.replace(staging / name, out / name)
                 notify_written(out / name)
@@ -375,6 +385,10 @@ def build_index(
         shutil.rmtree(staging, ignore_errors=True)
     logger.debug("build_index: %d x %d-d %s index in %s (%.1fs)", index.ntotal, d, kind, out, seconds)
     return out
+
+
+#: The index files a folder may hold (one of them).
+_INDEX_FILES = (INDEX_FILE, CODES_INDEX_FILE)
 
 
 def _write_original_vectors(embeddings: Path, path: Path, shape: tuple[int, int], compressor: Compressor | None, chunk_size: int,
@@ -572,11 +586,12 @@ def verify_index(path: str | Path) -> dict[str, Any]:
         logger.info("%s: built without file digests (by embedtune %s), so its files are loaded unchecked; rebuild it to add them",
                     path, manifest.get("embedtune_version"))
         return manifest
-    if INDEX_FILE not in digests or IDS_FILE not in digests:
-        raise ValueError(f"{manifest_path}: field {algorithm!r} lacks {INDEX_FILE} or {IDS_FILE}. {REBUILD_HINT}")
+    index_file = _index_file(manifest, manifest_path)
+    if index_file not in digests or IDS_FILE not in digests:
+        raise ValueError(f"{manifest_path}: field {algorithm!r} lacks {index_file} or {IDS_FILE}. {REBUILD_HINT}")
     for name, digest in digests.items():
         verify_file_digest(path / name, algorithm, digest, REBUILD_HINT)
-    for name in (TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
+    for name in (*_INDEX_FILES, TITLES_FILE, VECTORS_FILE, ORIGINAL_VECTORS_FILE):
         if (path / name).is_file() and name not in digests:
             raise ValueError(f"{path / name}: not listed in {MANIFEST}, so it cannot be checked; remove it or rebuild the index.")
     return manifest
@@ -590,19 +605,25 @@ def load_index(path: str | Path, mmap_vectors: bool = True) -> Index:
     manifest = verify_index(path)
     manifest_path = path / MANIFEST
     kind, dim, ntotal = _manifest_shape(manifest, manifest_path)
-    reader = faiss.read_index_binary if kind == "binary" else faiss.read_index
-    try:
-        index = reader(str(path / INDEX_FILE))
-    except RuntimeError as error:
-        raise IntegrityError(f"{path / INDEX_FILE}: FAISS cannot read it ({_faiss_message(error)}). {REBUILD_HINT}") from None
-    _check_index_agrees(index, kind, dim, ntotal, path / INDEX_FILE, manifest_path)
+    index_path = path / _index_file(manifest, manifest_path)
+    if index_path.name == CODES_INDEX_FILE:
+        from embedtune.index.codecs import read_rotated_index
+
+        index = read_rotated_index(index_path)
+    else:
+        reader = faiss.read_index_binary if kind == "binary" else faiss.read_index
+        try:
+            index = reader(str(index_path))
+        except RuntimeError as error:
+            raise IntegrityError(f"{index_path}: FAISS cannot read it ({_faiss_message(error)}). {REBUILD_HINT}") from None
+    _check_index_agrees(index, kind, dim, ntotal, index_path, manifest_path)
     if manifest.get("search_params"):
         from embedtune.index.ann import set_search_params
 
         set_search_params(index, manifest["search_params"])
     ids = (path / IDS_FILE).read_text(encoding="utf-8").split("\n")[:-1]
     if len(ids) != index.ntotal:
-        raise IntegrityError(f"{path / IDS_FILE}: {len(ids)} ids for the {index.ntotal} vectors of {path / INDEX_FILE}. {REBUILD_HINT}")
+        raise IntegrityError(f"{path / IDS_FILE}: {len(ids)} ids for the {index.ntotal} vectors of {index_path}. {REBUILD_HINT}")
     titles = None
     if (path / TITLES_FILE).is_file():
         titles = json.loads((path / TITLES_FILE).read_text(encoding="utf-8"))
@@ -639,6 +660,14 @@ def _manifest_shape(manifest: dict[str, Any], manifest_path: Path) -> tuple[str,
     return kind, int(dim), int(ntotal)  # type: ignore[arg-type]
 
 
+def _index_file(manifest: dict[str, Any], manifest_path: Path) -> str:
+    """The index file the manifest names (``files.index``; :data:`INDEX_FILE` in folders written before it could be another)."""
+    name = (manifest.get("files") or {}).get("index", INDEX_FILE) if isinstance(manifest.get("files"), dict) else INDEX_FILE
+    if name not in _INDEX_FILES:
+        raise IntegrityError(f"{manifest_path}: field 'files.index' is {name!r}, not one of {list(_INDEX_FILES)}. {REBUILD_HINT}")
+    return name
+
+
 def _faiss_message(error: BaseException) -> str:
     """The first line of a FAISS RuntimeError, without the C++ file and line noise."""
     text = str(error).strip().splitlines()
@@ -657,6 +686,20 @@ def _check_index_agrees(index: Any, kind: str, dim: int, ntotal: int, index_path
 
     def refuse(what: str) -> None:
         raise IntegrityError(f"{index_path}: {what}, which disagrees with {manifest_path}. {REBUILD_HINT}")
+
+    if index_path.name == CODES_INDEX_FILE:  # a codec served by embedtune's numpy scan: its name is the kind
+        from embedtune.index.codecs import codec_family, is_registered_codec
+
+        family = codec_family(kind) if is_registered_codec(kind) else None
+        if family is None or not family.numpy_scan:
+            refuse(f"holds a codec's tables and codes, but field 'kind' is {kind!r}, not a codec served by embedtune's numpy scan")
+        if index.d != dim:
+            refuse(f"holds {index.d}-d vectors but field 'dim' is {dim}")
+        if index.sa_code_size() != family.code_size(dim) or bool(index.radius) != family.requires_common_norm:
+            refuse(f"holds {index.sa_code_size()}-byte codes {'on the sphere' if index.radius else 'decoded as they are'}, not {kind!r}'s")
+        if index.ntotal != ntotal:
+            refuse(f"holds {index.ntotal} vectors but field 'ntotal' is {ntotal}")
+        return
 
     if kind == "binary":
         if not isinstance(index, faiss.IndexBinary):

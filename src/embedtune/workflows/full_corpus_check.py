@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from embedtune.evaluate.streamed_top_k import exact_top_k
-from embedtune.index.codecs import CODEC_FILE, QuantizedIndex, read_codec_index
+from embedtune.index.codecs import QuantizedIndex, read_codec_index
 from embedtune.index.plan_format import PLAN_FILE, load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
 from embedtune.io import release_mapped_pages
@@ -50,7 +50,7 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
     plan, compressor, precision, calibration = load_plan(directory)
     dim = int(plan["dim"])
     trained = None
-    if precision.precision_codec.faiss_backed and (directory / CODEC_FILE).is_file():
+    if precision.precision_codec.faiss_backed and (directory / precision.precision_codec.tables_file).is_file():
         trained = read_codec_index(directory, precision, dim)
     index = None
     if (trained is not None or calibration is not None or precision.precision_codec.fits_nothing) and not precision.rescores_float:

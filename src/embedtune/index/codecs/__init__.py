@@ -117,7 +117,7 @@ from embedtune.index.codecs.deployed import PRECISION_SUBFOLDER, DeployedCodec
 from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_report, gap_db, gaussian_bound, water_level
 from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
 from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltPQ4Sphere, KltRQ
-from embedtune.index.codecs.textbook import KltSQ, KltSQSphere
+from embedtune.index.codecs.textbook import TABLES_FILE, KltSQ, KltSQSphere, is_rotated_index, read_rotated_index
 from embedtune.index.codecs.trellis import KltTCQ, KltTCQSphere
 from embedtune.index.codecs.weighted import KltWeightedPQ
 from embedtune.index.codecs.anisotropic import KltAnisotropicPQ, KltAnisotropicPQSphere
@@ -172,6 +172,9 @@ __all__ = [
     "KltRQ",
     "KltSQ",
     "KltSQSphere",
+    "TABLES_FILE",
+    "is_rotated_index",
+    "read_rotated_index",
     "KltTCQ",
     "KltTCQSphere",
     "KltWeightedPQ",

@@ -178,6 +178,11 @@ class PrecisionCodec(ABC):
         return (CODEC_FILE,) if self.faiss_backed else ()
 
     @property
+    def tables_file(self) -> str:
+        """The file a precision with trained tables (:attr:`faiss_backed`) keeps them in: :data:`CODEC_FILE`, a FAISS index."""
+        return CODEC_FILE
+
+    @property
     def store_kind(self) -> str:
         """Its row of :data:`embedtune.index.store_configs.STORE_SETTINGS` (Qdrant, pgvector and Milvus settings)."""
         raise NotImplementedError(f"precision {self.name!r} names no store_kind; set one of STORE_SETTINGS' rows, e.g. 'other'.")

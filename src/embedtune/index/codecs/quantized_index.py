@@ -123,7 +123,7 @@ class QuantizedIndex:
             self.calibration.save(directory / CALIBRATION_FILE)
             self.calibration.to_json(directory / CALIBRATION_JSON)
             written += [CALIBRATION_FILE, CALIBRATION_JSON]
-        if CODEC_FILE in codec.files and self.backend is not None:
+        if codec.tables_file in codec.files and self.backend is not None:
             trained = self.trained_copy() if self.backend.ntotal else self.backend
             written += codec.write_trained(trained, directory)  # codec.faiss, and what the codec encodes with beside it
         # Every file beside precision.json is recorded by its sha256, and precision.json by its own: a flipped byte or
@@ -208,11 +208,12 @@ def read_precision_json(directory: str | Path, require_digest: bool = False) -> 
 def read_codec_index(directory: str | Path, precision: Precision, dim: int) -> Any:
     """The trained, empty FAISS index :meth:`QuantizedIndex.save_precision` wrote (``codec.faiss``, and what the codec encodes
     with beside it), checked against the precision."""
-    path = Path(directory) / CODEC_FILE
+    tables = precision.precision_codec.tables_file
+    path = Path(directory) / tables
     if (Path(directory) / PRECISION_FILE).is_file():
         read_precision_json(directory)  # the codec files' digests, recorded when they were written
     if not path.is_file():
-        raise FileNotFoundError(f"{Path(directory)}: precision {precision.name!r} needs {CODEC_FILE} (its trained FAISS tables), "
+        raise FileNotFoundError(f"{Path(directory)}: precision {precision.name!r} needs {tables} (its trained tables), "
                                 "which plans written before embedtune kept them lack; write the plan again with `embedtune compress plan`.")
     index = precision.precision_codec.read_trained(Path(directory))
     if index.d != dim or index.ntotal != 0 or not index.is_trained or index.sa_code_size() != precision.ram_bytes(dim):

@@ -61,8 +61,12 @@ class CodecFamily(ABC):
     #: would (a wrapper around a FAISS search index) sets False and gives its trained object ``clone_empty()``,
     #: ``serialized_bytes()`` and ``write(directory) -> file names``, and :meth:`read_trained`; a plan's sweep does not cache it.
     faiss_index: ClassVar[bool] = True
-    #: The files a deployable family's trained tables are saved as, beside ``precision.json``.
+    #: The files a deployable family's trained tables are saved as, beside ``precision.json`` (the first holds the tables).
     files: ClassVar[tuple[str, ...]] = (CODEC_FILE,)
+    #: Whether no FAISS index type holds these codes, so embedtune's own numpy scan serves them (with ``faiss_index`` False:
+    #: the trained object is a :class:`~embedtune.index.codecs.textbook.RotatedCodeIndex`, and an index folder keeps its
+    #: tables and codes in one safetensors file).
+    numpy_scan: ClassVar[bool] = False
     #: Whether :meth:`train` needs rows of one common norm (a cosine model's unit vectors) and refuses others.
     requires_common_norm: ClassVar[bool] = False
     #: Candidates per query that a deployable family's search ranks by their decoded direction
@@ -184,6 +188,10 @@ class FamilyCodecPrecision(PrecisionCodec):
         return tuple(self.family_codec.files) if self.faiss_backed else ()
 
     @property
+    def tables_file(self) -> str:
+        return self.family_codec.files[0]
+
+    @property
     def faiss_load(self) -> str:
         candidates = self.family_codec.sphere_candidates
         if candidates:
@@ -193,6 +201,10 @@ class FamilyCodecPrecision(PrecisionCodec):
         return self._faiss_load()
 
     def _faiss_load(self) -> str:
+        if self.family_codec.numpy_scan:
+            return (f"no FAISS index type holds these codes: load {self.tables_file} (the codec's tables, fitted on the corpus) with "
+                    "embedtune.index.codecs.read_rotated_index, add the compressed vectors with its add(), and search it with its "
+                    "search() (a numpy scan); `embedtune index build --plan` and `embedtune search` do this")
         if not self.family_codec.faiss_index:
             # FAISS's own add() would encode in another metric than the codes the plan scored.
             return (f"load {CODEC_FILE} with faiss.read_index (the codec's search tables, fitted on the corpus), then add the codes "

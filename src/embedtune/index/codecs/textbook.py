@@ -27,9 +27,10 @@ from embedtune.evaluate.search import exact_search_blocks
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.transform import sampled_klt
-from embedtune.io import atomic_write, atomic_write_json, sha256_file, verify_sha256
+from embedtune.io import IntegrityError, atomic_write_json, load_weights, save_weights, sha256_file, verify_sha256
 
-__all__ = ["KltSQ", "KltSQSphere", "RotatedCodeIndex", "ScalarTransformIndex", "water_filling_bits", "lloyd_max"]
+__all__ = ["KltSQ", "KltSQSphere", "RotatedCodeIndex", "ScalarTransformIndex", "TABLES_FILE", "is_rotated_index", "read_rotated_index",
+           "register_rotated_index", "water_filling_bits", "lloyd_max"]
 
 MAX_BITS_PER_AXIS = 8
 LLOYD_ITERATIONS = 30
@@ -167,37 +168,114 @@ class RotatedCodeIndex:
         best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
         return (best_d + offset[:, None]).astype(np.float32), best_i
 
-    def save(self, directory: str | Path) -> Path:
-        """``<stem>.safetensors`` (the tables) and ``<stem>.json`` (shapes and the tables' sha256)."""
-        from safetensors.numpy import save_file
+    def serialized_bytes(self) -> int:
+        """Bytes of the tables and of the codes added (what a file of this index with its codes holds, headers aside)."""
+        return int(self.fixed_bytes() + self.codes.nbytes)
 
+    def fixed_bytes(self) -> int:
+        raise NotImplementedError
+
+    def write_file(self, path: str | Path, with_codes: bool = False) -> None:
+        """One safetensors file (atomically): the tables, the radius, and with ``with_codes`` the codes added. Its metadata
+        names the index type, so :func:`read_rotated_index` reads it back as the same class."""
+        tensors = dict(self.tensors())
+        if self.radius:
+            tensors["radius"] = np.array([self.radius], dtype=np.float64)
+        if with_codes:
+            tensors["codes"] = np.ascontiguousarray(self.codes, dtype=np.uint8)
+        metadata = {"format": ROTATED_CODES_FORMAT, "type": self.file_stem, "d": str(self.d), "code_size": str(self.sa_code_size())}
+        save_weights(path, tensors, metadata=metadata)
+
+    def write(self, directory: Path) -> list[str]:
+        """The trained tables, no codes, as :data:`TABLES_FILE` in ``directory`` (a precision folder records its digest)."""
+        empty = self.clone_empty() if self.ntotal else self
+        empty.write_file(Path(directory) / TABLES_FILE)
+        return [TABLES_FILE]
+
+    def save(self, directory: str | Path) -> Path:
+        """:data:`TABLES_FILE` (the tables) and ``codec.json`` (shapes and the tables' sha256), a folder of its own."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        tensors, stem = self.tensors(), self.file_stem
-        if self.radius:
-            tensors = {**tensors, "radius": np.array([self.radius], dtype=np.float64)}
-        atomic_write(directory / f"{stem}.safetensors", lambda tmp: save_file(tensors, str(tmp)))
-        atomic_write_json(directory / f"{stem}.json", {"d": self.d, "code_size": self.sa_code_size(),
-                                                       "sha256": sha256_file(directory / f"{stem}.safetensors")})
+        self.write(directory)
+        atomic_write_json(directory / TABLES_JSON, {"type": self.file_stem, "d": self.d, "code_size": self.sa_code_size(),
+                                                    "sha256": sha256_file(directory / TABLES_FILE)})
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> "RotatedCodeIndex":
-        from safetensors.numpy import load_file
-
-        directory, stem = Path(directory), cls.file_stem
-        info = json.loads((directory / f"{stem}.json").read_text(encoding="utf-8"))
-        verify_sha256(directory / f"{stem}.safetensors", info["sha256"], "Save the codec again.")
-        tensors = load_file(str(directory / f"{stem}.safetensors"))
-        index = cls.from_tensors(tensors)
-        if "radius" in tensors:
-            index.on_sphere(float(tensors["radius"][0]))
-        if index.d != info["d"] or index.sa_code_size() != info["code_size"]:
-            raise ValueError(f"{directory / f'{stem}.json'}: says {info['d']}-d, {info['code_size']} bytes; the tables give "
-                             f"{index.d}-d, {index.sa_code_size()} bytes. Save the codec again.")
+        """What :meth:`save` wrote, checked against its sha256 and shapes (and of this class)."""
+        directory = Path(directory)
+        info = json.loads((directory / TABLES_JSON).read_text(encoding="utf-8"))
+        verify_sha256(directory / TABLES_FILE, info["sha256"], "Save the codec again.")
+        index = read_rotated_index(directory / TABLES_FILE)
+        if not isinstance(index, cls) or index.d != info["d"] or index.sa_code_size() != info["code_size"]:
+            raise IntegrityError(f"{directory / TABLES_JSON}: says a {info.get('type')!r} index of {info['d']}-d vectors, "
+                                 f"{info['code_size']} bytes; {directory / TABLES_FILE} holds a {index.file_stem!r} index of {index.d}-d, "
+                                 f"{index.sa_code_size()} bytes. Save the codec again.")
         return index
 
 
+#: A precision folder's tables of a :class:`RotatedCodeIndex` (a registered codec served by embedtune's numpy scan).
+TABLES_FILE = "codec.safetensors"
+#: :meth:`RotatedCodeIndex.save`'s record of the tables' type, shapes and sha256.
+TABLES_JSON = "codec.json"
+#: The ``format`` of the safetensors metadata :meth:`RotatedCodeIndex.write_file` writes.
+ROTATED_CODES_FORMAT = "embedtune-rotated-codes"
+_INDEX_TYPES: dict[str, type[RotatedCodeIndex]] = {}
+
+
+def register_rotated_index(cls: type[RotatedCodeIndex]) -> type[RotatedCodeIndex]:
+    """Class decorator: let :func:`read_rotated_index` read files of ``cls`` (by its ``file_stem``)."""
+    _INDEX_TYPES[cls.file_stem] = cls
+    return cls
+
+
+def is_rotated_index(index: Any) -> bool:
+    """Whether ``index`` is one of these numpy indexes (saved with :meth:`RotatedCodeIndex.write_file`, not by FAISS)."""
+    return isinstance(index, RotatedCodeIndex)
+
+
+def read_rotated_index(path: str | Path) -> RotatedCodeIndex:
+    """The index :meth:`RotatedCodeIndex.write_file` wrote to ``path``, with its codes when they were written.
+
+    The caller checks the file's digest first (a precision folder's ``files_sha256``, an index folder's manifest); this
+    checks that the file is one of these indexes and that its tensors agree with each other and with its metadata.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    fix = "Write it again with `embedtune compress plan` (a plan's codec) or `embedtune index build --plan` (an index)."
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise IntegrityError(f"{path}: not a readable safetensors file ({error}). {fix}") from None
+    tensors = load_weights(path, as_numpy=True)
+    kind = metadata.get("type")
+    if metadata.get("format") != ROTATED_CODES_FORMAT or kind not in _INDEX_TYPES:
+        raise IntegrityError(f"{path}: metadata says format {metadata.get('format')!r}, type {kind!r}; expected format "
+                             f"{ROTATED_CODES_FORMAT!r} and one of {sorted(_INDEX_TYPES)}. {fix}")
+    codes = tensors.pop("codes", None)
+    radius = tensors.pop("radius", None)
+    try:
+        index = _INDEX_TYPES[kind].from_tensors(tensors)
+    except (KeyError, ValueError, IndexError) as error:
+        raise IntegrityError(f"{path}: its tables do not make a {kind!r} index ({error}). {fix}") from None
+    if str(index.d) != metadata.get("d") or str(index.sa_code_size()) != metadata.get("code_size"):
+        raise IntegrityError(f"{path}: metadata says {metadata.get('d')}-d vectors, {metadata.get('code_size')}-byte codes; its tables "
+                             f"give {index.d}-d, {index.sa_code_size()} bytes. {fix}")
+    if radius is not None:
+        if radius.shape != (1,) or not np.isfinite(radius[0]) or radius[0] < 0:
+            raise IntegrityError(f"{path}: tensor 'radius' must hold one finite number >= 0; got {radius!r}. {fix}")
+        index.on_sphere(float(radius[0]))
+    if codes is not None:
+        if codes.dtype != np.uint8 or codes.ndim != 2 or codes.shape[1] != index.sa_code_size():
+            raise IntegrityError(f"{path}: tensor 'codes' is {codes.dtype} {codes.shape}; expected uint8 (n, {index.sa_code_size()}). {fix}")
+        index.codes = codes
+    return index
+
+
+@register_rotated_index
 class ScalarTransformIndex(RotatedCodeIndex):
     """The ``klt-sq`` index.
 

@@ -30,12 +30,18 @@ draws of a Gaussian with a corpus's spectrum, it is 0.43-0.56 dB above that sour
 
 Scoring decodes blocks of codes to the rotated axes and takes the float query's inner products with
 them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). FAISS has no index type
-for these codes, so the family is a *reference* codec (``deployable = False``): a plan scores it beside
-the others, and the near-limit benchmark reports it, but a plan does not ship it.
+for these codes, so embedtune's numpy scan serves them (``numpy_scan``): a plan saves the tables as
+``codec.safetensors``, ``index build --plan`` writes the tables and the codes as ``index.safetensors``,
+and ``search`` scans them. The scan decodes every code it scores, once per batch of queries: fast for
+batches (at 1M vectors and 32 B, about as many queries a second as FAISS's 8-bit ``PQ32`` scan), slow
+for one query at a time. Encoding is the Viterbi search, about a thousand vectors a second per thread
+at 32 B, so the family is not among a plan's defaults: ask for it with ``--codecs`` or
+``--searched-codecs``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,7 +49,7 @@ import numpy as np
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import common_norm
-from embedtune.index.codecs.textbook import RotatedCodeIndex
+from embedtune.index.codecs.textbook import TABLES_FILE, RotatedCodeIndex, read_rotated_index, register_rotated_index
 from embedtune.index.codecs.transform import sampled_klt
 from embedtune.runtime import progress_bar
 
@@ -149,6 +155,7 @@ def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook:
     return states
 
 
+@register_rotated_index
 class TrellisTransformIndex(RotatedCodeIndex):
     """The ``klt-tcq`` index (the FAISS index interface in numpy; see the module docstring).
 
@@ -230,8 +237,10 @@ class TrellisTransformIndex(RotatedCodeIndex):
 class KltTCQ(CodecFamily):
     family = "klt-tcq"
     summary = ("KLT, water-filled bits in one bit-shift trellis code over the axes, Viterbi-encoded "
-               "(nearest the rate-distortion bound; reference)")
-    deployable = False
+               "(nearest the rate-distortion bound; served by embedtune's numpy scan)")
+    faiss_index: ClassVar[bool] = False
+    numpy_scan: ClassVar[bool] = True
+    files: ClassVar[tuple[str, ...]] = (TABLES_FILE,)
 
     def __init__(self, code_bytes: int, state_bits: int = STATE_BITS) -> None:
         """``state_bits``: the register's length ``L`` (:data:`STATE_BITS` by default, what a plan uses). A longer one is
@@ -241,6 +250,14 @@ class KltTCQ(CodecFamily):
             raise ValueError(f"codec {self.name!r}: the register is 1 to {MAX_STATE_BITS} bits (the encoder's back-pointers grow "
                              f"as 2^L); got state_bits={state_bits!r}.")
         self.state_bits = int(state_bits)
+
+    def read_trained(self, directory: Path) -> TrellisTransformIndex:
+        index = read_rotated_index(Path(directory) / TABLES_FILE)
+        if not isinstance(index, TrellisTransformIndex) or bool(index.radius) != self.requires_common_norm:
+            raise ValueError(f"{Path(directory) / TABLES_FILE}: holds {type(index).__name__} tables "
+                             f"{'on the sphere' if index.radius else 'decoded as they are'}, not {self.name!r}'s. "
+                             "Write the plan again with `embedtune compress plan`.")
+        return index
 
     def check_dim(self, dim: int) -> None:
         if 8 * self.code_bytes > self.state_bits * dim:
@@ -276,7 +293,8 @@ class KltTCQSphere(KltTCQ):
     (:meth:`~embedtune.index.codecs.textbook.RotatedCodeIndex.on_sphere`). Same codes, same bytes."""
 
     family = "klt-tcq-sphere"
-    summary = "the trellis code's codes, decoded onto the unit sphere of a cosine model's vectors (no extra byte; reference)"
+    summary = ("the trellis code's codes, decoded onto the unit sphere of a cosine model's vectors (no extra byte; served by "
+               "embedtune's numpy scan)")
     requires_common_norm = True
 
     def train(self, x: np.ndarray, seed: int = 0) -> Any:
