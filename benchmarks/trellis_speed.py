@@ -8,8 +8,10 @@ trellis index trained on the SciFact MiniLM documents, FAISS ``PQ32`` (8-bit) tr
 FAISS's fastest scan at the same bytes, the 4-bit fast-scan ``PQ{2B}x4fs``, lays its codes out in
 blocks of its own, so it holds the SciFact documents tiled to the same rows (plus a little noise),
 encoded. The three are timed in turns, ``--rounds`` times, on the same batch of SciFact queries;
-each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). Writes
-``benchmarks/results/trellis/speed.json``.
+each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). ``klt-tcq-sphere`` is the same codes
+decoded onto the unit sphere (one more scale per decoded row). A scan decodes every code once per batch of queries,
+so ``--single`` queries are also timed one at a time (the latency of a lone query), for the trellis index and FAISS
+``PQ``. Writes ``benchmarks/results/trellis/speed.json``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bytes", type=int, default=32)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--single", type=int, default=5, help="queries timed one at a time (the latency of a lone query)")
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)
     data = np.load(HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz", allow_pickle=False)
@@ -45,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     codes = np.random.default_rng(0).integers(0, 256, size=(args.rows, args.bytes), dtype=np.uint8)
     trellis = KltTCQ(args.bytes).train(docs)
     trellis.codes = codes
+    sphere = trellis.clone_empty().on_sphere(1.0)
+    sphere.codes = codes
     pq = faiss.IndexPQ(docs.shape[1], args.bytes, 8, faiss.METRIC_INNER_PRODUCT)
     pq.train(docs)
     pq.sa_decode(codes[:1])  # the tables are trained
@@ -57,25 +62,38 @@ def main(argv: list[str] | None = None) -> int:
     for start in range(0, args.rows, 65_536):
         rows = np.arange(start, min(args.rows, start + 65_536)) % len(docs)
         fast.add(docs[rows] + 0.02 * noise.standard_normal((len(rows), docs.shape[1]), dtype=np.float32))
-    timings: dict[str, list[float]] = {"klt-tcq": [], "faiss IndexPQ": [], "faiss IndexPQFastScan": []}
+    timings: dict[str, list[float]] = {"klt-tcq": [], "klt-tcq-sphere": [], "faiss IndexPQ": [], "faiss IndexPQFastScan": []}
     for _ in range(args.rounds):
-        for name, index in (("klt-tcq", trellis), ("faiss IndexPQ", pq), ("faiss IndexPQFastScan", fast)):
+        for name, index in (("klt-tcq", trellis), ("klt-tcq-sphere", sphere), ("faiss IndexPQ", pq), ("faiss IndexPQFastScan", fast)):
             start = time.perf_counter()
             index.search(queries, 10)
             timings[name].append(time.perf_counter() - start)
+    single: dict[str, list[float]] = {"klt-tcq-sphere": [], "faiss IndexPQ": []}
+    for row in range(args.single):
+        for name, index in (("klt-tcq-sphere", sphere), ("faiss IndexPQ", pq)):
+            start = time.perf_counter()
+            index.search(queries[row : row + 1], 10)
+            single[name].append(time.perf_counter() - start)
     tcq_s, pq_s = float(np.median(timings["klt-tcq"])), float(np.median(timings["faiss IndexPQ"]))
+    sphere_s = float(np.median(timings["klt-tcq-sphere"]))
     fast_s = float(np.median(timings["faiss IndexPQFastScan"]))
     record = {"rows": args.rows, "bytes": args.bytes, "queries": args.queries, "rounds": args.rounds, "timings_s": timings,
               "klt_tcq_queries_per_s": args.queries / tcq_s, "faiss_pq_queries_per_s": args.queries / pq_s,
               "ratio_faiss_s_over_tcq_s": pq_s / tcq_s, "faiss_fast_scan_queries_per_s": args.queries / fast_s,
-              "ratio_fast_scan_s_over_tcq_s": fast_s / tcq_s, "machine": machine_info(),
+              "ratio_fast_scan_s_over_tcq_s": fast_s / tcq_s, "klt_tcq_sphere_queries_per_s": args.queries / sphere_s,
+              "ratio_faiss_s_over_tcq_sphere_s": pq_s / sphere_s, "ratio_fast_scan_s_over_tcq_sphere_s": fast_s / sphere_s,
+              "single_query_s": single, "single_query_median_s": {name: float(np.median(v)) for name, v in single.items() if v},
+              "machine": machine_info(),
               "command": "python benchmarks/trellis_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     (HERE / "results" / "trellis").mkdir(parents=True, exist_ok=True)
     atomic_write_json(HERE / "results" / "trellis" / "speed.json", record)
     print(f"klt-tcq:{args.bytes} {args.queries / tcq_s:.1f} q/s, FAISS PQ{args.bytes} {args.queries / pq_s:.1f} q/s at "
           f"{args.rows:,} rows: ratio {pq_s / tcq_s:.2f}; FAISS PQ{2 * args.bytes}x4fs {args.queries / fast_s:.1f} q/s: "
-          f"ratio {fast_s / tcq_s:.2f}")
+          f"ratio {fast_s / tcq_s:.2f}; klt-tcq-sphere:{args.bytes} {args.queries / sphere_s:.1f} q/s (ratio to PQ "
+          f"{pq_s / sphere_s:.2f})")
+    if args.single:
+        print("one query at a time: " + ", ".join(f"{name} {np.median(v):.3f} s" for name, v in single.items()))
     return 0
 
 
