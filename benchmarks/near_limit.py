@@ -305,8 +305,8 @@ def score(ds: dict[str, Any], searcher: Searcher, budget_bits: int) -> dict[str,
     metrics = evaluate_run(ds["qrels"], run_from_topk(ds["query_ids"], D, I, ds["doc_ids"], 100, True), ("ndcg@10", "recall@100"))
     held = ds["held_rows"]
     _, agree_rows = searcher.search(ds["docs"][held], 11)
-    agreement = float(np.mean([len(set(row[row != own][:10]) & set(truth)) / 10
-                               for row, own, truth in zip(agree_rows, held, ds["agreement_truth"])]))
+    hits = [len(set(row[row != own][:10]) & set(truth)) for row, own, truth in zip(agree_rows, held, ds["agreement_truth"])]
+    agreement = float(np.mean(hits) / 10)
     valid = I >= 0
     exact = np.einsum("qd,qkd->qk", ds["queries"], ds["docs"][np.clip(I, 0, None)])
     error = np.where(valid, D - exact, 0.0)
@@ -315,6 +315,9 @@ def score(ds: dict[str, Any], searcher: Searcher, budget_bits: int) -> dict[str,
         "ndcg@10": metrics["ndcg@10"], "recall@100": metrics["recall@100"], "n_queries": metrics.n_queries,
         "per_query": {q: round(v["ndcg@10"], 6) for q, v in metrics.per_query.items()},
         "agreement": agreement, "n_agreement_queries": int(len(held)),
+        # Of each held-out document's float32 top-10, how many the setting finds (in held-out order): the paired test of
+        # a learned transform against the codec without one (near_limit_report.py, as compress plan's gate_learned).
+        "agreement_hits": [int(h) for h in hits],
         "score_error": float((error ** 2).sum() / max(valid.sum(), 1)),
     }
     report = distortion_report(ds["docs"], searcher.reconstruct, budget_bits, eigenvalues=ds["spectrum"])
@@ -401,8 +404,8 @@ def cell_path(root: Path, setting: str) -> Path:
     return root / (setting.replace("/", "__").replace(":", "_").replace(",", "+") + ".json")
 
 
-def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
-        truncated: bool = False) -> Path:
+def run(data: str, model: str, budgets: tuple[int, ...], only: list[str] | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
+        truncated: bool = False, redo_without_hits: bool = False) -> Path:
     root = RESULTS / f"{data}-{model}"
     root.mkdir(parents=True, exist_ok=True)
     ds = load(data, model)
@@ -419,10 +422,11 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: str | None, learn
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
     for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes, truncated):
-        if only and only not in setting:
+        if only and not any(part in setting for part in only):
             continue
         path = cell_path(root, setting)
-        if path.is_file():
+        if path.is_file() and not (redo_without_hits and "agreement_hits" not in json.loads(path.read_text(encoding="utf-8"))
+                                   and "skipped" not in json.loads(path.read_text(encoding="utf-8"))):
             continue
         start = time.perf_counter()
         try:
@@ -466,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also PCA to k dims in front of klt-apq (the plan's PCA spaces; seconds to a minute per setting)")
     parser.add_argument("--rq-max-bytes", type=int, default=RQ_MAX_BYTES,
                         help="klt-rq only up to this budget (its cross-fitted fit takes minutes per budget here)")
-    parser.add_argument("--only", help="only settings whose name contains this")
+    parser.add_argument("--only", nargs="+", help="only settings whose name contains one of these")
+    parser.add_argument("--redo-without-hits", action="store_true",
+                        help="measure again the rows written before rows kept each held-out document's agreement (agreement_hits)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if (args.data, args.model) not in VECTORS:
@@ -474,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     set_threads(args.threads)
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(HERE / "data" / "vectors"))
-    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated)
+    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated, args.redo_without_hits)
     return 0
 
 

@@ -12,7 +12,8 @@ held-out corpus documents as queries), then scored on the judged test queries:
   or, where run (``--learned``), label-free DIVE (``compress fit --unsupervised``, fitted on the other half's documents) in
   front of a codec (``dive-128/klt-apq:32``), and, where run (``--truncated``), PCA to k dims in front of ``klt-apq``
   (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
-  every codec without one at the same bytes;
+  the best codec without one at its bytes by a paired test over the held-out documents (p < 0.05, as ``compress plan``
+  keeps a learned map; rows written before the benchmark kept each document's hits are compared by their means);
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
   RQ / PRQ / LSQ (where run), RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
@@ -53,6 +54,7 @@ import numpy as np
 
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query
 from embedtune.index.codecs import codec_family
+from embedtune.workflows.plan import LEARNED_GATE_P
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -87,6 +89,26 @@ def served(row: dict[str, Any]) -> dict[str, Any]:
         if codec_family(precision).deployable:
             return {**row, "family": "embedtune codec" if row["setting"].startswith("frozen/") else LEARNED}
     return row
+
+
+def learned_gate(row: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Any, str] | None:
+    """The paired test (over held-out documents' agreement hits) of learned ``row`` against the best of ``rows`` without a
+    learned transform at the same or fewer bytes, or None where either row predates the hits (then the mean decides)."""
+    rival = pick([r for r in rows if r["family"] != LEARNED and r["ram_bytes"] <= row["ram_bytes"]])
+    if rival is None or "agreement_hits" not in row or "agreement_hits" not in rival:
+        return None
+    return paired_test(np.asarray(row["agreement_hits"], float) / 10, np.asarray(rival["agreement_hits"], float) / 10), rival["setting"]
+
+
+def gate_learned(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` less each learned transform's that does not beat the best codec without one at its bytes by a paired test
+    (p < ``LEARNED_GATE_P`` and a higher mean), as ``compress plan`` keeps a learned map (``gate_learned``)."""
+    kept = []
+    for row in rows:
+        gate = learned_gate(row, rows) if row["family"] == LEARNED else None
+        if gate is None or (gate[0].mean_difference > 0 and gate[0].p_value < LEARNED_GATE_P):
+            kept.append(row)
+    return kept
 
 
 def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -142,7 +164,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         if budget not in measured:  # the run has not reached this budget (or was not asked for it): no row rather than a stale pick
             continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
-        ours = pick([r for r in fits if r["family"] in OURS])
+        ours = pick(gate_learned([r for r in fits if r["family"] in OURS]))
         peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS | SPHERE]
         peer = pick(peers)
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
@@ -204,14 +226,18 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         if learned is not None:
             plain = pick([r for r in fits if r["family"] == "embedtune codec"])
             versus = _paired(learned, plain)
+            gate = learned_gate(learned, [r for r in fits if r["family"] in OURS])
             summary[-1].update(learned=learned["setting"], learned_share=learned["ndcg@10"] / base, plain=plain["setting"],
                                plain_share=plain["ndcg@10"] / base, learned_minus_plain=versus.mean_difference,
-                               learned_minus_plain_p=versus.p_value, learned_picked=learned is ours)
+                               learned_minus_plain_p=versus.p_value, learned_picked=learned is ours,
+                               learned_agreement_p=None if gate is None else gate[0].p_value)
+            gate_text = ("no agreement per document to test" if gate is None else
+                         f"agreement {gate[0].mean_difference:+.4f} over {_pretty(gate[1])}, p {gate[0].p_value:.3f}")
             learned_lines.append(
                 f"- {budget} B: {_pretty(learned['setting'])} keeps {100 * learned['ndcg@10'] / base:.1f} % (agreement "
                 f"{learned['agreement']:.3f}); the best codec without a learned transform, {_pretty(plain['setting'])}, keeps "
                 f"{100 * plain['ndcg@10'] / base:.1f} % (agreement {plain['agreement']:.3f}): learned − plain "
-                f"{versus.mean_difference:+.4f} (p {versus.p_value:.3f}); {'picked' if learned is ours else 'not picked'}.")
+                f"{versus.mean_difference:+.4f} (p {versus.p_value:.3f}); {gate_text}; {'picked' if learned is ours else 'not picked'}.")
     at_bound = [(b, share_at_the_bound(rows, b, base)) for b in sorted(measured)]
     at_bound = [(b, v) for b, v in at_bound if v is not None]
     if at_bound:

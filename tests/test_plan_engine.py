@@ -396,3 +396,33 @@ def test_the_8_bit_peer_ladders_train_the_fewest_peers_and_choose_what_training_
         keeping = [r for r in ladder if r["objective"] >= target * full["reference"]["objective"]]
         if not keeping:  # a ladder short of the target everywhere: its dearest peer alone settles it
             assert [s for s in trained if f"/{kind}" in s] == [ladder[-1]["setting"]]
+
+
+def _row(setting: str, method: str, ram: int, scores: np.ndarray) -> dict:
+    return {"setting": setting, "method": method, "ram_bytes": ram, "tier": "ram", "choosable": True, "objective": float(scores.mean()),
+            "per_query": {f"q{i}": float(v) for i, v in enumerate(scores)}}
+
+
+def test_a_learned_map_is_chosen_only_where_a_paired_test_says_it_beats_the_plain_setting():
+    rng = np.random.default_rng(0)
+    plain = rng.uniform(0.3, 0.9, 400)
+    rows = [_row("frozen-32/klt-pq4:16", "frozen", 16, plain),
+            _row("dive-16/klt-pq4:16", "dive", 16, plain + rng.normal(0.004, 0.1, 400)),    # higher mean, noise: not shown
+            _row("dive-8/klt-pq4:32", "dive", 32, plain + rng.normal(0.05, 0.05, 400)),     # far ahead on most queries
+            _row("pca-16/klt-pq4:16", "pca", 16, plain + 0.01)]                            # closed-form: never gated
+    gated = plan_module.gate_learned(rows, "objective")
+    assert [r["setting"] for r in gated] == ["dive-16/klt-pq4:16"]
+    assert not rows[1]["choosable"] and rows[1]["gated_by"]["setting"] == "pca-16/klt-pq4:16" and rows[1]["gated_by"]["p"] >= 0.05
+    assert rows[2]["choosable"] and rows[3]["choosable"]
+    # The rival is the best setting without a learned map at the same or fewer bytes: a dearer one is no rival.
+    lone = [_row("dive-16/klt-pq4:16", "dive", 16, plain), _row("frozen-32/int8", "frozen", 32, plain + 0.2)]
+    assert plan_module.gate_learned(lone, "objective") == [] and lone[0]["choosable"]
+    # Above 1 the gate is off: the mean alone decides, as before.
+    again = [_row("frozen-32/klt-pq4:16", "frozen", 16, plain), _row("dive-16/klt-pq4:16", "dive", 16, plain + rng.normal(0.004, 0.1, 400))]
+    assert plan_module.gate_learned(again, "objective", p_below=2.0) == [] and again[1]["choosable"]
+
+
+def test_the_learned_gate_is_a_plan_flag_checked_on_the_command_line(tmp_path, capsys):
+    code = main(["compress", "plan", "--label-free", "agreement", "--budget-bytes", "8", "--learned-gate-p", "0", "--out", str(tmp_path / "p")])
+    assert code != 0 and "--learned-gate-p is a p-value threshold above 0" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()

@@ -34,6 +34,7 @@ from embedtune.workflows.label_free import (
 )
 from embedtune.workflows.plan import (
     CODEC_BUDGETS,
+    LEARNED_GATE_P,
     DEFAULT_CODECS,
     SEARCHED_CODEC_BUDGETS,
     SEARCHED_CODECS,
@@ -112,6 +113,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                        "(a bisection: a family's quality grows with its bytes), or the dearest within --budget-bytes "
                        f"(default: {' '.join(SEARCHED_CODECS)}, about a minute a budget on 65,536 rows; 'none' for none)")
     add_list_flag(plan, "--codec-budgets", default=list(CODEC_BUDGETS), item_type=int, help="bytes per vector the codecs are scored at")
+    plan.add_argument("--learned-gate-p", type=float, default=LEARNED_GATE_P, metavar="P",
+                      help="choose a learned map (DIVE) only where its validation scores beat the best setting without one at its "
+                           f"bytes by a paired test below P (default {LEARNED_GATE_P}; above 1: by any higher mean)")
     plan.add_argument("--allow-disk-rescore", action="store_true",
                       help="let the choice be a setting that rescores its candidates with float32 vectors read from disk at query time "
                            "(binary-rescore, rabitq1-rescore), and score a +refine<N> copy of every in-RAM setting within the budget "
@@ -191,6 +195,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
     _check_label_free_flags(args)
     if args.fit_sample is not None and args.fit_sample < 1:
         raise ValueError(f"--fit-sample is a positive number of corpus rows; got {args.fit_sample}.")
+    if not args.learned_gate_p > 0:
+        raise ValueError(f"--learned-gate-p is a p-value threshold above 0 (above 1 turns the gate off); got {args.learned_gate_p}.")
     if args.refine_candidates < 1:
         raise ValueError(f"--refine-candidates is a positive number of candidates; got {args.refine_candidates}.")
     if args.refine_candidates != DEFAULT_REFINE_CANDIDATES and not args.allow_disk_rescore:
@@ -227,13 +233,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
                                    check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep,
-                                   searched_codecs=searched_codecs)
+                                   searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
                         allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
-                        refine_candidates=args.refine_candidates, full_sweep=args.full_sweep, searched_codecs=searched_codecs)
+                        refine_candidates=args.refine_candidates, full_sweep=args.full_sweep, searched_codecs=searched_codecs,
+                        learned_gate_p=args.learned_gate_p)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)

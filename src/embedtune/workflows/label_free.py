@@ -64,6 +64,7 @@ from embedtune.workflows.plan import (
     CODEC_BUDGETS,
     DEFAULT_CODECS,
     DEFAULT_PEERS,
+    LEARNED_GATE_P,
     SEARCHED_CODECS,
     Candidate,
     PlanObjective,
@@ -467,6 +468,7 @@ def run_label_free_plan(
     check_full_corpus: bool = True,
     full_sweep: bool = False,
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
+    learned_gate_p: float = LEARNED_GATE_P,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -482,7 +484,8 @@ def run_label_free_plan(
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
         final: also score the choice on the experiment's labelled test queries, after it is made.
-        codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs: as in ``run_plan`` (the codecs are fitted on every document the index holds).
+        codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs, learned_gate_p: as in ``run_plan`` (the codecs
+            are fitted on every document the index holds).
         fit_sample: the corpus rows the whole plan runs on (default: :func:`plan_sample`'s rule): the sweep fits,
             holds out, indexes and scores that seeded sample, and the choice is refitted on it; recorded in
             ``plan.json`` under ``fit_sample``. A corpus no larger than the sample is used whole.
@@ -510,7 +513,8 @@ def run_label_free_plan(
     plan = run_sweep(LabelFreeObjective(sampled, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
-                     refine_candidates=refine_candidates, full_sweep=full_sweep, verify=verify, searched_codecs=searched_codecs)
+                     refine_candidates=refine_candidates, full_sweep=full_sweep, verify=verify, searched_codecs=searched_codecs,
+                     learned_gate_p=learned_gate_p)
     if "full_corpus" in plan:
         checked = plan["full_corpus"]
         if target_retention is not None and checked["agreement"] < target_retention:

@@ -86,6 +86,7 @@ from embedtune.runtime import progress_bar
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.frontier_plot import plot_frontier
 from embedtune.workflows.pareto import choose, pareto_frontier
+from embedtune.workflows.significance import align_by_query, paired_test
 from embedtune.workflows.train_compressor import fit_compressor, resolve_preset
 
 logger = logging.getLogger(__name__)
@@ -175,6 +176,9 @@ SPACE_CEILING_MARGIN = 0.02
 #: below ``klt-apq`` at the larger budget, in all 26 comparisons (0.09 to 0.22 in most). At equal bytes a peer can win
 #: (``RQ16x8`` on ArguAna), so a peer at the same bytes is still trained. ``--full-sweep`` trains them all.
 SEARCHED_CODEC_BEATS_CHEAPER_PEERS = True
+#: The level a learned map's validation scores must beat the best setting without one at by a paired test (two-sided,
+#: the learned mean higher) to stay choosable (:func:`gate_learned`).
+LEARNED_GATE_P = 0.05
 #: The textbook transform coder: scored on the uncompressed vectors beside the codecs, as the reference they are
 #: measured against, and never chosen (it is not a FAISS index, so a plan could not ship it).
 REFERENCE_CODEC = "klt-sq"
@@ -1063,6 +1067,7 @@ def run_sweep(
     full_sweep: bool = False,
     verify: Callable[[Path], tuple[bool, Mapping[str, Any]]] | None = None,
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
+    learned_gate_p: float = LEARNED_GATE_P,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1342,6 +1347,11 @@ def run_sweep(
             logger.info("%s: %d settings of the sweep not scored, as the choice could not be them", name, len(skipped_settings))
         for row in rows:
             row.update(_bill_columns(row, input_dim, price_per_gb_month))
+        gated = gate_learned(rows, y, learned_gate_p)
+        if gated:
+            logger.info("%s: %d learned settings not choosable, as none beats the best setting without a learned map at its bytes by a "
+                        "paired test: %s", name, len(gated), "; ".join(f"{r['setting']} (p {r['gated_by']['p']:.3f} against "
+                                                                     f"{r['gated_by']['setting']})" for r in gated))
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
         frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
         out.mkdir(parents=True, exist_ok=True)
@@ -1442,6 +1452,42 @@ def _name_frozen_rows(rows: list[dict[str, Any]], input_dim: int) -> None:
     for row in rows:
         row["setting"] = _setting(f"frozen-{input_dim}", row)
         row["candidate"] = None
+
+
+def is_learned(method: str | None) -> bool:
+    """Whether compressor ``method`` is a learned map: trained from a seed (DIVE, the adaptors, the autoencoder), unlike the
+    closed-form truncation and PCA, and the frozen vectors."""
+    return method is not None and method != "frozen" and get_compressor_class(method).seed_dependent
+
+
+def gate_learned(rows: list[dict[str, Any]], y: str, p_below: float = LEARNED_GATE_P) -> list[dict[str, Any]]:
+    """Make a learned map's rows choosable only where they beat the best choosable row without a learned map at the same
+    or fewer bytes, in the same tier, by a paired test over the validation's queries (``per_query``; p < ``p_below``,
+    :data:`LEARNED_GATE_P` by default, and a higher mean; ``p_below`` above 1 turns the gate off); returns the rows it
+    made unchoosable, each with ``gated_by`` (the rival, p and the difference).
+
+    A learned map is kept in a plan only where it earns its place, and a higher mean alone is not that. In the near-limit
+    benchmark (label-free DIVE in front of a codec, against the best codec without it at the same bytes, each chosen by
+    agreement@10 on held-out documents), agreement differences of +0.004 to +0.009 came with test nDCG@10 differences of
+    −0.027 (p 0.009) to −0.002, and differences of +0.012 to +0.020 with −0.003 to +0.009.
+    """
+    if p_below > 1:
+        return []
+    plain = [r for r in rows if r.get("choosable") and not is_learned(r.get("method")) and r.get("per_query")]
+    gated = []
+    for row in rows:
+        if not row.get("choosable") or not is_learned(row.get("method")) or not row.get("per_query"):
+            continue
+        rivals = [r for r in plain if r["ram_bytes"] <= row["ram_bytes"] and r.get("tier", "ram") == row.get("tier", "ram")]
+        if not rivals:
+            continue
+        rival = max(rivals, key=lambda r: (r[y], -r["ram_bytes"], str(r.get("setting", ""))))
+        test = paired_test(*align_by_query(row["per_query"], rival["per_query"]))
+        if test.mean_difference <= 0 or test.p_value >= p_below:
+            row["choosable"] = False
+            row["gated_by"] = {"setting": rival["setting"], "p": float(test.p_value), "difference": float(test.mean_difference)}
+            gated.append(row)
+    return gated
 
 
 def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
@@ -1653,6 +1699,7 @@ def run_plan(
     refine_candidates: int = DEFAULT_REFINE_CANDIDATES,
     full_sweep: bool = False,
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
+    learned_gate_p: float = LEARNED_GATE_P,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1699,6 +1746,8 @@ def run_plan(
         searched_codecs: codec families fitted on the uncompressed vectors only, at the fewest of
             :data:`SEARCHED_CODEC_BUDGETS` that find the cheapest keeping the target (:func:`search_budgets`;
             every budget with ``full_sweep``); after the compressors, before the 8-bit peers. ``()`` for none.
+        learned_gate_p: a learned map (DIVE) is chosen only where its validation scores beat the best setting without one
+            at its bytes by a paired test below this p (:func:`gate_learned`); above 1: by any higher mean.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1712,7 +1761,7 @@ def run_plan(
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
                      price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep,
-                     searched_codecs=searched_codecs)
+                     searched_codecs=searched_codecs, learned_gate_p=learned_gate_p)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
