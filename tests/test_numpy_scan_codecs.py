@@ -105,3 +105,11 @@ def test_the_numpy_index_round_trips_with_its_codes(tmp_path):
     assert np.array_equal(again.codes, index.codes) and again.radius == 0
     assert np.array_equal(again.search(docs[:20], 5)[1], index.search(docs[:20], 5)[1])
     assert index.serialized_bytes() == index.fixed_bytes() + 300 * 6
+
+
+def test_the_plan_command_says_what_serves_the_choice():
+    from embedtune.cli.plan import _served_by
+
+    assert "numpy scan" in _served_by({"faiss_factory": "klt-tcq-sphere:16"})
+    assert "FAISS index fitted on the corpus" in _served_by({"faiss_factory": "klt-pq4:16"})
+    assert _served_by({"faiss_factory": "SQ8"}) == "FAISS factory 'SQ8'"

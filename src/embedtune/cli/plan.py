@@ -19,7 +19,7 @@ from embedtune.cli.common import (
     print_table,
 )
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, PRICE_ASSUMPTION
-from embedtune.index.codecs import PRECISIONS, registered_codecs
+from embedtune.index.codecs import PRECISIONS, codec_family, is_registered_codec, registered_codecs
 from embedtune.index.fit_sample import MIN_FIT_SAMPLE, ROWS_PER_DIMENSION
 from embedtune.index.refine import DEFAULT_REFINE_CANDIDATES
 from embedtune.outputs import OVERWRITE_HELP, finish_output_dir, prepare_output_dir
@@ -335,7 +335,7 @@ def _print_label_free(plan: dict) -> None:
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
-          f"of the reference), refitted on every document; FAISS factory {plan['faiss_factory']!r}")
+          f"of the reference), refitted on every document; {_served_by(plan)}")
     _print_tables(chosen)
 
 
@@ -351,8 +351,18 @@ def _print_supervised(plan: dict) -> None:
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
-          f"of the reference); FAISS factory {plan['faiss_factory']!r}")
+          f"of the reference); {_served_by(plan)}")
     _print_tables(chosen)
+
+
+def _served_by(plan: dict) -> str:
+    """What serves the choice: a FAISS factory string, a registered codec's FAISS index, or embedtune's numpy scan."""
+    name = plan["faiss_factory"]
+    if is_registered_codec(name):
+        family = codec_family(name)
+        return (f"codec {name!r}, served by embedtune's numpy scan (no FAISS index type holds its codes)" if family.numpy_scan
+                else f"codec {name!r}, a FAISS index fitted on the corpus")
+    return f"FAISS factory {name!r}"
 
 
 def _print_tables(chosen: Mapping[str, Any]) -> None:
