@@ -82,7 +82,7 @@ RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
 CODECS = ("klt-pq", "klt-pq4", "klt-rq", "klt-wpq", "klt-apq", "klt-pq4-sphere", "klt-apq-sphere")
 #: The reference codes decoded onto the unit sphere (``--only sphere``): the textbook coder's and the trellis code's.
-SPHERE_CODECS = ("klt-sq-sphere", "klt-tcq-sphere")
+SPHERE_CODECS = ("klt-sq-sphere", "klt-tcq-sphere", "klt-tcq12-sphere")
 RQ_MAX_BYTES = 32
 OPQ_MAX_BYTES = 32
 FAISS_RQ_MAX_BYTES = 32

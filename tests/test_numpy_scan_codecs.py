@@ -113,3 +113,13 @@ def test_the_plan_command_says_what_serves_the_choice():
     assert "numpy scan" in _served_by({"faiss_factory": "klt-tcq-sphere:16"})
     assert "FAISS index fitted on the corpus" in _served_by({"faiss_factory": "klt-pq4:16"})
     assert _served_by({"faiss_factory": "SQ8"}) == "FAISS factory 'SQ8'"
+
+
+def test_the_twelve_bit_family_keeps_its_register_and_refuses_another(tmp_path):
+    rng = np.random.default_rng(0)
+    docs = rng.standard_normal((300, 16)).astype(np.float32) * np.geomspace(1, 0.1, 16).astype(np.float32)
+    index = codec_family("klt-tcq12:4").train(docs)
+    assert index.state_bits == 12 and codec_family("klt-tcq:4").train(docs).state_bits == 10
+    codec_family("klt-tcq:4").train(docs).write(tmp_path)
+    with pytest.raises(ValueError, match="10-bit register"):
+        codec_family("klt-tcq12:4").read_trained(tmp_path)

@@ -695,8 +695,11 @@ def _check_index_agrees(index: Any, kind: str, dim: int, ntotal: int, index_path
             refuse(f"holds a codec's tables and codes, but field 'kind' is {kind!r}, not a codec served by embedtune's numpy scan")
         if index.d != dim:
             refuse(f"holds {index.d}-d vectors but field 'dim' is {dim}")
-        if index.sa_code_size() != family.code_size(dim) or bool(index.radius) != family.requires_common_norm:
-            refuse(f"holds {index.sa_code_size()}-byte codes {'on the sphere' if index.radius else 'decoded as they are'}, not {kind!r}'s")
+        if index.sa_code_size() != family.code_size(dim):
+            refuse(f"holds {index.sa_code_size()}-byte codes, not {kind!r}'s")
+        mismatch = family.mismatch(index)
+        if mismatch:
+            refuse(f"holds {mismatch}, not {kind!r}'s")
         if index.ntotal != ntotal:
             refuse(f"holds {index.ntotal} vectors but field 'ntotal' is {ntotal}")
         return

@@ -185,7 +185,7 @@ REFERENCE_CODEC = "klt-sq"
 #: Codewords per codebook of the built-in codec families, for the too-few-training-points rule of
 #: :func:`codec_precisions` (a family not listed is taken to train 256 codewords, the cautious guess).
 CODEC_CODEWORDS = {"klt-pq": 256, "klt-rq": 256, "klt-pq4": 16, "klt-pq4-sphere": 16, "klt-sq": 0, "klt-sq-sphere": 0, "klt-tcq": 0,
-                   "klt-tcq-sphere": 0}
+                   "klt-tcq-sphere": 0, "klt-tcq12": 0, "klt-tcq12-sphere": 0}
 #: Row labels (``family``) of codec rows: a deployable codec, and the reference codecs.
 CODEC_FAMILY_LABEL = "embedtune codec ({family})"
 REFERENCE_FAMILY_LABEL = "textbook transform coder (reference)"

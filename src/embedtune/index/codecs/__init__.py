@@ -118,7 +118,7 @@ from embedtune.index.codecs.rate_distortion import corpus_spectrum, distortion_r
 from embedtune.index.codecs.registry import CodecFamily, codec_family, is_registered_codec, register_codec, registered_codecs
 from embedtune.index.codecs.transform import KltPQ, KltPQ4, KltPQ4Sphere, KltRQ
 from embedtune.index.codecs.textbook import TABLES_FILE, KltSQ, KltSQSphere, is_rotated_index, read_rotated_index
-from embedtune.index.codecs.trellis import KltTCQ, KltTCQSphere
+from embedtune.index.codecs.trellis import KltTCQ, KltTCQ12, KltTCQ12Sphere, KltTCQSphere
 from embedtune.index.codecs.weighted import KltWeightedPQ
 from embedtune.index.codecs.anisotropic import KltAnisotropicPQ, KltAnisotropicPQSphere
 
@@ -177,6 +177,8 @@ __all__ = [
     "read_rotated_index",
     "KltTCQ",
     "KltTCQSphere",
+    "KltTCQ12",
+    "KltTCQ12Sphere",
     "KltWeightedPQ",
     "KltAnisotropicPQ",
     "KltAnisotropicPQSphere",

@@ -106,6 +106,11 @@ class CodecFamily(ABC):
 
         return faiss.read_index(str(Path(directory) / CODEC_FILE))
 
+    def mismatch(self, index: Any) -> str | None:
+        """What makes a read ``index`` another codec's tables than this family's, or None (a family served by embedtune's
+        numpy scan says; a FAISS index is checked by its reader)."""
+        return None
+
     def describe(self) -> str:
         return f"{self.name}: {self.summary}"
 
