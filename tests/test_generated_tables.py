@@ -50,7 +50,8 @@ def test_the_headline_counts_where_label_free_learning_was_kept_and_where_it_was
         {**base, "corpus": "scifact-minilm", "budget": 48, "pick": "frozen/klt-apq:48"},
     ]
     text = near_limit_report.headline(rows, 384)
-    assert "ran in 3 cells and was picked, by agreement alone, in 2 (arguana-minilm at 16 B, arguana-minilm at 32 B)" in text
+    assert "ran in 3 cells and was picked, without labels, in 2 (arguana-minilm at 16 B, arguana-minilm at 32 B)" in text
+    assert "(p < 0.05; in 0 of the 3 cells, the rest by the mean, their rows predating the per-document hits)" in text
     assert "+0.0100 to +0.0300 nDCG@10 over the best codec without a learned transform, significant in 1 (arguana-minilm at 16 B)" in text
     assert "picked where it was worse: 0; left out where it was significantly worse: 1." in text
 
