@@ -76,7 +76,12 @@ TRELLIS = "frozen@klt-tcq"
 TRELLIS_CODEC = "klt-tcq"
 TRELLIS_SPHERE = "frozen@klt-tcq-sphere"
 TRELLIS_CODECS = {TRELLIS: TRELLIS_CODEC, TRELLIS_SPHERE: "klt-tcq-sphere"}
-LEARNED = ("dive", "dive@pseudo-title")
+#: DIVE with the labels followed by the trellis code on the sphere (``--learned dive@klt-tcq-sphere``): the same fits as
+#: ``dive`` (the same seeds and folds), another codec; compared with both PCA variants followed by the same codec.
+SPHERE_LABELS = {"dive@klt-tcq-sphere": "klt-tcq-sphere", "pca@klt-tcq-sphere": "klt-tcq-sphere",
+                 "pca-uncentred@klt-tcq-sphere": "klt-tcq-sphere"}
+LABEL_CODECS = {**TRELLIS_CODECS, **SPHERE_LABELS}
+LEARNED = ("dive", "dive@pseudo-title", "dive@klt-tcq-sphere")
 
 
 def experiment_for(dataset: str):
@@ -98,6 +103,8 @@ def run(args: argparse.Namespace) -> None:
         every = judged(experiment, experiment.part_ids("all"))
         for dim in args.dims:
             todo: list[tuple[str, int, int | None]] = [(label, 0, None) for label in (*LABEL_FREE, *TRELLIS_CODECS)]
+            if "dive@klt-tcq-sphere" in args.learned:  # its PCA comparisons, followed by the same codec
+                todo += [("pca@klt-tcq-sphere", 0, None), ("pca-uncentred@klt-tcq-sphere", 0, None)]
             todo += [("dive@unsupervised", seed, None) for seed in args.seeds]
             todo += [(label, seed, fold) for label in args.learned for seed in args.seeds for fold in range(args.folds)]
             mined: dict[int, np.ndarray] = {}
@@ -112,8 +119,8 @@ def run(args: argparse.Namespace) -> None:
                 test_ids = every
                 if label in ("frozen", *TRELLIS_CODECS):
                     transform = lambda x: x  # noqa: E731
-                elif label in ("pca", "pca-uncentred"):
-                    cls = get_compressor_class(label)
+                elif label.split("@")[0] in ("pca", "pca-uncentred"):
+                    cls = get_compressor_class(label.split("@")[0])
                     transform = cls(cls.config_class(dim=dim, seed=SPLIT_SEED)).fit_unsupervised(experiment.embeddings.doc_embeddings).transform
                 elif label == "dive@unsupervised":
                     compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu"))
@@ -142,9 +149,9 @@ def run(args: argparse.Namespace) -> None:
                                "selected_epoch": getattr(result.compressor, "selected_epoch_", None)}
                 fit_s = time.perf_counter() - start
                 record = {"dataset": dataset, "protocol": protocol, "split_seed": SPLIT_SEED, "dim": dim, "label": label, "seed": seed,
-                          "codec": TRELLIS_CODECS.get(label, CODEC), "fit_s": round(fit_s, 1), **details,
+                          "codec": LABEL_CODECS.get(label, CODEC), "fit_s": round(fit_s, 1), **details,
                           "per_query_by_budget": budget_scores(experiment, transform, test_ids, tuple(args.budgets),
-                                                               TRELLIS_CODECS.get(label, CODEC)),
+                                                               LABEL_CODECS.get(label, CODEC)),
                           "command": command, "git_commit": commit, "embedtune_version": __version__, "machine": machine_info(),
                           "seconds": round(time.perf_counter() - start, 1), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
                 atomic_write_json(path, record)
@@ -223,7 +230,8 @@ def report(out: Path) -> str:
                 ids = sorted(set.intersection(*(set(s) for s in scores.values())))
                 mean = {label: float(np.mean([s[q] for q in ids])) for label, s in scores.items()}
                 stronger = max(("pca", "pca-uncentred"), key=mean.__getitem__)
-                label_free = [label for label in ("frozen", "pca", "pca-uncentred", "dive@unsupervised", *TRELLIS_CODECS) if label in mean]
+                label_free = [label for label in ("frozen", "pca", "pca-uncentred", "dive@unsupervised", *TRELLIS_CODECS,
+                                                  "pca@klt-tcq-sphere", "pca-uncentred@klt-tcq-sphere") if label in mean]
                 best_free = max(label_free, key=mean.__getitem__)
 
                 def versus(label: str, other: str) -> tuple[float, float]:
@@ -234,12 +242,20 @@ def report(out: Path) -> str:
                 for label in [*label_free, *learned]:
                     if label in TRELLIS_CODECS:
                         name = f"`{TRELLIS_CODECS[label]}:{budget}` (served by embedtune's numpy scan)"
+                    elif label in SPHERE_LABELS:
+                        name = f"{label.split('@')[0]}-{block.name[1:]} + `{SPHERE_LABELS[label]}:{budget}`"
                     else:
                         name = f"`{CODEC}:{budget}`" if label == "frozen" else f"{label}-{block.name[1:]} + `{CODEC}:{budget}`"
                     tags = [t for t, hit in (("stronger PCA", label == stronger), ("best label-free", label == best_free)) if hit]
                     cells = " | | | |"
                     if label in learned:
-                        (d_pca, p_pca), (d_free, p_free), (d_plain, p_plain) = versus(label, stronger), versus(label, best_free), versus(label, "frozen")
+                        # DIVE followed by another codec is compared with PCA and the plain vectors followed by that codec.
+                        codec = SPHERE_LABELS.get(label)
+                        own_pca = [f"{v}@{codec}" for v in ("pca", "pca-uncentred") if f"{v}@{codec}" in mean] if codec else []
+                        own_stronger = max(own_pca, key=mean.__getitem__) if own_pca else stronger
+                        own_plain = TRELLIS_SPHERE if codec and TRELLIS_SPHERE in mean else "frozen"
+                        (d_pca, p_pca), (d_free, p_free), (d_plain, p_plain) = (versus(label, own_stronger), versus(label, best_free),
+                                                                                versus(label, own_plain))
                         d_tcq, p_tcq = versus(label, TRELLIS) if trellis else (float("nan"), float("nan"))
                         cells = (f" {d_pca:+.4f} ({p_pca:.3f}) | {d_free:+.4f} ({p_free:.3f}) | {d_plain:+.4f} ({p_plain:.3f}) | "
                                  + (f"{d_tcq:+.4f} ({p_tcq:.3f}) |" if trellis else "– |"))
