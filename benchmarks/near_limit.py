@@ -425,9 +425,10 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: list[str] | None,
         if only and not any(part in setting for part in only):
             continue
         path = cell_path(root, setting)
-        if path.is_file() and not (redo_without_hits and "agreement_hits" not in json.loads(path.read_text(encoding="utf-8"))
-                                   and "skipped" not in json.loads(path.read_text(encoding="utf-8"))):
-            continue
+        if path.is_file():
+            written = json.loads(path.read_text(encoding="utf-8"))
+            if not (redo_without_hits and "agreement_hits" not in written and "skipped" not in written):
+                continue
         start = time.perf_counter()
         try:
             searcher = build(ds)

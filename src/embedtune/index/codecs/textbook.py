@@ -95,6 +95,7 @@ class RotatedCodeIndex:
         self.mean = np.ascontiguousarray(mean, dtype=np.float32)
         self.axes = np.ascontiguousarray(axes, dtype=np.float32)
         self.d = int(self.axes.shape[0])
+        self._centre = (self.axes.T @ self.mean).astype(np.float32)  # the centre on the coded axes (the sphere's scale)
         self.codes = np.zeros((0, self.sa_code_size()), dtype=np.uint8)
         self.radius = 0.0
 
@@ -111,8 +112,7 @@ class RotatedCodeIndex:
 
         In float32, as the scan scores: a float64 copy of every decoded block took longer than decoding it."""
         y = np.asarray(rotated, dtype=np.float32)
-        centre = (self.axes.T @ self.mean).astype(np.float32)
-        squared = np.einsum("ij,ij->i", y, y) + 2.0 * (y @ centre) + np.float32(self.mean @ self.mean)
+        squared = np.einsum("ij,ij->i", y, y) + 2.0 * (y @ self._centre) + np.float32(self.mean @ self.mean)
         return (np.float32(self.radius) / np.sqrt(np.maximum(squared, np.float32(1e-30))))[:, None]
 
     @property
