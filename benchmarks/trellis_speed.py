@@ -11,7 +11,8 @@ encoded. The three are timed in turns, ``--rounds`` times, on the same batch of 
 each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). ``klt-tcq-sphere`` is the same codes
 decoded onto the unit sphere (one more scale per decoded row). A scan decodes every code once per batch of queries,
 so ``--single`` queries are also timed one at a time (the latency of a lone query), for the trellis index and FAISS
-``PQ``. Writes ``benchmarks/results/trellis/speed.json``.
+``PQ``. ``--encode`` rows (the SciFact documents, tiled) are encoded by each trellis code (10- and 12-bit registers) and by
+FAISS ``PQ``, one thread: the Viterbi encoder's vectors per second. Writes ``benchmarks/results/trellis/speed.json``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from embedtune.bench.efficiency import machine_info  # noqa: E402
-from embedtune.index.codecs.trellis import KltTCQ  # noqa: E402
+from embedtune.index.codecs.trellis import KltTCQ, KltTCQ12  # noqa: E402
 from embedtune.io import atomic_write_json  # noqa: E402
 
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=5, help="queries timed one at a time (the latency of a lone query)")
+    parser.add_argument("--encode", type=int, default=20_000, help="rows encoded to time each encoder (0: none)")
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)
     data = np.load(HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz", allow_pickle=False)
@@ -74,6 +76,14 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             index.search(queries[row : row + 1], 10)
             single[name].append(time.perf_counter() - start)
+    encode_s: dict[str, float] = {}
+    if args.encode:
+        rows = docs[np.arange(args.encode) % len(docs)]
+        for name, encoder in ((f"klt-tcq:{args.bytes}", trellis), (f"klt-tcq12:{args.bytes}", KltTCQ12(args.bytes).train(docs)),
+                              (f"faiss PQ{args.bytes}", pq)):
+            start = time.perf_counter()
+            encoder.sa_encode(rows)
+            encode_s[name] = time.perf_counter() - start
     tcq_s, pq_s = float(np.median(timings["klt-tcq"])), float(np.median(timings["faiss IndexPQ"]))
     sphere_s = float(np.median(timings["klt-tcq-sphere"]))
     fast_s = float(np.median(timings["faiss IndexPQFastScan"]))
@@ -82,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
               "ratio_faiss_s_over_tcq_s": pq_s / tcq_s, "faiss_fast_scan_queries_per_s": args.queries / fast_s,
               "ratio_fast_scan_s_over_tcq_s": fast_s / tcq_s, "klt_tcq_sphere_queries_per_s": args.queries / sphere_s,
               "ratio_faiss_s_over_tcq_sphere_s": pq_s / sphere_s, "ratio_fast_scan_s_over_tcq_sphere_s": fast_s / sphere_s,
-              "single_query_s": single, "single_query_median_s": {name: float(np.median(v)) for name, v in single.items() if v},
+              "single_query_s": single, "encode_rows": args.encode, "encode_s": encode_s,
+              "encode_vectors_per_s": {name: args.encode / seconds for name, seconds in encode_s.items()}, "single_query_median_s": {name: float(np.median(v)) for name, v in single.items() if v},
               "machine": machine_info(),
               "command": "python benchmarks/trellis_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -92,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rows:,} rows: ratio {pq_s / tcq_s:.2f}; FAISS PQ{2 * args.bytes}x4fs {args.queries / fast_s:.1f} q/s: "
           f"ratio {fast_s / tcq_s:.2f}; klt-tcq-sphere:{args.bytes} {args.queries / sphere_s:.1f} q/s (ratio to PQ "
           f"{pq_s / sphere_s:.2f})")
+    if encode_s:
+        print(f"encoding {args.encode:,} rows, one thread: " + ", ".join(f"{name} {args.encode / v:,.0f} vectors/s"
+                                                                        for name, v in encode_s.items()))
     if args.single:
         print("one query at a time: " + ", ".join(f"{name} {np.median(v):.3f} s" for name, v in single.items()))
     return 0

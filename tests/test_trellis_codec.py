@@ -25,7 +25,7 @@ def _states_of_stream(stream: list[int], bits: list[int], state_bits: int) -> li
 
 def test_the_viterbi_encoder_finds_the_stream_of_least_error():
     rng = np.random.default_rng(0)
-    state_bits, bits = 3, [1, 0, 2, 1, 0, 2]
+    state_bits, bits = 3, [1, 0, 2, 1, 0, 3]  # up to a whole register's bits at one axis: a three-round knockout
     codebook = rng.standard_normal((len(bits), 1 << state_bits)).astype(np.float32)
     scale = np.array([1.0, 0.5, 2.0, 1.0, 0.3, 1.5], dtype=np.float32)
     y = rng.standard_normal((20, len(bits))).astype(np.float32) * scale
@@ -38,6 +38,16 @@ def test_the_viterbi_encoder_finds_the_stream_of_least_error():
         best = min(costs.values())
         assert tuple(row.tolist()) in costs, "the encoder returned states no stream reaches"
         assert costs[tuple(row.tolist())] == pytest.approx(best, rel=1e-5, abs=1e-6)
+
+
+def test_the_viterbi_encoder_breaks_ties_toward_the_lowest_bits_whatever_the_block():
+    # Every stream costs the same when each axis's table holds one value: the encoder must return the all-zero stream (the
+    # lowest predecessor wins each tie, the lowest final state the last), in blocks of any size.
+    state_bits, bits = 4, np.array([2, 1, 0, 3, 1])
+    codebook = np.ones((len(bits), 1 << state_bits), dtype=np.float32)
+    y = np.random.default_rng(1).standard_normal((9, len(bits))).astype(np.float32)
+    for block in (1, 4, 9):
+        assert not viterbi_states(y, np.ones(len(bits), np.float32), bits, codebook, state_bits, block=block).any()
 
 
 def test_trellis_bits_spend_the_budget_on_the_axes_water_filling_gives_a_rate():
