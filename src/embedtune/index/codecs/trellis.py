@@ -33,10 +33,10 @@ them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). F
 for these codes, so embedtune's numpy scan serves them (``numpy_scan``): a plan saves the tables as
 ``codec.safetensors``, ``index build --plan`` writes the tables and the codes as ``index.safetensors``,
 and ``search`` scans them. The scan decodes every code it scores, once per batch of queries: fast for
-batches (at 1M vectors and 32 B, about as many queries a second as FAISS's 8-bit ``PQ32`` scan), slow
-for one query at a time. Encoding is the Viterbi search, about a thousand vectors a second per thread
-at 32 B, so the family is not among a plan's defaults: ask for it with ``--codecs`` or
-``--searched-codecs``.
+batches (at 1M vectors and 32 B, 1.2-1.4 times as many queries a second as FAISS's 8-bit ``PQ32`` scan),
+slow for one query at a time (0.77 s over 1M codes). Encoding is the Viterbi search, about 5,000 vectors a
+second per thread at 32 B (``benchmarks/trellis_speed.py``). FAISS and the vector stores cannot load the
+codes, so the family is not among a plan's defaults: ask for it with ``--codecs`` or ``--searched-codecs``.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ class TrellisTransformIndex(RotatedCodeIndex):
         return registers.view(np.int32)
 
     def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
-        # A gather from the flattened tables, axis i's value for register s at i · 2^L + s, a few thousand codes at a
+        # A gather from the flattened tables, axis i's value for register s at i · 2^L + s, a thousand codes at a
         # time: rows of registers and values stay in cache, and nothing is transposed (3x faster than axis by axis).
         codes = np.asarray(codes, dtype=np.uint8)
         decoded = np.empty((len(codes), len(self.bits)), dtype=np.float32)
