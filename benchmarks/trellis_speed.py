@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/trellis_speed.py
 
 A scan's time does not depend on what its codes hold, so both indexes hold 1,000,000 random codes
-of 32 bytes (encoding a million vectors with the Viterbi encoder takes about 20 minutes): the
+of 32 bytes (encoding a million vectors with the Viterbi encoder takes minutes): the
 trellis index trained on the SciFact MiniLM documents, FAISS ``PQ32`` (8-bit) trained on the same.
 FAISS's fastest scan at the same bytes, the 4-bit fast-scan ``PQ{2B}x4fs``, lays its codes out in
 blocks of its own, so it holds the SciFact documents tiled to the same rows (plus a little noise),
@@ -12,7 +12,7 @@ each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). ``klt
 decoded onto the unit sphere (one more scale per decoded row). A scan decodes every code once per batch of queries,
 so ``--single`` queries are also timed one at a time (the latency of a lone query), for the trellis index and FAISS
 ``PQ``. ``--encode`` rows (the SciFact documents, tiled) are encoded by each trellis code (10- and 12-bit registers) and by
-FAISS ``PQ``, one thread: the Viterbi encoder's vectors per second. Writes ``benchmarks/results/trellis/speed.json``.
+FAISS ``PQ``, one thread: the Viterbi encoder's vectors per second; then ``klt-tcq`` on ``--encode-threads`` threads. Writes ``benchmarks/results/trellis/speed.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from embedtune.bench.efficiency import machine_info  # noqa: E402
 from embedtune.index.codecs.trellis import KltTCQ, KltTCQ12  # noqa: E402
 from embedtune.io import atomic_write_json  # noqa: E402
+from embedtune.runtime import set_threads  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=5, help="queries timed one at a time (the latency of a lone query)")
     parser.add_argument("--encode", type=int, default=20_000, help="rows encoded to time each encoder (0: none)")
+    parser.add_argument("--encode-threads", type=int, default=2,
+                        help="then klt-tcq's encoder again on this many threads (its blocks split over them; 1: not run)")
     args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)
     data = np.load(HERE.parent / "src/embedtune/datasets/scifact-minilm-vectors.npz", allow_pickle=False)
@@ -84,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             encoder.sa_encode(rows)
             encode_s[name] = time.perf_counter() - start
+        if args.encode_threads > 1:  # last: set_threads also gives FAISS, torch and BLAS these threads
+            set_threads(args.encode_threads)
+            start = time.perf_counter()
+            threaded = trellis.sa_encode(rows)
+            encode_s[f"klt-tcq:{args.bytes} on {args.encode_threads} threads"] = time.perf_counter() - start
+            set_threads(1)
+            if not np.array_equal(threaded[:2_000], trellis.sa_encode(rows[:2_000])):
+                raise SystemExit("the encoder gave other codes on several threads")
     tcq_s, pq_s = float(np.median(timings["klt-tcq"])), float(np.median(timings["faiss IndexPQ"]))
     sphere_s = float(np.median(timings["klt-tcq-sphere"]))
     fast_s = float(np.median(timings["faiss IndexPQFastScan"]))

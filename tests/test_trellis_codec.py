@@ -40,6 +40,17 @@ def test_the_viterbi_encoder_finds_the_stream_of_least_error():
         assert costs[tuple(row.tolist())] == pytest.approx(best, rel=1e-5, abs=1e-6)
 
 
+def test_the_viterbi_encoder_gives_the_same_states_on_any_number_of_threads():
+    rng = np.random.default_rng(2)
+    state_bits, bits = 6, np.array([1, 2, 0, 1, 3, 1, 0, 2])
+    codebook = rng.standard_normal((len(bits), 1 << state_bits)).astype(np.float32)
+    scale = np.linspace(2.0, 0.5, len(bits)).astype(np.float32)
+    y = rng.standard_normal((70, len(bits))).astype(np.float32)
+    one = viterbi_states(y, scale, bits, codebook, state_bits, block=8, threads=1)
+    assert np.array_equal(viterbi_states(y, scale, bits, codebook, state_bits, block=8, threads=3), one)
+    assert np.array_equal(viterbi_states(y, scale, bits, codebook, state_bits, block=70, threads=2), one)
+
+
 def test_the_viterbi_encoder_breaks_ties_toward_the_lowest_bits_whatever_the_block():
     # Every stream costs the same when each axis's table holds one value: the encoder must return the all-zero stream (the
     # lowest predecessor wins each tie, the lowest final state the last), in blocks of any size.

@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "set_threads",
+    "thread_budget",
     "default_threads",
     "set_progress",
     "progress_enabled",
@@ -79,11 +80,34 @@ def set_threads(threads: int) -> None:
     2-core machine: 1:28 on one thread, 10:53 on the defaults). Tokenizers stay single-threaded
     (``TOKENIZERS_PARALLELISM=false``, set by the CLI).
     """
+    global _thread_budget
     if threads < 1:
         raise ValueError(f"threads must be >= 1; got {threads}.")
+    _thread_budget = int(threads)
     _set_threads_of("torch", threads)
     _set_threads_of("faiss", threads)
     _limit_blas(threads)
+
+
+_thread_budget: int | None = None
+
+
+def thread_budget() -> int:
+    """Threads embedtune's own numpy loops may split their work over (the trellis encoder's blocks).
+
+    What :func:`set_threads` was last given (the command line's ``--threads``), else ``OMP_NUM_THREADS`` (as torch, FAISS and
+    BLAS read it), else the cores this process may run on. Only work that splits into independent pieces with the same
+    result uses it.
+    """
+    if _thread_budget is not None:
+        return _thread_budget
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def _limit_blas(threads: int) -> None:

@@ -41,6 +41,7 @@ codes, so the family is not among a plan's defaults: ask for it with ``--codecs`
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,7 +52,7 @@ from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.textbook import TABLES_FILE, RotatedCodeIndex, read_rotated_index, register_rotated_index
 from embedtune.index.codecs.transform import sampled_klt
-from embedtune.runtime import progress_bar
+from embedtune.runtime import progress_bar, thread_budget
 
 __all__ = ["STATE_BITS", "MAX_STATE_BITS", "KltTCQ", "KltTCQSphere", "KltTCQ12", "KltTCQ12Sphere", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
 
@@ -63,6 +64,8 @@ MAX_STATE_BITS = 12
 #: Rows the per-axis scales are fitted on (least squares over the Viterbi codes, :data:`SCALE_PASSES` times).
 SCALE_FIT_ROWS = 4_096
 SCALE_PASSES = 2
+#: Rows encoded per piece (:meth:`TrellisTransformIndex.sa_encode`): their states take ``rows × r × 8`` bytes.
+ENCODE_ROWS = 32_768
 #: Codes decoded at once: their registers and values (``rows × r × 4`` bytes each) stay in a core's cache.
 DECODE_BLOCK = 1_024
 #: Rows encoded at once: the Viterbi back-pointers of a block take ``rows × r × 2^L / 2`` bytes or less.
@@ -98,69 +101,90 @@ def trellis_bits(eigenvalues: np.ndarray, bits: int, state_bits: int = STATE_BIT
 
 
 def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook: np.ndarray, state_bits: int = STATE_BITS,
-                   block: int = ENCODE_BLOCK) -> np.ndarray:
+                   block: int = ENCODE_BLOCK, threads: int | None = None) -> np.ndarray:
     """The register's state after each axis, for the stream that minimises ``Σ_i (y_i − scale_i · codebook_i[state_i])²``.
 
     Args:
         y: ``(n, r)`` the rotated vectors, axes in the order the decoder reads them.
         scale: ``(r,)``; bits: ``(r,)`` bits shifted in at each axis; codebook: ``(r, 2^L)``.
+        block: rows searched together; threads: blocks searched at once (default :func:`~embedtune.runtime.thread_budget`;
+            numpy releases the GIL in each step, and the states do not depend on it).
 
     Returns:
         ``(n, r)`` int64 states (the register starts at 0; after axis ``i`` it is ``(state << k_i | new bits) mod 2^L``).
     """
     y = np.asarray(y, dtype=np.float32)
     n, r = y.shape
-    states_count = 1 << state_bits
     values = (np.asarray(scale, dtype=np.float32)[:, None] * np.asarray(codebook, dtype=np.float32)).astype(np.float32)
+    bits = np.asarray(bits, dtype=np.int64)
     states = np.empty((n, r), dtype=np.int64)
     # States by rows, vectors along the columns: every step below then runs over long contiguous rows (a state's cost for
     # the block's vectors), where vectors by rows would leave 2^k-long inner loops.
     by_axis = np.ascontiguousarray(y.T)
     # About 5,000 vectors a second at 32 B: a bar from a few thousand rows on (it appears only once the job has run a while).
     bar = progress_bar(n, "klt-tcq: Viterbi encoding", unit="vector", leave=False)
-    for start in range(0, n, block):
-        chunk = by_axis[:, start : start + block]
-        m = chunk.shape[1]
-        cost = np.full((states_count, m), np.inf, dtype=np.float32)
-        cost[0] = 0.0
-        error = np.empty((states_count, m), dtype=np.float32)
-        back: list[np.ndarray | None] = []
-        for axis in range(r):
-            np.subtract(values[axis][:, None], chunk[axis][None, :], out=error)
-            np.square(error, out=error)
-            k = int(bits[axis])
-            if k:
-                # The states shifting into state s are (u << (L - k)) | (s >> k), u = 0 .. 2^k - 1 (the high bits drop out):
-                # the u-th block of rows. Their minimum is a knockout, neighbours paired each round; the lower u wins a tie, so
-                # the path is argmin's (its first minimum). Pairwise rounds beat a masked running minimum several times over.
-                best = cost.reshape(1 << k, states_count >> k, m)
-                choice: np.ndarray | None = None
-                for _ in range(k):
-                    right_wins = best[1::2] < best[0::2]
-                    if choice is None:
-                        choice = right_wins.view(np.uint8) + np.arange(0, 1 << k, 2, dtype=np.uint8)[:, None, None]
-                    else:
-                        choice = np.where(right_wins, choice[1::2], choice[0::2])
-                    best = np.minimum(best[0::2], best[1::2])
-                # New state s reads best[s >> k]: add it to the error in place, 2^k consecutive states at a time.
-                error.reshape(states_count >> k, 1 << k, m)[...] += best[0][:, None, :]
-                cost, error = error, cost
-                back.append(choice[0])
-            else:
-                cost += error
-                back.append(None)
-        state = cost.argmin(axis=0).astype(np.int64)
-        columns = np.arange(m)
-        for axis in range(r - 1, -1, -1):
-            states[start : start + m, axis] = state
-            chosen = back[axis]
-            if chosen is not None:
-                k = int(bits[axis])
-                high = chosen[state >> k, columns].astype(np.int64)
-                state = (high << (state_bits - k)) | (state >> k)
-        bar.update(m)
+
+    def search(start: int) -> int:
+        states[start : start + block] = _viterbi_block(by_axis[:, start : start + block], values, bits, state_bits)
+        return min(block, n - start)
+
+    starts = range(0, n, block)
+    workers = min(thread_budget() if threads is None else int(threads), len(starts))
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for done in pool.map(search, starts):
+                bar.update(done)
+    else:
+        for start in starts:
+            bar.update(search(start))
     bar.close()
     return states
+
+
+def _viterbi_block(chunk: np.ndarray, values: np.ndarray, bits: np.ndarray, state_bits: int) -> np.ndarray:
+    """:func:`viterbi_states` of one block: ``chunk`` is ``(r, m)``, the block's vectors by axis; returns ``(m, r)``."""
+    r, m = chunk.shape
+    states_count = 1 << state_bits
+    cost = np.full((states_count, m), np.inf, dtype=np.float32)
+    cost[0] = 0.0
+    error = np.empty((states_count, m), dtype=np.float32)
+    back: list[np.ndarray | None] = []
+    for axis in range(r):
+        np.subtract(values[axis][:, None], chunk[axis][None, :], out=error)
+        np.square(error, out=error)
+        k = int(bits[axis])
+        if k:
+            # The states shifting into state s are (u << (L - k)) | (s >> k), u = 0 .. 2^k - 1 (the high bits drop out):
+            # the u-th block of rows. Their minimum is a knockout, neighbours paired each round; the lower u wins a tie, so
+            # the path is argmin's (its first minimum). Pairwise rounds beat a masked running minimum several times over.
+            best = cost.reshape(1 << k, states_count >> k, m)
+            choice: np.ndarray | None = None
+            for _ in range(k):
+                right_wins = best[1::2] < best[0::2]
+                if choice is None:
+                    choice = right_wins.view(np.uint8) + np.arange(0, 1 << k, 2, dtype=np.uint8)[:, None, None]
+                else:
+                    choice = np.where(right_wins, choice[1::2], choice[0::2])
+                best = np.minimum(best[0::2], best[1::2])
+            assert choice is not None
+            # New state s reads best[s >> k]: add it to the error in place, 2^k consecutive states at a time.
+            error.reshape(states_count >> k, 1 << k, m)[...] += best[0][:, None, :]
+            cost, error = error, cost
+            back.append(choice[0])
+        else:
+            cost += error
+            back.append(None)
+    out = np.empty((m, r), dtype=np.int64)
+    state = cost.argmin(axis=0).astype(np.int64)
+    columns = np.arange(m)
+    for axis in range(r - 1, -1, -1):
+        out[:, axis] = state
+        chosen = back[axis]
+        if chosen is not None:
+            k = int(bits[axis])
+            high = chosen[state >> k, columns].astype(np.int64)
+            state = (high << (state_bits - k)) | (state >> k)
+    return out
 
 
 @register_rotated_index
@@ -208,14 +232,18 @@ class TrellisTransformIndex(RotatedCodeIndex):
         return cls(tensors["mean"], tensors["axes"], tensors["bits"], tensors["scale"], tensors["codebook"])
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:
-        y = (np.asarray(x, dtype=np.float32) - self.mean) @ self.axes
-        states = viterbi_states(y, self.scale, self.bits, self.codebook, self.state_bits)
-        columns = []
-        for axis, k in enumerate(self.bits):
-            fresh = states[:, axis] & ((1 << int(k)) - 1)
-            columns.extend(((fresh >> (int(k) - 1 - j)) & 1).astype(np.uint8) for j in range(int(k)))
-        stream = np.stack(columns, axis=1) if columns else np.zeros((len(y), 0), dtype=np.uint8)
-        return np.packbits(stream, axis=1)
+        x = np.asarray(x, dtype=np.float32)
+        codes = np.empty((len(x), self.sa_code_size()), dtype=np.uint8)
+        for start in range(0, len(x), ENCODE_ROWS):  # the rotated rows and their states (8 bytes an axis) a piece at a time
+            y = (x[start : start + ENCODE_ROWS] - self.mean) @ self.axes
+            states = viterbi_states(y, self.scale, self.bits, self.codebook, self.state_bits)
+            columns = []
+            for axis, k in enumerate(self.bits):
+                fresh = states[:, axis] & ((1 << int(k)) - 1)
+                columns.extend(((fresh >> (int(k) - 1 - j)) & 1).astype(np.uint8) for j in range(int(k)))
+            stream = np.stack(columns, axis=1) if columns else np.zeros((len(y), 0), dtype=np.uint8)
+            codes[start : start + len(y)] = np.packbits(stream, axis=1)
+        return codes
 
     def states(self, codes: np.ndarray) -> np.ndarray:
         """``(n, r)`` the register after each axis, read back from the packed codes."""
