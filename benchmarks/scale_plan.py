@@ -65,8 +65,8 @@ def make_vectors(n: int, work: Path) -> tuple[Path, Path]:
 def plan_command(args: argparse.Namespace, n: int, vectors: Path, ids: Path) -> list[str]:
     suffix = f"-{args.tag}" if args.tag else ""  # a tagged sweep fits in its own folders: nothing reused from another sweep
     command = [sys.executable, "-m", "embedtune", "--threads", str(args.threads), "-q", "compress", "plan", "--label-free", "agreement",
-               "--doc-embeddings", str(vectors), "--doc-ids", str(ids), "--target-retention", str(args.target_retention),
-               "--out", str(args.work / f"plan{n}{suffix}"), "--work", str(args.work / f"sweep{n}{suffix}"), "--overwrite", "--json"]
+               "--doc-embeddings", str(vectors), "--doc-ids", str(ids),
+               *(["--target-retention", str(args.target_retention)] if args.target_retention else []), "--out", str(args.work / f"plan{n}{suffix}"), "--work", str(args.work / f"sweep{n}{suffix}"), "--overwrite", "--json"]
     if args.fit_sample:
         command += ["--fit-sample", str(args.fit_sample)]
     if args.methods:
@@ -209,7 +209,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/embedtune-scale-plan"), help="vectors, plans and sweeps (not committed)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/scale")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--target-retention", type=float, default=0.95)
+    parser.add_argument("--target-retention", type=float, default=0.95,
+                        help="the plan's --target-retention (0: none, so that a --budget-bytes plan chooses the best setting in it)")
     parser.add_argument("--methods", nargs="*", default=["truncate", "pca", "pca-uncentred"],
                         help="label-free methods (default: all but DIVE, whose unsupervised fit takes minutes per dimension)")
     parser.add_argument("--fit-sample", type=int, default=None, help="pass --fit-sample to the plan (results: n<N>-s<ROWS>.json)")
