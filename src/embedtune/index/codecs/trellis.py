@@ -68,6 +68,8 @@ SCALE_PASSES = 2
 ENCODE_ROWS = 32_768
 #: Codes decoded at once: their registers and values (``rows × r × 4`` bytes each) stay in a core's cache.
 DECODE_BLOCK = 1_024
+#: At most this many bytes of Viterbi work (back-pointers and costs) held at once by blocks encoded on several threads.
+ENCODE_BYTES = 1 << 30
 #: Rows encoded at once: the Viterbi back-pointers of a block take ``rows × r × 2^L / 2`` bytes or less.
 ENCODE_BLOCK = 256
 
@@ -129,7 +131,9 @@ def viterbi_states(y: np.ndarray, scale: np.ndarray, bits: np.ndarray, codebook:
         return min(block, n - start)
 
     starts = range(0, n, block)
-    workers = min(thread_budget() if threads is None else int(threads), len(starts))
+    states_count = 1 << state_bits
+    block_bytes = block * (sum(states_count >> int(k) for k in bits if k) + 8 * states_count)  # back-pointers, two cost rows
+    workers = min(thread_budget() if threads is None else int(threads), len(starts), max(1, ENCODE_BYTES // block_bytes))
     if workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for done in pool.map(search, starts):
