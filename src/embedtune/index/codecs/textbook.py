@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,7 +28,6 @@ from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.transform import sampled_klt
 from embedtune.io import IntegrityError, atomic_write_json, load_weights, save_weights, sha256_file, verify_sha256
-from embedtune.runtime import thread_budget
 
 __all__ = ["KltSQ", "KltSQSphere", "RotatedCodeIndex", "ScalarTransformIndex", "TABLES_FILE", "is_rotated_index", "read_rotated_index",
            "register_rotated_index", "water_filling_bits", "lloyd_max"]
@@ -38,8 +35,6 @@ __all__ = ["KltSQ", "KltSQSphere", "RotatedCodeIndex", "ScalarTransformIndex", "
 MAX_BITS_PER_AXIS = 8
 LLOYD_ITERATIONS = 30
 _SEARCH_BLOCK = 32_768
-#: At most this many bytes of decoded blocks held at once by a scan on several threads.
-_SCAN_BYTES = 512 << 20
 
 
 def water_filling_bits(eigenvalues: np.ndarray, bits: int, cap: int = MAX_BITS_PER_AXIS) -> np.ndarray:
@@ -157,44 +152,28 @@ class RotatedCodeIndex:
         self.codes = self.codes[:0]
 
     def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory).
-
-        Blocks are decoded on :func:`~embedtune.runtime.thread_budget` threads, a few at a time (numpy releases the GIL
-        while it decodes); each is searched as it comes, in order, so the result does not depend on the threads."""
+        """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
         xq = np.asarray(xq, dtype=np.float32)
         rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
         if self.radius:
             # On the sphere the offset ranks too: q · x̂ s = ((Uᵀq) · ŷ + q · μ) s, so it rides along as one more column.
-            def scaled(start: int) -> np.ndarray:
-                y = self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK])
+            def scaled(codes: np.ndarray) -> np.ndarray:
+                y = self._decode_rotated(codes)
                 scale = self._sphere_scale(y)
                 out = np.empty((len(y), y.shape[1] + 1), dtype=np.float32)
                 np.multiply(y, scale, out=out[:, :-1])
                 out[:, -1] = scale[:, 0]
                 return out
 
+            blocks = ((start, np.ascontiguousarray(scaled(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
+                      for start in range(0, self.ntotal, _SEARCH_BLOCK))
             queries = np.ascontiguousarray(np.hstack([rotated, offset[:, None]]), dtype=np.float32)
-            best_d, best_i = exact_search_blocks(queries, self._decoded_blocks(scaled), int(k))
+            best_d, best_i = exact_search_blocks(queries, blocks, int(k))
             return best_d.astype(np.float32), best_i
-
-        def plain(start: int) -> np.ndarray:
-            return np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32)
-
-        best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), self._decoded_blocks(plain), int(k))
+        blocks = ((start, np.ascontiguousarray(self._decode_rotated(self.codes[start : start + _SEARCH_BLOCK]), dtype=np.float32))
+                  for start in range(0, self.ntotal, _SEARCH_BLOCK))
+        best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
         return (best_d + offset[:, None]).astype(np.float32), best_i
-
-    def _decoded_blocks(self, decode: Callable[[int], np.ndarray]) -> Iterator[tuple[int, np.ndarray]]:
-        """``(start, decode(start))`` for every block of codes, in order; as many decoded at once as there are threads."""
-        starts = list(range(0, self.ntotal, _SEARCH_BLOCK))
-        block_bytes = 4 * _SEARCH_BLOCK * (self.axes.shape[1] + 1)
-        workers = min(thread_budget(), len(starts), max(1, _SCAN_BYTES // block_bytes))
-        if workers <= 1:
-            yield from ((start, decode(start)) for start in starts)
-            return
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for wave in range(0, len(starts), workers):  # a wave at a time: at most `workers` decoded blocks held
-                batch = starts[wave : wave + workers]
-                yield from zip(batch, pool.map(decode, batch))
 
     def serialized_bytes(self) -> int:
         """Bytes of the tables and of the codes added (what a file of this index with its codes holds, headers aside)."""
