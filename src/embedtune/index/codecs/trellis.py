@@ -34,7 +34,7 @@ for these codes, so embedtune's numpy scan serves them (``numpy_scan``): a plan 
 ``codec.safetensors``, ``index build --plan`` writes the tables and the codes as ``index.safetensors``,
 and ``search`` scans them. The scan decodes every code it scores, once per batch of queries: fast for
 batches (at 1M vectors and 32 B, 1.2-1.4 times as many queries a second as FAISS's 8-bit ``PQ32`` scan),
-slow for one query at a time (0.77 s over 1M codes). Encoding is the Viterbi search, about 5,000 vectors a
+slow for one query at a time (0.79 s over 1M codes). Encoding is the Viterbi search, about 5,000 vectors a
 second per thread at 32 B (``benchmarks/trellis_speed.py``). FAISS and the vector stores cannot load the
 codes, so the family is not among a plan's defaults: ask for it with ``--codecs`` or ``--searched-codecs``.
 """
