@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
 import shlex
 import subprocess
 import sys
@@ -193,13 +192,13 @@ def write_report(out: Path) -> None:
         lines += [f"## N = {r['n']:,}, fit sample {r['fit_sample']['rows']:,}", "", f"- date: {r['date']}", f"- machine: {r['machine']}",
                   *([f"- the plan's CPU time: {r['plan_cpu_s']:.0f} s (wall {r['plan_wall_s']:.0f} s)"] if "plan_cpu_s" in r else []),
                   *([f"- code: commit {r['commit']}"] if r.get("commit") else []), f"- command: `{r['command']}`",
-                  *([f"- the plan's full-corpus checks, in order: " + "; ".join(f"`{c['setting']}` {c['agreement']:.4f} ({c['on_sample']:.4f} on "
+                  *(["- the plan's full-corpus checks, in order: " + "; ".join(f"`{c['setting']}` {c['agreement']:.4f} ({c['on_sample']:.4f} on "
                                                                                f"the sample)" for c in r["plan_full_corpus_checks"])]
                     if len(r.get("plan_full_corpus_checks") or []) > 1 else []),
                   f"- full-corpus check: {r['full']['n_queries']} held-out queries, exact top-10 over {r['n']:,} documents in "
                   f"{r['full']['truth_s']:.1f} s, chosen index built and searched in {r['full']['index_and_search_s']:.1f} s "
                   f"(its own peak RSS {r['check_peak_rss_mib']:,.0f} MiB)",
-                  f"- targets (1M x 384, 2 cores): <= 600 s wall and <= 4 GB peak RSS" if r["n"] >= 1_000_000 else "", ""]
+                  "- targets (1M x 384, 2 cores): <= 600 s wall and <= 4 GB peak RSS" if r["n"] >= 1_000_000 else "", ""]
     (out / "REPORT.md").write_text("\n".join(line for line in lines if line is not None) + "\n")
 
 

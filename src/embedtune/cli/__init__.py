@@ -88,8 +88,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                            help="also log internals (DEBUG), with logger names and times, and warnings with their source")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help="CPU threads for torch, FAISS and BLAS together (default: the free cores, i.e. the cores this process may "
-                             "use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets it too)")
+                        help="CPU threads for torch, FAISS, BLAS and the trellis encoder together (default: the free cores, i.e. "
+                             "the cores this process may use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets "
+                             "it too)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # Each command's module is imported here, and only for the command argv names: one command must not
     # load every other command's stack (bench, PACE) nor build their flags.
