@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from embedtune.index.codecs import Precision, QuantizedIndex, corpus_spectrum, distortion_report
-from embedtune.index.codecs.trellis import KltTCQ, TrellisTransformIndex, trellis_bits, viterbi_states
+from embedtune.index.codecs.textbook import RotatedCodeIndex
+from embedtune.index.codecs.trellis import RUN_EXTRA_BITS, KltTCQ, TrellisTransformIndex, trellis_bits, viterbi_states
 from embedtune.io import IntegrityError
 
 
@@ -154,3 +155,50 @@ def test_a_longer_register_is_nearer_the_bound_and_travels_with_the_saved_tables
 def test_a_register_outside_what_the_encoder_holds_is_refused(state_bits):
     with pytest.raises(ValueError, match="register is 1 to 12 bits"):
         KltTCQ(4, state_bits=state_bits)
+
+
+@pytest.mark.parametrize("sphere", [False, True])
+def test_a_lone_query_scored_by_the_run_tables_finds_the_decoding_scans_top_k(sphere):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1500, 24)).astype(np.float32) * np.linspace(3.0, 0.2, 24, dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = KltTCQ(12).train(x)
+    if sphere:
+        index.on_sphere(1.0)
+    index.add(x)
+    queries = rng.standard_normal((12, 24)).astype(np.float32)
+    for row in range(len(queries)):
+        D, I = index.search(queries[row : row + 1], 10)  # one query: the run tables
+        D_scan, I_scan = RotatedCodeIndex.search(index, queries[row : row + 1], 10)  # the decoding scan
+        assert np.array_equal(I, I_scan)
+        np.testing.assert_allclose(D, D_scan, rtol=1e-6, atol=1e-6)
+
+
+def test_duplicate_codes_at_the_cut_send_a_lone_query_to_the_decoding_scan():
+    # Every document 60 times: the best document's copies fill the top k and the candidates past it, so the sums cannot
+    # rule out a copy outside them, and the decoding scan decides (ties by row).
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((400, 16)).astype(np.float32)
+    index = KltTCQ(6).train(x)
+    index.add(np.tile(x[:20], (60, 1)))
+    query = rng.standard_normal((1, 16)).astype(np.float32)
+    assert index._table_search(query[0], 10) is None
+    assert np.array_equal(index.search(query, 10)[1], RotatedCodeIndex.search(index, query, 10)[1])
+
+
+def test_the_run_windows_hold_every_axis_register():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((300, 32)).astype(np.float32) * np.geomspace(4.0, 0.05, 32, dtype=np.float32)
+    index = KltTCQ(9).train(x)
+    runs = index._runs
+    assert runs[0][0] == 0 and runs[-1][1] == len(index.bits) and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    assert all(extra <= RUN_EXTRA_BITS for _, _, extra in runs)
+    codes = rng.integers(0, 256, size=(50, index.sa_code_size()), dtype=np.uint8)
+    windows = index._run_index(codes) - index._run_offset  # each run's window
+    states = index.states(codes)
+    axis = 0
+    for run, (start, stop, _) in enumerate(runs):
+        for i in range(start, stop):
+            read = (windows[:, run] >> int(index._axis_lag[axis])) & ((1 << index.state_bits) - 1)
+            assert np.array_equal(read, states[:, i])
+            axis += 1

@@ -33,9 +33,10 @@ them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). F
 for these codes, so embedtune's numpy scan serves them (``numpy_scan``): a plan saves the tables as
 ``codec.safetensors``, ``index build --plan`` writes the tables and the codes as ``index.safetensors``,
 and ``search`` scans them. The scan decodes every code it scores, once per batch of queries: fast for
-batches (at 1M vectors and 32 B, 1.2-1.4 times as many queries a second as FAISS's 8-bit ``PQ32`` scan),
-slow for one query at a time (0.79 s over 1M codes). Encoding is the Viterbi search, about 5,000 vectors a
-second per thread at 32 B (``benchmarks/trellis_speed.py``). FAISS and the vector stores cannot load the
+batches (at 1M vectors and 32 B, 1.15-1.4 times as many queries a second as FAISS's 8-bit ``PQ32`` scan);
+one or two queries are scored by look-up tables over runs of axes instead (0.25 s over 1M codes,
+:meth:`TrellisTransformIndex.search`). Encoding is the Viterbi search, about 5,000 vectors a second per
+thread at 32 B (``benchmarks/trellis_speed.py``). FAISS and the vector stores cannot load the
 codes, so the family is not among a plan's defaults: ask for it with ``--codecs`` or ``--searched-codecs``.
 """
 
@@ -66,6 +67,14 @@ SCALE_FIT_ROWS = 4_096
 SCALE_PASSES = 2
 #: Rows encoded per piece (:meth:`TrellisTransformIndex.sa_encode`): their states take ``rows × r × 8`` bytes.
 ENCODE_ROWS = 32_768
+#: A lone query (or two) is scored by look-up tables over runs of axes (:meth:`TrellisTransformIndex.search`): a run's
+#: axes read one window of the stream, the register plus at most this many later bits, so one table of ``2^(L + 3)``
+#: sums scores the whole run (about a quarter as many look-ups per code as decoding every axis).
+RUN_EXTRA_BITS = 3
+#: Batches of at most this many queries take the look-up tables; larger ones decode each block once for all of them.
+TABLE_SCAN_QUERIES = 2
+#: Candidates the tables pass, past ``k``, to the exact scoring of the decoded rows.
+TABLE_SCAN_MARGIN = 32
 #: Codes decoded at once: their registers and values (``rows × r × 4`` bytes each) stay in a core's cache.
 DECODE_BLOCK = 1_024
 #: At most this many bytes of Viterbi work (back-pointers and costs) held at once by blocks encoded on several threads.
@@ -191,6 +200,22 @@ def _viterbi_block(chunk: np.ndarray, values: np.ndarray, bits: np.ndarray, stat
     return out
 
 
+def _axis_runs(bits: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(start, stop, extra)`` runs of consecutive axes, greedily as long as the axes after a run's first shift in at most
+    :data:`RUN_EXTRA_BITS` bits together (``extra``): every axis of a run reads its register from one window of the
+    stream, the first axis's register and those ``extra`` bits."""
+    runs = []
+    start = 0
+    while start < len(bits):
+        stop, extra = start + 1, 0
+        while stop < len(bits) and extra + int(bits[stop]) <= RUN_EXTRA_BITS:
+            extra += int(bits[stop])
+            stop += 1
+        runs.append((start, stop, extra))
+        start = stop
+    return runs
+
+
 @register_rotated_index
 class TrellisTransformIndex(RotatedCodeIndex):
     """The ``klt-tcq`` index (the FAISS index interface in numpy; see the module docstring).
@@ -219,6 +244,16 @@ class TrellisTransformIndex(RotatedCodeIndex):
         self._shift = (8 * word + 24 - end).astype(np.uint32)
         self._empty = np.flatnonzero(end == 16)
         self._table_offset = (np.arange(len(self.bits)) << self.state_bits).astype(np.int32)
+        self._runs = _axis_runs(self.bits)
+        run_end = end[[stop - 1 for _, stop, _ in self._runs]]
+        run_word = (run_end - 1) // 8 - 2
+        self._run_word = np.maximum(run_word, 0)
+        self._run_shift = (8 * run_word + 24 - run_end).astype(np.uint32)
+        self._run_mask = np.array([(1 << (self.state_bits + extra)) - 1 for _, _, extra in self._runs], dtype=np.uint32)
+        self._run_empty = np.flatnonzero(run_end == 16)
+        self._run_offset = np.concatenate([[0], np.cumsum(self._run_mask.astype(np.int64) + 1)[:-1]]).astype(np.int32)
+        self._axis_lag = np.concatenate([run_end[index] - end[start:stop] for index, (start, stop, _) in enumerate(self._runs)])
+        self._norm_tables: np.ndarray | None = None  # the sphere's ‖ŷ‖² + 2 ŷ·centre per run window, made on first use
         super().__init__(mean, axes)
 
     def sa_code_size(self) -> int:
@@ -285,6 +320,91 @@ class TrellisTransformIndex(RotatedCodeIndex):
             flat_index += self._table_offset
             np.take(flat, flat_index, out=decoded[start : start + DECODE_BLOCK])
         return decoded
+
+    def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(D, I)`` as :meth:`RotatedCodeIndex.search` returns them; a lone query (or two) is scored by tables.
+
+        Decoding every code costs about as much for one query as for two hundred. For
+        :data:`TABLE_SCAN_QUERIES` queries or fewer, each query's score of every code is instead a sum over runs of axes
+        of one table look-up each (:func:`_axis_runs`), a few times fewer look-ups than the decode. The top ``k`` +
+        :data:`TABLE_SCAN_MARGIN` codes by those sums are then decoded and scored as the decoding scan scores them, so
+        ``I`` is the decoding scan's and ``D`` equal to float32 rounding (as the decoding scan's own scores are between
+        batches of different sizes). Where the sums cannot rule out that a code outside them belongs in the top ``k``
+        (scores within rounding of each other, as for duplicate codes), the query takes the decoding scan.
+        """
+        xq = np.asarray(xq, dtype=np.float32)
+        k = int(k)
+        if xq.ndim != 2 or not 0 < len(xq) <= TABLE_SCAN_QUERIES or k < 1 or self.ntotal <= k + TABLE_SCAN_MARGIN:
+            return super().search(xq, k)
+        found = [self._table_search(row, k) for row in xq]
+        rows = [found_row if found_row is not None else super(TrellisTransformIndex, self).search(xq[i : i + 1], k)
+                for i, found_row in enumerate(found)]
+        return np.concatenate([d for d, _ in rows]), np.concatenate([i for _, i in rows])
+
+    def _table_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """One query's ``(D, I)`` by the run tables, or None where the decoding scan must decide."""
+        rotated, offset = query @ self.axes, float(query @ self.mean)
+        weights = np.ascontiguousarray(rotated[:, None] * self._table, dtype=np.float32)
+        linear_tables = self._run_tables(weights)
+        linear = np.empty(self.ntotal, dtype=np.float32)
+        squared = np.empty(self.ntotal, dtype=np.float32) if self.radius else None
+        if self.radius and self._norm_tables is None:
+            self._norm_tables = self._run_tables(self._table * self._table + 2.0 * self._centre[:, None] * self._table)
+        for start in range(0, self.ntotal, DECODE_BLOCK):
+            index = self._run_index(self.codes[start : start + DECODE_BLOCK])
+            linear[start : start + len(index)] = np.take(linear_tables, index).sum(axis=1)
+            if squared is not None:
+                squared[start : start + len(index)] = np.take(self._norm_tables, index).sum(axis=1)
+        # How far a sum may be from the exact score: float32 rounding over a few hundred terms is below 1e-5 of the largest
+        # score a code could reach; 1e-4 of it leaves a wide margin.
+        reach = float(np.abs(weights).max(axis=1).sum()) + abs(offset)
+        if squared is not None:
+            squared += np.float32(self.mean @ self.mean)
+            inverse_norm = np.float32(self.radius) / np.sqrt(np.maximum(squared, np.float32(1e-30)))
+            approximate = (linear + np.float32(offset)) * inverse_norm
+            reach *= float(inverse_norm.max())
+        else:
+            approximate = linear + np.float32(offset)
+        slack = 1e-4 * reach
+        fetch = k + TABLE_SCAN_MARGIN
+        order = np.argpartition(-approximate, fetch)
+        candidates = np.sort(order[:fetch])
+        best_outside = float(approximate[order[fetch]])
+        sub = self.clone_empty()
+        sub.codes = self.codes[candidates]
+        D, I = RotatedCodeIndex.search(sub, query[None, :], k)
+        if float(D[0, k - 1]) - best_outside <= 2 * slack:
+            return None
+        return D, candidates[I]
+
+    def _run_tables(self, weights: np.ndarray) -> np.ndarray:
+        """Flattened ``Σ_{i in run} weights[i, register_i(window)]`` for every run and every window of it."""
+        mask = (1 << self.state_bits) - 1
+        tables = []
+        axis = 0
+        for start, stop, extra in self._runs:
+            window = np.arange(1 << (self.state_bits + extra))
+            total = np.zeros(len(window), dtype=np.float32)
+            for i in range(start, stop):
+                total += weights[i][(window >> int(self._axis_lag[axis])) & mask]
+                axis += 1
+            tables.append(total)
+        return np.concatenate(tables)
+
+    def _run_index(self, codes: np.ndarray) -> np.ndarray:
+        """``(n, runs)`` int32: each run's window of the stream (as :meth:`_registers` reads a register), offset into the
+        flattened run tables."""
+        n, size = codes.shape
+        padded = np.zeros((n, size + 2), dtype=np.uint32)
+        padded[:, 2:] = codes
+        words = (padded[:, :-2] << 16) | (padded[:, 1:-1] << 8) | padded[:, 2:]
+        windows = np.take(words, self._run_word, axis=1)
+        windows >>= self._run_shift
+        windows &= self._run_mask
+        windows[:, self._run_empty] = 0
+        index = windows.view(np.int32)
+        index += self._run_offset
+        return index
 
     def clone_empty(self) -> "TrellisTransformIndex":
         return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook).on_sphere(self.radius)
