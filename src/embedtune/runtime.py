@@ -104,10 +104,15 @@ def thread_budget() -> int:
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     if value.isdigit() and int(value) >= 1:
         return int(value)
+    return max(1, _affinity_cores())
+
+
+def _affinity_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the CPU count where there is none)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        return os.cpu_count() or 1
 
 
 def _limit_blas(threads: int) -> None:
@@ -229,10 +234,7 @@ def default_threads() -> int:
         if value < 1:
             raise ValueError(f"EMBEDTUNE_THREADS must be an integer >= 1; got {value}.")
         return value
-    try:
-        cores = float(len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        cores = float(os.cpu_count() or 1)
+    cores = float(_affinity_cores())
     quota = _cgroup_cpus()
     if quota is not None:
         cores = min(cores, quota)

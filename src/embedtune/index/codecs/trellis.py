@@ -216,6 +216,35 @@ def _axis_runs(bits: np.ndarray) -> list[tuple[int, int, int]]:
     return runs
 
 
+class _Windows:
+    """Windows of a code's bit stream, each ending at a fixed bit, read straight from the packed bytes.
+
+    A register (the last ``L`` bits of the stream up to an axis, zeros before the stream starts) or a run's window (the
+    register and a few more bits) is a window ending at bit ``end`` of the stream with two zero bytes in front. The three
+    bytes ending at that bit hold all of a window of up to 17 bits: one 24-bit word, shifted and masked. Shifting the
+    stream in bit by bit, as the decoder is described, gives the same registers several times slower.
+    """
+
+    def __init__(self, end: np.ndarray, mask: np.ndarray) -> None:
+        word = (np.asarray(end) - 1) // 8 - 2
+        self.word = np.maximum(word, 0)
+        self.shift = (8 * word + 24 - end).astype(np.uint32)  # bits right of the window in word `word`
+        self.mask = np.asarray(mask, dtype=np.uint32)
+        self.empty = np.flatnonzero(np.asarray(end) == 16)  # no bit read yet: the register's zero start
+
+    def read(self, codes: np.ndarray) -> np.ndarray:
+        """``(n, windows)`` int32 for a few codes (:data:`DECODE_BLOCK` or fewer, so that the work stays in cache)."""
+        n, size = codes.shape
+        padded = np.zeros((n, size + 2), dtype=np.uint32)
+        padded[:, 2:] = codes
+        words = (padded[:, :-2] << 16) | (padded[:, 1:-1] << 8) | padded[:, 2:]  # word j: padded bytes j, j + 1, j + 2
+        windows = np.take(words, self.word, axis=1)
+        windows >>= self.shift
+        windows &= self.mask
+        windows[:, self.empty] = 0
+        return windows.view(np.int32)
+
+
 @register_rotated_index
 class TrellisTransformIndex(RotatedCodeIndex):
     """The ``klt-tcq`` index (the FAISS index interface in numpy; see the module docstring).
@@ -236,21 +265,15 @@ class TrellisTransformIndex(RotatedCodeIndex):
             raise ValueError(f"a trellis codec needs (r,) bits and scales and an (r, 2^L) codebook; got {self.bits.shape}, "
                              f"{self.scale.shape}, {self.codebook.shape}.")
         self._table = np.ascontiguousarray(self.scale[:, None] * self.codebook, dtype=np.float32)  # (r, 2^L): ŷ_i = table[i, state]
-        # Where each axis's register sits in the code (see _registers): the stream after two zero bytes ends the axis at
-        # bit `end` (exclusive); the 24-bit word of bytes word, word + 1, word + 2 holds it, `shift` bits from the right.
+        # Where each axis's register sits in the code: the stream after two zero bytes ends the axis at bit `end`
+        # (exclusive); see _Windows.
         end = np.cumsum(self.bits) + 16
-        word = (end - 1) // 8 - 2
-        self._word = np.maximum(word, 0)
-        self._shift = (8 * word + 24 - end).astype(np.uint32)
-        self._empty = np.flatnonzero(end == 16)
+        self._registers = _Windows(end, np.full(len(end), (1 << self.state_bits) - 1))
         self._table_offset = (np.arange(len(self.bits)) << self.state_bits).astype(np.int32)
         self._runs = _axis_runs(self.bits)
         run_end = end[[stop - 1 for _, stop, _ in self._runs]]
-        run_word = (run_end - 1) // 8 - 2
-        self._run_word = np.maximum(run_word, 0)
-        self._run_shift = (8 * run_word + 24 - run_end).astype(np.uint32)
-        self._run_mask = np.array([(1 << (self.state_bits + extra)) - 1 for _, _, extra in self._runs], dtype=np.uint32)
-        self._run_empty = np.flatnonzero(run_end == 16)
+        self._run_windows = _Windows(run_end, np.array([(1 << (self.state_bits + extra)) - 1 for _, _, extra in self._runs]))
+        self._run_mask = self._run_windows.mask
         self._run_offset = np.concatenate([[0], np.cumsum(self._run_mask.astype(np.int64) + 1)[:-1]]).astype(np.int32)
         self._axis_lag = np.concatenate([run_end[index] - end[start:stop] for index, (start, stop, _) in enumerate(self._runs)])
         self._norm_tables: np.ndarray | None = None  # the sphere's ‖ŷ‖² + 2 ŷ·centre per run window, made on first use
@@ -289,25 +312,8 @@ class TrellisTransformIndex(RotatedCodeIndex):
         codes = np.asarray(codes, dtype=np.uint8)
         states = np.empty((len(codes), len(self.bits)), dtype=np.int32)
         for start in range(0, len(codes), DECODE_BLOCK):
-            states[start : start + DECODE_BLOCK] = self._registers(codes[start : start + DECODE_BLOCK])
+            states[start : start + DECODE_BLOCK] = self._registers.read(codes[start : start + DECODE_BLOCK])
         return states.astype(np.int64)
-
-    def _registers(self, codes: np.ndarray) -> np.ndarray:
-        """``(n, r)`` int32 registers of a few codes (:data:`DECODE_BLOCK` or fewer, so that the work stays in cache).
-
-        The register after an axis is the last ``L`` bits of the stream up to that axis (zeros before the stream starts),
-        so it is read straight from the packed bytes: with two zero bytes in front, the three bytes ending at the axis's
-        last bit hold all ``L ≤ 17`` of them, one 24-bit word shifted and masked. Shifting the stream in bit by bit, as
-        the decoder is described, gives the same registers several times slower."""
-        n, size = codes.shape
-        padded = np.zeros((n, size + 2), dtype=np.uint32)
-        padded[:, 2:] = codes
-        words = (padded[:, :-2] << 16) | (padded[:, 1:-1] << 8) | padded[:, 2:]  # word j: padded bytes j, j + 1, j + 2
-        registers = np.take(words, self._word, axis=1)
-        registers >>= self._shift
-        registers &= np.uint32((1 << self.state_bits) - 1)
-        registers[:, self._empty] = 0  # no bit read yet: the register's zero start
-        return registers.view(np.int32)
 
     def _decode_rotated(self, codes: np.ndarray) -> np.ndarray:
         # A gather from the flattened tables, axis i's value for register s at i · 2^L + s, a thousand codes at a
@@ -316,7 +322,7 @@ class TrellisTransformIndex(RotatedCodeIndex):
         decoded = np.empty((len(codes), len(self.bits)), dtype=np.float32)
         flat = self._table.ravel()
         for start in range(0, len(codes), DECODE_BLOCK):
-            flat_index = self._registers(codes[start : start + DECODE_BLOCK])
+            flat_index = self._registers.read(codes[start : start + DECODE_BLOCK])
             flat_index += self._table_offset
             np.take(flat, flat_index, out=decoded[start : start + DECODE_BLOCK])
         return decoded
@@ -336,9 +342,10 @@ class TrellisTransformIndex(RotatedCodeIndex):
         k = int(k)
         if xq.ndim != 2 or not 0 < len(xq) <= TABLE_SCAN_QUERIES or k < 1 or self.ntotal <= k + TABLE_SCAN_MARGIN:
             return super().search(xq, k)
-        found = [self._table_search(row, k) for row in xq]
-        rows = [found_row if found_row is not None else super(TrellisTransformIndex, self).search(xq[i : i + 1], k)
-                for i, found_row in enumerate(found)]
+        rows = []
+        for i in range(len(xq)):
+            found = self._table_search(xq[i], k)
+            rows.append(found if found is not None else super().search(xq[i : i + 1], k))
         return np.concatenate([d for d, _ in rows]), np.concatenate([i for _, i in rows])
 
     def _table_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -392,17 +399,8 @@ class TrellisTransformIndex(RotatedCodeIndex):
         return np.concatenate(tables)
 
     def _run_index(self, codes: np.ndarray) -> np.ndarray:
-        """``(n, runs)`` int32: each run's window of the stream (as :meth:`_registers` reads a register), offset into the
-        flattened run tables."""
-        n, size = codes.shape
-        padded = np.zeros((n, size + 2), dtype=np.uint32)
-        padded[:, 2:] = codes
-        words = (padded[:, :-2] << 16) | (padded[:, 1:-1] << 8) | padded[:, 2:]
-        windows = np.take(words, self._run_word, axis=1)
-        windows >>= self._run_shift
-        windows &= self._run_mask
-        windows[:, self._run_empty] = 0
-        index = windows.view(np.int32)
+        """``(n, runs)`` int32: each run's window of the stream, offset into the flattened run tables."""
+        index = self._run_windows.read(codes)
         index += self._run_offset
         return index
 
