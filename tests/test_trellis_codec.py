@@ -202,3 +202,16 @@ def test_the_run_windows_hold_every_axis_register():
             read = (windows[:, run] >> int(index._axis_lag[axis])) & ((1 << index.state_bits) - 1)
             assert np.array_equal(read, states[:, i])
             axis += 1
+
+
+@pytest.mark.parametrize("rows", [1, 5])  # the run tables, and the decoding scan
+def test_a_query_with_nan_is_refused_not_ranked(rows):
+    x = np.random.default_rng(6).standard_normal((300, 16)).astype(np.float32)
+    index = KltTCQ(6).train(x)
+    index.add(x)
+    queries = np.zeros((rows, 16), dtype=np.float32)
+    queries[-1, 3] = np.nan
+    with pytest.raises(ValueError, match="1 of the .* queries hold NaN or infinite values"):
+        index.search(queries, 5)
+    with pytest.raises(ValueError, match=r"\(n, 16\) rows"):
+        index.search(np.zeros((1, 15), dtype=np.float32), 5)

@@ -153,7 +153,7 @@ class RotatedCodeIndex:
 
     def search(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)``: the float queries scored against the dequantised documents, top ``k`` (blocks of rows, bounded memory)."""
-        xq = np.asarray(xq, dtype=np.float32)
+        xq = self.checked_queries(xq)
         rotated, offset = xq @ self.axes, xq @ self.mean  # q · x̂ = (Uᵀq) · ŷ + q · μ; the offset ranks nothing
         if self.radius:
             # On the sphere the offset ranks too: q · x̂ s = ((Uᵀq) · ŷ + q · μ) s, so it rides along as one more column.
@@ -174,6 +174,18 @@ class RotatedCodeIndex:
                   for start in range(0, self.ntotal, _SEARCH_BLOCK))
         best_d, best_i = exact_search_blocks(np.ascontiguousarray(rotated, dtype=np.float32), blocks, int(k))
         return (best_d + offset[:, None]).astype(np.float32), best_i
+
+    def checked_queries(self, xq: np.ndarray) -> np.ndarray:
+        """``xq`` as float32 ``(n, d)`` rows; refuses another width and NaN or infinite values, which would rank at random."""
+        xq = np.asarray(xq, dtype=np.float32)
+        if xq.ndim != 2 or xq.shape[1] != self.d:
+            raise ValueError(f"the queries to search must be (n, {self.d}) rows, as the index's vectors; got shape {xq.shape}. "
+                             "Fix: embed the queries with the model the index was built from.")
+        bad = int((~np.isfinite(xq)).any(axis=1).sum())
+        if bad:
+            raise ValueError(f"{bad} of the {len(xq)} queries hold NaN or infinite values, which rank no document. "
+                             "Fix: check the encoder's output for those queries.")
+        return xq
 
     def serialized_bytes(self) -> int:
         """Bytes of the tables and of the codes added (what a file of this index with its codes holds, headers aside)."""

@@ -338,9 +338,9 @@ class TrellisTransformIndex(RotatedCodeIndex):
         batches of different sizes). Where the sums cannot rule out that a code outside them belongs in the top ``k``
         (scores within rounding of each other, as for duplicate codes), the query takes the decoding scan.
         """
-        xq = np.asarray(xq, dtype=np.float32)
+        xq = self.checked_queries(xq)
         k = int(k)
-        if xq.ndim != 2 or not 0 < len(xq) <= TABLE_SCAN_QUERIES or k < 1 or self.ntotal <= k + TABLE_SCAN_MARGIN:
+        if not 0 < len(xq) <= TABLE_SCAN_QUERIES or k < 1 or self.ntotal <= k + TABLE_SCAN_MARGIN:
             return super().search(xq, k)
         rows = []
         for i in range(len(xq)):
