@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "label-free-dive"
 DATASETS = ("scifact", "arguana", "npl", "cacm", "med")
 SEEDS = (2027, 2028, 2029)
-METHODS = ("dive", "dive@pq-anchors")
+METHODS = ("dive", "dive@pq-anchors", "dive@guarded")
 #: Where each collection's pseudo-queries come from: NPL's documents have neither a title nor a sentence end.
 PSEUDO_SOURCE = {"npl": "first-words"}
 
@@ -124,13 +124,16 @@ def run(args: argparse.Namespace) -> None:
                     start = time.perf_counter()
                     if method in METHODS:
                         data = TrainingData.corpus_only(ds["docs"], ds["doc_ids"])
-                        weight = 0.0
-                        if method == "dive@pq-anchors":
+                        settings: dict[str, Any] = {}
+                        if method in ("dive@pq-anchors", "dive@guarded"):
                             pseudo = pseudo if pseudo is not None else training_pseudo_queries(name, Path(args.data_root))
-                            data.pseudo_queries, weight = pseudo, 1.0
+                            data.pseudo_queries = pseudo
+                            settings["pseudo_query_weight"] = 1.0
+                        if method == "dive@guarded":
+                            settings["training_guard"] = "pseudo-queries"
                         start = time.perf_counter()  # the fit alone (the pseudo-queries are encoded once per collection)
                         compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu",
-                                                                      pseudo_query_weight=weight))
+                                                                      **settings))
                         compressor.fit_unsupervised(data)
                     else:
                         cls = get_compressor_class(method)
@@ -141,8 +144,10 @@ def run(args: argparse.Namespace) -> None:
                                            "per_query": per_query, "fit_s": round(fit_s, 1),
                                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
                     if method in METHODS:
-                        if method == "dive@pq-anchors":
+                        if method in ("dive@pq-anchors", "dive@guarded"):
                             row.update(pseudo_queries={"source": pseudo.source, "n": len(pseudo.ids)})  # type: ignore[union-attr]
+                        if compressor.training_guard_ is not None:
+                            row["training_guard"] = compressor.training_guard_
                         row.update(start=compressor.fit_details().get("start"), selected_epoch=compressor.selected_epoch_,
                                    epochs_run=len(compressor.history_) - 1, config=compressor.config.to_dict())
                     atomic_write_json(path, row)

@@ -109,6 +109,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         #: where those were samples of a larger corpus (else None: every row).
         self.pca_rows_: int | None = None
         self.train_docs_: int | None = None
+        self.training_guard_: dict[str, Any] | None = None
         self._log_path: Path | None = None
         # During a fit with init='pca': the adapter output bias of the centred start (centred_start_bias).
         self._centring: np.ndarray | None = None
@@ -125,6 +126,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         """
         self.input_dim_, self.adapter_, self.heads_, self.history_, self.selected_epoch_ = None, None, None, [], None
         self.pca_start_, self.pca_start_scores_, self.pca_rows_, self.train_docs_ = None, {}, None, None
+        self.training_guard_ = None
         self._log_path = Path(log_path) if log_path is not None else None
         try:
             return super().fit(train, val)
@@ -152,7 +154,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
 
     def fit_details(self) -> dict[str, Any]:
         """The resolved head count H (with heads='auto' it depends on the input dimension); the unsupervised mode's start;
-        on a corpus larger than a sample, the rows the PCA start and the unsupervised training read (``pca_rows``, ``train_docs``)."""
+        on a corpus larger than a sample, the rows the PCA start and the unsupervised training read (``pca_rows``, ``train_docs``);
+        with ``training_guard``, its verdict (whether the trained adapter or the PCA start was kept, and on what figures)."""
         details: dict[str, Any] = {"heads": int(self.heads_)} if self.heads_ is not None else {}
         if self.pca_rows_ is not None:
             details["pca_rows"] = int(self.pca_rows_)
@@ -163,6 +166,8 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             start = self.pca_start_
         if start is not None:
             details["start"] = f"{start} PCA"
+        if self.training_guard_ is not None:
+            details["training_guard"] = dict(self.training_guard_)
         return details
 
     def save(self, directory: str | Path) -> Path:

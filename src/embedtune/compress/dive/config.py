@@ -13,7 +13,7 @@ from embedtune.constraints import Constraint, Interval, Options, Text
 from embedtune.compress.holdout import SELECTION_HOLDOUTS
 from embedtune.compress.choices import ACTIVATION_NAMES, TRIPLET_KINDS, check_quantization_aware
 
-__all__ = ["DIVEConfig", "resolve_heads", "DEFAULT_TRAIN_DOCS", "INIT_KINDS", "EPOCH_SELECTIONS", "PCA_STARTS", "OUTPUT_NORMS", "MODES", "SELECTION_SIGNALS"]
+__all__ = ["DIVEConfig", "resolve_heads", "DEFAULT_TRAIN_DOCS", "INIT_KINDS", "EPOCH_SELECTIONS", "PCA_STARTS", "OUTPUT_NORMS", "MODES", "SELECTION_SIGNALS", "TRAINING_GUARDS"]
 
 INIT_KINDS = ("identity", "pca")
 EPOCH_SELECTIONS = ("last", "best", "val")
@@ -23,6 +23,9 @@ OUTPUT_NORMS = ("unit", "input")
 MODES = ("supervised", "unsupervised")
 #: What the unsupervised mode selects its start and epoch on: agreement with the frozen space, or pseudo-queries.
 SELECTION_SIGNALS = ("rank-kl", "pseudo-queries")
+#: What the unsupervised mode's trained adapter must show to be kept over its PCA start: nothing, or held-out
+#: pseudo-queries that retrieve their own documents significantly better than from the start.
+TRAINING_GUARDS = ("none", "pseudo-queries")
 #: The unsupervised mode's training sample: at most this many documents (besides the held-out ones), drawn with the
 #: seed. Judged nDCG@10 barely moved past a quarter of it on SciFact and ArguAna
 #: (benchmarks/results/dive-scale/REPORT.md), and a fit's time grows with the sample, not with the corpus.
@@ -126,6 +129,18 @@ class DIVEConfig(CompressorConfig):
                   "document's pseudo-query, its title or first sentence encoded as a query, retrieving that document; "
                   "needs TrainingData.pseudo_queries, which `compress fit --unsupervised` builds from the corpus text)."},
     )
+    training_guard: str = field(
+        default="none",
+        metadata={"help": "Unsupervised mode with epoch_selection='best': 'none' keeps the selected epoch; 'pseudo-queries' "
+                  "keeps it only if the held-out documents' pseudo-queries (as for selection_signal='pseudo-queries') "
+                  "retrieve their own documents significantly better with it than with the PCA start (a one-sided paired "
+                  "sign-flip test at training_guard_p), and otherwise keeps the start: the fit is then PCA, and its "
+                  "details say why."},
+    )
+    training_guard_p: float = field(
+        default=0.05,
+        metadata={"help": "With training_guard='pseudo-queries': the one-sided p-value below which the trained adapter is kept."},
+    )
     max_train_docs: int | None = field(
         default=DEFAULT_TRAIN_DOCS,
         metadata={"help": f"Unsupervised mode: train on a seeded sample of at most this many documents, read from the corpus "
@@ -192,6 +207,8 @@ class DIVEConfig(CompressorConfig):
         "neighbors": [Interval(int, 1, None)],
         "holdout_docs": [Interval(int, 1, None)],
         "selection_signal": [Options(SELECTION_SIGNALS)],
+        "training_guard": [Options(TRAINING_GUARDS)],
+        "training_guard_p": [Interval(float, 0, 1, "neither")],
         "patience": [Interval(int, 1, None), None],
         "max_train_docs": [Interval(int, 2, None), None],
         "neighbor_temperature": [Interval(float, 0, None, "neither")],

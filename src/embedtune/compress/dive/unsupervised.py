@@ -28,6 +28,7 @@ from embedtune.compress.dive.network import DIVEAdapter, nearest_neighbors, unit
 from embedtune.compress.losses import geometry_distillation_loss, headwise_ntxent_loss, neighbor_rank_distillation_loss
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX
 from embedtune.evaluate.search import exact_search
+from embedtune.evaluate.significance import paired_test
 from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__package__)  # "embedtune.compress.dive", as before the package split
@@ -67,18 +68,21 @@ def holdout_documents(n_docs: int, config: DIVEConfig) -> tuple[np.ndarray, np.n
     return np.sort(order[:n_holdout]), np.sort(fit_rows)
 
 
-def _held_out_pseudo_queries(pseudo: PseudoQueries | None, doc_ids: list[str], held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _held_out_pseudo_queries(
+    pseudo: PseudoQueries | None, doc_ids: list[str], held: np.ndarray, setting: str = "selection_signal='pseudo-queries'"
+) -> tuple[np.ndarray, np.ndarray]:
     """``(rows of pseudo.embeddings, their documents' corpus rows)`` for the pseudo-queries of held-out documents.
 
     A pseudo-query's id is ``PSEUDO_PREFIX + doc_id`` (:mod:`embedtune.data.pseudo_queries`);
     those of training documents are left out, so selection reads documents the fit never saw.
+    ``setting`` names the option that reads them, for the errors.
     """
     fix = ("build them for the held-out documents with embedtune.workflows.pseudo_queries.build_pseudo_queries(experiment, "
            "doc_ids=[doc_ids[row] for row in holdout_documents(n_docs, config)[0]], mine=False) and pass "
            "TrainingData(pseudo_queries=...); `compress fit --unsupervised --data CORPUS --model MODEL` does this. Without the "
-           "documents' text, use selection_signal='rank-kl'.")
+           f"documents' text, drop {setting}.")
     if pseudo is None or not pseudo.ids:
-        raise ValueError(f"DIVE selection_signal='pseudo-queries' scores the held-out documents' pseudo-queries, but none were given: {fix}")
+        raise ValueError(f"DIVE {setting} scores the held-out documents' pseudo-queries, but none were given: {fix}")
     row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
     held_set = set(held.tolist())
     query_rows, doc_rows = [], []
@@ -88,7 +92,7 @@ def _held_out_pseudo_queries(pseudo: PseudoQueries | None, doc_ids: list[str], h
             query_rows.append(query_row)
             doc_rows.append(doc_row)
     if not query_rows:
-        raise ValueError(f"DIVE selection_signal='pseudo-queries': none of the {len(pseudo.ids)} pseudo-queries given is of a "
+        raise ValueError(f"DIVE {setting}: none of the {len(pseudo.ids)} pseudo-queries given is of a "
                          f"held-out document (ids '{PSEUDO_PREFIX}<doc id>'), so there is nothing to select on: {fix}")
     return np.asarray(query_rows, dtype=np.int64), np.asarray(doc_rows, dtype=np.int64)
 
@@ -128,6 +132,7 @@ class UnsupervisedTraining:
     adapter_: DIVEAdapter | None
     history_: list[dict[str, Any]]
     train_docs_: int | None
+    training_guard_: dict[str, Any] | None
     _centring: np.ndarray | None
     transform: Callable[[Any], np.ndarray]
     _validate: Callable[[TrainingData], float]
@@ -193,6 +198,17 @@ class UnsupervisedTraining:
                 measure = lambda: self._holdout_metrics(adapter_input, frozen, held_local, truth)  # noqa: E731
                 sign = -1.0  # the held-out rank KL: lower is better
         score_name = ""
+        guard: tuple[np.ndarray, np.ndarray] | None = None  # (pseudo-queries, their own documents' candidate rows)
+        if config.training_guard == "pseudo-queries":
+            if not n_holdout or config.epoch_selection != "best":
+                raise ValueError("DIVE training_guard='pseudo-queries' compares the selected epoch with the PCA start on held-out "
+                                 "documents, so it needs epoch_selection='best' and a corpus of at least 10 documents; set "
+                                 "training_guard='none' otherwise.")
+            guard_rows, guard_docs = _held_out_pseudo_queries(train.pseudo_queries, train.doc_ids, held,
+                                                              "training_guard='pseudo-queries'")
+            guard = (np.ascontiguousarray(train.pseudo_queries.embeddings[guard_rows]),  # type: ignore[union-attr]
+                     np.searchsorted(universe, guard_docs))
+        self.training_guard_ = None
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
@@ -223,6 +239,8 @@ class UnsupervisedTraining:
                 logger.info("DIVE (unsupervised): %s PCA start (%s: %s)", chosen, score_name,
                             ", ".join(f"{name} {metrics[score_name]:.4f}" for name, metrics in starts.items()))
             best_epoch, best_score, best_state = 0, sign * starts[chosen][score_name], copy.deepcopy(adapter.state_dict())
+        start_state = best_state
+        start_gains = self._pseudo_query_gains(adapter_input, *guard) if guard is not None else None
         self.history_.append(start_row)
         self._append_log(start_row)
 
@@ -258,6 +276,12 @@ class UnsupervisedTraining:
             adapter.load_state_dict(best_state)
             logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, len(self.history_) - 1, score_name,
                         sign * best_score, "; training did not beat the PCA start" if best_epoch == 0 else "")
+        if guard is not None and start_gains is not None and best_epoch > 0:
+            adapter.eval()
+            self.training_guard_ = self._guard_verdict(start_gains, self._pseudo_query_gains(adapter_input, *guard), best_epoch)
+            if self.training_guard_["kept"] == "start":
+                adapter.load_state_dict(start_state)  # type: ignore[arg-type]
+                best_epoch = 0
         adapter.eval()
         return best_epoch if measure is not None else None
 
@@ -323,12 +347,35 @@ class UnsupervisedTraining:
             means["loss_total"] += config.pseudo_query_weight * means["loss_pseudo_rank"]
         return means
 
+    def _guard_verdict(self, start: np.ndarray, trained: np.ndarray, epoch: int) -> dict[str, Any]:
+        """Whether the trained adapter (``epoch``) is kept over the PCA start, from each held-out pseudo-query's nDCG@10.
+
+        One-sided paired sign-flip test of ``trained − start``: kept only when the mean gain is
+        positive and its p-value is below ``training_guard_p``. Few pseudo-queries or a small
+        gain keep the start, so learning is kept only where the corpus's own text shows it pays.
+        """
+        test = paired_test(trained, start, seed=self.config.seed)
+        p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
+        kept = "trained" if p_one_sided < self.config.training_guard_p else "start"
+        verdict = {"kept": kept, "selected_epoch": epoch, "n_pseudo_queries": int(len(start)),
+                   "pseudo_query_ndcg@10_start": float(start.mean()), "pseudo_query_ndcg@10_trained": float(trained.mean()),
+                   "mean_difference": test.mean_difference, "p_one_sided": float(p_one_sided), "p_threshold": self.config.training_guard_p}
+        logger.info("DIVE (unsupervised): training guard: held-out pseudo-queries' nDCG@10 %.4f at the start, %.4f at epoch %d "
+                    "(%+.4f, one-sided p %.3f over %d): %s", verdict["pseudo_query_ndcg@10_start"],
+                    verdict["pseudo_query_ndcg@10_trained"], epoch, test.mean_difference, p_one_sided, len(start),
+                    f"kept epoch {epoch}" if kept == "trained" else "kept the PCA start (training did not earn its place)")
+        return verdict
+
     def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
-        """``holdout_pseudo_query_ndcg@10`` (selected on with ``selection_signal='pseudo-queries'``, higher is better).
+        """``holdout_pseudo_query_ndcg@10`` (selected on with ``selection_signal='pseudo-queries'``, higher is better)."""
+        return {"holdout_pseudo_query_ndcg@10": float(self._pseudo_query_gains(candidates, pseudo_queries, targets).mean())}
+
+    def _pseudo_query_gains(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """Each pseudo-query's nDCG@10 retrieving its own document through the current transform.
 
         Each pseudo-query's only relevant document is its own; it is ranked among every
-        candidate document through the current transform. A tie with another document counts
-        against it, so a transform that maps everything together cannot score well.
+        candidate document. A tie with another document counts against it, so a transform that
+        maps everything together cannot score well.
 
         Args:
             candidates: (n, d) adapter inputs of the candidate documents.
@@ -344,7 +391,7 @@ class UnsupervisedTraining:
             rank = (scores >= own).sum(axis=1) - 1  # 0: first; documents scoring the same are ranked ahead of it
             hit = rank < _PSEUDO_QUERY_AT
             gains[lo : lo + len(scores)][hit] = 1.0 / np.log2(rank[hit] + 2.0)
-        return {"holdout_pseudo_query_ndcg@10": float(gains.mean())}
+        return gains
 
     def _holdout_metrics(self, candidates: np.ndarray, teacher: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict[str, float]:
         """The unsupervised mode's selection signal on held-out documents, over the whole candidate set.
