@@ -192,3 +192,65 @@ def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sen
     assert info["pseudo_queries"]["n_queries"] > info["pseudo_queries"]["held_out_documents"]  # every document's, not the held-out ones'
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
     assert log[-1]["loss_pseudo_rank"] >= 0  # trained on (a random tiny model's near-identical documents give a loss near 0)
+
+
+def test_the_training_guard_keeps_the_pca_start_when_training_makes_the_pseudo_queries_retrieve_worse(synthetic, one_torch_thread):
+    """Here distilling the frozen space teaches the mean direction the queries lack: the held-out pseudo-queries say so."""
+    corpus, *_ = synthetic
+    config = DIVEConfig.preset("unsupervised", dim=K, epochs=4, progress=False, device="cpu", seed=3, training_guard="pseudo-queries")
+    guarded = DIVECompressor(config).fit_unsupervised(corpus)
+    verdict = guarded.fit_details()["training_guard"]
+    assert verdict["kept"] == "start" and verdict["selected_epoch"] > 0 and guarded.selected_epoch_ == 0
+    assert verdict["pseudo_query_ndcg@10_trained"] < verdict["pseudo_query_ndcg@10_start"] and verdict["p_one_sided"] > 0.5
+    assert verdict["n_pseudo_queries"] == N_DOCS // 10
+    untrained = DIVECompressor(dataclasses.replace(config, epochs=0, training_guard="none")).fit_unsupervised(corpus)
+    np.testing.assert_array_equal(guarded.transform(corpus.doc_embeddings), untrained.transform(corpus.doc_embeddings))
+    # Without the guard the same fit keeps its trained epoch, which retrieves the pseudo-queries worse.
+    unguarded = DIVECompressor(dataclasses.replace(config, training_guard="none")).fit_unsupervised(corpus)
+    assert unguarded.selected_epoch_ == verdict["selected_epoch"] and "training_guard" not in unguarded.fit_details()
+
+
+def test_the_training_guard_keeps_training_only_on_a_significant_gain():
+    dive = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, progress=False, device="cpu", training_guard="pseudo-queries"))
+    rng = np.random.default_rng(0)
+    start = rng.uniform(0.3, 0.7, size=400)
+    clear_gain = dive._guard_verdict(start, start + rng.uniform(0.0, 0.1, size=400), epoch=5)
+    assert clear_gain["kept"] == "trained" and clear_gain["p_one_sided"] < 0.01 and clear_gain["selected_epoch"] == 5
+    # A gain on a handful of pseudo-queries, with as many losses, is chance: the start stays.
+    noisy = start.copy()
+    noisy[:6] += np.array([0.3, 0.3, 0.3, -0.2, -0.2, -0.2])
+    assert dive._guard_verdict(start, noisy, epoch=5)["kept"] == "start"
+    assert dive._guard_verdict(start, start - 0.05, epoch=5)["kept"] == "start"
+    strict = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, progress=False, device="cpu", training_guard="pseudo-queries",
+                                              training_guard_p=1e-6))
+    assert strict._guard_verdict(start, start + rng.uniform(0.0, 0.1, size=400), epoch=5)["kept"] == "start"  # 10,000 flips: p >= 1e-4
+
+
+def test_the_training_guard_needs_held_out_pseudo_queries_and_says_the_fix(synthetic):
+    corpus, *_ = synthetic
+    config = DIVEConfig.preset("unsupervised", dim=K, epochs=1, progress=False, device="cpu", training_guard="pseudo-queries")
+    with pytest.raises(ValueError, match="training_guard='pseudo-queries' scores the held-out documents' pseudo-queries, but none "
+                                         "were given.*use training_guard='none'"):
+        DIVECompressor(config).fit_unsupervised(TrainingData.corpus_only(corpus.doc_embeddings, corpus.doc_ids))
+    with pytest.raises(ValueError, match="needs epoch_selection='best'.*training_guard='none'"):
+        DIVECompressor(dataclasses.replace(config, epoch_selection="last")).fit(corpus)  # fit_unsupervised would select
+    with pytest.raises(ValueError, match="training_guard must be one of"):
+        DIVEConfig(training_guard="always")
+
+
+def test_compress_fit_guards_the_training_with_the_held_out_pseudo_queries(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    from embedtune.cli import main
+
+    out = tmp_path / "dive-guarded"
+    assert main(["--quiet", "compress", "fit", "--method", "dive", "--dim", "8", "--unsupervised", "--data", str(sentences), "--model",
+                 str(tiny_bert_dir), "--pseudo-queries", "first-sentence", "--training-guard", "pseudo-queries", "--set", "epochs=2",
+                 "--set", "heads=2", "--out", str(out)]) == 0
+    info = json.loads((out / "fit.json").read_text())
+    assert info["selection_pseudo_queries"] == {"source": "first-sentence", "n_queries": 4, "held_out_documents": 4}
+    assert info["config"]["training_guard"] == "pseudo-queries"
+    with pytest.raises(EmbedtuneError, match="training_guard='pseudo-queries'.*given without either.*training_guard=none"):
+        docs = np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32)
+        np.save(tmp_path / "docs.npy", docs)
+        (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(60)))
+        fit_on_all("dive", 4, doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt", unsupervised=True,
+                   settings={"training_guard": "pseudo-queries", "epochs": 1, "progress": False})

@@ -168,6 +168,16 @@ def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encode
     return list(corpus.embeddings.doc_ids), corpus.embeddings.doc_embeddings, provenance, corpus
 
 
+#: The unsupervised DIVE settings that read the documents' pseudo-queries, and how to fit without them.
+_PSEUDO_QUERY_SETTINGS = "selection_signal='pseudo-queries', training_guard='pseudo-queries' and pseudo_query_weight > 0"
+_WITHOUT_PSEUDO_QUERIES = "--set selection_signal=rank-kl, training_guard=none and pseudo_query_weight=0"
+
+
+def _selects_on_pseudo_queries(config: Any) -> bool:
+    """Whether the fit reads the held-out documents' pseudo-queries (to select on them, or to guard its training)."""
+    return getattr(config, "selection_signal", None) == "pseudo-queries" or getattr(config, "training_guard", "none") == "pseudo-queries"
+
+
 def _sampled_corpus(compressor: Compressor, data: str | Path | None, vectors: dict[str, Any],
                     encoder_options: Mapping[str, Any] | None) -> tuple[list[str], np.ndarray, dict[str, Any], int] | None:
     """The rows a sample-fitting method reads from given ``.npy`` vectors, read alone; None when the whole corpus is read.
@@ -179,7 +189,7 @@ def _sampled_corpus(compressor: Compressor, data: str | Path | None, vectors: di
     path, ids_file = vectors.get("doc_embeddings"), vectors.get("doc_ids")
     if path is None or ids_file is None or data is not None or Path(path).suffix != ".npy" or not Path(path).is_file():
         return None
-    if getattr(compressor.config, "selection_signal", None) == "pseudo-queries":
+    if _selects_on_pseudo_queries(compressor.config):
         return None  # selection reads the held-out documents' texts: the whole-corpus path
     try:
         n_rows, dim = embedding_file_shape(path)
@@ -334,18 +344,17 @@ def fit_on_all(
             ids, docs, provenance, corpus_experiment = _corpus(data, model, vectors, encoder_options, cache)
             n_docs = len(ids)
         corpus = TrainingData.corpus_only(docs, ids)
-        selects_on_them = getattr(compressor.config, "selection_signal", None) == "pseudo-queries"
+        selects_on_them = _selects_on_pseudo_queries(compressor.config)
         trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
         if selects_on_them or trains_on_them:
             if pseudo_queries == "none":
-                raise ValueError("selection_signal='pseudo-queries' and pseudo_query_weight > 0 read the documents' pseudo-queries; "
-                                 "drop --pseudo-queries none (or give title or first-sentence), or use --set selection_signal=rank-kl "
-                                 "and pseudo_query_weight=0.")
+                raise ValueError(f"{_PSEUDO_QUERY_SETTINGS} read the documents' pseudo-queries; drop --pseudo-queries none (or give "
+                                 f"title or first-sentence), or use {_WITHOUT_PSEUDO_QUERIES}.")
             source = pseudo_queries or "title"
             if corpus_experiment is None:  # the sampled route read vectors only: there is no text to make them from
-                raise EmbedtuneError("pseudo-queries (selection_signal='pseudo-queries', pseudo_query_weight > 0) are made from the "
-                                     "documents' text and encoded by their model; a fit on a sample of given vectors has neither. Fit from "
-                                     "the corpus (--data CORPUS --model MODEL), or use --set selection_signal=rank-kl and pseudo_query_weight=0.")
+                raise EmbedtuneError(f"pseudo-queries ({_PSEUDO_QUERY_SETTINGS}) are made from the documents' text and encoded by "
+                                     "their model; a fit on a sample of given vectors has neither. Fit from the corpus (--data CORPUS "
+                                     f"--model MODEL), or use {_WITHOUT_PSEUDO_QUERIES}.")
             held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
             # Anchors need every training document's; selection reads the held-out ones' only (the fit keeps them apart).
             made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)

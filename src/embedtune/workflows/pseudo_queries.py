@@ -141,9 +141,10 @@ def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str] | N
     """
     texts = experiment.dataset.corpus.values()
     if experiment.provenance.get("model") in (None, PRECOMPUTED_MODEL) or not any((f.get("title") or f.get("text")) for f in texts):
-        raise EmbedtuneError("selection_signal='pseudo-queries' scores pseudo-queries made from the held-out documents' text and "
-                             "encoded by their model; these vectors were given without either. Fit from the corpus instead "
-                             "(--data CORPUS --model MODEL), or select on agreement with the frozen space: --set selection_signal=rank-kl.")
+        raise EmbedtuneError("selection_signal='pseudo-queries', training_guard='pseudo-queries' and pseudo_query_weight > 0 read "
+                             "pseudo-queries made from the documents' text and encoded by their model; these vectors were given "
+                             "without either. Fit from the corpus instead (--data CORPUS --model MODEL), or fit on agreement with the "
+                             "frozen space alone: --set selection_signal=rank-kl (and training_guard=none, pseudo_query_weight=0).")
     pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=None if held_out is None else list(held_out), mine=False,
                                   skip_whole_documents=True)
     if not pseudo.ids:

@@ -56,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="DIVE's training-only pseudo-queries, one per document (its title, its first sentence or its first 12 words); "
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
                      "path: their source (default title) for --set selection_signal=pseudo-queries (the held-out documents' "
-                     "pseudo-queries DIVE selects its start and epoch on) and for --set pseudo_query_weight=W (the training "
-                     "documents' pseudo-queries as anchors of the rank distillation)")
+                     "pseudo-queries DIVE selects its start and epoch on), for --set training_guard=pseudo-queries (the same "
+                     "pseudo-queries decide whether training is kept over the PCA start) and for --set pseudo_query_weight=W "
+                     "(the training documents' pseudo-queries as anchors of the rank distillation)")
     add_method_config_flags(fit)
     fit.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE", help="any other config field")
     val = fit.add_mutually_exclusive_group()

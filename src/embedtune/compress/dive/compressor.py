@@ -168,6 +168,7 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
             details["start"] = f"{start} PCA"
         if self.training_guard_ is not None:
             details["training_guard"] = dict(self.training_guard_)
+            details["start"] = f"{self.training_guard_['start']} PCA"  # the guard may fall back on the other start
         return details
 
     def save(self, directory: str | Path) -> Path:

@@ -69,18 +69,22 @@ def holdout_documents(n_docs: int, config: DIVEConfig) -> tuple[np.ndarray, np.n
 
 
 def _held_out_pseudo_queries(
-    pseudo: PseudoQueries | None, doc_ids: list[str], held: np.ndarray, setting: str = "selection_signal='pseudo-queries'"
+    pseudo: PseudoQueries | None,
+    doc_ids: list[str],
+    held: np.ndarray,
+    setting: str = "selection_signal='pseudo-queries'",
+    without: str = "selection_signal='rank-kl'",
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(rows of pseudo.embeddings, their documents' corpus rows)`` for the pseudo-queries of held-out documents.
 
     A pseudo-query's id is ``PSEUDO_PREFIX + doc_id`` (:mod:`embedtune.data.pseudo_queries`);
     those of training documents are left out, so selection reads documents the fit never saw.
-    ``setting`` names the option that reads them, for the errors.
+    ``setting`` names the option that reads them and ``without`` the one that does not, for the errors.
     """
     fix = ("build them for the held-out documents with embedtune.workflows.pseudo_queries.build_pseudo_queries(experiment, "
            "doc_ids=[doc_ids[row] for row in holdout_documents(n_docs, config)[0]], mine=False) and pass "
            "TrainingData(pseudo_queries=...); `compress fit --unsupervised --data CORPUS --model MODEL` does this. Without the "
-           f"documents' text, drop {setting}.")
+           f"documents' text, use {without}.")
     if pseudo is None or not pseudo.ids:
         raise ValueError(f"DIVE {setting} scores the held-out documents' pseudo-queries, but none were given: {fix}")
     row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
@@ -205,7 +209,7 @@ class UnsupervisedTraining:
                                  "documents, so it needs epoch_selection='best' and a corpus of at least 10 documents; set "
                                  "training_guard='none' otherwise.")
             guard_rows, guard_docs = _held_out_pseudo_queries(train.pseudo_queries, train.doc_ids, held,
-                                                              "training_guard='pseudo-queries'")
+                                                              "training_guard='pseudo-queries'", "training_guard='none'")
             guard = (np.ascontiguousarray(train.pseudo_queries.embeddings[guard_rows]),  # type: ignore[union-attr]
                      np.searchsorted(universe, guard_docs))
         self.training_guard_ = None
@@ -218,8 +222,19 @@ class UnsupervisedTraining:
         self.adapter_ = adapter
         start_row: dict[str, Any] = {"epoch": 0, "phase": "unsupervised"}
         best_epoch, best_score, best_state = config.epochs, -math.inf, None
+        # With the guard: each start's weights and its held-out pseudo-queries' nDCG@10, to fall back on.
+        start_states: dict[str, dict[str, torch.Tensor]] = {}
+        start_gains: dict[str, np.ndarray] = {}
+
+        def guard_start(name: str) -> None:
+            if guard is not None:
+                start_states[name] = copy.deepcopy(adapter.state_dict())
+                start_gains[name] = self._pseudo_query_gains(adapter_input, *guard)
+
+        chosen = "uncentred"
         if measure is not None:
             starts = {"uncentred": measure()}
+            guard_start("uncentred")
             score_name = next(iter(starts["uncentred"]))
             if rotation is not None:
                 # Two candidate starts: the uncentred PCA projection (bias 0) and the centred one (bias −μR),
@@ -228,6 +243,7 @@ class UnsupervisedTraining:
                 with torch.no_grad():
                     adapter.mlp.down.bias.copy_(centring)
                 starts["centred"] = measure()
+                guard_start("centred")
             chosen = max(starts, key=lambda name: (sign * starts[name][score_name], name == "uncentred"))  # ties: uncentred
             if chosen == "uncentred":
                 with torch.no_grad():
@@ -239,8 +255,6 @@ class UnsupervisedTraining:
                 logger.info("DIVE (unsupervised): %s PCA start (%s: %s)", chosen, score_name,
                             ", ".join(f"{name} {metrics[score_name]:.4f}" for name, metrics in starts.items()))
             best_epoch, best_score, best_state = 0, sign * starts[chosen][score_name], copy.deepcopy(adapter.state_dict())
-        start_state = best_state
-        start_gains = self._pseudo_query_gains(adapter_input, *guard) if guard is not None else None
         self.history_.append(start_row)
         self._append_log(start_row)
 
@@ -276,11 +290,12 @@ class UnsupervisedTraining:
             adapter.load_state_dict(best_state)
             logger.info("DIVE (unsupervised): kept epoch %d of %d (%s %.4f)%s", best_epoch, len(self.history_) - 1, score_name,
                         sign * best_score, "; training did not beat the PCA start" if best_epoch == 0 else "")
-        if guard is not None and start_gains is not None and best_epoch > 0:
+        if guard is not None and start_gains:
             adapter.eval()
-            self.training_guard_ = self._guard_verdict(start_gains, self._pseudo_query_gains(adapter_input, *guard), best_epoch)
+            trained = self._pseudo_query_gains(adapter_input, *guard) if best_epoch > 0 else None
+            self.training_guard_ = self._guard_verdict(start_gains, chosen, trained, best_epoch)
             if self.training_guard_["kept"] == "start":
-                adapter.load_state_dict(start_state)  # type: ignore[arg-type]
+                adapter.load_state_dict(start_states[self.training_guard_["start"]])
                 best_epoch = 0
         adapter.eval()
         return best_epoch if measure is not None else None
@@ -347,23 +362,38 @@ class UnsupervisedTraining:
             means["loss_total"] += config.pseudo_query_weight * means["loss_pseudo_rank"]
         return means
 
-    def _guard_verdict(self, start: np.ndarray, trained: np.ndarray, epoch: int) -> dict[str, Any]:
-        """Whether the trained adapter (``epoch``) is kept over the PCA start, from each held-out pseudo-query's nDCG@10.
+    def _guard_verdict(self, starts: dict[str, np.ndarray], chosen: str, trained: np.ndarray | None, epoch: int) -> dict[str, Any]:
+        """What the fit keeps: the trained adapter (``epoch``) or a PCA start, from each held-out pseudo-query's nDCG@10.
 
-        One-sided paired sign-flip test of ``trained − start``: kept only when the mean gain is
-        positive and its p-value is below ``training_guard_p``. Few pseudo-queries or a small
-        gain keep the start, so learning is kept only where the corpus's own text shows it pays.
+        The fallback is the start whose pseudo-queries retrieve their documents best (ties: the one
+        selection chose, ``chosen``). The trained adapter is kept only when a one-sided paired
+        sign-flip test of ``trained − fallback`` gives a positive mean and a p-value below
+        ``training_guard_p``: few pseudo-queries or a small gain keep the start, so learning stays
+        only where the corpus's own text shows that it retrieves better than PCA.
+
+        Args:
+            starts: each PCA start's per-pseudo-query nDCG@10 (``uncentred``, and ``centred`` where it was a candidate).
+            chosen: the start selection trained from.
+            trained: the selected epoch's per-pseudo-query nDCG@10; None where selection kept the start (epoch 0).
         """
-        test = paired_test(trained, start, seed=self.config.seed)
-        p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
-        kept = "trained" if p_one_sided < self.config.training_guard_p else "start"
-        verdict = {"kept": kept, "selected_epoch": epoch, "n_pseudo_queries": int(len(start)),
-                   "pseudo_query_ndcg@10_start": float(start.mean()), "pseudo_query_ndcg@10_trained": float(trained.mean()),
-                   "mean_difference": test.mean_difference, "p_one_sided": float(p_one_sided), "p_threshold": self.config.training_guard_p}
-        logger.info("DIVE (unsupervised): training guard: held-out pseudo-queries' nDCG@10 %.4f at the start, %.4f at epoch %d "
-                    "(%+.4f, one-sided p %.3f over %d): %s", verdict["pseudo_query_ndcg@10_start"],
-                    verdict["pseudo_query_ndcg@10_trained"], epoch, test.mean_difference, p_one_sided, len(start),
-                    f"kept epoch {epoch}" if kept == "trained" else "kept the PCA start (training did not earn its place)")
+        fallback = max(starts, key=lambda name: (float(starts[name].mean()), name == chosen))
+        verdict: dict[str, Any] = {"kept": "start", "start": fallback, "selected_epoch": epoch, "n_pseudo_queries": int(len(starts[fallback])),
+                                   **{f"pseudo_query_ndcg@10_{name}_start": float(gains.mean()) for name, gains in starts.items()},
+                                   "p_threshold": self.config.training_guard_p}
+        if trained is not None:
+            test = paired_test(trained, starts[fallback], seed=self.config.seed)
+            p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
+            verdict.update({"pseudo_query_ndcg@10_trained": float(trained.mean()), "mean_difference": test.mean_difference,
+                            "p_one_sided": float(p_one_sided)})
+            if p_one_sided < self.config.training_guard_p:
+                verdict.update(kept="trained", start=chosen)
+            logger.info("DIVE (unsupervised): training guard: held-out pseudo-queries' nDCG@10 %.4f at epoch %d, %.4f from the %s "
+                        "start (%+.4f, one-sided p %.3f over %d): %s", verdict["pseudo_query_ndcg@10_trained"], epoch,
+                        float(starts[fallback].mean()), fallback, test.mean_difference, p_one_sided, len(trained),
+                        f"kept epoch {epoch}" if verdict["kept"] == "trained" else f"kept the {fallback} PCA start")
+        elif fallback != chosen:
+            logger.info("DIVE (unsupervised): training guard: selection kept the start; the held-out pseudo-queries prefer the %s "
+                        "one (nDCG@10 %s)", fallback, ", ".join(f"{name} {gains.mean():.4f}" for name, gains in starts.items()))
         return verdict
 
     def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
