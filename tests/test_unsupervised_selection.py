@@ -194,36 +194,64 @@ def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sen
     assert log[-1]["loss_pseudo_rank"] >= 0  # trained on (a random tiny model's near-identical documents give a loss near 0)
 
 
-def test_the_training_guard_keeps_the_pca_start_when_training_makes_the_pseudo_queries_retrieve_worse(synthetic, one_torch_thread):
-    """Here distilling the frozen space teaches the mean direction the queries lack: the held-out pseudo-queries say so."""
-    corpus, *_ = synthetic
+def test_the_training_guard_falls_back_on_the_centred_start_where_training_and_agreement_prefer_the_uncentred(synthetic, one_torch_thread):
+    """Distilling the frozen space teaches the mean direction the queries lack; the held-out pseudo-queries say so.
+
+    With the default selection (agreement with the frozen space), the fit starts uncentred and
+    trains; the guard finds neither that training nor the uncentred start retrieve the
+    pseudo-queries as well as the centred start, and keeps the centred start, which retrieves the
+    real queries better too.
+    """
+    corpus, query_ids, queries, qrels = synthetic
+
+    def ndcg(compressor: DIVECompressor) -> float:
+        found = evaluate_embeddings(query_ids, compressor.transform(queries), corpus.doc_ids, compressor.transform(corpus.doc_embeddings), qrels)
+        return found.aggregate["ndcg@10"]
+
     config = DIVEConfig.preset("unsupervised", dim=K, epochs=4, progress=False, device="cpu", seed=3, training_guard="pseudo-queries")
     guarded = DIVECompressor(config).fit_unsupervised(corpus)
     verdict = guarded.fit_details()["training_guard"]
-    assert verdict["kept"] == "start" and verdict["selected_epoch"] > 0 and guarded.selected_epoch_ == 0
-    assert verdict["pseudo_query_ndcg@10_trained"] < verdict["pseudo_query_ndcg@10_start"] and verdict["p_one_sided"] > 0.5
-    assert verdict["n_pseudo_queries"] == N_DOCS // 10
-    untrained = DIVECompressor(dataclasses.replace(config, epochs=0, training_guard="none")).fit_unsupervised(corpus)
-    np.testing.assert_array_equal(guarded.transform(corpus.doc_embeddings), untrained.transform(corpus.doc_embeddings))
-    # Without the guard the same fit keeps its trained epoch, which retrieves the pseudo-queries worse.
+    assert guarded.history_[0]["start"] == "uncentred"  # what agreement trained from
+    assert verdict["kept"] == "start" and verdict["start"] == "centred" and guarded.fit_details()["start"] == "centred PCA"
+    assert verdict["selected_epoch"] > 0 and guarded.selected_epoch_ == 0 and verdict["n_pseudo_queries"] == N_DOCS // 10
+    assert verdict["pseudo_query_ndcg@10_centred_start"] > verdict["pseudo_query_ndcg@10_uncentred_start"] + 0.1
+    assert verdict["pseudo_query_ndcg@10_trained"] < verdict["pseudo_query_ndcg@10_centred_start"] and verdict["p_one_sided"] > 0.5
+    # It is the untrained centred start, exactly (as the pseudo-queries' selection picks it before any training).
+    untrained = DIVECompressor(dataclasses.replace(config, epochs=0, training_guard="none", selection_signal="pseudo-queries"))
+    untrained.fit_unsupervised(corpus)
+    assert untrained.fit_details()["start"] == "centred PCA"
+    np.testing.assert_array_equal(guarded.transform(queries), untrained.transform(queries))
+    # Without the guard the same fit keeps its trained epoch, which retrieves the real queries far worse.
     unguarded = DIVECompressor(dataclasses.replace(config, training_guard="none")).fit_unsupervised(corpus)
     assert unguarded.selected_epoch_ == verdict["selected_epoch"] and "training_guard" not in unguarded.fit_details()
+    assert ndcg(guarded) > ndcg(unguarded) + 0.1
 
 
-def test_the_training_guard_keeps_training_only_on_a_significant_gain():
+def test_the_training_guard_keeps_training_only_on_a_significant_gain_over_the_preferred_start():
     dive = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, progress=False, device="cpu", training_guard="pseudo-queries"))
     rng = np.random.default_rng(0)
     start = rng.uniform(0.3, 0.7, size=400)
-    clear_gain = dive._guard_verdict(start, start + rng.uniform(0.0, 0.1, size=400), epoch=5)
-    assert clear_gain["kept"] == "trained" and clear_gain["p_one_sided"] < 0.01 and clear_gain["selected_epoch"] == 5
+    starts = {"uncentred": start, "centred": start - 0.01}
+    clear_gain = dive._guard_verdict(starts, "uncentred", start + rng.uniform(0.0, 0.1, size=400), epoch=5)
+    assert clear_gain["kept"] == "trained" and clear_gain["start"] == "uncentred" and clear_gain["p_one_sided"] < 0.01
     # A gain on a handful of pseudo-queries, with as many losses, is chance: the start stays.
     noisy = start.copy()
     noisy[:6] += np.array([0.3, 0.3, 0.3, -0.2, -0.2, -0.2])
-    assert dive._guard_verdict(start, noisy, epoch=5)["kept"] == "start"
-    assert dive._guard_verdict(start, start - 0.05, epoch=5)["kept"] == "start"
+    assert dive._guard_verdict(starts, "uncentred", noisy, epoch=5)["kept"] == "start"
+    assert dive._guard_verdict(starts, "uncentred", start - 0.05, epoch=5)["kept"] == "start"
+    # Training is measured against the start the pseudo-queries prefer, whichever one it began from.
+    better_centred = {"uncentred": start, "centred": start + 0.05}
+    beats_its_start_only = dive._guard_verdict(better_centred, "uncentred", start + 0.03, epoch=5)
+    assert beats_its_start_only["kept"] == "start" and beats_its_start_only["start"] == "centred"
+    assert beats_its_start_only["mean_difference"] == pytest.approx(-0.02)
+    # Where selection kept the start, the guard still picks between the starts; ties keep the one selection chose.
+    assert dive._guard_verdict(better_centred, "uncentred", None, epoch=0)["start"] == "centred"
+    assert dive._guard_verdict({"uncentred": start, "centred": start.copy()}, "centred", None, epoch=0)["start"] == "centred"
+    # A preference for the other start that a few pseudo-queries make is not evidence: selection's start stays.
+    assert dive._guard_verdict({"uncentred": start, "centred": noisy}, "uncentred", None, epoch=0)["start"] == "uncentred"
     strict = DIVECompressor(DIVEConfig.preset("unsupervised", dim=K, progress=False, device="cpu", training_guard="pseudo-queries",
                                               training_guard_p=1e-6))
-    assert strict._guard_verdict(start, start + rng.uniform(0.0, 0.1, size=400), epoch=5)["kept"] == "start"  # 10,000 flips: p >= 1e-4
+    assert strict._guard_verdict(starts, "uncentred", start + rng.uniform(0.0, 0.1, size=400), epoch=5)["kept"] == "start"  # p >= 1e-4
 
 
 def test_the_training_guard_needs_held_out_pseudo_queries_and_says_the_fix(synthetic):

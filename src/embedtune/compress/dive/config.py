@@ -133,9 +133,9 @@ class DIVEConfig(CompressorConfig):
         default="none",
         metadata={"help": "Unsupervised mode with epoch_selection='best': 'none' keeps the selected epoch; 'pseudo-queries' "
                   "keeps it only if the held-out documents' pseudo-queries (as for selection_signal='pseudo-queries') "
-                  "retrieve their own documents significantly better with it than with the PCA start they prefer (a "
-                  "one-sided paired sign-flip test at training_guard_p), and otherwise keeps that start, centred or "
-                  "uncentred: the fit is then PCA, and its details say why."},
+                  "retrieve their own documents significantly better with it than with the PCA start (a one-sided paired "
+                  "sign-flip test at training_guard_p), and otherwise keeps that start: the selected one, or the other one "
+                  "where the pseudo-queries prefer it by the same test. The fit is then PCA, and its details say why."},
     )
     training_guard_p: float = field(
         default=0.05,

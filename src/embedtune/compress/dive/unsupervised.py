@@ -365,26 +365,34 @@ class UnsupervisedTraining:
     def _guard_verdict(self, starts: dict[str, np.ndarray], chosen: str, trained: np.ndarray | None, epoch: int) -> dict[str, Any]:
         """What the fit keeps: the trained adapter (``epoch``) or a PCA start, from each held-out pseudo-query's nDCG@10.
 
-        The fallback is the start whose pseudo-queries retrieve their documents best (ties: the one
-        selection chose, ``chosen``). The trained adapter is kept only when a one-sided paired
-        sign-flip test of ``trained − fallback`` gives a positive mean and a p-value below
-        ``training_guard_p``: few pseudo-queries or a small gain keep the start, so learning stays
-        only where the corpus's own text shows that it retrieves better than PCA.
+        The fallback is the start selection chose (``chosen``), or the other one where the
+        pseudo-queries retrieve their documents better from it by a one-sided paired sign-flip
+        test below ``training_guard_p``. The trained adapter is kept only when the same test of
+        ``trained`` against the fallback passes. Each step away from the default needs evidence:
+        few pseudo-queries or a small gain keep what selection chose, so learning stays only where
+        the corpus's own text shows that it retrieves better than PCA.
 
         Args:
             starts: each PCA start's per-pseudo-query nDCG@10 (``uncentred``, and ``centred`` where it was a candidate).
             chosen: the start selection trained from.
             trained: the selected epoch's per-pseudo-query nDCG@10; None where selection kept the start (epoch 0).
         """
-        fallback = max(starts, key=lambda name: (float(starts[name].mean()), name == chosen))
-        verdict: dict[str, Any] = {"kept": "start", "start": fallback, "selected_epoch": epoch, "n_pseudo_queries": int(len(starts[fallback])),
+        fallback = chosen
+        verdict: dict[str, Any] = {"kept": "start", "start": chosen, "selected_epoch": epoch, "n_pseudo_queries": int(len(starts[chosen])),
                                    **{f"pseudo_query_ndcg@10_{name}_start": float(gains.mean()) for name, gains in starts.items()},
                                    "p_threshold": self.config.training_guard_p}
+        for other in starts:
+            if other != chosen:
+                p_other = self._one_sided_p(starts[other], starts[chosen])
+                verdict[f"p_one_sided_{other}_start"] = p_other
+                if p_other < self.config.training_guard_p:
+                    fallback = other
+        verdict["start"] = fallback
         if trained is not None:
             test = paired_test(trained, starts[fallback], seed=self.config.seed)
-            p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
+            p_one_sided = self._one_sided_p(trained, starts[fallback])
             verdict.update({"pseudo_query_ndcg@10_trained": float(trained.mean()), "mean_difference": test.mean_difference,
-                            "p_one_sided": float(p_one_sided)})
+                            "p_one_sided": p_one_sided})
             if p_one_sided < self.config.training_guard_p:
                 verdict.update(kept="trained", start=chosen)
             logger.info("DIVE (unsupervised): training guard: held-out pseudo-queries' nDCG@10 %.4f at epoch %d, %.4f from the %s "
@@ -395,6 +403,11 @@ class UnsupervisedTraining:
             logger.info("DIVE (unsupervised): training guard: selection kept the start; the held-out pseudo-queries prefer the %s "
                         "one (nDCG@10 %s)", fallback, ", ".join(f"{name} {gains.mean():.4f}" for name, gains in starts.items()))
         return verdict
+
+    def _one_sided_p(self, better: np.ndarray, than: np.ndarray) -> float:
+        """One-sided p-value that ``better`` scores above ``than`` on the same pseudo-queries (paired sign flips)."""
+        test = paired_test(better, than, seed=self.config.seed)
+        return float(test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2)
 
     def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
         """``holdout_pseudo_query_ndcg@10`` (selected on with ``selection_signal='pseudo-queries'``, higher is better)."""
