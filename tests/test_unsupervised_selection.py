@@ -179,15 +179,19 @@ def test_pseudo_query_anchors_train_on_training_documents_only_and_need_pseudo_q
         DIVECompressor(config).fit_unsupervised(dataclasses.replace(corpus, pseudo_queries=only_held))
 
 
-def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
-    """The command of docs/no-labels.md, on a tiny model."""
+def fit_from_the_cli(corpus, model, out, *flags: str) -> dict:
+    """``compress fit --method dive --dim 8 --unsupervised`` on ``corpus`` with first-sentence pseudo-queries; its fit.json."""
     from embedtune.cli import main
 
+    assert main(["--quiet", "compress", "fit", "--method", "dive", "--dim", "8", "--unsupervised", "--data", str(corpus), "--model",
+                 str(model), "--pseudo-queries", "first-sentence", *flags, "--set", "heads=2", "--out", str(out)]) == 0
+    return json.loads((out / "fit.json").read_text())
+
+
+def test_compress_fit_trains_on_the_documents_pseudo_queries_with_the_weight(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    """The command of docs/no-labels.md, on a tiny model."""
     out = tmp_path / "dive-anchors"
-    assert main(["--quiet", "compress", "fit", "--method", "dive", "--dim", "8", "--unsupervised", "--data", str(sentences), "--model",
-                 str(tiny_bert_dir), "--pseudo-queries", "first-sentence", "--set", "pseudo_query_weight=1", "--set", "epochs=1",
-                 "--set", "heads=2", "--out", str(out)]) == 0
-    info = json.loads((out / "fit.json").read_text())
+    info = fit_from_the_cli(sentences, tiny_bert_dir, out, "--set", "pseudo_query_weight=1", "--set", "epochs=1")
     assert info["pseudo_queries"]["source"] == "first-sentence"
     assert info["pseudo_queries"]["n_queries"] > info["pseudo_queries"]["held_out_documents"]  # every document's, not the held-out ones'
     log = [json.loads(line) for line in (out / "training_log.jsonl").read_text().splitlines()]
@@ -267,13 +271,7 @@ def test_the_training_guard_needs_held_out_pseudo_queries_and_says_the_fix(synth
 
 
 def test_compress_fit_guards_the_training_with_the_held_out_pseudo_queries(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
-    from embedtune.cli import main
-
-    out = tmp_path / "dive-guarded"
-    assert main(["--quiet", "compress", "fit", "--method", "dive", "--dim", "8", "--unsupervised", "--data", str(sentences), "--model",
-                 str(tiny_bert_dir), "--pseudo-queries", "first-sentence", "--training-guard", "pseudo-queries", "--set", "epochs=2",
-                 "--set", "heads=2", "--out", str(out)]) == 0
-    info = json.loads((out / "fit.json").read_text())
+    info = fit_from_the_cli(sentences, tiny_bert_dir, tmp_path / "dive-guarded", "--training-guard", "pseudo-queries", "--set", "epochs=2")
     assert info["selection_pseudo_queries"] == {"source": "first-sentence", "n_queries": 4, "held_out_documents": 4}
     assert info["config"]["training_guard"] == "pseudo-queries"
     with pytest.raises(EmbedtuneError, match="training_guard='pseudo-queries'.*given without either.*training_guard=none"):
