@@ -58,8 +58,8 @@ from embedtune.compress.dive import DIVECompressor, DIVEConfig  # noqa: E402
 from embedtune.evaluate.subsets import query_subsets, training_positives  # noqa: E402
 from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.workflows import load_experiment  # noqa: E402
-from embedtune.workflows.experiment import fold_experiments  # noqa: E402
-from embedtune.workflows.fit_and_score import fit_and_evaluate  # noqa: E402
+from embedtune.workflows.experiment import fold_experiments, training_data  # noqa: E402
+from embedtune.workflows.fit_and_score import build_config, fit_and_evaluate  # noqa: E402
 from embedtune.workflows.pseudo_queries import build_pseudo_queries  # noqa: E402
 from embedtune.workflows.significance import paired_test  # noqa: E402
 from embedtune.workflows.train_compressor import resolve_preset  # noqa: E402
@@ -79,9 +79,15 @@ TRELLIS_CODECS = {TRELLIS: TRELLIS_CODEC, TRELLIS_SPHERE: "klt-tcq-sphere"}
 #: DIVE with the labels followed by the trellis code on the sphere (``--learned dive@klt-tcq-sphere``): the same fits as
 #: ``dive`` (the same seeds and folds), another codec; compared with both PCA variants followed by the same codec.
 SPHERE_LABELS = {"dive@klt-tcq-sphere": "klt-tcq-sphere", "pca@klt-tcq-sphere": "klt-tcq-sphere",
-                 "pca-uncentred@klt-tcq-sphere": "klt-tcq-sphere"}
+                 "pca-uncentred@klt-tcq-sphere": "klt-tcq-sphere", "dive@guarded": "klt-tcq-sphere"}
 LABEL_CODECS = {**TRELLIS_CODECS, **SPHERE_LABELS}
-LEARNED = ("dive", "dive@pseudo-title", "dive@klt-tcq-sphere")
+#: ``dive@guarded``: DIVE fitted on each fold's training queries without its validation queries, then kept, at each
+#: budget, only where it beats the plain vectors followed by the same codec on those validation queries (a one-sided
+#: paired sign-flip test, p < GUARD_P); elsewhere the plain codec. What a user with labels gets from a plan that keeps
+#: learning only where held-out queries whose positives it never saw show it pays.
+GUARDED = "dive@guarded"
+GUARD_P = 0.05
+LEARNED = ("dive", "dive@pseudo-title", "dive@klt-tcq-sphere", GUARDED)
 
 
 def experiment_for(dataset: str):
@@ -103,11 +109,12 @@ def run(args: argparse.Namespace) -> None:
         every = judged(experiment, experiment.part_ids("all"))
         for dim in args.dims:
             todo: list[tuple[str, int, int | None]] = [(label, 0, None) for label in (*LABEL_FREE, *TRELLIS_CODECS)]
-            if "dive@klt-tcq-sphere" in args.learned:  # its PCA comparisons, followed by the same codec
+            if {"dive@klt-tcq-sphere", GUARDED} & set(args.learned):  # their PCA comparisons, followed by the same codec
                 todo += [("pca@klt-tcq-sphere", 0, None), ("pca-uncentred@klt-tcq-sphere", 0, None)]
             todo += [("dive@unsupervised", seed, None) for seed in args.seeds]
             todo += [(label, seed, fold) for label in args.learned for seed in args.seeds for fold in range(args.folds)]
             mined: dict[int, np.ndarray] = {}
+            guard_mined: dict[int, np.ndarray] = {}
             pseudo = None
             for label, seed, fold in todo:
                 name = label + (f"+fold{fold}" if fold is not None else "") + f"+seed{seed}"
@@ -127,6 +134,13 @@ def run(args: argparse.Namespace) -> None:
                     compressor.fit_unsupervised(TrainingData.corpus_only(experiment.embeddings.doc_embeddings, experiment.embeddings.doc_ids))
                     transform = compressor.transform
                     details = {"start": compressor.fit_details().get("start"), "selected_epoch": compressor.selected_epoch_}
+                elif label == GUARDED:
+                    part = folds[fold]
+                    test_ids = judged(part, part.part_ids("test"))
+                    plain = json.loads((out / dataset / f"k{dim}" / f"{TRELLIS_SPHERE}+seed0.json").read_text(encoding="utf-8"))
+                    record_extra, transform = guarded_fit(experiment, part, dim, seed, test_ids, tuple(args.budgets),
+                                                          plain["per_query_by_budget"], guard_mined, fold)
+                    details = {"fold": fold, "n_folds": args.folds, **record_extra}
                 else:
                     part = folds[fold]
                     test_ids = judged(part, part.part_ids("test"))
@@ -148,16 +162,53 @@ def run(args: argparse.Namespace) -> None:
                     details = {"fold": fold, "n_folds": args.folds, "train_queries": len(part.split.train), "val_queries": len(part.split.val),
                                "selected_epoch": getattr(result.compressor, "selected_epoch_", None)}
                 fit_s = time.perf_counter() - start
+                scored = details.pop("per_query_by_budget", None)  # the guarded setting scores its own choice
                 record = {"dataset": dataset, "protocol": protocol, "split_seed": SPLIT_SEED, "dim": dim, "label": label, "seed": seed,
                           "codec": LABEL_CODECS.get(label, CODEC), "fit_s": round(fit_s, 1), **details,
-                          "per_query_by_budget": budget_scores(experiment, transform, test_ids, tuple(args.budgets),
-                                                               LABEL_CODECS.get(label, CODEC)),
+                          "per_query_by_budget": scored if scored is not None else budget_scores(
+                              experiment, transform, test_ids, tuple(args.budgets), LABEL_CODECS.get(label, CODEC)),
                           "command": command, "git_commit": commit, "embedtune_version": __version__, "machine": machine_info(),
                           "seconds": round(time.perf_counter() - start, 1), "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
                 atomic_write_json(path, record)
                 means = {b: np.mean(list(s.values())) for b, s in record["per_query_by_budget"].items()}
                 print(f"{dataset} k={dim} {name}: {len(test_ids)} queries, " + ", ".join(f"{b} B {m:.4f}" for b, m in means.items())
                       + f" ({record['seconds']:.0f}s)", flush=True)
+
+
+def guarded_fit(experiment, part, dim: int, seed: int, test_ids: list[str], budgets: tuple[int, ...],
+                plain: dict[str, dict[str, float]], mined: dict[int, np.ndarray], fold: int) -> tuple[dict[str, Any], Any]:
+    """DIVE on the fold's training queries alone, kept per budget where its validation queries show it beats the plain codec.
+
+    The validation queries are whole groups of training-fold queries that share no positive with
+    the queries DIVE trains on (``positive_disjoint_folds``), so the guard reads queries whose
+    positives the fit never saw, as the test fold's are. DIVE's own epoch selection stays inside
+    its training queries. ``plain``: the plain vectors followed by ``klt-tcq-sphere``, per budget
+    and query (every judged query). Returns the record's details, with ``per_query_by_budget``
+    (the guarded choice on the test queries), and DIVE's transform.
+    """
+    codec = SPHERE_LABELS[GUARDED]
+    preset = resolve_preset("dive", None)
+    if fold not in mined:
+        mined[fold] = shared_triplets(part, "train", preset.mining, SPLIT_SEED)
+    compressor = DIVECompressor(build_config("dive", dim, seed, {**preset.settings, "progress": False}))
+    compressor.fit(training_data(part, "train", mined[fold]))  # no validation set: it selects inside its training queries
+    guard_ids = judged(part, part.part_ids("val"))
+    learned = budget_scores(experiment, compressor.transform, guard_ids + test_ids, budgets, codec)
+    chosen: dict[str, dict[str, float]] = {}
+    unguarded: dict[str, dict[str, float]] = {}
+    guard: dict[str, dict[str, Any]] = {}
+    for budget in map(str, budgets):
+        ours = np.array([learned[budget][q] for q in guard_ids])
+        theirs = np.array([plain[budget][q] for q in guard_ids])
+        test = paired_test(ours, theirs)
+        p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
+        keep = p_one_sided < GUARD_P
+        guard[budget] = {"kept": "dive" if keep else "plain codec", "n_queries": len(guard_ids),
+                         "mean_difference": round(test.mean_difference, 6), "p_one_sided": round(p_one_sided, 6)}
+        unguarded[budget] = {q: learned[budget][q] for q in test_ids}
+        chosen[budget] = unguarded[budget] if keep else {q: plain[budget][q] for q in test_ids}
+    return ({"train_queries": len(part.split.train), "val_queries": len(part.split.val), "selected_epoch": compressor.selected_epoch_,
+             "guard": guard, "unguarded_per_query_by_budget": unguarded, "per_query_by_budget": chosen}, compressor.transform)
 
 
 def merged(records: list[dict[str, Any]], budget: str) -> dict[str, float]:
@@ -242,6 +293,9 @@ def report(out: Path) -> str:
                 for label in [*label_free, *learned]:
                     if label in TRELLIS_CODECS:
                         name = f"`{TRELLIS_CODECS[label]}:{budget}` (served by embedtune's numpy scan)"
+                    elif label == GUARDED:
+                        name = (f"dive-{block.name[1:]} + `{SPHERE_LABELS[label]}:{budget}` where validation queries show it beats the "
+                                f"plain codec, else the plain codec")
                     elif label in SPHERE_LABELS:
                         name = f"{label.split('@')[0]}-{block.name[1:]} + `{SPHERE_LABELS[label]}:{budget}`"
                     else:
@@ -291,6 +345,9 @@ def report(out: Path) -> str:
               f"the stronger PCA and the best label-free setting at the same bytes, in {len(win_sets)} collection(s)"
               + (f" ({', '.join(win_sets)})" if win_sets else "") + f"; {len(losses)} are significantly below one of them"
               + (": " + "; ".join(f"{d} {k} {b} B {lab}" for d, k, b, lab, *_ in losses) if losses else "") + ".", "",
+              *[f"- `{label}`: {sum(v.label == label for v in wins)} of {sum(v.label == label for v in verdicts)} cells significantly above "
+                f"both, in {len({v.dataset for v in wins if v.label == label})} collection(s); significantly below one of them in "
+                f"{sum(v.label == label for v in losses)}." for label in LEARNED if any(v.label == label for v in verdicts)], "",
               f"Machine: {', '.join(sorted(machines))} (2 cores, one thread per process); cells written {min(dates, default='?')} to "
               f"{max(dates, default='?')}. Commands:", "", "```bash", *sorted(commands), "python benchmarks/positive_disjoint_folds.py --report", "```", ""]
     text = "\n".join(lines)
