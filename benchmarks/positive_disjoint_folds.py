@@ -60,6 +60,7 @@ from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.workflows import load_experiment  # noqa: E402
 from embedtune.workflows.experiment import fold_experiments, training_data  # noqa: E402
 from embedtune.workflows.fit_and_score import build_config, fit_and_evaluate  # noqa: E402
+from embedtune.workflows.plan import LEARNED_GATE_P  # noqa: E402
 from embedtune.workflows.pseudo_queries import build_pseudo_queries  # noqa: E402
 from embedtune.workflows.significance import paired_test  # noqa: E402
 from embedtune.workflows.train_compressor import resolve_preset  # noqa: E402
@@ -82,11 +83,11 @@ SPHERE_LABELS = {"dive@klt-tcq-sphere": "klt-tcq-sphere", "pca@klt-tcq-sphere": 
                  "pca-uncentred@klt-tcq-sphere": "klt-tcq-sphere", "dive@guarded": "klt-tcq-sphere"}
 LABEL_CODECS = {**TRELLIS_CODECS, **SPHERE_LABELS}
 #: ``dive@guarded``: DIVE fitted on each fold's training queries without its validation queries, then kept, at each
-#: budget, only where it beats the plain vectors followed by the same codec on those validation queries (a one-sided
-#: paired sign-flip test, p < GUARD_P); elsewhere the plain codec. What a user with labels gets from a plan that keeps
+#: budget, only where it beats the plain vectors followed by the same codec on those validation queries by the test
+#: `compress plan` gates a learned map with (:func:`embedtune.workflows.plan.gate_learned`: a higher mean and a two-sided
+#: paired p below LEARNED_GATE_P); elsewhere the plain codec. What a user with labels gets from a plan that keeps
 #: learning only where held-out queries whose positives it never saw show it pays.
 GUARDED = "dive@guarded"
-GUARD_P = 0.05
 LEARNED = ("dive", "dive@pseudo-title", "dive@klt-tcq-sphere", GUARDED)
 
 
@@ -201,10 +202,9 @@ def guarded_fit(experiment, part, dim: int, seed: int, test_ids: list[str], budg
         ours = np.array([learned[budget][q] for q in guard_ids])
         theirs = np.array([plain[budget][q] for q in guard_ids])
         test = paired_test(ours, theirs)
-        p_one_sided = test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2
-        keep = p_one_sided < GUARD_P
+        keep = test.mean_difference > 0 and test.p_value < LEARNED_GATE_P
         guard[budget] = {"kept": "dive" if keep else "plain codec", "n_queries": len(guard_ids),
-                         "mean_difference": round(test.mean_difference, 6), "p_one_sided": round(p_one_sided, 6)}
+                         "mean_difference": round(test.mean_difference, 6), "p": round(test.p_value, 6)}
         unguarded[budget] = {q: learned[budget][q] for q in test_ids}
         chosen[budget] = unguarded[budget] if keep else {q: plain[budget][q] for q in test_ids}
     return ({"train_queries": len(part.split.train), "val_queries": len(part.split.val), "selected_epoch": compressor.selected_epoch_,
