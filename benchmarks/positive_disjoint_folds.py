@@ -17,7 +17,12 @@ Every setting stores the same bytes per vector in RAM, ``klt-apq:B`` fitted on t
 * DIVE to k dims with the labels (``dive``: the default ``robust`` preset with its
   positive-disjoint epoch selection inside the training folds), one fit per fold and seed;
   ``dive@pseudo-title`` (``--learned``): the same plus one pseudo-query per document, its title
-  (the corpus's own text, no label).
+  (the corpus's own text, no label);
+* ``dive@guarded`` (``--learned``): DIVE fitted on each fold's training queries without its
+  validation queries, followed by ``klt-tcq-sphere``, kept per budget only where those validation
+  queries (whole groups sharing no positive with the training ones) score it above the plain
+  vectors + ``klt-tcq-sphere`` by the paired test ``compress plan`` gates a learned map with;
+  elsewhere the plain codec: what a plan with labels would serve.
 
 Scored: nDCG@10 per query; DIVE's per-query scores averaged over the seeds; paired sign-flip
 permutation test over queries (:func:`embedtune.workflows.significance.paired_test`). The
