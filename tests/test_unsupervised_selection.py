@@ -280,3 +280,11 @@ def test_compress_fit_guards_the_training_with_the_held_out_pseudo_queries(sente
         (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(60)))
         fit_on_all("dive", 4, doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt", unsupervised=True,
                    settings={"training_guard": "pseudo-queries", "epochs": 1, "progress": False})
+
+
+def test_the_guarded_preset_is_the_unsupervised_one_with_anchors_and_the_guard(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    guarded, plain = DIVEConfig.preset("unsupervised-guarded"), DIVEConfig.preset("unsupervised")
+    assert guarded.training_guard == "pseudo-queries" and guarded.pseudo_query_weight == 1.0
+    assert dataclasses.replace(guarded, training_guard="none", pseudo_query_weight=0.0) == plain
+    info = fit_from_the_cli(sentences, tiny_bert_dir, tmp_path / "dive-preset", "--preset", "unsupervised-guarded", "--set", "epochs=1")
+    assert info["config"]["training_guard"] == "pseudo-queries" and info["pseudo_queries"]["source"] == "first-sentence"

@@ -36,7 +36,7 @@ BUILTIN_METHODS: tuple[MethodEntry, ...] = (
                 ("dive-paper",)),
     MethodEntry("dive", "embedtune.compress.dive.compressor",
                 "DIVE: multi-head residual adapter with self-limiting updates (the default)", True, True,
-                ("paper", "best", "robust", "static-corpus", "unsupervised"), "robust"),
+                ("paper", "best", "robust", "static-corpus", "unsupervised", "unsupervised-guarded"), "robust"),
     MethodEntry("mrl-adaptor", "embedtune.compress.mrl_adaptor", "Matryoshka-Adaptor (Yoon et al. 2024b), read at the prefix k", True,
                 True, ("dive-paper", "dive-paper-tuned", "own-paper", "unsupervised", "robust"), "robust"),
     MethodEntry("search-adaptor", "embedtune.compress.search_adaptor", "Search-Adaptor (Yoon et al. 2024a), truncated to k", True, False,

@@ -68,6 +68,10 @@ PRESETS = {
     "static-corpus": STATIC_CORPUS,
     "unsupervised": Preset("unsupervised", DIVEConfig.PRESETS["unsupervised"],
                            help="no labels: neighbour-rank distillation on the corpus, selected on held-out documents"),
+    "unsupervised-guarded": Preset("unsupervised-guarded", DIVEConfig.PRESETS["unsupervised-guarded"],
+                                   help="no labels, with the corpus text (--data, --model): 'unsupervised' plus the documents' "
+                                        "pseudo-queries as anchors, and training kept only where held-out documents' pseudo-queries "
+                                        "show it retrieves better than PCA"),
 }
 
 
