@@ -225,6 +225,10 @@ def test_the_training_guard_falls_back_on_the_centred_start_where_training_and_a
     untrained.fit_unsupervised(corpus)
     assert untrained.fit_details()["start"] == "centred PCA"
     np.testing.assert_array_equal(guarded.transform(queries), untrained.transform(queries))
+    # The same seed and data give the same verdict and the same map.
+    again = DIVECompressor(config).fit_unsupervised(corpus)
+    assert again.fit_details()["training_guard"] == verdict
+    np.testing.assert_array_equal(again.transform(queries), guarded.transform(queries))
     # Without the guard the same fit keeps its trained epoch, which retrieves the real queries far worse.
     unguarded = DIVECompressor(dataclasses.replace(config, training_guard="none")).fit_unsupervised(corpus)
     assert unguarded.selected_epoch_ == verdict["selected_epoch"] and "training_guard" not in unguarded.fit_details()
