@@ -383,31 +383,30 @@ class UnsupervisedTraining:
                                    "p_threshold": self.config.training_guard_p}
         for other in starts:
             if other != chosen:
-                p_other = self._one_sided_p(starts[other], starts[chosen])
+                _, p_other = self._one_sided(starts[other], starts[chosen])
                 verdict[f"p_one_sided_{other}_start"] = p_other
                 if p_other < self.config.training_guard_p:
                     fallback = other
         verdict["start"] = fallback
         if trained is not None:
-            test = paired_test(trained, starts[fallback], seed=self.config.seed)
-            p_one_sided = self._one_sided_p(trained, starts[fallback])
-            verdict.update({"pseudo_query_ndcg@10_trained": float(trained.mean()), "mean_difference": test.mean_difference,
+            difference, p_one_sided = self._one_sided(trained, starts[fallback])
+            verdict.update({"pseudo_query_ndcg@10_trained": float(trained.mean()), "mean_difference": difference,
                             "p_one_sided": p_one_sided})
             if p_one_sided < self.config.training_guard_p:
                 verdict.update(kept="trained", start=chosen)
             logger.info("DIVE (unsupervised): training guard: held-out pseudo-queries' nDCG@10 %.4f at epoch %d, %.4f from the %s "
                         "start (%+.4f, one-sided p %.3f over %d): %s", verdict["pseudo_query_ndcg@10_trained"], epoch,
-                        float(starts[fallback].mean()), fallback, test.mean_difference, p_one_sided, len(trained),
+                        float(starts[fallback].mean()), fallback, difference, p_one_sided, len(trained),
                         f"kept epoch {epoch}" if verdict["kept"] == "trained" else f"kept the {fallback} PCA start")
         elif fallback != chosen:
             logger.info("DIVE (unsupervised): training guard: selection kept the start; the held-out pseudo-queries prefer the %s "
                         "one (nDCG@10 %s)", fallback, ", ".join(f"{name} {gains.mean():.4f}" for name, gains in starts.items()))
         return verdict
 
-    def _one_sided_p(self, better: np.ndarray, than: np.ndarray) -> float:
-        """One-sided p-value that ``better`` scores above ``than`` on the same pseudo-queries (paired sign flips)."""
+    def _one_sided(self, better: np.ndarray, than: np.ndarray) -> tuple[float, float]:
+        """``(mean of better − than, one-sided p that better scores above than)`` on the same pseudo-queries (sign flips)."""
         test = paired_test(better, than, seed=self.config.seed)
-        return float(test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2)
+        return test.mean_difference, float(test.p_value / 2 if test.mean_difference > 0 else 1.0 - test.p_value / 2)
 
     def _pseudo_query_metrics(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> dict[str, float]:
         """``holdout_pseudo_query_ndcg@10`` (selected on with ``selection_signal='pseudo-queries'``, higher is better)."""
