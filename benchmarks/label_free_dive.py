@@ -66,6 +66,10 @@ OUT = ROOT / "benchmarks" / "results" / "label-free-dive"
 DATASETS = ("scifact", "arguana", "npl", "cacm", "med")
 SEEDS = (2027, 2028, 2029)
 METHODS = ("dive", "dive@pq-anchors", "dive@guarded")
+#: Each setting's DIVE preset and settings on top of it.
+PRESET_OF: dict[str, tuple[str, dict[str, Any]]] = {"dive": ("unsupervised", {}),
+                                                    "dive@pq-anchors": ("unsupervised", {"pseudo_query_weight": 1.0}),
+                                                    "dive@guarded": ("unsupervised-guarded", {})}
 #: What each setting adds to, for the report's last column.
 TWIN = {"dive@pq-anchors": "dive", "dive@guarded": "dive@pq-anchors"}
 #: Where each collection's pseudo-queries come from: NPL's documents have neither a title nor a sentence end.
@@ -133,15 +137,12 @@ def run(args: argparse.Namespace) -> None:
                     start = time.perf_counter()
                     if method in METHODS:
                         data = TrainingData.corpus_only(ds["docs"], ds["doc_ids"])
-                        settings: dict[str, Any] = {}
+                        preset, settings = PRESET_OF[method]
                         if method in ("dive@pq-anchors", "dive@guarded"):
                             pseudo = pseudo if pseudo is not None else training_pseudo_queries(name, Path(args.data_root))
                             data.pseudo_queries = pseudo
-                            settings["pseudo_query_weight"] = 1.0
-                        if method == "dive@guarded":
-                            settings["training_guard"] = "pseudo-queries"
                         start = time.perf_counter()  # the fit alone (the pseudo-queries are encoded once per collection)
-                        compressor = DIVECompressor(DIVEConfig.preset("unsupervised", dim=dim, seed=seed, progress=False, device="cpu",
+                        compressor = DIVECompressor(DIVEConfig.preset(preset, dim=dim, seed=seed, progress=False, device="cpu",
                                                                       **settings))
                         compressor.fit_unsupervised(data)
                     else:

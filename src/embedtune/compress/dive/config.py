@@ -30,6 +30,9 @@ TRAINING_GUARDS = ("none", "pseudo-queries")
 #: seed. Judged nDCG@10 barely moved past a quarter of it on SciFact and ArguAna
 #: (benchmarks/results/dive-scale/REPORT.md), and a fit's time grows with the sample, not with the corpus.
 DEFAULT_TRAIN_DOCS = 4096
+#: The ``unsupervised`` preset's settings, which ``unsupervised-guarded`` extends.
+_UNSUPERVISED: dict[str, Any] = {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
+                                 "epochs": 50, "patience": 5, "batch_size": 256}
 
 
 @dataclass
@@ -184,15 +187,12 @@ class DIVEConfig(CompressorConfig):
         # epoch (0 included) selected on held-out documents (benchmarks/RESULTS.md, "Unsupervised
         # compression"). At most 50 corpus passes at lr 1e-3, batch 256 anchors,
         # stopping 5 epochs after the last improvement of the held-out signal.
-        "unsupervised": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
-                         "epochs": 50, "patience": 5, "batch_size": 256},
+        "unsupervised": _UNSUPERVISED,
         # No labels, with the corpus text: "unsupervised" plus the training documents' pseudo-queries as anchors, and
         # training kept only where the held-out documents' pseudo-queries retrieve them significantly better than from
         # the PCA start (at or above the stronger PCA variant in 8 of 10 collection × k cells, against 5 for
         # "unsupervised"; benchmarks/results/label-free-dive/REPORT.md).
-        "unsupervised-guarded": {"mode": "unsupervised", "init": "pca", "epoch_selection": "best", "learning_rate": 1e-3,
-                                 "epochs": 50, "patience": 5, "batch_size": 256, "pseudo_query_weight": 1.0,
-                                 "training_guard": "pseudo-queries"},
+        "unsupervised-guarded": {**_UNSUPERVISED, "pseudo_query_weight": 1.0, "training_guard": "pseudo-queries"},
     }
 
     @classmethod

@@ -377,17 +377,12 @@ class UnsupervisedTraining:
             chosen: the start selection trained from.
             trained: the selected epoch's per-pseudo-query nDCG@10; None where selection kept the start (epoch 0).
         """
-        fallback = chosen
-        verdict: dict[str, Any] = {"kept": "start", "start": chosen, "selected_epoch": epoch, "n_pseudo_queries": int(len(starts[chosen])),
+        others = {other: self._one_sided(starts[other], starts[chosen])[1] for other in starts if other != chosen}
+        fallback = next((other for other, p in others.items() if p < self.config.training_guard_p), chosen)
+        verdict: dict[str, Any] = {"kept": "start", "start": fallback, "selected_epoch": epoch, "n_pseudo_queries": int(len(starts[chosen])),
                                    **{f"pseudo_query_ndcg@10_{name}_start": float(gains.mean()) for name, gains in starts.items()},
-                                   "p_threshold": self.config.training_guard_p}
-        for other in starts:
-            if other != chosen:
-                _, p_other = self._one_sided(starts[other], starts[chosen])
-                verdict[f"p_one_sided_{other}_start"] = p_other
-                if p_other < self.config.training_guard_p:
-                    fallback = other
-        verdict["start"] = fallback
+                                   "p_threshold": self.config.training_guard_p,
+                                   **{f"p_one_sided_{other}_start": p for other, p in others.items()}}
         if trained is not None:
             difference, p_one_sided = self._one_sided(trained, starts[fallback])
             verdict.update({"pseudo_query_ndcg@10_trained": float(trained.mean()), "mean_difference": difference,

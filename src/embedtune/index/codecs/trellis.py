@@ -273,8 +273,7 @@ class TrellisTransformIndex(RotatedCodeIndex):
         self._runs = _axis_runs(self.bits)
         run_end = end[[stop - 1 for _, stop, _ in self._runs]]
         self._run_windows = _Windows(run_end, np.array([(1 << (self.state_bits + extra)) - 1 for _, _, extra in self._runs]))
-        self._run_mask = self._run_windows.mask
-        self._run_offset = np.concatenate([[0], np.cumsum(self._run_mask.astype(np.int64) + 1)[:-1]]).astype(np.int32)
+        self._run_offset = np.concatenate([[0], np.cumsum(self._run_windows.mask.astype(np.int64) + 1)[:-1]]).astype(np.int32)
         self._axis_lag = np.concatenate([run_end[index] - end[start:stop] for index, (start, stop, _) in enumerate(self._runs)])
         self._norm_tables: np.ndarray | None = None  # the sphere's ‖ŷ‖² + 2 ŷ·centre per run window, made on first use
         super().__init__(mean, axes)
