@@ -9,7 +9,8 @@ import pytest
 
 from embedtune.index.codecs import Precision, QuantizedIndex, corpus_spectrum, distortion_report
 from embedtune.index.codecs.textbook import RotatedCodeIndex
-from embedtune.index.codecs.trellis import RUN_EXTRA_BITS, KltTCQ, TrellisTransformIndex, trellis_bits, viterbi_states
+from embedtune.index.codecs.trellis import RUN_EXTRA_BITS, KltTCQ, TrellisTransformIndex, _Windows, trellis_bits, viterbi_states
+from embedtune.index.codecs.window_sums import window_sums
 from embedtune.io import IntegrityError
 
 
@@ -194,7 +195,7 @@ def test_the_run_windows_hold_every_axis_register():
     assert runs[0][0] == 0 and runs[-1][1] == len(index.bits) and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
     assert all(extra <= RUN_EXTRA_BITS for _, _, extra in runs)
     codes = rng.integers(0, 256, size=(50, index.sa_code_size()), dtype=np.uint8)
-    windows = index._run_index(codes) - index._run_offset  # each run's window
+    windows = index._run_windows.read(codes)  # each run's window
     states = index.states(codes)
     axis = 0
     for run, (start, stop, _) in enumerate(runs):
@@ -215,3 +216,34 @@ def test_a_query_with_nan_is_refused_not_ranked(rows):
         index.search(queries, 5)
     with pytest.raises(ValueError, match=r"\(n, 16\) rows"):
         index.search(np.zeros((1, 15), dtype=np.float32), 5)
+
+
+@pytest.mark.parametrize("columns", [1, 2])
+@pytest.mark.parametrize("block", [7, 64])
+def test_the_compiled_window_sums_equal_the_windows_read_and_summed_in_numpy(columns, block):
+    # Windows ending before the stream (reading zero), in its first two bytes (reading the zeros before it) and further
+    # on; more codes than a block, and not a whole number of blocks.
+    rng = np.random.default_rng(8)
+    end = np.array([16, 19, 24, 27, 33, 40, 57, 66])
+    mask = np.array([(1 << bits) - 1 for bits in (10, 3, 8, 11, 13, 12, 9, 10)])
+    windows = _Windows(end, mask)
+    offset = np.concatenate([[0], np.cumsum(mask + 1)[:-1]])
+    tables = rng.standard_normal((int((mask + 1).sum()), columns)).astype(np.float32)
+    codes = rng.integers(0, 256, size=(150, 7), dtype=np.uint8)
+    sums = window_sums(codes, windows.last_byte, windows.shift, windows.mask, offset, tables, block=block)
+    index = windows.read(codes) + offset
+    assert np.array_equal(index[:, 0], np.zeros(len(codes)))  # the first window reads nothing
+    expected = np.zeros((len(codes), columns), dtype=np.float32)
+    for window in range(len(end)):  # in window order, as the kernel adds them
+        expected += tables[index[:, window]]
+    np.testing.assert_array_equal(sums, expected)
+    for threads in (2, 3):  # the codes split over threads: the same sums
+        np.testing.assert_array_equal(window_sums(codes, windows.last_byte, windows.shift, windows.mask, offset, tables,
+                                                  block=block, threads=threads), expected)
+
+
+def test_window_sums_refuse_windows_that_do_not_describe_the_codes():
+    windows = _Windows(np.array([40]), np.array([255]))  # ends in byte 2
+    with pytest.raises(ValueError, match="do not describe codes of 2 bytes"):
+        window_sums(np.zeros((3, 2), dtype=np.uint8), windows.last_byte, windows.shift, windows.mask, np.array([0]),
+                    np.zeros((256, 1), dtype=np.float32))

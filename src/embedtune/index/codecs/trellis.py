@@ -53,6 +53,7 @@ from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import common_norm
 from embedtune.index.codecs.textbook import TABLES_FILE, RotatedCodeIndex, read_rotated_index, register_rotated_index
 from embedtune.index.codecs.transform import sampled_klt
+from embedtune.index.codecs.window_sums import window_sums
 from embedtune.runtime import progress_bar, thread_budget
 
 __all__ = ["STATE_BITS", "MAX_STATE_BITS", "KltTCQ", "KltTCQSphere", "KltTCQ12", "KltTCQ12Sphere", "TrellisTransformIndex", "trellis_bits", "viterbi_states"]
@@ -231,6 +232,8 @@ class _Windows:
         self.shift = (8 * word + 24 - end).astype(np.uint32)  # bits right of the window in word `word`
         self.mask = np.asarray(mask, dtype=np.uint32)
         self.empty = np.flatnonzero(np.asarray(end) == 16)  # no bit read yet: the register's zero start
+        # The code byte each window ends in (padded word j ends in code byte j), -1 for the empty windows.
+        self.last_byte = np.where(np.asarray(end) == 16, -1, self.word).astype(np.int64)
 
     def read(self, codes: np.ndarray) -> np.ndarray:
         """``(n, windows)`` int32 for a few codes (:data:`DECODE_BLOCK` or fewer, so that the work stays in cache)."""
@@ -351,16 +354,15 @@ class TrellisTransformIndex(RotatedCodeIndex):
         """One query's ``(D, I)`` by the run tables, or None where the decoding scan must decide."""
         rotated, offset = query @ self.axes, float(query @ self.mean)
         weights = np.ascontiguousarray(rotated[:, None] * self._table, dtype=np.float32)
-        linear_tables = self._run_tables(weights)
-        linear = np.empty(self.ntotal, dtype=np.float32)
-        squared = np.empty(self.ntotal, dtype=np.float32) if self.radius else None
-        if self.radius and self._norm_tables is None:
-            self._norm_tables = self._run_tables(self._table * self._table + 2.0 * self._centre[:, None] * self._table)
-        for start in range(0, self.ntotal, DECODE_BLOCK):
-            index = self._run_index(self.codes[start : start + DECODE_BLOCK])
-            linear[start : start + len(index)] = np.take(linear_tables, index).sum(axis=1)
-            if squared is not None:
-                squared[start : start + len(index)] = np.take(self._norm_tables, index).sum(axis=1)
+        tables = self._run_tables(weights)[:, None]
+        if self.radius:
+            if self._norm_tables is None:
+                self._norm_tables = self._run_tables(self._table * self._table + 2.0 * self._centre[:, None] * self._table)
+            tables = np.stack([tables[:, 0], self._norm_tables], axis=1)  # one look-up reads both sums' entries
+        windows = self._run_windows
+        sums = window_sums(self.codes, windows.last_byte, windows.shift, windows.mask, self._run_offset, tables)
+        linear = sums[:, 0]
+        squared = sums[:, 1] if self.radius else None
         # How far a sum may be from the exact score: float32 rounding over a few hundred terms is below 1e-5 of the largest
         # score a code could reach; 1e-4 of it leaves a wide margin.
         reach = float(np.abs(weights).max(axis=1).sum()) + abs(offset)
@@ -396,12 +398,6 @@ class TrellisTransformIndex(RotatedCodeIndex):
                 axis += 1
             tables.append(total)
         return np.concatenate(tables)
-
-    def _run_index(self, codes: np.ndarray) -> np.ndarray:
-        """``(n, runs)`` int32: each run's window of the stream, offset into the flattened run tables."""
-        index = self._run_windows.read(codes)
-        index += self._run_offset
-        return index
 
     def clone_empty(self) -> "TrellisTransformIndex":
         return TrellisTransformIndex(self.mean, self.axes, self.bits, self.scale, self.codebook).on_sphere(self.radius)
