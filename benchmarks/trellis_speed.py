@@ -11,8 +11,7 @@ encoded. The three are timed in turns, ``--rounds`` times, on the same batch of 
 each ratio is FAISS's seconds over the trellis index's (1: FAISS's speed). ``klt-tcq-sphere`` is the same codes
 decoded onto the unit sphere (one more scale per decoded row). A scan decodes every code once per batch of queries,
 so ``--single`` queries are also timed one at a time (the latency of a lone query), for the trellis indexes and FAISS
-``PQ``, on one thread and on ``--single-threads``; the first lone query in the process, which compiles the trellis
-index's look-up scan, is timed apart. ``--encode`` rows (the SciFact documents, tiled) are encoded by each trellis code (10- and 12-bit registers) and by
+``PQ``; the first lone query, which on the sphere also makes the norm tables the index keeps, is timed apart. ``--encode`` rows (the SciFact documents, tiled) are encoded by each trellis code (10- and 12-bit registers) and by
 FAISS ``PQ``, one thread: the Viterbi encoder's vectors per second; then ``klt-tcq`` on ``--encode-threads`` threads. Writes ``benchmarks/results/trellis/speed.json``.
 """
 
@@ -43,8 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--single", type=int, default=5, help="queries timed one at a time (the latency of a lone query)")
-    parser.add_argument("--single-threads", type=int, default=2,
-                        help="then the lone queries again on this many threads, the trellis index's and FAISS's (1: not run)")
     parser.add_argument("--encode", type=int, default=20_000, help="rows encoded to time each encoder (0: none)")
     parser.add_argument("--encode-threads", type=int, default=2,
                         help="then klt-tcq's encoder again on this many threads (its blocks split over them; 1: not run)")
@@ -76,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             index.search(queries, 10)
             timings[name].append(time.perf_counter() - start)
-    # A lone query's first search in a process also compiles the look-up scan (and the sphere's norm tables): timed apart.
+    # A lone query's first search on the sphere also makes the norm tables it keeps: timed apart.
     first_query_s: dict[str, float] = {}
     for name, index in (("klt-tcq", trellis), ("klt-tcq-sphere", sphere)):
         start = time.perf_counter()
@@ -89,14 +86,6 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             index.search(queries[row : row + 1], 10)
             single[name].append(time.perf_counter() - start)
-    if args.single and args.single_threads > 1:  # the look-up scan splits the codes over threads; FAISS's scan too
-        set_threads(args.single_threads)
-        for row in range(args.single):
-            for name, index in lone:
-                start = time.perf_counter()
-                index.search(queries[row : row + 1], 10)
-                single.setdefault(f"{name} on {args.single_threads} threads", []).append(time.perf_counter() - start)
-        set_threads(1)
     encode_s: dict[str, float] = {}
     if args.encode:
         rows = docs[np.arange(args.encode) % len(docs)]
@@ -137,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                         for name, v in encode_s.items()))
     if args.single:
         print("one query at a time: " + ", ".join(f"{name} {np.median(v):.4f} s" for name, v in single.items()))
-        print("the first lone query in the process (compiles the look-up scan): "
+        print("the first lone query (the sphere's makes its norm tables): "
               + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in first_query_s.items()))
     return 0
 

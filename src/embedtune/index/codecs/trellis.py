@@ -33,10 +33,10 @@ them (as :class:`~embedtune.index.codecs.textbook.ScalarTransformIndex` does). F
 for these codes, so embedtune's numpy scan serves them (``numpy_scan``): a plan saves the tables as
 ``codec.safetensors``, ``index build --plan`` writes the tables and the codes as ``index.safetensors``,
 and ``search`` scans them. The scan decodes every code it scores, once per batch of queries: fast for
-batches (at 1M vectors and 32 B, 1.15-1.3 times as many queries a second as FAISS's 8-bit ``PQ32`` scan);
-one or two queries are scored by look-up tables over runs of axes instead, summed by a compiled kernel
-(:mod:`~embedtune.index.codecs.window_sums`; 0.08 s over 1M codes on one thread, 0.05 s on two; FAISS ``PQ32``
-0.010 s; :meth:`TrellisTransformIndex.search`). Encoding is the Viterbi search, about 5,000 vectors a second per
+batches (at 1M vectors and 32 B, 1.1-1.35 times as many queries a second as FAISS's 8-bit ``PQ32`` scan);
+one or two queries are scored by look-up tables over runs of axes instead, summed a block of codes at a time
+(:mod:`~embedtune.index.codecs.window_sums`; 0.09-0.1 s over 1M codes, FAISS ``PQ32`` 0.010 s;
+:meth:`TrellisTransformIndex.search`). Encoding is the Viterbi search, about 5,000 vectors a second per
 thread at 32 B (``benchmarks/trellis_speed.py``). FAISS and the vector stores cannot load the
 codes, so the family is not among a plan's defaults: ask for it with ``--codecs`` or ``--searched-codecs``.
 """
