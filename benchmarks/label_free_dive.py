@@ -1,7 +1,7 @@
 """Label-free DIVE against PCA on every judged collection: is unsupervised DIVE ever worth its fit?
 
 For each collection, k and seed: DIVE's ``unsupervised`` preset as ``compress fit --unsupervised``
-runs it (its defaults: at most 50 corpus passes, patience 5, a seeded sample of at most 4,096
+runs it on given vectors (its defaults: at most 50 corpus passes, patience 5, a seeded sample of at most 4,096
 training documents, start and epoch selected on held-out documents' rank KL to the frozen space),
 beside centred and uncentred PCA fitted on the same documents. No query and no label fits or
 selects anything, so every judged query is one whose positives training never saw: "all" is
@@ -16,7 +16,8 @@ the training documents for that query-like text. Still no query and no label.
 documents' pseudo-queries must retrieve their own documents significantly better (one-sided
 paired sign-flip test, p < 0.05) with the trained adapter than with the PCA start, or the fit
 keeps the start; and the other start replaces the selected one only where they prefer it by the
-same test. Still no query and no label.
+same test. It is the preset ``unsupervised-guarded``, which ``compress fit --unsupervised`` runs
+from a corpus's text. Still no query and no label.
 
 Scored: nDCG@10 on every judged test query. The comparison is with the **stronger PCA variant
 on the test queries** (chosen after the fact, which favours PCA), paired over queries with DIVE's

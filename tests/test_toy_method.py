@@ -122,3 +122,14 @@ def test_toy_method_traits_reach_the_registry_lists(toy_method):
     assert f"{toy_method}: double" in preset_help()
     config = ProtocolConfig(datasets=[DatasetSpec("a", "x")], backbones=[BackboneSpec("b", "m", (8,))])
     assert toy_method in config.methods and toy_method not in config.lr_candidates
+
+
+@pytest.mark.parametrize("traits", [
+    {"unsupervised_text_preset": "double"},  # nothing to fall back on where the text gives no pseudo-query
+    {"supports_unsupervised": True, "unsupervised_preset": "double", "unsupervised_text_preset": "missing"},
+])
+def test_a_text_preset_needs_a_plain_one_to_fall_back_on_and_must_exist(traits):
+    toy = type("TextPresetToy", (RandomProjectionCompressor,), {"method": "toy-text-preset", **traits})
+    with pytest.raises(ValueError, match="unsupervised_text_preset .* needs an unsupervised_preset to fall back on"):
+        register(toy)
+    unregister("toy-text-preset")

@@ -129,13 +129,14 @@ def sentences(tmp_path):
 def test_compress_fit_builds_the_held_out_pseudo_queries_from_the_corpus(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
     out = tmp_path / "dive"
     settings = {"selection_signal": "pseudo-queries", "epochs": 1, "heads": 2, "progress": False}
-    result = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings,
-                        pseudo_queries="first-sentence", out=out)
+    result = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, preset="unsupervised",
+                        settings=settings, pseudo_queries="first-sentence", out=out)
     info = json.loads((out / "fit.json").read_text())
     assert info["selection_pseudo_queries"] == {"source": "first-sentence", "n_queries": 4, "held_out_documents": 4}
     assert "holdout_pseudo_query_ndcg@10_uncentred_start" in result.compressor.history_[0]
     with pytest.raises(ValueError, match="drop --pseudo-queries none"):
-        fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=settings, pseudo_queries="none")
+        fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, preset="unsupervised", settings=settings,
+                   pseudo_queries="none")
 
 
 def test_compress_fit_on_given_vectors_names_the_fix(tmp_path):
@@ -275,7 +276,8 @@ def test_the_training_guard_needs_held_out_pseudo_queries_and_says_the_fix(synth
 
 
 def test_compress_fit_guards_the_training_with_the_held_out_pseudo_queries(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
-    info = fit_from_the_cli(sentences, tiny_bert_dir, tmp_path / "dive-guarded", "--training-guard", "pseudo-queries", "--set", "epochs=2")
+    info = fit_from_the_cli(sentences, tiny_bert_dir, tmp_path / "dive-guarded", "--preset", "unsupervised", "--training-guard",
+                            "pseudo-queries", "--set", "epochs=2")
     assert info["selection_pseudo_queries"] == {"source": "first-sentence", "n_queries": 4, "held_out_documents": 4}
     assert info["config"]["training_guard"] == "pseudo-queries"
     with pytest.raises(EmbedtuneError, match="training_guard='pseudo-queries'.*given without either.*training_guard=none"):
@@ -292,3 +294,47 @@ def test_the_guarded_preset_is_the_unsupervised_one_with_anchors_and_the_guard(s
     assert dataclasses.replace(guarded, training_guard="none", pseudo_query_weight=0.0) == plain
     info = fit_from_the_cli(sentences, tiny_bert_dir, tmp_path / "dive-preset", "--preset", "unsupervised-guarded", "--set", "epochs=1")
     assert info["config"]["training_guard"] == "pseudo-queries" and info["pseudo_queries"]["source"] == "first-sentence"
+
+
+DEFAULT_FIT = {"epochs": 1, "heads": 2, "progress": False}
+
+
+def test_a_label_free_fit_from_text_takes_the_guarded_preset_by_default(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    result = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=DEFAULT_FIT,
+                        out=tmp_path / "default")
+    assert result.info["preset"] == "unsupervised-guarded"
+    assert result.info["config"]["training_guard"] == "pseudo-queries" and result.info["config"]["pseudo_query_weight"] == 1.0
+    # No titles here: each document's first sentence stands in for it (the title source's own fallback).
+    assert result.info["pseudo_queries"] == {"source": "title", "n_queries": 40, "held_out_documents": 4}
+    assert result.compressor.fit_details()["training_guard"]["kept"] in ("start", "trained")
+    # Asking for no pseudo-queries takes the plain preset, and says so.
+    plain = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True, settings=DEFAULT_FIT,
+                       pseudo_queries="none")
+    assert plain.info["preset"] == "unsupervised" and plain.info["config"]["training_guard"] == "none"
+    assert any("--pseudo-queries none asks for none" in note for note in plain.notes)
+
+
+def test_a_label_free_fit_on_given_vectors_takes_the_plain_preset_and_says_why(tmp_path, one_torch_thread):
+    docs = np.random.default_rng(0).normal(size=(60, 16)).astype(np.float32)
+    np.save(tmp_path / "docs.npy", docs)
+    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(60)))
+    result = fit_on_all("dive", 4, doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt", unsupervised=True,
+                        settings=DEFAULT_FIT)
+    assert result.info["preset"] == "unsupervised" and result.info["config"]["training_guard"] == "none"
+    assert any("'unsupervised-guarded', the default where the documents' text is at hand" in note and "given without it" in note
+               for note in result.notes)
+
+
+def test_a_default_fit_on_texts_without_titles_or_sentence_ends_reads_their_first_words(tiny_bert_dir, tmp_path, one_torch_thread):
+    corpus = [{"_id": f"d{i}", "text": " ".join(f"word{(i * 7 + j) % 50} topic{i % 5}" for j in range(15))} for i in range(40)]
+    folder = write_beir(tmp_path / "unpunctuated", corpus, [{"_id": "q0", "text": "topic1"}], [("q0", "d1", 1)])
+    result = fit_on_all("dive", 8, data=folder, model=str(tiny_bert_dir), unsupervised=True, settings=DEFAULT_FIT)
+    assert result.info["preset"] == "unsupervised-guarded" and result.info["pseudo_queries"]["source"] == "first-words"
+
+
+def test_a_default_fit_on_texts_that_give_no_pseudo_query_takes_the_plain_preset(toy40, tiny_bert_dir, one_torch_thread):
+    """toy40's documents are one short sentence and no title: no source gives a pseudo-query shorter than the document."""
+    result = fit_on_all("dive", 8, data=toy40, model=str(tiny_bert_dir), unsupervised=True, settings=DEFAULT_FIT)
+    assert result.info["preset"] == "unsupervised" and result.info["config"]["training_guard"] == "none"
+    assert "pseudo_queries" not in result.info
+    assert any("tried title and first-words" in note for note in result.notes)

@@ -251,6 +251,10 @@ class Compressor(abc.ABC):
     supports_unsupervised: ClassVar[bool] = False
     #: The preset to fit with when there are no labels (None: the one the caller would use anyway).
     unsupervised_preset: ClassVar[str | None] = None
+    #: The preset to fit with when there are no labels but the documents' text and their model are at hand, so that
+    #: pseudo-queries can be made from the text (None: :attr:`unsupervised_preset` either way). ``compress fit`` falls
+    #: back on :attr:`unsupervised_preset`, with a note, where the text gives none.
+    unsupervised_text_preset: ClassVar[str | None] = None
     #: The fitted map depends on the seed; False means one run stands for every seed (std 0).
     seed_dependent: ClassVar[bool] = True
     #: Config settings a fit needs, beyond its preset, when the output is wider than half the input

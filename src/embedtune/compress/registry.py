@@ -49,6 +49,9 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     if cls.unsupervised_preset is not None and (not cls.supports_unsupervised or cls.unsupervised_preset not in cls.presets):
         raise ValueError(f"{cls.__name__}.unsupervised_preset {cls.unsupervised_preset!r} needs supports_unsupervised = True "
                          f"and a preset of that name; its presets: {sorted(cls.presets)}.")
+    if cls.unsupervised_text_preset is not None and (cls.unsupervised_preset is None or cls.unsupervised_text_preset not in cls.presets):
+        raise ValueError(f"{cls.__name__}.unsupervised_text_preset {cls.unsupervised_text_preset!r} needs an unsupervised_preset "
+                         f"to fall back on and a preset of that name; its presets: {sorted(cls.presets)}.")
     if cls.wide_output_settings:
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
         unknown = sorted(set(cls.wide_output_settings) - fields)

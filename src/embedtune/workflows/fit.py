@@ -39,11 +39,13 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, Preset, TrainingData, describe_method, get_compressor_class, unsupervised_methods
+from embedtune.compress.base import PseudoQueries
 from embedtune.compress.holdout import holdout_ids
 from embedtune.compress.presets import MiningOptions
 from embedtune.compress.streaming import embedding_file_shape
 from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
+from embedtune.data.pseudo_queries import PSEUDO_PREFIX
 from embedtune.data.splits import QuerySplit, rank_by_hash
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embedding_rows, require_ids
 from embedtune.errors import EmbedtuneError
@@ -171,6 +173,27 @@ def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encode
 #: The unsupervised DIVE settings that read the documents' pseudo-queries, and how to fit without them.
 _PSEUDO_QUERY_SETTINGS = "selection_signal='pseudo-queries', training_guard='pseudo-queries' and pseudo_query_weight > 0"
 _WITHOUT_PSEUDO_QUERIES = "--set selection_signal=rank-kl, training_guard=none and pseudo_query_weight=0"
+
+
+#: The pseudo-query sources a default text preset tries, in turn, until the held-out documents give some: titles (or
+#: first sentences), then a text's first words (a corpus without titles or sentence ends, as NPL's).
+_DEFAULT_PSEUDO_QUERY_SOURCES = ("title", "first-words")
+
+
+def _default_pseudo_queries(experiment: Any, held_out: list[str], source: str | None, for_training: bool,
+                            cache: bool) -> tuple[PseudoQueries | None, str]:
+    """``(pseudo-queries, source)`` for a text preset chosen by default, or ``(None, sources tried)`` where no source gives a
+    held-out document one (the fit then takes the plain preset). ``source``: the user's (the only one tried)."""
+    tried = [source] if source else list(_DEFAULT_PSEUDO_QUERY_SOURCES)
+    held = set(held_out)
+    for name in tried:
+        try:
+            made = selection_pseudo_queries(experiment, None if for_training else held_out, name, cache=cache)
+        except EmbedtuneError:
+            continue
+        if any(query_id[len(PSEUDO_PREFIX):] in held for query_id in made.ids):
+            return made, name
+    return None, " and ".join(tried)
 
 
 def _selects_on_pseudo_queries(config: Any) -> bool:
@@ -330,9 +353,18 @@ def fit_on_all(
         if val_split is not None or val_fraction is not None:
             notes.append("no labelled queries are used on the unsupervised path, so --val-split/--val-fraction are ignored.")
         unsupervised_preset = getattr(cls, "unsupervised_preset", None)
+        text_default = False  # the method's text preset was chosen here: it gives way to the plain one where the text gives none
         if preset is None and cls.supervised and unsupervised_preset is not None:
             # A supervised method's own unsupervised recipe, not its (labelled) default preset.
-            chosen = cls.get_preset(unsupervised_preset)
+            name, text_preset = unsupervised_preset, cls.unsupervised_text_preset
+            if text_preset is not None:
+                if vectors.get("doc_embeddings") is None and data is not None and pseudo_queries != "none":
+                    name, text_default = text_preset, True
+                else:
+                    why = "--pseudo-queries none asks for none" if pseudo_queries == "none" else "these vectors were given without it"
+                    notes.append(f"{method}: fitted with its {unsupervised_preset!r} preset; {text_preset!r}, the default where the "
+                                 f"documents' text is at hand, makes pseudo-queries from it, and {why}.")
+            chosen = cls.get_preset(name)
             overrides = {**chosen.settings, **(settings or {})}
         compressor = cls(build_config(method, dim, seed, overrides))
         sampled = _sampled_corpus(compressor, data, vectors, encoder_options)
@@ -357,10 +389,27 @@ def fit_on_all(
                                      f"--model MODEL), or use {_WITHOUT_PSEUDO_QUERIES}.")
             held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
             # Anchors need every training document's; selection reads the held-out ones' only (the fit keeps them apart).
-            made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
-            corpus = dataclasses.replace(corpus, pseudo_queries=made)
-            info["selection_pseudo_queries" if not trains_on_them else "pseudo_queries"] = {
-                "source": source, "n_queries": len(made.ids), "held_out_documents": len(held_out)}
+            made: PseudoQueries | None = None
+            if text_default:
+                made, source = _default_pseudo_queries(corpus_experiment, held_out, pseudo_queries, trains_on_them, cache)
+                if made is None:
+                    chosen = cls.get_preset(unsupervised_preset)
+                    overrides = {**chosen.settings, **(settings or {})}
+                    compressor = cls(build_config(method, dim, seed, overrides))
+                    notes.append(f"{method}: fitted with its {unsupervised_preset!r} preset: no held-out document's text gives a "
+                                 f"pseudo-query shorter than the document (tried {source}), and {cls.unsupervised_text_preset!r}, "
+                                 "the default where the text is at hand, reads them.")
+                    trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
+                    if trains_on_them or _selects_on_pseudo_queries(compressor.config):  # the user's settings read them: say why
+                        held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
+                        made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out,
+                                                        pseudo_queries or "title", cache=cache)
+            else:
+                made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
+            if made is not None:
+                corpus = dataclasses.replace(corpus, pseudo_queries=made)
+                info["selection_pseudo_queries" if not trains_on_them else "pseudo_queries"] = {
+                    "source": source, "n_queries": len(made.ids), "held_out_documents": len(held_out)}
         elif pseudo_queries not in (None, "none"):
             notes.append("--pseudo-queries on the unsupervised path names the source of the pseudo-queries selected on "
                          "(--set selection_signal=pseudo-queries); with this selection they are not used.")

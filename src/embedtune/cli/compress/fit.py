@@ -51,11 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--method", default="dive", help=method_help())
     fit.add_argument("--dim", type=int, default=128, help="output dimension k")
     fit.add_argument("--preset", default=None,
-                     help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net)")
+                     help="the method's named recipe; default: the method's own (supervised methods: robust, the safety net; "
+                     "DIVE without labels: unsupervised-guarded from a corpus's text, which keeps training only where the "
+                     "held-out documents' pseudo-queries show it pays, else unsupervised)")
     fit.add_argument("--pseudo-queries", choices=[*PSEUDO_QUERY_SOURCES, "none"], default=None,
                      help="DIVE's training-only pseudo-queries, one per document (its title, its first sentence or its first 12 words); "
                      "none: off. Default: the preset's (skipped on given vectors, which carry no text). On the unsupervised "
-                     "path: their source (default title) for --set selection_signal=pseudo-queries (the held-out documents' "
+                     "path: their source (default title, then first-words where no title or sentence gives one) for the "
+                     "default unsupervised-guarded preset, for --set selection_signal=pseudo-queries (the held-out documents' "
                      "pseudo-queries DIVE selects its start and epoch on), for --set training_guard=pseudo-queries (the same "
                      "pseudo-queries decide whether training is kept over the PCA start) and for --set pseudo_query_weight=W "
                      "(the training documents' pseudo-queries as anchors of the rank distillation)")

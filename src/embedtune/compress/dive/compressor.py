@@ -93,6 +93,9 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
     supervised = True
     supports_unsupervised = True
     unsupervised_preset = "unsupervised"
+    # With the documents' text: training kept only where held-out documents' pseudo-queries show that it pays
+    # (at or above the stronger PCA in 8 of 10 label-free cells, against the plain preset's 5).
+    unsupervised_text_preset = "unsupervised-guarded"
     # k-d heads need k * heads <= d: above d/2 one head fits, and the view loss needs two.
     wide_output_settings = {"heads": 1, "view_weight": 0.0}
     help = "DIVE: multi-head residual adapter with self-limiting updates (the default)"
