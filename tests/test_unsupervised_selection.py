@@ -338,3 +338,19 @@ def test_a_default_fit_on_texts_that_give_no_pseudo_query_takes_the_plain_preset
     assert result.info["preset"] == "unsupervised" and result.info["config"]["training_guard"] == "none"
     assert "pseudo_queries" not in result.info
     assert any("tried title and first-words" in note for note in result.notes)
+
+
+def test_a_fit_whose_guard_sets_training_aside_says_so_and_not_that_no_epoch_beat_the_start():
+    from embedtune.workflows.fit import training_guard_note
+
+    # The verdict of MED at k = 64, seed 2027 (compress fit --unsupervised from its text).
+    verdict = {"kept": "start", "start": "uncentred", "selected_epoch": 7, "n_pseudo_queries": 76, "p_threshold": 0.05,
+               "mean_difference": 0.0059, "p_one_sided": 0.127}
+    assert training_guard_note("dive", {"training_guard": verdict}) == (
+        "dive: the training guard kept the uncentred PCA start: the held-out documents' pseudo-queries scored epoch 7 "
+        "+0.0059 nDCG@10 above it, one-sided p 0.127 over 76, not below 0.05.")
+    assert training_guard_note("dive", {"training_guard": {**verdict, "kept": "trained"}}) is None
+    # Selection itself kept the start: nothing trained for the guard to set aside.
+    untrained = {key: value for key, value in verdict.items() if key not in ("mean_difference", "p_one_sided")}
+    assert training_guard_note("dive", {"training_guard": untrained}) is None
+    assert training_guard_note("pca", {"rows": 10}) is None

@@ -196,6 +196,17 @@ def _default_pseudo_queries(experiment: Any, held_out: list[str], source: str | 
     return None, " and ".join(tried)
 
 
+def training_guard_note(method: str, fit_details: Any) -> str | None:
+    """The line to say where DIVE's training guard set aside the epoch selection kept (None elsewhere): the fit is then its
+    PCA start, but not because no trained epoch beat it, which is what a fit at epoch 0 says otherwise."""
+    guard = fit_details.get("training_guard") if isinstance(fit_details, Mapping) else None
+    if not isinstance(guard, Mapping) or guard.get("kept") != "start" or "p_one_sided" not in guard:
+        return None
+    return (f"{method}: the training guard kept the {guard['start']} PCA start: the held-out documents' pseudo-queries scored "
+            f"epoch {guard['selected_epoch']} {guard['mean_difference']:+.4f} nDCG@10 above it, one-sided p "
+            f"{guard['p_one_sided']:.3f} over {guard['n_pseudo_queries']}, not below {guard['p_threshold']}.")
+
+
 def _selects_on_pseudo_queries(config: Any) -> bool:
     """Whether the fit reads the held-out documents' pseudo-queries (to select on them, or to guard its training)."""
     return getattr(config, "selection_signal", None) == "pseudo-queries" or getattr(config, "training_guard", "none") == "pseudo-queries"
@@ -430,7 +441,8 @@ def fit_on_all(
     info["selected_epoch"] = epoch
     notes.insert(0, f"{method}: {path} path ({'relevance labels given' if labelled else 'no labels'}; "
                     f"{method} supports {' and '.join(supported_paths(method))}).")
-    notes += training_notes(method, [epoch] if epoch is not None else None)
+    guard_note = training_guard_note(method, info["fit_details"])
+    notes += [guard_note] if guard_note else training_notes(method, [epoch] if epoch is not None else None)
     if chosen.name == "static-corpus" and describe_method(method).module.startswith("embedtune.compress.dive"):
         from embedtune.compress.dive import STATIC_CORPUS_WARNING  # DIVE's module (torch): only where its preset was chosen
 
