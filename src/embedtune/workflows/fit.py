@@ -413,8 +413,8 @@ def fit_on_all(
                     trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
                     if trains_on_them or _selects_on_pseudo_queries(compressor.config):  # the user's settings read them: say why
                         held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
-                        made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out,
-                                                        pseudo_queries or "title", cache=cache)
+                        source = pseudo_queries or "title"
+                        made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
             else:
                 made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
             if made is not None:
