@@ -354,3 +354,14 @@ def test_a_fit_whose_guard_sets_training_aside_says_so_and_not_that_no_epoch_bea
     untrained = {key: value for key, value in verdict.items() if key not in ("mean_difference", "p_one_sided")}
     assert training_guard_note("dive", {"training_guard": untrained}) is None
     assert training_guard_note("pca", {"rows": 10}) is None
+
+
+def test_the_anchors_read_pseudo_queries_of_the_training_sample_and_the_held_out_documents_only(sentences, tiny_bert_dir, tmp_path,
+                                                                                               one_torch_thread):
+    # 40 documents, 4 held out, a training sample of 20: pseudo-queries for those 24, not for all 40.
+    result = fit_on_all("dive", 8, data=sentences, model=str(tiny_bert_dir), unsupervised=True,
+                        settings={**DEFAULT_FIT, "max_train_docs": 20})
+    compressor = result.compressor
+    wanted = set(compressor.selection_documents(40)) | set(compressor.training_documents(40))
+    assert len(wanted) == 24 and result.info["pseudo_queries"]["n_queries"] == 24
+    assert result.info["pseudo_queries"]["held_out_documents"] == 4

@@ -180,15 +180,24 @@ _WITHOUT_PSEUDO_QUERIES = "--set selection_signal=rank-kl, training_guard=none a
 _DEFAULT_PSEUDO_QUERY_SOURCES = ("title", "first-words")
 
 
-def _default_pseudo_queries(experiment: Any, held_out: list[str], source: str | None, for_training: bool,
+def _pseudo_query_documents(compressor: Compressor, ids: list[str], held_out: list[str], for_training: bool) -> list[str]:
+    """The documents a pseudo-query fit reads pseudo-queries of, in corpus order: the held-out ones, and with the anchors
+    (``for_training``) the training sample's too."""
+    if not for_training:
+        return held_out
+    rows = np.union1d(compressor.selection_documents(len(ids)), compressor.training_documents(len(ids)))  # type: ignore[attr-defined]
+    return [ids[row] for row in rows]
+
+
+def _default_pseudo_queries(experiment: Any, held_out: list[str], wanted: list[str], source: str | None,
                             cache: bool) -> tuple[PseudoQueries | None, str]:
-    """``(pseudo-queries, source)`` for a text preset chosen by default, or ``(None, sources tried)`` where no source gives a
-    held-out document one (the fit then takes the plain preset). ``source``: the user's (the only one tried)."""
+    """``(pseudo-queries of wanted, source)`` for a text preset chosen by default, or ``(None, sources tried)`` where no
+    source gives a held-out document one (the fit then takes the plain preset). ``source``: the user's (the only one tried)."""
     tried = [source] if source else list(_DEFAULT_PSEUDO_QUERY_SOURCES)
     held = set(held_out)
     for name in tried:
         try:
-            made = selection_pseudo_queries(experiment, None if for_training else held_out, name, cache=cache)
+            made = selection_pseudo_queries(experiment, wanted, name, cache=cache)
         except EmbedtuneError:
             continue
         if any(query_id[len(PSEUDO_PREFIX):] in held for query_id in made.ids):
@@ -399,10 +408,12 @@ def fit_on_all(
                                      "their model; a fit on a sample of given vectors has neither. Fit from the corpus (--data CORPUS "
                                      f"--model MODEL), or use {_WITHOUT_PSEUDO_QUERIES}.")
             held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
-            # Anchors need every training document's; selection reads the held-out ones' only (the fit keeps them apart).
+            # Selection reads the held-out documents' pseudo-queries, the anchors the training sample's (the fit keeps them
+            # apart): only those are made, so a large corpus costs no more than its sample.
+            wanted = _pseudo_query_documents(compressor, ids, held_out, trains_on_them)
             made: PseudoQueries | None = None
             if text_default:
-                made, source = _default_pseudo_queries(corpus_experiment, held_out, pseudo_queries, trains_on_them, cache)
+                made, source = _default_pseudo_queries(corpus_experiment, held_out, wanted, pseudo_queries, cache)
                 if made is None:
                     chosen = cls.get_preset(unsupervised_preset)
                     overrides = {**chosen.settings, **(settings or {})}
@@ -413,10 +424,11 @@ def fit_on_all(
                     trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
                     if trains_on_them or _selects_on_pseudo_queries(compressor.config):  # the user's settings read them: say why
                         held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
+                        wanted = _pseudo_query_documents(compressor, ids, held_out, trains_on_them)
                         source = pseudo_queries or "title"
-                        made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
+                        made = selection_pseudo_queries(corpus_experiment, wanted, source, cache=cache)
             else:
-                made = selection_pseudo_queries(corpus_experiment, None if trains_on_them else held_out, source, cache=cache)
+                made = selection_pseudo_queries(corpus_experiment, wanted, source, cache=cache)
             if made is not None:
                 corpus = dataclasses.replace(corpus, pseudo_queries=made)
                 info["selection_pseudo_queries" if not trains_on_them else "pseudo_queries"] = {

@@ -126,18 +126,20 @@ def recipe_pseudo_queries(
     return build_pseudo_queries(experiment, source, mining, seed), None
 
 
-def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str] | None, source: str = "title",
+def selection_pseudo_queries(experiment: Experiment, documents: Sequence[str] | None, source: str = "title",
                              cache: EmbeddingCache | bool = True) -> PseudoQueries:
     """The pseudo-queries an unsupervised fit reads: one per document, encoded as queries, not mined.
 
     Documents whose pseudo-query would be their whole text get none (it would retrieve itself
-    through any map). ``held_out``: the documents the fit holds out and selects on, e.g.
-    :meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`; None: every document
-    (DIVE's ``pseudo_query_weight`` trains on the training documents' and selects on the held-out ones').
+    through any map). ``documents``: the documents to make them for, e.g. the ones the fit holds out and
+    selects on (:meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`), with the anchors'
+    training sample besides them (:meth:`~embedtune.compress.dive.DIVECompressor.training_documents`:
+    DIVE's ``pseudo_query_weight`` trains on the training documents' and selects on the held-out ones');
+    None: every document.
 
     Raises:
         EmbedtuneError: the vectors were given without the documents' text or the model that encoded them,
-            or no held-out document gives a pseudo-query shorter than itself.
+            or none of ``documents`` gives a pseudo-query shorter than itself.
     """
     texts = experiment.dataset.corpus.values()
     if experiment.provenance.get("model") in (None, PRECOMPUTED_MODEL) or not any((f.get("title") or f.get("text")) for f in texts):
@@ -145,11 +147,11 @@ def selection_pseudo_queries(experiment: Experiment, held_out: Sequence[str] | N
                              "pseudo-queries made from the documents' text and encoded by their model; these vectors were given "
                              "without either. Fit from the corpus instead (--data CORPUS --model MODEL), or fit on agreement with the "
                              "frozen space alone: --set selection_signal=rank-kl (and training_guard=none, pseudo_query_weight=0).")
-    pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=None if held_out is None else list(held_out), mine=False,
+    pseudo = build_pseudo_queries(experiment, source, cache=cache, doc_ids=None if documents is None else list(documents), mine=False,
                                   skip_whole_documents=True)
     if not pseudo.ids:
         others = " or ".join(f"--pseudo-queries {name}" for name in PSEUDO_QUERY_SOURCES if name != source)
-        which = "documents" if held_out is None else f"{len(held_out)} held-out documents"
+        which = "documents" if documents is None else f"{len(documents)} documents it reads"
         raise EmbedtuneError(f"pseudo-queries: none of the {which} has a {source} "
                              "pseudo-query shorter than the document itself (a corpus without titles or sentence ends has none), "
                              f"so there is nothing to select on. Try {others} (first-words: texts without punctuation), "

@@ -215,6 +215,12 @@ class DIVECompressor(SupervisedTraining, UnsupervisedTraining, Compressor):
         """
         return holdout_documents(n_docs, self.unsupervised_config(self.config))[0]
 
+    def training_documents(self, n_docs: int) -> np.ndarray:
+        """Rows of an ``n_docs`` corpus that :meth:`fit_unsupervised` will train on (sorted): the seeded sample of at most
+        ``max_train_docs`` besides the held-out ones. What the pseudo-query anchors (``pseudo_query_weight > 0``) need
+        pseudo-queries for; known before the fit, as :meth:`selection_documents` is."""
+        return np.sort(holdout_documents(n_docs, self.unsupervised_config(self.config))[1])
+
     @property
     def is_unsupervised(self) -> bool:
         """True in the unsupervised mode (``mode='unsupervised'``): the fit reads corpus embeddings only."""
