@@ -9,7 +9,7 @@ import pytest
 
 from embedtune.index.codecs import Precision, QuantizedIndex, corpus_spectrum, distortion_report
 from embedtune.index.codecs.textbook import RotatedCodeIndex
-from embedtune.index.codecs.trellis import RUN_EXTRA_BITS, KltTCQ, TrellisTransformIndex, _Windows, trellis_bits, viterbi_states
+from embedtune.index.codecs.trellis import RUN_EXTRA_BITS, TABLE_SCAN_QUERIES, KltTCQ, TrellisTransformIndex, _Windows, trellis_bits, viterbi_states
 from embedtune.index.codecs.window_sums import window_sums
 from embedtune.io import IntegrityError
 
@@ -173,6 +173,11 @@ def test_a_lone_query_scored_by_the_run_tables_finds_the_decoding_scans_top_k(sp
         D_scan, I_scan = RotatedCodeIndex.search(index, queries[row : row + 1], 10)  # the decoding scan
         assert np.array_equal(I, I_scan)
         np.testing.assert_allclose(D, D_scan, rtol=1e-6, atol=1e-6)
+    few = queries[: TABLE_SCAN_QUERIES]  # a few queries at once take the tables too, each its own row
+    D, I = index.search(few, 10)
+    D_scan, I_scan = RotatedCodeIndex.search(index, few, 10)
+    assert np.array_equal(I, I_scan)
+    np.testing.assert_allclose(D, D_scan, rtol=1e-6, atol=1e-6)
 
 
 def test_duplicate_codes_at_the_cut_send_a_lone_query_to_the_decoding_scan():
