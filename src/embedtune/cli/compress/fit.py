@@ -104,7 +104,7 @@ def run_fit(args: argparse.Namespace) -> int:
     triplets = info.get("triplets", {}).get("n_triplets")
     used = (f"{info['labels']['train_queries']} labelled queries, {triplets} triplets, " if result.path == "supervised" else "")
     epoch = f", kept epoch {info['selected_epoch']} (0 = the untrained start)" if info.get("selected_epoch") is not None else ""
-    print(f"fitted {info['method']} {info['input_dim']}-d -> {info['dim']}-d on {used}{info['documents']} documents "
+    print(f"fitted {info['method']} (preset {info['preset']}) {info['input_dim']}-d -> {info['dim']}-d on {used}{info['documents']} documents "
           f"({info['provenance'].get('model')}) in {info['fit_seconds']:.1f}s{epoch}")
     print(f"saved to {result.out} ({FIT_INFO_NAME} says what was used)")
     return 0
