@@ -30,6 +30,7 @@ Usage::
 
     python benchmarks/label_free_dive.py                                   # scifact arguana npl cacm med, k = 64 128, 3 seeds
     python benchmarks/label_free_dive.py --datasets med --dims 64 --seeds 2027
+    python benchmarks/label_free_dive.py --model mpnet --datasets scifact arguana --methods dive dive@guarded   # k = 128 256
     python benchmarks/label_free_dive.py --report
 """
 
@@ -65,6 +66,9 @@ from embedtune.workflows.significance import align_by_query, paired_test  # noqa
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "label-free-dive"
 DATASETS = ("scifact", "arguana", "npl", "cacm", "med")
+#: The collections with committed mpnet vectors (``--model mpnet``); their cells are under ``<collection>-mpnet/``.
+MPNET_DATASETS = ("scifact", "arguana")
+MODELS = ("minilm", "mpnet")
 SEEDS = (2027, 2028, 2029)
 METHODS = ("dive", "dive@pq-anchors", "dive@guarded")
 #: Each setting's DIVE preset and settings on top of it.
@@ -77,22 +81,28 @@ TWIN = {"dive@pq-anchors": "dive", "dive@guarded": "dive@pq-anchors"}
 PSEUDO_SOURCE = {"npl": "first-words"}
 
 
-def vectors_path(name: str) -> Path:
-    committed = ROOT / "benchmarks" / "data" / "vectors" / f"{name}-minilm-vectors.npz"
-    return committed if committed.is_file() else ROOT / "src" / "embedtune" / "datasets" / f"{name}-minilm-vectors.npz"
+def vectors_path(name: str, model: str = "minilm") -> Path:
+    committed = ROOT / "benchmarks" / "data" / "vectors" / f"{name}-{model}-vectors.npz"
+    return committed if committed.is_file() else ROOT / "src" / "embedtune" / "datasets" / f"{name}-{model}-vectors.npz"
 
 
-def load(name: str, data_root: Path) -> dict[str, Any]:
-    """The committed MiniLM vectors of ``name`` and its judged test queries."""
+def folder_name(name: str, model: str) -> str:
+    """Where a collection's cells go: ``<collection>`` for MiniLM, ``<collection>-<model>`` for another model."""
+    return name if model == "minilm" else f"{name}-{model}"
+
+
+def load(name: str, data_root: Path, model: str = "minilm") -> dict[str, Any]:
+    """The committed vectors of ``name`` by ``model`` and its judged test queries."""
     data = load_beir(data_root / name, "test")
-    with np.load(vectors_path(name), allow_pickle=False) as bundle:
+    with np.load(vectors_path(name, model), allow_pickle=False) as bundle:
         doc_ids = [str(i) for i in bundle["document_ids"]]
         docs = np.ascontiguousarray(bundle["document"], dtype=np.float32)
         all_ids = [str(i) for i in bundle["query_ids"]]
         all_queries = np.ascontiguousarray(bundle["query"], dtype=np.float32)
     judged = [i for i, q in enumerate(all_ids) if any(rel > 0 for rel in data.qrels.get(q, {}).values())]
     return {"name": name, "qrels": data.qrels, "doc_ids": doc_ids, "docs": docs,
-            "query_ids": [all_ids[i] for i in judged], "queries": all_queries[judged], "vectors": str(vectors_path(name).relative_to(ROOT))}
+            "query_ids": [all_ids[i] for i in judged], "queries": all_queries[judged],
+            "vectors": str(vectors_path(name, model).relative_to(ROOT))}
 
 
 def score(ds: dict[str, Any], transform) -> tuple[float, dict[str, float]]:
@@ -104,13 +114,13 @@ def cell_file(out: Path, name: str, dim: int, method: str, seed: int) -> Path:
     return out / name / f"k{dim}-{method}-s{seed}.json"
 
 
-def training_pseudo_queries(name: str, data_root: Path):
-    """Every document's pseudo-query (:data:`PSEUDO_SOURCE`, else its title), encoded by MiniLM as a query; cached."""
+def training_pseudo_queries(name: str, data_root: Path, model: str = "minilm"):
+    """Every document's pseudo-query (:data:`PSEUDO_SOURCE`, else its title), encoded by ``model`` as a query; cached."""
     from embedtune.workflows import load_experiment
     from embedtune.workflows.pseudo_queries import build_pseudo_queries
 
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(ROOT / "benchmarks" / "data" / "vectors"))
-    experiment = load_experiment(data_root / name, "minilm", split_seed=None)
+    experiment = load_experiment(data_root / name, model, split_seed=None)
     return build_pseudo_queries(experiment, PSEUDO_SOURCE.get(name, "title"), mine=False, skip_whole_documents=True)
 
 
@@ -120,12 +130,15 @@ def run(args: argparse.Namespace) -> None:
     # Read when the run starts: the code it imported, even if the branch moves on while it runs.
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     base = {"command": command, "git_commit": commit, "embedtune_version": __version__, "machine": machine_info()}
-    for name in args.datasets:
-        ds = load(name, Path(args.data_root))
+    if args.model != "minilm" and set(args.datasets) - set(MPNET_DATASETS):
+        raise SystemExit(f"--model {args.model}: vectors are committed for {', '.join(MPNET_DATASETS)} only.")
+    for collection in args.datasets:
+        ds = load(collection, Path(args.data_root), args.model)
+        name = folder_name(collection, args.model)
         frozen_path = cell_file(out, name, ds["docs"].shape[1], "frozen", 0)
         if not frozen_path.is_file():
             value, per_query = score(ds, lambda x: x)
-            atomic_write_json(frozen_path, {**base, "dataset": name, "dim": ds["docs"].shape[1], "method": "frozen", "seed": None,
+            atomic_write_json(frozen_path, {**base, "dataset": collection, "model": args.model, "dim": ds["docs"].shape[1], "method": "frozen", "seed": None,
                                             "n_docs": len(ds["docs"]), "n_queries": len(ds["query_ids"]), "vectors": ds["vectors"],
                                             "ndcg@10": value, "per_query": per_query})
         pseudo = None
@@ -140,7 +153,7 @@ def run(args: argparse.Namespace) -> None:
                         data = TrainingData.corpus_only(ds["docs"], ds["doc_ids"])
                         preset, settings = PRESET_OF[method]
                         if method in ("dive@pq-anchors", "dive@guarded"):
-                            pseudo = pseudo if pseudo is not None else training_pseudo_queries(name, Path(args.data_root))
+                            pseudo = pseudo if pseudo is not None else training_pseudo_queries(collection, Path(args.data_root), args.model)
                             data.pseudo_queries = pseudo
                         start = time.perf_counter()  # the fit alone (the pseudo-queries are encoded once per collection)
                         compressor = DIVECompressor(DIVEConfig.preset(preset, dim=dim, seed=seed, progress=False, device="cpu",
@@ -151,7 +164,7 @@ def run(args: argparse.Namespace) -> None:
                         compressor = cls(cls.config_class(dim=dim, seed=seed)).fit_unsupervised(ds["docs"])
                     fit_s = time.perf_counter() - start
                     value, per_query = score(ds, compressor.transform)
-                    row: dict[str, Any] = {**base, "dataset": name, "dim": dim, "method": method, "seed": seed, "ndcg@10": value,
+                    row: dict[str, Any] = {**base, "dataset": collection, "model": args.model, "dim": dim, "method": method, "seed": seed, "ndcg@10": value,
                                            "per_query": per_query, "fit_s": round(fit_s, 1),
                                            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
                     if method in METHODS:
@@ -194,7 +207,7 @@ def report(out: Path) -> str:
              "| DIVE − stronger PCA (p) | DIVE − frozen (p) | − the setting it adds to (p) |", "|---|---|---|---|---|---|---|---|---|---|"]
     cells: dict[str, list[tuple[float, float, int]]] = {}
     commands, dates, machines, fit_seconds = set(), [], set(), []
-    for name in DATASETS:
+    for name in (*DATASETS, *(folder_name(d, "mpnet") for d in MPNET_DATASETS)):
         folder = out / name
         if not folder.is_dir():
             continue
@@ -248,7 +261,10 @@ def report(out: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
-    parser.add_argument("--dims", nargs="+", type=int, default=[64, 128], help="k (MiniLM's d / 6 and d / 3 by default)")
+    parser.add_argument("--model", default="minilm", choices=list(MODELS),
+                        help="whose committed vectors (mpnet: SciFact and ArguAna; its pseudo-queries are encoded by mpnet)")
+    parser.add_argument("--dims", nargs="+", type=int, default=None, help="k (default: the model's d / 6 and d / 3, 64 128 for MiniLM, "
+                        "128 256 for mpnet)")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--methods", nargs="+", default=["dive"], choices=list(METHODS), help="which label-free DIVE settings to fit")
     parser.add_argument("--data-root", default=str(ROOT.parent / "shared" / "data" / "beir"))
@@ -259,6 +275,8 @@ def main() -> None:
     if args.report:
         print(report(Path(args.out)))
         return
+    if args.dims is None:
+        args.dims = [64, 128] if args.model == "minilm" else [128, 256]
     torch.set_num_threads(args.threads)
     run(args)
     print(report(Path(args.out)))
