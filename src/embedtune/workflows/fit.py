@@ -180,13 +180,12 @@ _WITHOUT_PSEUDO_QUERIES = "--set selection_signal=rank-kl, training_guard=none a
 _DEFAULT_PSEUDO_QUERY_SOURCES = ("title", "first-words")
 
 
-def _pseudo_query_documents(compressor: Compressor, ids: list[str], held_out: list[str], for_training: bool) -> list[str]:
-    """The documents a pseudo-query fit reads pseudo-queries of, in corpus order: the held-out ones, and with the anchors
-    (``for_training``) the training sample's too."""
-    if not for_training:
-        return held_out
-    rows = np.union1d(compressor.selection_documents(len(ids)), compressor.training_documents(len(ids)))  # type: ignore[attr-defined]
-    return [ids[row] for row in rows]
+def _pseudo_query_documents(compressor: Compressor, ids: list[str], for_training: bool) -> tuple[list[str], list[str]]:
+    """``(held-out documents, the documents to make pseudo-queries for)``, in corpus order: the held-out ones, and with
+    the anchors (``for_training``) the training sample's too."""
+    held = compressor.selection_documents(len(ids))  # type: ignore[attr-defined]
+    rows = np.union1d(held, compressor.training_documents(len(ids))) if for_training else held  # type: ignore[attr-defined]
+    return [ids[row] for row in held], [ids[row] for row in rows]
 
 
 def _default_pseudo_queries(experiment: Any, held_out: list[str], wanted: list[str], source: str | None,
@@ -407,10 +406,9 @@ def fit_on_all(
                 raise EmbedtuneError(f"pseudo-queries ({_PSEUDO_QUERY_SETTINGS}) are made from the documents' text and encoded by "
                                      "their model; a fit on a sample of given vectors has neither. Fit from the corpus (--data CORPUS "
                                      f"--model MODEL), or use {_WITHOUT_PSEUDO_QUERIES}.")
-            held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
             # Selection reads the held-out documents' pseudo-queries, the anchors the training sample's (the fit keeps them
             # apart): only those are made, so a large corpus costs no more than its sample.
-            wanted = _pseudo_query_documents(compressor, ids, held_out, trains_on_them)
+            held_out, wanted = _pseudo_query_documents(compressor, ids, trains_on_them)
             made: PseudoQueries | None = None
             if text_default:
                 made, source = _default_pseudo_queries(corpus_experiment, held_out, wanted, pseudo_queries, cache)
@@ -423,8 +421,7 @@ def fit_on_all(
                                  "the default where the text is at hand, reads them.")
                     trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
                     if trains_on_them or _selects_on_pseudo_queries(compressor.config):  # the user's settings read them: say why
-                        held_out = [ids[row] for row in compressor.selection_documents(len(ids))]
-                        wanted = _pseudo_query_documents(compressor, ids, held_out, trains_on_them)
+                        held_out, wanted = _pseudo_query_documents(compressor, ids, trains_on_them)
                         source = pseudo_queries or "title"
                         made = selection_pseudo_queries(corpus_experiment, wanted, source, cache=cache)
             else:
