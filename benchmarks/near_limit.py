@@ -26,7 +26,9 @@ The settings (every one on the frozen vectors unless named otherwise):
   their decoded vectors (:mod:`embedtune.index.codecs.sphere`; the vectors are unit, nothing more is held);
 * with ``--learned``, **a label-free learned transform in front** (DIVE's unsupervised preset, fitted
   on the other half's documents) at 64 and 128 dims, then a codec: it counts only where it beats the
-  codecs on the plain vectors at equal bytes;
+  codecs on the plain vectors at equal bytes; with ``--learned-text``, the same DIVE fitted from the corpus's text
+  (``dive@text``: its ``unsupervised-guarded`` preset, as ``compress fit --unsupervised`` and a label-free plan fit it
+  from a corpus), in front of ``klt-apq`` and the trellis codes;
 * **the textbook transform coder** ``klt-sq:B`` (KLT, integer reverse water-filling, Lloyd-Max per axis);
 * **a trellis code** ``klt-tcq:B`` (KLT, water-filled bits in one bit-shift trellis over the axes, Viterbi-encoded),
   the nearest the bound a coder of these bytes gets; no FAISS index type holds its codes, and embedtune's numpy scan
@@ -106,6 +108,11 @@ LEARNED = (("dive", 64, "klt-pq4:16"), ("dive", 64, "klt-pq4:32"), ("dive", 64, 
 #: codes get to keeping the model once the quantiser is near the bound.
 LEARNED_REFERENCE = (("dive", 128, "klt-tcq:32"), ("dive", 128, "klt-tcq:48"), ("dive", 64, "klt-tcq-sphere:16"),
                      ("dive", 128, "klt-tcq-sphere:32"))
+#: The same label-free DIVE fitted from the corpus's text (``--learned-text``), as ``compress fit --unsupervised`` and a
+#: label-free plan fit it where the text is at hand: its ``unsupervised-guarded`` preset (the training documents'
+#: pseudo-queries as anchors, training kept only where the held-out documents' pseudo-queries show it pays).
+LEARNED_TEXT = (("dive@text", 64, "klt-apq:16"), ("dive@text", 64, "klt-tcq-sphere:16"), ("dive@text", 128, "klt-apq:32"),
+                ("dive@text", 128, "klt-tcq-sphere:32"), ("dive@text", 128, "klt-apq:48"), ("dive@text", 128, "klt-tcq:48"))
 #: PCA to k dims in front of the codec (``--truncated``): the spaces a plan scores its codecs on besides the plain vectors.
 #: At 16-32 B a codec over all d axes spreads its bits thin; dropping the weakest axes first may keep more.
 TRUNCATED = (("pca", 64, "klt-apq:16"), ("pca", 128, "klt-apq:16"), ("pca", 128, "klt-apq:32"), ("pca", 192, "klt-apq:48"))
@@ -147,7 +154,7 @@ def load(data: str, model: str) -> dict[str, Any]:
     return {"docs": docs, "doc_ids": doc_ids, "queries": np.ascontiguousarray(arrays["query"][rows], dtype=np.float32),
             "query_ids": [all_ids[i] for i in rows], "qrels": qrels, "held_rows": held_rows,
             "agreement_truth": exact_top_k(docs[held_rows], docs, 10, exclude=held_rows), "spectrum": corpus_spectrum(docs),
-            "vectors": str(path.relative_to(ROOT)), "name": f"{data}-{model}"}
+            "vectors": str(path.relative_to(ROOT)), "name": f"{data}-{model}", "data": data, "model": model}
 
 
 class Searcher:
@@ -252,10 +259,16 @@ def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> 
 
     docs, ids = ds["docs"], ds["doc_ids"]
     in_space: list[dict[str, Any]] = []
+    text = None
+    if method.endswith("@text"):  # the corpus's text and model: DIVE's text preset, as a plan fits it from a corpus
+        from embedtune.workflows.experiment import load_corpus_experiment
+
+        method, text = method.removesuffix("@text"), load_corpus_experiment(BEIR / ds["data"], ds["model"])
 
     def build_half(rows: np.ndarray, fit_rows: np.ndarray):
+        work = Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}"
         compressor, _ = fit_label_free(candidate_for(method, k), [ids[i] for i in fit_rows], docs[fit_rows], seed=2027,
-                                       work=Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}")
+                                       work=work if text is None else work / "text", text=text)
         xb = np.ascontiguousarray(compressor.transform(docs[rows]), dtype=np.float32)
         index = QuantizedIndex.build(xb, Precision(precision), train=np.ascontiguousarray(compressor.transform(docs[fit_rows]), dtype=np.float32))
         # The transform's output has no decoding back to the d-dim vectors, so the codec's distance from the bound is
@@ -334,7 +347,7 @@ def served_label(precision: str, reference: str, learned: bool = False) -> str:
 
 
 def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
-             truncated: bool = False) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
+             truncated: bool = False, learned_text: bool = False) -> list[tuple[str, int, str, str, Callable[..., Searcher | None]]]:
     """Every (setting name, budget, family, tier, builder) of the run, cheapest first."""
     out: list[tuple[str, int, str, str, Callable[..., Searcher | None]]] = []
     for name in ("float32", *FROZEN_PRECISIONS):
@@ -392,6 +405,10 @@ def settings(d: int, budgets: tuple[int, ...], learned: bool = False, rq_max_byt
                                   learned=True)
             out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), family, "ram",
                         lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
+    if learned_text:
+        for method, k, precision in LEARNED_TEXT:
+            out.append((f"{method}-{k}/{precision}", Precision(precision).ram_bytes(k), "embedtune learned + codec", "ram",
+                        lambda ds, m=method, k=k, p=precision: learned_setting(ds, m, k, p)))
     if truncated:
         for method, k, precision in TRUNCATED:
             if k < d:
@@ -405,7 +422,7 @@ def cell_path(root: Path, setting: str) -> Path:
 
 
 def run(data: str, model: str, budgets: tuple[int, ...], only: list[str] | None, learned: bool = False, rq_max_bytes: int = RQ_MAX_BYTES,
-        truncated: bool = False, redo_without_hits: bool = False) -> Path:
+        truncated: bool = False, redo_without_hits: bool = False, learned_text: bool = False) -> Path:
     root = RESULTS / f"{data}-{model}"
     root.mkdir(parents=True, exist_ok=True)
     ds = load(data, model)
@@ -421,7 +438,7 @@ def run(data: str, model: str, budgets: tuple[int, ...], only: list[str] | None,
             "machines": list(dict.fromkeys([*machines, machine.get("cpu")]))}
     atomic_write_json(root / "meta.json", meta)
     built: dict[str, Searcher] = {}
-    for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes, truncated):
+    for setting, ram, family, tier, build in settings(d, budgets, learned, rq_max_bytes, truncated, learned_text):
         if only and not any(part in setting for part in only):
             continue
         path = cell_path(root, setting)
@@ -467,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=int, nargs="+", default=list(BUDGETS))
     parser.add_argument("--learned", action="store_true",
                         help="also a label-free learned transform in front of a codec (DIVE unsupervised; minutes per fit)")
+    parser.add_argument("--learned-text", action="store_true",
+                        help="also label-free DIVE fitted from the corpus's text (its unsupervised-guarded preset, as a plan fits it "
+                             "from a corpus) in front of a codec; encodes the corpus and its pseudo-queries with --model (cached)")
     parser.add_argument("--truncated", action="store_true",
                         help="also PCA to k dims in front of klt-apq (the plan's PCA spaces; seconds to a minute per setting)")
     parser.add_argument("--rq-max-bytes", type=int, default=RQ_MAX_BYTES,
@@ -481,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     set_threads(args.threads)
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(HERE / "data" / "vectors"))
-    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated, args.redo_without_hits)
+    run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated, args.redo_without_hits,
+        args.learned_text)
     return 0
 
 

@@ -365,3 +365,35 @@ def test_the_anchors_read_pseudo_queries_of_the_training_sample_and_the_held_out
     wanted = set(compressor.selection_documents(40)) | set(compressor.training_documents(40))
     assert len(wanted) == 24 and result.info["pseudo_queries"]["n_queries"] == 24
     assert result.info["pseudo_queries"]["held_out_documents"] == 4
+
+
+def test_a_label_free_plan_fits_dive_as_compress_fit_does_from_text(sentences, tiny_bert_dir, tmp_path, one_torch_thread):
+    """A plan's DIVE candidate takes the text preset where the corpus's text is at hand, the plain one on vectors alone."""
+    from embedtune.workflows.experiment import load_corpus_experiment
+    from embedtune.workflows.label_free import fit_label_free
+    from embedtune.workflows.plan import Candidate
+
+    experiment = load_corpus_experiment(sentences, str(tiny_bert_dir), cache=False)
+    ids, docs = list(experiment.embeddings.doc_ids), experiment.embeddings.doc_embeddings
+    candidate = Candidate("dive", 8, settings=tuple(sorted(DEFAULT_FIT.items())))
+    guarded, _ = fit_label_free(candidate, ids, docs, seed=3, work=tmp_path / "work", text=experiment, cache=False)
+    assert guarded.config.training_guard == "pseudo-queries" and guarded.config.pseudo_query_weight == 1.0
+    assert guarded.fit_details()["training_guard"]["n_pseudo_queries"] == 4
+    # The same call with the same text is the cached fit; without the text it is another fit, of the plain preset.
+    again, _ = fit_label_free(candidate, ids, docs, seed=3, work=tmp_path / "work", text=experiment, cache=False)
+    assert again.state_sha256() == guarded.state_sha256()
+    plain, _ = fit_label_free(candidate, ids, docs, seed=3, work=tmp_path / "work")
+    assert plain.config.training_guard == "none" and plain.config.pseudo_query_weight == 0
+
+
+def test_a_label_free_plan_on_texts_without_pseudo_queries_fits_the_plain_preset(toy40, tiny_bert_dir, tmp_path, one_torch_thread):
+    from embedtune.workflows.experiment import load_corpus_experiment
+    from embedtune.workflows.label_free import fit_label_free
+    from embedtune.workflows.plan import Candidate
+
+    # toy40's documents are one short sentence each, with no title: no source gives a pseudo-query shorter than them.
+    experiment = load_corpus_experiment(toy40, str(tiny_bert_dir), cache=False)
+    candidate = Candidate("dive", 8, settings=tuple(sorted(DEFAULT_FIT.items())))
+    fitted, _ = fit_label_free(candidate, list(experiment.embeddings.doc_ids), experiment.embeddings.doc_embeddings, seed=3,
+                               text=experiment, cache=False)
+    assert fitted.config.training_guard == "none" and fitted.config.pseudo_query_weight == 0

@@ -45,7 +45,6 @@ from embedtune.compress.presets import MiningOptions
 from embedtune.compress.streaming import embedding_file_shape
 from embedtune.data.beir import load_beir, qrels_splits
 from embedtune.data.pairs import read_labels
-from embedtune.data.pseudo_queries import PSEUDO_PREFIX
 from embedtune.data.splits import QuerySplit, rank_by_hash
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL, load_embedding_rows, require_ids
 from embedtune.errors import EmbedtuneError
@@ -53,7 +52,8 @@ from embedtune.evaluate.search import unit_rows
 from embedtune.io import atomic_write_json
 from embedtune.workflows.experiment import Experiment, load_corpus_experiment, load_experiment, training_data
 from embedtune.workflows.fit_and_score import build_config
-from embedtune.workflows.pseudo_queries import recipe_pseudo_queries, selection_pseudo_queries
+from embedtune.workflows.pseudo_queries import (pseudo_query_documents, recipe_pseudo_queries, selection_pseudo_queries,
+                                                text_preset_pseudo_queries)
 from embedtune.workflows.train_compressor import require_mined_triplets, resolve_preset, training_notes
 from embedtune.workflows.triplets import shared_triplets
 
@@ -173,35 +173,6 @@ def _corpus(data: str | Path | None, model: str, vectors: dict[str, Any], encode
 #: The unsupervised DIVE settings that read the documents' pseudo-queries, and how to fit without them.
 _PSEUDO_QUERY_SETTINGS = "selection_signal='pseudo-queries', training_guard='pseudo-queries' and pseudo_query_weight > 0"
 _WITHOUT_PSEUDO_QUERIES = "--set selection_signal=rank-kl, training_guard=none and pseudo_query_weight=0"
-
-
-#: The pseudo-query sources a default text preset tries, in turn, until the held-out documents give some: titles (or
-#: first sentences), then a text's first words (a corpus without titles or sentence ends, as NPL's).
-_DEFAULT_PSEUDO_QUERY_SOURCES = ("title", "first-words")
-
-
-def _pseudo_query_documents(compressor: Compressor, ids: list[str], for_training: bool) -> tuple[list[str], list[str]]:
-    """``(held-out documents, the documents to make pseudo-queries for)``, in corpus order: the held-out ones, and with
-    the anchors (``for_training``) the training sample's too."""
-    held = compressor.selection_documents(len(ids))  # type: ignore[attr-defined]
-    rows = np.union1d(held, compressor.training_documents(len(ids))) if for_training else held  # type: ignore[attr-defined]
-    return [ids[row] for row in held], [ids[row] for row in rows]
-
-
-def _default_pseudo_queries(experiment: Any, held_out: list[str], wanted: list[str], source: str | None,
-                            cache: bool) -> tuple[PseudoQueries | None, str]:
-    """``(pseudo-queries of wanted, source)`` for a text preset chosen by default, or ``(None, sources tried)`` where no
-    source gives a held-out document one (the fit then takes the plain preset). ``source``: the user's (the only one tried)."""
-    tried = [source] if source else list(_DEFAULT_PSEUDO_QUERY_SOURCES)
-    held = set(held_out)
-    for name in tried:
-        try:
-            made = selection_pseudo_queries(experiment, wanted, name, cache=cache)
-        except EmbedtuneError:
-            continue
-        if any(query_id[len(PSEUDO_PREFIX):] in held for query_id in made.ids):
-            return made, name
-    return None, " and ".join(tried)
 
 
 def training_guard_note(method: str, fit_details: Any) -> str | None:
@@ -408,10 +379,10 @@ def fit_on_all(
                                      f"--model MODEL), or use {_WITHOUT_PSEUDO_QUERIES}.")
             # Selection reads the held-out documents' pseudo-queries, the anchors the training sample's (the fit keeps them
             # apart): only those are made, so a large corpus costs no more than its sample.
-            held_out, wanted = _pseudo_query_documents(compressor, ids, trains_on_them)
+            held_out, wanted = pseudo_query_documents(compressor, ids, trains_on_them)
             made: PseudoQueries | None = None
             if text_default:
-                made, source = _default_pseudo_queries(corpus_experiment, held_out, wanted, pseudo_queries, cache)
+                made, source = text_preset_pseudo_queries(corpus_experiment, held_out, wanted, pseudo_queries, cache)
                 if made is None:
                     chosen = cls.get_preset(unsupervised_preset)
                     overrides = {**chosen.settings, **(settings or {})}
@@ -421,7 +392,7 @@ def fit_on_all(
                                  "the default where the text is at hand, reads them.")
                     trains_on_them = getattr(compressor.config, "pseudo_query_weight", 0) > 0
                     if trains_on_them or _selects_on_pseudo_queries(compressor.config):  # the user's settings read them: say why
-                        held_out, wanted = _pseudo_query_documents(compressor, ids, trains_on_them)
+                        held_out, wanted = pseudo_query_documents(compressor, ids, trains_on_them)
                         source = pseudo_queries or "title"
                         made = selection_pseudo_queries(corpus_experiment, wanted, source, cache=cache)
             else:

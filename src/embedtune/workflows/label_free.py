@@ -40,6 +40,7 @@ import numpy as np
 
 from embedtune import __version__
 from embedtune.compress import Compressor, TrainingData, get_compressor_class, load_compressor
+from embedtune.compress.base import PseudoQueries
 from embedtune.data.new_documents import withheld_documents
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES
 from embedtune.data.query_files import read_query_file
@@ -76,7 +77,7 @@ from embedtune.workflows.plan import (
     score_plan,
     vectors_sha256,
 )
-from embedtune.workflows.pseudo_queries import build_pseudo_queries
+from embedtune.workflows.pseudo_queries import build_pseudo_queries, pseudo_query_documents, text_preset_pseudo_queries
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +103,10 @@ __all__ = [
 #: The label-free objectives: rank agreement with the uncompressed model, or pseudo-queries from the documents' own text.
 LABEL_FREE_OBJECTIVES = ("agreement", "pseudo-queries")
 #: The compressors a label-free sweep fits by default: they read corpus vectors only. Uncentred PCA must be
-#: among them: on held-out data it was the setting validation preferred at 16 B. DIVE fits
-#: its ``unsupervised`` preset (neighbour-rank distillation on the corpus), the slow one (minutes a fit).
+#: among them: on held-out data it was the setting validation preferred at 16 B. DIVE, the slow one (minutes a fit),
+#: fits its ``unsupervised-guarded`` preset where the corpus's text gives pseudo-queries (neighbour-rank distillation
+#: with them as anchors, kept only where the held-out documents' pseudo-queries show it beats its PCA start), else its
+#: ``unsupervised`` one (the distillation alone: vectors given without their text).
 LABEL_FREE_METHODS = ("truncate", "pca", "pca-uncentred", "dive")
 #: Label-free methods that fit no projection on the corpus, so any dimension up to the input's works.
 CORPUS_FREE_METHODS = ("truncate",)
@@ -213,15 +216,36 @@ def _query_vectors_folder(experiment: Experiment, folder: Path) -> tuple[list[st
 
 
 # -- fitting without labels ------------------------------------------------------------------
-def _fit_settings(candidate: Candidate, input_dim: int) -> dict[str, Any]:
-    """The config values a label-free fit uses: a supervised method's own ``unsupervised`` preset, its wide-output settings, the variant."""
+def _fit_settings(candidate: Candidate, input_dim: int, preset: str | None = None) -> dict[str, Any]:
+    """The config values a label-free fit uses: a supervised method's ``preset`` (by default its own ``unsupervised``
+    one), its wide-output settings, the variant."""
     cls = get_compressor_class(candidate.method)
     settings: dict[str, Any] = {}
-    if cls.supervised and cls.unsupervised_preset is not None:
-        settings.update(cls.get_preset(cls.unsupervised_preset).settings)
+    preset = preset or (cls.unsupervised_preset if cls.supervised else None)
+    if preset is not None:
+        settings.update(cls.get_preset(preset).settings)
     settings.update(method_settings(candidate.method, candidate.dim, input_dim))
     settings.update(dict(candidate.settings))
     return settings
+
+
+def _text_preset_fit(candidate: Candidate, doc_ids: Sequence[str], input_dim: int, seed: int, text: Experiment | None,
+                     cache: EmbeddingCache | bool) -> tuple[dict[str, Any], PseudoQueries | None, str | None]:
+    """``(settings, pseudo-queries, preset)``: a method's text preset and the pseudo-queries it reads where ``text`` (the
+    corpus the vectors were encoded from, and their model) gives some, as ``compress fit`` does; else the plain settings."""
+    cls = get_compressor_class(candidate.method)
+    preset = cls.unsupervised_text_preset if cls.supervised else None
+    if text is None or preset is None:
+        return _fit_settings(candidate, input_dim), None, None
+    settings = _fit_settings(candidate, input_dim, preset)
+    probe = cls(build_config(candidate.method, candidate.dim, seed, settings))
+    held_out, wanted = pseudo_query_documents(probe, list(doc_ids), getattr(probe.config, "pseudo_query_weight", 0) > 0)
+    made, _ = text_preset_pseudo_queries(text, held_out, wanted, None, cache)
+    if made is None:
+        logger.info("label-free fit of %s: no held-out document's text gives a pseudo-query, so it fits the %r preset",
+                    candidate.name, cls.unsupervised_preset)
+        return _fit_settings(candidate, input_dim), None, None
+    return settings, made, preset
 
 
 def check_label_free_method(method: str) -> None:
@@ -233,19 +257,24 @@ def check_label_free_method(method: str) -> None:
 
 
 def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings: np.ndarray, seed: int = 2027,
-                   work: str | Path | None = None, part: str = "fit", vectors_digest: str | None = None) -> tuple[Compressor, float]:
+                   work: str | Path | None = None, part: str = "fit", vectors_digest: str | None = None,
+                   text: Experiment | None = None, cache: EmbeddingCache | bool = True) -> tuple[Compressor, float]:
     """Fit ``candidate`` on corpus vectors alone (no queries, no labels); ``(compressor, fit seconds)``.
 
-    A supervised method fits its ``unsupervised`` preset (DIVE: neighbour-rank distillation). With
-    ``work`` the fit is kept at ``WORK/label-free/<part>/<candidate>/s<seed>/`` with ``key.json``
-    (the sha256 of the documents' ids and vectors, the settings, the seed), and reloaded only when
-    that key matches and the compressor is intact. ``vectors_digest`` is :func:`vectors_sha256` of
-    ``doc_embeddings`` when the caller already has it: a sweep fits many candidates on one corpus
-    and need not hash it once per candidate.
+    A supervised method fits its ``unsupervised`` preset (DIVE: neighbour-rank distillation). Given
+    ``text``, the experiment the vectors were encoded from (its corpus's text and model), it fits
+    its text preset instead where it declares one, as ``compress fit`` does from a corpus (DIVE:
+    ``unsupervised-guarded``, with pseudo-queries made from ``doc_ids``' text: anchors for the
+    training sample, a guard on the held-out ones), and the plain preset where the text gives no
+    pseudo-query. With ``work`` the fit is kept at ``WORK/label-free/<part>/<candidate>/s<seed>/``
+    with ``key.json`` (the sha256 of the documents' ids and vectors, the settings, the seed, the
+    pseudo-queries read), and reloaded only when that key matches and the compressor is intact.
+    ``vectors_digest`` is :func:`vectors_sha256` of ``doc_embeddings`` when the caller already has
+    it: a sweep fits many candidates on one corpus and need not hash it once per candidate.
     """
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
-    settings = _fit_settings(candidate, docs.shape[1])
+    settings, pseudo, preset = _text_preset_fit(candidate, doc_ids, docs.shape[1], seed, text, cache)
     config = build_config(candidate.method, candidate.dim, seed, settings)
     folder = key = None
     if work is not None:
@@ -255,18 +284,25 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
         key = {"documents": sha256_json(list(doc_ids)), "vectors": _array_sha(docs, vectors_digest), "method": candidate.method, "dim": candidate.dim,
                "variant": candidate.variant, "config": json.loads(json.dumps(dataclasses.asdict(config), sort_keys=True, default=str)),
                "seed": seed, "embedtune_version": __version__}
+        if pseudo is not None:
+            key["pseudo_queries"] = {"preset": preset, "source": pseudo.source, "ids": sha256_json(list(pseudo.ids)),
+                                     "vectors": _array_sha(np.ascontiguousarray(pseudo.embeddings, dtype=np.float32))}
         cached = _cached_fit(folder, candidate.method, key)
         if cached is not None:
             return cached
     cls = get_compressor_class(candidate.method)
     compressor = cls(config)
+    corpus = TrainingData.corpus_only(docs, list(doc_ids))
+    if pseudo is not None:
+        corpus = replace(corpus, pseudo_queries=pseudo)
     start = time.perf_counter()
-    compressor.fit_unsupervised(TrainingData.corpus_only(docs, list(doc_ids)))
+    compressor.fit_unsupervised(corpus)
     fit_s = time.perf_counter() - start
     if folder is not None:
         compressor.save(folder / candidate.method)
         write_json_with_digest(folder / _FIT_KEY, {**key, "state_sha256": compressor.state_sha256(), "fit_s": fit_s})  # type: ignore[dict-item]
-    logger.info("label-free fit of %s on %d documents in %.1fs", candidate.name, len(docs), fit_s)
+    logger.info("label-free fit of %s on %d documents in %.1fs%s", candidate.name, len(docs), fit_s,
+                f" ({preset}, {len(pseudo.ids)} pseudo-queries from {pseudo.source})" if pseudo is not None else "")
     return compressor, fit_s
 
 
@@ -390,9 +426,10 @@ class LabelFreeObjective(PlanObjective):
     #: not fitted.
     learned_start_margin = 0.15
 
-    def __init__(self, experiment: Experiment, validation: LabelFreeValidation) -> None:
+    def __init__(self, experiment: Experiment, validation: LabelFreeValidation, cache: EmbeddingCache | bool = True) -> None:
         self.experiment = experiment
         self.validation = validation
+        self.cache = cache
         self.queries = validation.queries
         self.metric = validation.field
         self.doc_ids = list(experiment.embeddings.doc_ids)
@@ -405,9 +442,12 @@ class LabelFreeObjective(PlanObjective):
         self.fit_docs_digest = self.docs_digest if len(self.fit_docs) == len(self.docs) else vectors_sha256(self.fit_docs)
 
     def fit(self, candidate: Candidate, seed: int, work: Path | None, final: bool) -> tuple[Compressor, float]:
+        # The corpus's text goes with its vectors: DIVE fits its text preset (pseudo-queries as anchors and a guard) where
+        # the text gives pseudo-queries, as ``compress fit`` does from a corpus.
         if final:
-            return fit_label_free(candidate, self.doc_ids, self.docs, seed, work, "all", self.docs_digest)
-        return fit_label_free(candidate, self.validation.fit_doc_ids, self.fit_docs, seed, work, self.fit_part, self.fit_docs_digest)
+            return fit_label_free(candidate, self.doc_ids, self.docs, seed, work, "all", self.docs_digest, self.experiment, self.cache)
+        return fit_label_free(candidate, self.validation.fit_doc_ids, self.fit_docs, seed, work, self.fit_part, self.fit_docs_digest,
+                              self.experiment, self.cache)
 
     def fit_frozen(self) -> Compressor:
         frozen = get_compressor_class("frozen")
@@ -510,7 +550,7 @@ def run_label_free_plan(
             checked = full_corpus_agreement(experiment, directory, validation.queries.vectors, validation.held_out, AGREEMENT_K, truth=truth)
             return target_retention is None or checked["agreement"] >= target_retention, checked
 
-    plan = run_sweep(LabelFreeObjective(sampled, validation), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
+    plan = run_sweep(LabelFreeObjective(sampled, validation, cache), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
                      refine_candidates=refine_candidates, full_sweep=full_sweep, verify=verify, searched_codecs=searched_codecs,

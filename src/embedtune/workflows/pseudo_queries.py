@@ -18,7 +18,7 @@ import numpy as np
 from embedtune.compress.base import PseudoQueries
 from embedtune.compress.registry import get_compressor_class
 from embedtune.compress.presets import MiningOptions
-from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES, pseudo_query_texts
+from embedtune.data.pseudo_queries import PSEUDO_PREFIX, PSEUDO_QUERY_SOURCES, pseudo_query_texts
 from embedtune.data.triplets import mine_triplets
 from embedtune.encoders.cache import EmbeddingCache
 from embedtune.encoders.precomputed import PRECOMPUTED_MODEL
@@ -29,7 +29,13 @@ from embedtune.workflows.experiment import Experiment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_pseudo_queries", "recipe_pseudo_queries", "selection_pseudo_queries"]
+__all__ = ["TEXT_PRESET_SOURCES", "build_pseudo_queries", "pseudo_query_documents", "recipe_pseudo_queries", "selection_pseudo_queries",
+           "text_preset_pseudo_queries"]
+
+#: The pseudo-query sources a method's text preset (DIVE's ``unsupervised-guarded``) tries, in turn, until the held-out
+#: documents give some: titles (or first sentences), then a text's first words (a corpus without titles or sentence
+#: ends, as NPL's).
+TEXT_PRESET_SOURCES = ("title", "first-words")
 
 
 def build_pseudo_queries(
@@ -157,3 +163,36 @@ def selection_pseudo_queries(experiment: Experiment, documents: Sequence[str] | 
                              f"so there is nothing to select on. Try {others} (first-words: texts without punctuation), "
                              "or --set selection_signal=rank-kl.")
     return pseudo
+
+
+def pseudo_query_documents(compressor: object, ids: Sequence[str], for_training: bool) -> tuple[list[str], list[str]]:
+    """``(held-out documents, the documents to make pseudo-queries for)`` of an unsupervised fit on ``ids``, in corpus order.
+
+    The held-out ones are those the fit selects and guards on
+    (:meth:`~embedtune.compress.dive.DIVECompressor.selection_documents`); with the anchors (``for_training``) the training
+    sample's are added (:meth:`~embedtune.compress.dive.DIVECompressor.training_documents`). Only these are made, so a large
+    corpus costs no more than its sample.
+    """
+    held = compressor.selection_documents(len(ids))  # type: ignore[attr-defined]
+    rows = np.union1d(held, compressor.training_documents(len(ids))) if for_training else held  # type: ignore[attr-defined]
+    return [ids[row] for row in held], [ids[row] for row in rows]
+
+
+def text_preset_pseudo_queries(experiment: Experiment, held_out: Sequence[str], wanted: Sequence[str], source: str | None = None,
+                               cache: EmbeddingCache | bool = True) -> tuple[PseudoQueries | None, str]:
+    """``(pseudo-queries of wanted, source)`` for a method's text preset, or ``(None, the sources tried)`` where no source
+    gives a held-out document one; the fit then takes the method's plain unsupervised preset.
+
+    ``source``: the user's (the only one tried); None tries :data:`TEXT_PRESET_SOURCES` in turn. Vectors given without
+    their text or model give none either.
+    """
+    tried = [source] if source else list(TEXT_PRESET_SOURCES)
+    held = set(held_out)
+    for name in tried:
+        try:
+            made = selection_pseudo_queries(experiment, wanted, name, cache=cache)
+        except EmbedtuneError:
+            continue
+        if any(query_id[len(PSEUDO_PREFIX):] in held for query_id in made.ids):
+            return made, name
+    return None, " and ".join(tried)
