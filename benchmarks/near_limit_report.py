@@ -10,7 +10,8 @@ held-out corpus documents as queries), then scored on the judged test queries:
   ``klt-pq4-sphere`` and ``klt-apq-sphere``: the same codes, each query's top 100 ranked by the direction of their decoded
   vectors, :mod:`embedtune.index.codecs.sphere`) that fits the budget,
   or, where run (``--learned``), label-free DIVE (``compress fit --unsupervised``, fitted on the other half's documents) in
-  front of a codec (``dive-128/klt-apq:32``), and, where run (``--truncated``), PCA to k dims in front of ``klt-apq``
+  front of a codec (``dive-128/klt-apq:32``; ``dive@text-128/...`` where fitted from the corpus's text, ``--learned-text``),
+  and, where run (``--truncated``), PCA to k dims in front of ``klt-apq``
   (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
   the best codec without one at its bytes by a paired test over the held-out documents (p < 0.05, as ``compress plan``
   keeps a learned map; rows written before the benchmark kept each document's hits are compared by their means);
@@ -62,6 +63,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "near-limit"
 BUDGETS = (16, 32, 48, 64, 128)
 LEARNED = "embedtune learned + codec"
+#: The rows of label-free DIVE fitted from the corpus's text (``near_limit.py --learned-text``).
+TEXT_DIVE = "dive@text"
 OURS = {"embedtune codec", LEARNED}
 TEXTBOOK = {"textbook transform coder"}
 TRELLIS = {"trellis code (reference)"}
@@ -239,6 +242,21 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                 f"{learned['agreement']:.3f}); the best codec without a learned transform, {_pretty(plain['setting'])}, keeps "
                 f"{100 * plain['ndcg@10'] / base:.1f} % (agreement {plain['agreement']:.3f}): learned − plain "
                 f"{versus.mean_difference:+.4f} (p {versus.p_value:.3f}); {gate_text}; {'picked' if learned is ours else 'not picked'}.")
+            same_bytes = [r for r in fits if r["family"] == LEARNED and r["ram_bytes"] == budget]
+            from_text = pick([r for r in same_bytes if r["setting"].startswith(f"{TEXT_DIVE}-")])
+            # The same DIVE and codec fitted from the vectors alone: one paired difference, the preset's.
+            from_vectors = None if from_text is None else next(
+                (r for r in same_bytes if r["setting"] == from_text["setting"].replace(f"{TEXT_DIVE}-", "dive-", 1)), None)
+            if from_text is not None and from_vectors is not None:
+                text_test, text_plain = _paired(from_text, from_vectors), _paired(from_text, plain)
+                summary[-1].update(text_dive=from_text["setting"], text_dive_share=from_text["ndcg@10"] / base,
+                                   text_minus_vectors=text_test.mean_difference, text_minus_vectors_p=text_test.p_value,
+                                   text_minus_plain=text_plain.mean_difference, text_minus_plain_p=text_plain.p_value)
+                learned_lines.append(
+                    f"  Fitted from the corpus's text (the `unsupervised-guarded` preset, as a plan fits DIVE from a corpus): "
+                    f"{_pretty(from_text['setting'])} keeps {100 * from_text['ndcg@10'] / base:.1f} % (agreement "
+                    f"{from_text['agreement']:.3f}); − {_pretty(from_vectors['setting'])} {text_test.mean_difference:+.4f} "
+                    f"(p {text_test.p_value:.3f}); − {_pretty(plain['setting'])} {text_plain.mean_difference:+.4f} (p {text_plain.p_value:.3f}).")
     at_bound = [(b, share_at_the_bound(rows, b, base)) for b in sorted(measured)]
     at_bound = [(b, v) for b, v in at_bound if v is not None]
     if at_bound:
@@ -302,6 +320,12 @@ HEADLINE_CORPUS = "scifact-minilm"
 SIGNIFICANT = 0.05
 
 
+def _span(values: list[float]) -> str:
+    """``-0.0013`` for one value, ``-0.0013 to +0.0040`` for several."""
+    low, high = min(values), max(values)
+    return f"{low:+.4f}" if low == high else f"{low:+.4f} to {high:+.4f}"
+
+
 def _pretty(setting: str | None) -> str:
     if setting is None:
         return "–"
@@ -344,9 +368,8 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
         gated = [r for r in ran if r.get("learned_agreement_p") is not None]
         lines[-1] += (f" Label-free DIVE in front of a codec ran in {len(ran)} cells and was picked, without labels, in "
                       f"{len(picked)}" + (f" ({where(picked)})" if picked else "")
-                      + (f": {min(r['learned_minus_plain'] for r in picked):+.4f} to {max(r['learned_minus_plain'] for r in picked):+.4f} "
-                         f"nDCG@10 over the best codec without a learned transform, significant in {len(significant)} ({where(significant)})"
-                         if picked else "")
+                      + (f": {_span([r['learned_minus_plain'] for r in picked])} nDCG@10 over the best codec without a learned "
+                         f"transform, significant in {len(significant)} ({where(significant)})" if picked else "")
                       + f"; picked where it was worse: {len(worse)}; left out where it was significantly worse: {len(avoided)}. It is "
                       f"picked only where its agreement beats the best codec without it by a paired test over the held-out documents "
                       f"(p < {LEARNED_GATE_P}; in {len(gated)} of the {len(ran)} cells, the rest by the mean, their rows predating "
