@@ -152,6 +152,9 @@ def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path):
     settings = {r["setting"] for r in plan["sweep"]}
     assert {"pca-8/binary", "dive-8/binary", "dive+qat-binary-8/binary"} <= settings
     assert "pca+qat-binary-8/binary" not in settings  # PCA has no such option
+    # A learned map's rows say how its fit went (DIVE: its heads and its PCA start); a projection's say nothing.
+    rows = {r["setting"]: r for r in plan["sweep"]}
+    assert rows["dive-8/binary"]["fit_details"]["heads"] >= 1 and "fit_details" not in rows["pca-8/binary"]
     chosen = plan["chosen"]
     _, compressor, _, _ = load_plan(out)
     assert chosen["method"] == "dive", chosen["setting"]

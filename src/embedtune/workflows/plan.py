@@ -58,7 +58,7 @@ from embedtune.index.codecs import (
     registered_codecs,
 )
 from embedtune.index.codecs.sphere import plain_family_name, shares_one_norm
-from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, disk_read_per_query, scale_label, vector_bill
+from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, scale_label, vector_bill
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
@@ -1042,6 +1042,15 @@ def sweep_csr_rows(objective: PlanObjective, budgets: Sequence[int], seed: int, 
     return rows
 
 
+def _learned_fit(compressor: Compressor) -> dict[str, Any]:
+    """``{"fit_details": ...}`` for a learned map (DIVE: its heads, its PCA start, its training guard's verdict), so a row
+    says how its fit went; nothing for a projection."""
+    if not get_compressor_class(compressor.method).supervised:
+        return {}
+    details = compressor.fit_details()
+    return {"fit_details": json.loads(json.dumps(details, default=str))} if details else {}
+
+
 def run_sweep(
     objective: PlanObjective,
     out: str | Path,
@@ -1249,7 +1258,8 @@ def run_sweep(
                                 family: str = family, space_indexes: dict = space_indexes, space_state: dict = space_state) -> bool:
                     scored = _label_codec_rows(sweep_rows(objective, compressor, list(specs),
                                                           {"method": candidate.method, "variant": candidate.variant, "family": family,
-                                                           "candidate": candidate.name, "fit_s": fit_s}, rounds, prebuilt=space_indexes,
+                                                           "candidate": candidate.name, "fit_s": fit_s, **_learned_fit(compressor)},
+                                                          rounds, prebuilt=space_indexes,
                                                           train_rows=train_rows, refine=refine, space=space_state))
                     for row in scored:
                         row["setting"] = _setting(candidate.name, row)
