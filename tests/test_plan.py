@@ -142,7 +142,10 @@ def test_plan_refuses_missing_target(toy, tmp_path, capsys):
         Precision("int3")
 
 
-def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path):
+def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path, monkeypatch):
+    from embedtune import runtime
+
+    monkeypatch.setattr(runtime, "_thread_budget", 3)  # as `embedtune --threads 3` leaves it: the plan records it
     experiment = _experiment(toy)
     out = tmp_path / "plan"
     # A tiny budget, so the choice is one of the 1-byte settings; DIVE beats PCA on this toy, though not by a paired test
@@ -153,6 +156,7 @@ def test_plan_sweeps_named_variants_and_refits_the_chosen_one(toy, tmp_path):
     assert {"pca-8/binary", "dive-8/binary", "dive+qat-binary-8/binary"} <= settings
     assert "pca+qat-binary-8/binary" not in settings  # PCA has no such option
     # A learned map's rows say how its fit went (DIVE: its heads and its PCA start); a projection's say nothing.
+    assert plan["threads"] == 3  # the fits round differently on other thread counts: the count reproduces the plan
     rows = {r["setting"]: r for r in plan["sweep"]}
     assert rows["dive-8/binary"]["fit_details"]["heads"] >= 1 and "fit_details" not in rows["pca-8/binary"]
     chosen = plan["chosen"]

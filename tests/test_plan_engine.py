@@ -26,7 +26,7 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
-ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "budget_bytes", "target_retention", "allow_disk", "codecs",
+ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "threads", "budget_bytes", "target_retention", "allow_disk", "codecs",
                  "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",

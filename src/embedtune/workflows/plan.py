@@ -82,7 +82,7 @@ from embedtune.io import (
 )
 from embedtune.locks import exclusive_lock
 from embedtune.result_files import find_results, results_details
-from embedtune.runtime import progress_bar
+from embedtune.runtime import progress_bar, thread_budget
 from embedtune.workflows.experiment import Experiment, training_data
 from embedtune.workflows.frontier_plot import plot_frontier
 from embedtune.workflows.pareto import choose, pareto_frontier
@@ -1394,6 +1394,9 @@ def run_sweep(
                 "dataset": experiment.dataset.name,
                 "split_seed": experiment.split.seed if experiment.split is not None else None,
                 "seed": seed,
+                # The codecs' fits (BLAS, FAISS's k-means) round differently on other thread counts, so the same seed and
+                # data give the same plan only on the same count: `embedtune --threads N` reproduces it.
+                "threads": thread_budget(),
                 "budget_bytes": budget_bytes,
                 "target_retention": target_retention,
                 "allow_disk": allow_disk,
