@@ -263,7 +263,9 @@ def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> 
     if method.endswith("@text"):  # the corpus's text and model: DIVE's text preset, as a plan fits it from a corpus
         from embedtune.workflows.experiment import load_corpus_experiment
 
-        method, text = method.removesuffix("@text"), load_corpus_experiment(BEIR / ds["data"], ds["model"])
+        if "text" not in ds:  # once per corpus: every @text setting reads the same text and model
+            ds["text"] = load_corpus_experiment(BEIR / ds["data"], ds["model"])
+        method, text = method.removesuffix("@text"), ds["text"]
 
     def build_half(rows: np.ndarray, fit_rows: np.ndarray):
         work = Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}"

@@ -230,22 +230,21 @@ def _fit_settings(candidate: Candidate, input_dim: int, preset: str | None = Non
 
 
 def _text_preset_fit(candidate: Candidate, doc_ids: Sequence[str], input_dim: int, seed: int, text: Experiment | None,
-                     cache: EmbeddingCache | bool) -> tuple[dict[str, Any], PseudoQueries | None, str | None]:
-    """``(settings, pseudo-queries, preset)``: a method's text preset and the pseudo-queries it reads where ``text`` (the
-    corpus the vectors were encoded from, and their model) gives some, as ``compress fit`` does; else the plain settings."""
+                     cache: EmbeddingCache | bool) -> tuple[Any, PseudoQueries | None, str | None]:
+    """``(config, pseudo-queries, preset)``: a method's text preset and the pseudo-queries it reads where ``text`` (the
+    corpus the vectors were encoded from, and their model) gives some, as ``compress fit`` does; else the plain config."""
     cls = get_compressor_class(candidate.method)
     preset = cls.unsupervised_text_preset if cls.supervised else None
-    if text is None or preset is None:
-        return _fit_settings(candidate, input_dim), None, None
-    settings = _fit_settings(candidate, input_dim, preset)
-    probe = cls(build_config(candidate.method, candidate.dim, seed, settings))
-    held_out, wanted = pseudo_query_documents(probe, list(doc_ids), getattr(probe.config, "pseudo_query_weight", 0) > 0)
-    made, _ = text_preset_pseudo_queries(text, held_out, wanted, None, cache)
-    if made is None:
-        logger.info("label-free fit of %s: no held-out document's text gives a pseudo-query, so it fits the %r preset",
-                    candidate.name, cls.unsupervised_preset)
-        return _fit_settings(candidate, input_dim), None, None
-    return settings, made, preset
+    if text is not None and preset is not None:
+        config = build_config(candidate.method, candidate.dim, seed, _fit_settings(candidate, input_dim, preset))
+        probe = cls(config)
+        held_out, wanted = pseudo_query_documents(probe, list(doc_ids), getattr(config, "pseudo_query_weight", 0) > 0)
+        made, _ = text_preset_pseudo_queries(text, held_out, wanted, None, cache)
+        if made is not None:
+            return config, made, preset
+        logger.info("label-free fit of %s: no pseudo-query from the documents' text (none shorter than its document, or "
+                    "vectors given without their text or model), so it fits the %r preset", candidate.name, cls.unsupervised_preset)
+    return build_config(candidate.method, candidate.dim, seed, _fit_settings(candidate, input_dim)), None, None
 
 
 def check_label_free_method(method: str) -> None:
@@ -274,8 +273,7 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     """
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
-    settings, pseudo, preset = _text_preset_fit(candidate, doc_ids, docs.shape[1], seed, text, cache)
-    config = build_config(candidate.method, candidate.dim, seed, settings)
+    config, pseudo, preset = _text_preset_fit(candidate, doc_ids, docs.shape[1], seed, text, cache)
     folder = key = None
     if work is not None:
         folder = Path(work) / "label-free" / part / candidate.name / f"s{seed}"
