@@ -31,6 +31,7 @@ from embedtune.index.codecs.sphere import sphere_rescore
 from embedtune.index.codecs.textbook import RotatedCodeIndex, water_filling_bits
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.store_configs import STORE_SETTINGS, STORES, milvus_config, pgvector_sql, precision_kind, qdrant_config
+from embedtune import runtime
 from embedtune.io import IntegrityError
 
 D, N = 32, 3000
@@ -479,3 +480,29 @@ def test_score_weighted_codecs_past_half_the_dimensions_keep_every_axis_and_roun
     plain = faiss.read_index(str(tmp_path / CODEC_FILE))  # codec.faiss alone, in plain FAISS
     plain.add_sa_codes(codes)
     assert np.allclose(np.sort(plain.search(queries, 10)[0], axis=1), np.sort(scores, axis=1), atol=1e-4)
+
+
+@pytest.fixture
+def thread_count_restored():
+    before = runtime.thread_budget()
+    yield
+    runtime.set_threads(before)
+
+
+@pytest.mark.parametrize("family", sorted(registered_codecs()))
+def test_a_codec_fits_and_encodes_the_same_on_one_thread_and_on_two(family, corpus, thread_count_restored):
+    """OpenBLAS rounds some products differently on 1 and 2 threads; a plan's default thread count depends on the load,
+    so without one-thread BLAS in the fits the same plan would write other tables on a busy machine than on an idle one."""
+    docs, _ = _rows_for(family, corpus[0][:1000], corpus[1])
+    tables = []
+    for threads in (1, 2):
+        runtime.set_threads(threads)
+        index = QuantizedIndex.build(docs, Precision(f"{family}:8"))
+        runtime.set_threads(1)  # encode and decode alike, so only the fit differs
+        codes = index.backend.sa_encode(docs)
+        decoded = index.backend.sa_decode(codes) if hasattr(index.backend, "sa_decode") else None
+        tables.append((codes, decoded))
+    (codes_1, decoded_1), (codes_2, decoded_2) = tables
+    assert np.array_equal(codes_1, codes_2), f"{family}: other codes on 2 threads"
+    if decoded_1 is not None:
+        assert np.array_equal(decoded_1, decoded_2), f"{family}: other tables on 2 threads"

@@ -29,6 +29,7 @@ from typing import Any
 __all__ = [
     "set_threads",
     "thread_budget",
+    "single_threaded",
     "default_threads",
     "set_progress",
     "progress_enabled",
@@ -123,6 +124,27 @@ def _limit_blas(threads: int) -> None:
         threadpool_limits(limits=threads, user_api="blas")
     except ImportError:  # pragma: no cover - a dependency; without it BLAS keeps its own default
         pass
+
+
+@contextmanager
+def single_threaded() -> Iterator[None]:
+    """BLAS, LAPACK and OpenMP (numpy's, FAISS's and torch's) on one thread inside the block, whatever ``--threads`` says.
+
+    OpenBLAS splits some products and decompositions differently on different thread counts and so rounds them
+    differently: ``np.linalg.eigh`` of the same covariance, a float32 Gram matrix ``XᵀX`` or FAISS's linear transforms
+    differ in their last bits between 1 and 2 threads, and a codec's k-means then walks off to other codebooks. A plan's
+    default thread count is the cores free at launch, so without this the same plan would write other tables on a busy
+    machine than on an idle one. Codec fits and encodes run inside this block, and so give the tables and codes they
+    give on one thread. OpenMP is limited too: FAISS's OpenBLAS runs its threads in whichever OpenMP runtime was loaded
+    first (torch's, once torch is imported), which a BLAS-only limit does not reach.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency
+        yield
+        return
+    with threadpool_limits(limits=1):
+        yield
 
 
 class _ThreadsOnImport(importlib.abc.MetaPathFinder):

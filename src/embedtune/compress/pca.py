@@ -32,6 +32,7 @@ from embedtune.constraints import Constraint, Options
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData, check_output_dim
 from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
+from embedtune.runtime import single_threaded
 
 logger = logging.getLogger(__name__)
 
@@ -125,12 +126,13 @@ def principal_axes(xb: np.ndarray, k: int, complete_basis: bool = False) -> tupl
     mean /= n
     scatter = np.zeros((d, d), dtype=np.float64)
     buffer = np.empty((min(n, _BLOCK_ROWS), d), dtype=np.float64)  # one float64 block, reused: no new copy per block
-    for start in range(0, n, _BLOCK_ROWS):
-        block = xb[start : start + _BLOCK_ROWS]
-        centred = buffer[: len(block)]
-        np.subtract(block, mean, out=centred)
-        scatter += centred.T @ centred  # one operand: BLAS syrk
-    eigenvalues, eigenvectors = np.linalg.eigh(scatter)  # ascending
+    with single_threaded():  # the same axes on any thread count
+        for start in range(0, n, _BLOCK_ROWS):
+            block = xb[start : start + _BLOCK_ROWS]
+            centred = buffer[: len(block)]
+            np.subtract(block, mean, out=centred)
+            scatter += centred.T @ centred  # one operand: BLAS syrk
+        eigenvalues, eigenvectors = np.linalg.eigh(scatter)  # ascending
     top = np.argsort(eigenvalues, kind="stable")[::-1][:k]
     components = flip_signs(eigenvectors[:, top].T)
     explained_variance = np.maximum(eigenvalues[top], 0.0) / max(n - 1, 1)

@@ -28,6 +28,7 @@ from embedtune.index.codecs import QuantizedIndex, read_codec_index
 from embedtune.index.plan_format import PLAN_FILE, load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
 from embedtune.io import release_mapped_pages
+from embedtune.runtime import single_threaded
 from embedtune.workflows.experiment import Experiment
 
 __all__ = ["full_corpus_agreement", "CHECK_BLOCK"]
@@ -59,7 +60,9 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
         index = QuantizedIndex.build(_block(compressor, docs, 0, block), precision, calibration=calibration, trained_index=trained)
         if index.codes is None and index.float_vectors is None:
             for lo in range(block, len(docs), block):
-                index.backend.add(_block(compressor, docs, lo, block))
+                rows = _block(compressor, docs, lo, block)
+                with single_threaded():  # the codes QuantizedIndex.build would write, on any thread count
+                    index.backend.add(rows)
             index.ntotal = len(docs)
         else:
             index = None

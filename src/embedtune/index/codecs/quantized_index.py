@@ -19,6 +19,7 @@ from embedtune.index.codecs.int8 import Calibration
 from embedtune.index.codecs.precision import Precision
 from embedtune.index.codecs.precision_registry import CALIBRATION_FILE, CALIBRATION_JSON, CODEC_FILE, precision_file_names
 from embedtune.io import IntegrityError, read_json_verified, sha256_file, verify_sha256, write_json_with_digest
+from embedtune.runtime import single_threaded
 
 __all__ = ["QuantizedIndex", "load_precision", "read_codec_index", "read_precision_json", "PRECISION_FILE", "CALIBRATION_FILE", "CALIBRATION_JSON", "CODEC_FILE"]
 
@@ -61,9 +62,10 @@ class QuantizedIndex:
         precision = Precision(precision) if isinstance(precision, str) else precision
         xb = as_rows(xb, "xb")
         n, d = xb.shape
-        encoded = precision.precision_codec.build(xb, precision, calibration=calibration, float_vectors=float_vectors,
-                                                  train=as_rows(train, "train") if train is not None else None,
-                                                  trained_index=trained_index)
+        with single_threaded():  # the same tables and codes on any thread count (see embedtune.runtime.single_threaded)
+            encoded = precision.precision_codec.build(xb, precision, calibration=calibration, float_vectors=float_vectors,
+                                                      train=as_rows(train, "train") if train is not None else None,
+                                                      trained_index=trained_index)
         return cls(precision, d, encoded.backend, n, calibration=encoded.calibration, float_vectors=encoded.float_vectors,
                    codes=encoded.codes)
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from embedtune.runtime import single_threaded
+
 __all__ = ["corpus_spectrum", "water_level", "gaussian_bound", "gap_db", "distortion_report", "SPECTRUM_SAMPLE"]
 
 #: Rows used to estimate a corpus's covariance spectrum (a random sample beyond this; the spectrum of d <= 4096
@@ -46,7 +48,8 @@ def corpus_spectrum(x: np.ndarray, sample: int = SPECTRUM_SAMPLE, seed: int = 0)
         x = x[rows]
     x = np.asarray(x, dtype=np.float64)
     centred = x - x.mean(axis=0)
-    eigenvalues = np.linalg.eigvalsh(centred.T @ centred / len(centred))
+    with single_threaded():  # the same bound on any thread count
+        eigenvalues = np.linalg.eigvalsh(centred.T @ centred / len(centred))
     return np.clip(eigenvalues[::-1], 0.0, None)
 
 

@@ -23,6 +23,7 @@ and ``compress export`` need nothing new. A family that cannot be a FAISS index 
 
 from __future__ import annotations
 
+import functools
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
 from embedtune.index.codecs.sphere import sphere_search
+from embedtune.runtime import single_threaded
 
 __all__ = ["FamilyCodecPrecision", "CodecFamily", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
 
@@ -72,6 +74,20 @@ class CodecFamily(ABC):
     #: Candidates per query that a deployable family's search ranks by their decoded direction
     #: (:func:`embedtune.index.codecs.sphere.sphere_rescore`; it then requires a common norm), or 0: the plain scores.
     sphere_candidates: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Every family's fit runs on one thread (embedtune.runtime.single_threaded): OpenBLAS rounds some
+        # products differently on 1 and 2 threads, k-means then finds other codebooks, and a plan's default thread count
+        # (the cores free at launch) would decide its tables. Declared here once, so a new family cannot forget it.
+        train = cls.__dict__.get("train")
+        if train is not None and not getattr(train, "__isabstractmethod__", False):
+            @functools.wraps(train)
+            def serial_train(self: "CodecFamily", *args: Any, **kwargs: Any) -> Any:
+                with single_threaded():
+                    return train(self, *args, **kwargs)
+
+            cls.train = serial_train  # type: ignore[method-assign]
 
     def __init__(self, code_bytes: int) -> None:
         if isinstance(code_bytes, bool) or not isinstance(code_bytes, (int, np.integer)) or not 1 <= int(code_bytes) <= MAX_CODE_BYTES:

@@ -45,7 +45,7 @@ import numpy as np
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import SphereRanked
-from embedtune.runtime import native_chatter_filtered
+from embedtune.runtime import native_chatter_filtered, single_threaded
 
 __all__ = ["FIT_SAMPLE", "fit_klt", "sampled_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
            "KltPQ4Sphere", "KltRQ", "training_sample"]
@@ -77,7 +77,8 @@ def fit_klt(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(eigenvalues (d,), axes (d, d))`` of the covariance of ``x``'s rows, descending; ``axes[:, i]`` is axis ``i``."""
     x64 = np.asarray(x, dtype=np.float64)
     centred = x64 - x64.mean(axis=0)
-    eigenvalues, axes = np.linalg.eigh(centred.T @ centred / max(1, len(centred)))
+    with single_threaded():  # the same axes on any thread count (a codec's k-means then finds the same codebooks)
+        eigenvalues, axes = np.linalg.eigh(centred.T @ centred / max(1, len(centred)))
     order = np.argsort(-eigenvalues, kind="stable")
     axes = axes[:, order]
     # A fixed sign per axis (largest component positive), so the same corpus always gives the same transform.

@@ -36,6 +36,7 @@ from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
 from embedtune.index.codecs.transform import KltPQ, training_sample, transform_matrix
 from embedtune.io import atomic_write
+from embedtune.runtime import single_threaded
 
 __all__ = ["SCORE_WEIGHT", "ENCODER_FILE", "KltWeightedPQ", "ScoreWeightedIndex", "score_weighting"]
 
@@ -54,10 +55,11 @@ def score_weighting(sample: np.ndarray, alpha: float = SCORE_WEIGHT) -> tuple[np
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"the score weight α must be in [0, 1] (0: plain klt-pq); got {alpha!r}.")
     x = np.asarray(sample, dtype=np.float64)
-    moment = x.T @ x / max(1, len(x))
-    d = moment.shape[0]
-    s = alpha * moment + (1.0 - alpha) * np.trace(moment) / d * np.eye(d)
-    eigenvalues, axes = np.linalg.eigh(s)
+    with single_threaded():  # the same S on any thread count
+        moment = x.T @ x / max(1, len(x))
+        d = moment.shape[0]
+        s = alpha * moment + (1.0 - alpha) * np.trace(moment) / d * np.eye(d)
+        eigenvalues, axes = np.linalg.eigh(s)
     eigenvalues = np.maximum(eigenvalues, EIGENVALUE_FLOOR * max(float(eigenvalues.max()), EIGENVALUE_FLOOR))
     return (axes * np.sqrt(eigenvalues)) @ axes.T, (axes / np.sqrt(eigenvalues)) @ axes.T
 
