@@ -1,7 +1,8 @@
-"""Thread defaults that do not oversubscribe, and a CPU fine-tune whose memory is bounded.
+"""Thread defaults that do not depend on the load, and a CPU fine-tune whose memory is bounded.
 
-- ``default_threads``: the free cores (affinity, cgroup quota, minus the cores busy now), at least 1;
-  ``EMBEDTUNE_THREADS`` and ``--threads`` override it, and one budget is applied to torch, FAISS and BLAS.
+- ``default_threads``: the usable cores (affinity, cgroup quota), at least 1, whatever the load (results must not
+  depend on it); ``busy_machine_hint`` advises fewer on a busy machine; ``EMBEDTUNE_THREADS`` and ``--threads``
+  override it, and one budget is applied to torch, FAISS and BLAS.
 - ``memory_bounded_mini_batch``: on a CPU without a configured ``mini_batch_size``, PACE trains with
   GradCache in mini-batches that keep a step's activations under 1 GiB (MiniLM: 10 texts, where the
   whole batch of 224 held 19.9 GB); a GPU, a configured size or a batch that fits keep the old path.
@@ -29,14 +30,31 @@ def machine(monkeypatch):
 
 @pytest.mark.parametrize("cores, load, quota, expected", [
     (2, 0.0, None, 2),    # an idle laptop: both cores
-    (2, 1.0, None, 1),    # one busy process: the free core
-    (2, 5.5, None, 1),    # the shared benchmark machine: never below 1
-    (16, 3.2, None, 13),
+    (2, 1.0, None, 2),    # one busy process: still both (the same results as idle)
+    (2, 5.5, None, 2),    # the shared benchmark machine
+    (16, 3.2, None, 16),
     (16, 0.0, 4.0, 4),    # a container with a 4-CPU quota on a 16-core host
+    (16, 0.0, 0.5, 1),    # a quota under one CPU: never below 1
 ])
-def test_default_threads_are_the_free_cores(machine, cores, load, quota, expected):
+def test_default_threads_are_the_usable_cores_whatever_the_load(machine, cores, load, quota, expected):
     machine(cores, load, quota)
     assert runtime.default_threads() == expected
+
+
+@pytest.mark.parametrize("cores, load, threads, advised", [
+    (2, 0.0, 2, None),    # idle: no advice
+    (2, 1.0, 2, 1),       # one busy process: the free core
+    (2, 5.5, 2, 1),       # never below 1
+    (16, 3.2, 16, 13),
+    (16, 3.2, 8, None),   # the threads asked for fit in the free cores
+])
+def test_a_busy_machine_gets_advice_not_another_default(machine, cores, load, threads, advised):
+    machine(cores, load)
+    hint = runtime.busy_machine_hint(threads)
+    if advised is None:
+        assert hint is None
+    else:
+        assert f"--threads {advised} " in hint and "same results" in hint
 
 
 def test_busy_cores_are_sampled_now_not_read_from_the_load_average(monkeypatch):
@@ -52,10 +70,10 @@ def test_busy_cores_are_sampled_now_not_read_from_the_load_average(monkeypatch):
     monkeypatch.setattr(runtime, "_cgroup_cpus", lambda: None)
     monkeypatch.delenv("EMBEDTUNE_THREADS", raising=False)
     monkeypatch.setattr(runtime, "_busy_cores", lambda: 0.05)
-    assert runtime.default_threads() == 2
+    assert runtime.busy_machine_hint(2) is None
     # Without /proc/stat the load average decides.
     monkeypatch.setattr(runtime, "_busy_cores", lambda: None)
-    assert runtime.default_threads() == 1
+    assert "--threads 1 " in runtime.busy_machine_hint(2)
 
 
 def test_cpu_times_parse_the_cpu_line(monkeypatch, tmp_path):
@@ -88,12 +106,14 @@ def test_one_budget_for_torch_faiss_and_blas(machine, monkeypatch, toy40, tiny_b
 
     saved = torch.get_num_threads()
     try:
-        machine(2, 1.3)  # busy: the default is 1
+        machine(2, 1.3)  # busy: the default is still both cores, with advice
         assert main(["split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
+        assert torch.get_num_threads() == 2 and faiss.omp_get_max_threads() == 2
+        assert "--threads 1 " in capsys.readouterr().err
+        assert main(["--threads", "1", "split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
         assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
         assert all(pool["num_threads"] == 1 for pool in threadpool_info() if pool["user_api"] == "blas")
-        assert main(["--threads", "2", "split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
-        assert torch.get_num_threads() == 2 and faiss.omp_get_max_threads() == 2
+        assert "--threads 1 " not in capsys.readouterr().err  # asked for: no advice
     finally:
         runtime.set_threads(saved)
 

@@ -31,6 +31,7 @@ __all__ = [
     "thread_budget",
     "single_threaded",
     "default_threads",
+    "busy_machine_hint",
     "set_progress",
     "progress_enabled",
     "progress_bar",
@@ -237,15 +238,14 @@ def _busy_cores(sample_seconds: float = 0.1) -> float | None:
 
 
 def default_threads() -> int:
-    """The threads a command uses without ``--threads``: the cores that are free now, at least 1.
+    """The threads a command uses without ``--threads``: the cores this process may run on, at least 1.
 
-    The cores this process may run on (its CPU affinity, capped by a cgroup quota) minus the cores
-    busy now, rounded, so that a busy machine gets 1 and an idle one all its cores (measured side by
-    side in benchmarks/RESULTS.md, "A newcomer's first hour"). "Busy now" is sampled from
-    ``/proc/stat`` over a tenth of a second rather than read from the 1-minute load average, which
-    still counts a command that ended seconds ago and so gave 1 thread to every command run back to
-    back; without ``/proc/stat`` the load average is the fallback. The ``EMBEDTUNE_THREADS``
-    environment variable overrides it.
+    Its CPU affinity, capped by a cgroup quota; the ``EMBEDTUNE_THREADS`` environment variable overrides it. It does
+    not follow the machine's load: OpenBLAS and FAISS round some sums differently on different thread counts, so a
+    default of the cores free at launch (as it was) made the same ``compress plan`` score its settings differently on
+    a busy machine and on an idle one, and once choose other tables (NPL: 0.4586 and 0.4495 nDCG@10 on the same
+    test queries). The same command, data and seed now give the same results on the same machine, busy or not. On a
+    busy machine fewer threads are often faster; :func:`busy_machine_hint` says so, and ``--threads`` chooses.
     """
     override = os.environ.get("EMBEDTUNE_THREADS", "").strip()
     if override:
@@ -256,17 +256,39 @@ def default_threads() -> int:
         if value < 1:
             raise ValueError(f"EMBEDTUNE_THREADS must be an integer >= 1; got {value}.")
         return value
+    return _usable_cores()
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup quota, at least 1."""
     cores = float(_affinity_cores())
     quota = _cgroup_cpus()
     if quota is not None:
         cores = min(cores, quota)
+    return max(1, int(cores))
+
+
+def busy_machine_hint(threads: int) -> str | None:
+    """A line of advice where ``threads`` is more than the cores free now, else None.
+
+    Threads that wait for cores other processes hold cost more than they bring: a DIVE fit on a 2-core machine at
+    load 8 took 152.6 s on 2 threads against 14.7 s on one (benchmarks/results/threads-memory.md). "Free now" is
+    sampled from ``/proc/stat`` over a tenth of a second (the 1-minute load average still counts a command that ended
+    seconds ago); without it, the load average.
+    """
     busy = _busy_cores()
     if busy is None:
         try:
             busy = os.getloadavg()[0]
         except (AttributeError, OSError):
-            busy = 0.0
-    return max(1, min(int(cores), int(cores - busy + 0.5)))
+            return None
+    cores = _usable_cores()
+    free = max(1, min(cores, int(cores - busy + 0.5)))
+    if threads <= free:
+        return None
+    return (f"about {cores - free} of {cores} cores are busy with other work; running on {threads} threads, which gives "
+            f"the same results as on an idle machine. On a busy machine fewer threads are often faster: "
+            f"`embedtune --threads {free} ...` (or EMBEDTUNE_THREADS={free}); results are reproducible for a given thread count.")
 
 
 def verbose_enabled() -> bool:

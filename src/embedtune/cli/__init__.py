@@ -12,7 +12,7 @@ from embedtune.cli.common import positive_int, HelpFormatter, warn_deprecated
 from embedtune.cli.compress import ACTIONS as COMPRESS_ACTIONS
 from embedtune.errors import EmbedtuneError
 from embedtune.outputs import command_outputs
-from embedtune.runtime import cli_logging, default_threads, set_threads
+from embedtune.runtime import busy_machine_hint, cli_logging, default_threads, set_threads
 
 __all__ = ["main", "build_parser"]
 
@@ -88,9 +88,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                            help="also log internals (DEBUG), with logger names and times, and warnings with their source")
     verbosity.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     parser.add_argument("--threads", type=positive_int, default=None,
-                        help="CPU threads for torch, FAISS, BLAS and the trellis encoder together (default: the free cores, i.e. "
-                             "the cores this process may use minus those busy when it starts, at least 1; EMBEDTUNE_THREADS sets "
-                             "it too)")
+                        help="CPU threads for torch, FAISS, BLAS and the trellis encoder together (default: the cores this process "
+                             "may use, whatever the load, so results do not depend on it; EMBEDTUNE_THREADS sets it too; on a "
+                             "busy machine fewer are often faster)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     # Each command's module is imported here, and only for the command argv names: one command must not
     # load every other command's stack (bench, PACE) nor build their flags.
@@ -131,7 +131,11 @@ def _run(args: argparse.Namespace) -> int:
     # One thread budget for torch, FAISS and BLAS: their own defaults (each all cores) oversubscribe a busy machine.
     args.threads_used = args.threads if args.threads is not None else default_threads()
     set_threads(args.threads_used)
-    logger.debug("threads: %d (%s)", args.threads_used, "--threads" if args.threads is not None else "default: the free cores")
+    logger.debug("threads: %d (%s)", args.threads_used, "--threads" if args.threads is not None else "default: the usable cores")
+    if args.threads is None and not os.environ.get("EMBEDTUNE_THREADS", "").strip():
+        hint = busy_machine_hint(args.threads_used)
+        if hint:
+            logger.info(hint)
     if args.command == "bench":  # the deprecated name of `benchmark`
         warn_deprecated("`embedtune bench`", "`embedtune benchmark`")
     try:

@@ -43,7 +43,6 @@ from embedtune.index.codecs.precision_registry import precision_file_names
 from embedtune.index.refine import Refine, plan_refine
 from embedtune.io import (
     IntegrityError,
-    atomic_write_json,
     older_than_installed,
     read_json_verified,
     sha256_file,
