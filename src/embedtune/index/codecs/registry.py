@@ -77,9 +77,9 @@ class CodecFamily(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Every family's fit runs on one thread (embedtune.runtime.single_threaded): OpenBLAS rounds some
-        # products differently on 1 and 2 threads, k-means then finds other codebooks, and a plan's default thread count
-        # (the cores free at launch) would decide its tables. Declared here once, so a new family cannot forget it.
+        # Every family's fit runs on one thread (embedtune.runtime.single_threaded): OpenBLAS rounds some products
+        # differently on 1 and 2 threads and k-means then finds other codebooks, so without it the tables would depend on
+        # the machine a plan ran on. Declared here once, so a new family cannot forget it.
         train = cls.__dict__.get("train")
         if train is not None and not getattr(train, "__isabstractmethod__", False):
             @functools.wraps(train)
