@@ -506,3 +506,24 @@ def test_a_codec_fits_and_encodes_the_same_on_one_thread_and_on_two(family, corp
     assert np.array_equal(codes_1, codes_2), f"{family}: other codes on 2 threads"
     if decoded_1 is not None:
         assert np.array_equal(decoded_1, decoded_2), f"{family}: other tables on 2 threads"
+
+
+def test_product_quantisers_trained_side_by_side_are_the_ones_faiss_trains(corpus, thread_count_restored):
+    import faiss
+
+    from embedtune.index.codecs.registry import codec_family as family_of
+    from embedtune.index.codecs.transform import sampled_klt, train_quantiser
+    from embedtune.runtime import single_threaded
+
+    codec = family_of("klt-pq:8")
+    sample, eigenvalues, axes = sampled_klt(codec, corpus[0])
+    r = codec.candidate_axes(eigenvalues)[0]
+    faiss_trained, side_by_side = (codec._index(axes, r, codec._permutation(eigenvalues, r)) for _ in range(2))
+    with single_threaded():
+        faiss_trained.train(sample)
+    runtime.set_threads(2)
+    train_quantiser(side_by_side, sample)
+    assert side_by_side.is_trained and faiss.downcast_index(side_by_side.index).is_trained
+    centroids = [faiss.vector_to_array(faiss.downcast_index(index.index).pq.centroids) for index in (faiss_trained, side_by_side)]
+    assert np.array_equal(*centroids)
+    assert np.array_equal(faiss_trained.sa_encode(corpus[0]), side_by_side.sa_encode(corpus[0]))

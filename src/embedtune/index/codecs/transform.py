@@ -45,7 +45,7 @@ import numpy as np
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
 from embedtune.index.codecs.sphere import SphereRanked
-from embedtune.runtime import native_chatter_filtered, single_threaded
+from embedtune.runtime import map_single_threaded, native_chatter_filtered, single_threaded
 
 __all__ = ["FIT_SAMPLE", "fit_klt", "sampled_klt", "eigenvalue_allocation", "klt_transform", "padded_transform", "transform_matrix", "KltPQ", "KltPQ4",
            "KltPQ4Sphere", "KltRQ", "training_sample"]
@@ -190,6 +190,43 @@ def _clustering(index: Any) -> Any:
     return inner.rq.cp if hasattr(inner, "rq") else inner.pq.cp
 
 
+def train_quantiser(index: Any, x: np.ndarray) -> None:
+    """``index.train(x)`` for a KLT codec's ``IndexPreTransform`` (its transforms fixed already), bit for bit.
+
+    A plain 8-bit ``IndexPQ`` behind the transforms trains its sub-quantisers side by side
+    (:func:`~embedtune.runtime.map_single_threaded`), each by the k-means ``ProductQuantizer::train`` runs for it
+    (``Clustering(dsub, ksub, cp)`` on its slice of the transformed rows, with a flat L2 index), so the codebooks are
+    the ones FAISS writes on one thread. FAISS trains them one after another; a fit runs on one thread so that its
+    tables do not depend on the thread count, and this gives the sub-quantisers back the cores. Other quantisers train
+    as FAISS trains them.
+    """
+    import faiss
+
+    inner = faiss.downcast_index(index.index)
+    plain_pq = (type(inner) is faiss.IndexPQ and not inner.do_polysemous_training
+                and inner.pq.train_type == faiss.ProductQuantizer.Train_default and inner.pq.assign_index is None)
+    if not plain_pq or not all(index.chain.at(i).is_trained for i in range(index.chain.size())):
+        with single_threaded():
+            index.train(x)
+        return
+    rows = np.ascontiguousarray(x, dtype=np.float32)
+    with single_threaded():
+        for i in range(index.chain.size()):  # as IndexPreTransform::train: each step's apply, in order
+            rows = faiss.downcast_VectorTransform(index.chain.at(i)).apply(rows)
+    pq = inner.pq
+    dsub, ksub = int(pq.dsub), int(pq.ksub)
+
+    def sub_quantiser(m: int) -> np.ndarray:
+        clustering = faiss.Clustering(dsub, ksub, pq.cp)
+        clustering.train(np.ascontiguousarray(rows[:, m * dsub : (m + 1) * dsub]), faiss.IndexFlatL2(dsub))
+        return faiss.vector_to_array(clustering.centroids)
+
+    centroids = map_single_threaded(sub_quantiser, range(int(pq.M)))
+    faiss.copy_array_to_vector(np.concatenate(centroids).astype(np.float32), pq.centroids)
+    inner.is_trained = True
+    index.is_trained = True
+
+
 class _KltCodec(CodecFamily):
     """Shared by the KLT codecs: fit the KLT, choose the axes on held-out rows, train the quantiser on the rest."""
 
@@ -255,7 +292,7 @@ class _KltCodec(CodecFamily):
                 index = self._index(axes, r, self._permutation(eigenvalues, r))
                 _clustering(index).niter = SELECTION_ITERATIONS
                 with native_chatter_filtered():
-                    index.train(sample[fit_rows])
+                    train_quantiser(index, sample[fit_rows])
                 held = sample[held_rows]
                 decoded = index.sa_decode(index.sa_encode(held))
                 residual = held - decoded
@@ -266,7 +303,7 @@ class _KltCodec(CodecFamily):
             r = candidates[0]
         index = self._index(axes, r, self._permutation(eigenvalues, r))
         with native_chatter_filtered():
-            index.train(sample)
+            train_quantiser(index, sample)
         return index
 
 
