@@ -102,13 +102,17 @@ def test_one_budget_for_torch_faiss_and_blas(machine, monkeypatch, toy40, tiny_b
     import torch
     from threadpoolctl import threadpool_info
 
+    import embedtune.cli as cli_module
     from embedtune.cli import main
 
     saved = torch.get_num_threads()
     try:
-        machine(2, 1.3)  # busy: the default is still both cores, with advice
+        machine(2, 1.3)  # busy: the default is still both cores, with advice for a person at a terminal
         assert main(["split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
         assert torch.get_num_threads() == 2 and faiss.omp_get_max_threads() == 2
+        assert "--threads 1 " not in capsys.readouterr().err  # a script's stderr: no advice
+        monkeypatch.setattr(cli_module, "_on_a_terminal", lambda: True)
+        assert main(["split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
         assert "--threads 1 " in capsys.readouterr().err
         assert main(["--threads", "1", "split", "--data", str(toy40), "--out", os.devnull, "--overwrite"]) == 0
         assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1

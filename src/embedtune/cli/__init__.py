@@ -127,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
 
 
+def _on_a_terminal() -> bool:
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
 def _run(args: argparse.Namespace) -> int:
     # One thread budget for torch, FAISS and BLAS: their own defaults (each all cores) oversubscribe a busy machine.
     args.threads_used = args.threads if args.threads is not None else default_threads()
     set_threads(args.threads_used)
     logger.debug("threads: %d (%s)", args.threads_used, "--threads" if args.threads is not None else "default: the usable cores")
-    if args.threads is None and not os.environ.get("EMBEDTUNE_THREADS", "").strip():
+    if args.threads is None and not os.environ.get("EMBEDTUNE_THREADS", "").strip() and _on_a_terminal():
+        # Advice for a person at a terminal; a script's or a CI job's stderr stays what the command itself says.
         hint = busy_machine_hint(args.threads_used)
         if hint:
             logger.info(hint)
