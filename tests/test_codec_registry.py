@@ -527,3 +527,23 @@ def test_product_quantisers_trained_side_by_side_are_the_ones_faiss_trains(corpu
     centroids = [faiss.vector_to_array(faiss.downcast_index(index.index).pq.centroids) for index in (faiss_trained, side_by_side)]
     assert np.array_equal(*centroids)
     assert np.array_equal(faiss_trained.sa_encode(corpus[0]), side_by_side.sa_encode(corpus[0]))
+
+
+def test_a_klt_codec_encoded_in_blocks_side_by_side_holds_the_codes_of_one_call(corpus, thread_count_restored, monkeypatch):
+    import faiss
+
+    import embedtune.index.codecs.registry as registry_module
+    from embedtune.runtime import single_threaded
+
+    docs = corpus[0]
+    codec = Precision("klt-pq:8").precision_codec
+    runtime.set_threads(1)
+    trained = codec.family_codec.train(docs)
+    in_one_call, in_blocks = codec.trained_copy(trained), codec.trained_copy(trained)
+    with single_threaded():
+        in_one_call.add(docs)
+    monkeypatch.setattr(registry_module, "ENCODE_BLOCK_ROWS", 700)  # 5 blocks, the last one short
+    runtime.set_threads(2)
+    registry_module.add_encoded(in_blocks, docs)
+    assert in_blocks.ntotal == in_one_call.ntotal == N
+    assert faiss.serialize_index(in_blocks).tobytes() == faiss.serialize_index(in_one_call).tobytes()
