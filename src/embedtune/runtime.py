@@ -136,8 +136,9 @@ def single_threaded() -> Iterator[None]:
     differently: ``np.linalg.eigh`` of the same covariance, a float32 Gram matrix ``XᵀX`` or FAISS's linear transforms
     differ in their last bits between 1 and 2 threads, and a codec's k-means then walks off to other codebooks. Codec
     fits and encodes run inside this block, and so give the tables and codes they give on one thread on any machine: a
-    plan made on a laptop and ``index build --plan`` run on a server write the same codes. OpenMP is limited too: FAISS's OpenBLAS runs its threads in whichever OpenMP runtime was loaded
-    first (torch's, once torch is imported), which a BLAS-only limit does not reach.
+    plan made on a laptop and ``index build --plan`` run on a server write the same codes. OpenMP is limited too:
+    FAISS's OpenBLAS runs its threads in whichever OpenMP runtime was loaded first (torch's, once torch is imported),
+    which a BLAS-only limit does not reach.
     """
     try:
         from threadpoolctl import threadpool_limits
