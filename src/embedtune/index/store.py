@@ -291,11 +291,16 @@ def build_index(
 
         if kind == "binary":
             from embedtune.index.codecs import binary_codes
+        if trained_index is not None:
+            from embedtune.index.codecs.row_encoding import add_encoded
         vectors_path = staging / VECTORS_FILE
         vectors_out = np.lib.format.open_memmap(vectors_path, mode="w+", dtype=np.float32, shape=(n, d)) if keep_vectors else None
         for start, block in blocks(collect_ids=True):
             try:
-                index.add(binary_codes(block) if kind == "binary" else block)
+                if trained_index is not None:  # a plan's codec: the codes its sweep scored, on any thread count and block size
+                    add_encoded(index, block)
+                else:
+                    index.add(binary_codes(block) if kind == "binary" else block)
             except RuntimeError as error:
                 raise EmbedtuneError(f"{embeddings}: FAISS could not add rows {start}.. to the --kind {kind!r} index "
                                      f"({_faiss_message(error)}). Fix: choose another --kind (e.g. flat).") from None

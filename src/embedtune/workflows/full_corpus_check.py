@@ -25,10 +25,10 @@ import numpy as np
 
 from embedtune.evaluate.streamed_top_k import exact_top_k
 from embedtune.index.codecs import QuantizedIndex, read_codec_index
+from embedtune.index.codecs.row_encoding import add_encoded
 from embedtune.index.plan_format import PLAN_FILE, load_plan
 from embedtune.index.refine import RefinedIndex, plan_refine
 from embedtune.io import release_mapped_pages
-from embedtune.runtime import single_threaded
 from embedtune.workflows.experiment import Experiment
 
 __all__ = ["full_corpus_agreement", "CHECK_BLOCK"]
@@ -60,9 +60,7 @@ def _planned_index(directory: Path, docs: np.ndarray, block: int) -> tuple[Any, 
         index = QuantizedIndex.build(_block(compressor, docs, 0, block), precision, calibration=calibration, trained_index=trained)
         if index.codes is None and index.float_vectors is None:
             for lo in range(block, len(docs), block):
-                rows = _block(compressor, docs, lo, block)
-                with single_threaded():  # the codes QuantizedIndex.build would write, on any thread count
-                    index.backend.add(rows)
+                add_encoded(index.backend, _block(compressor, docs, lo, block))  # the codes QuantizedIndex.build writes
             index.ntotal = len(docs)
         else:
             index = None

@@ -37,6 +37,7 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
+from embedtune.index.codecs.row_encoding import ENCODE_BLOCK_ROWS, transform_matrix
 from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.index.codecs.weighted import ENCODER_FILE, KltWeightedPQ, ScoreWeightedIndex
 from embedtune.io import atomic_write
@@ -129,19 +130,25 @@ class AnisotropicIndex(ScoreWeightedIndex):
                              "`embedtune compress plan`.")
         self.to_dropped, self.dropped_mean, self.eta = to_dropped, dropped_mean, float(eta)
 
-    def _tables(self) -> tuple[Any, np.ndarray]:
+    def _tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x ↦ y on the kept axes as a (r, d) float64 matrix, the sub-quantisers' codewords (M, K, r / M))``."""
         import faiss
 
         pq = faiss.downcast_index(self.encoder.index).pq
         centroids = faiss.vector_to_array(pq.centroids).reshape(pq.M, pq.ksub, pq.dsub)
-        return self.encoder.chain.at(0), centroids
+        return transform_matrix(self.encoder), centroids
 
     def directions(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(y on the kept axes, u on the kept axes, the parallel residual outside them)`` of ``x``'s rows."""
+        """``(y on the kept axes, u on the kept axes, the parallel residual outside them)`` of ``x``'s rows.
+
+        Every product is numpy's, in float64, so each row's result depends on that row alone
+        (:mod:`embedtune.index.codecs.row_encoding`): FAISS's own transform gave rows other last bits in other blocks,
+        and the search over near ties then other codes.
+        """
         to_kept, _ = self._tables()
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        y = to_kept.apply(x).astype(np.float64)
-        dropped = x.astype(np.float64) @ self.to_dropped.astype(np.float64)
+        x = np.asarray(x, dtype=np.float32).astype(np.float64)
+        y = x @ to_kept.T
+        dropped = x @ self.to_dropped.astype(np.float64)
         dropped_sq = (dropped**2).sum(axis=1)
         norm = np.sqrt((y**2).sum(axis=1) + dropped_sq)
         safe = np.where(norm > 0, norm, 1.0)
@@ -150,14 +157,19 @@ class AnisotropicIndex(ScoreWeightedIndex):
         return y, u, offset
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:
-        """Codes of ``x``'s rows that minimise the anisotropic loss (ICM from the weighted PQ codes)."""
+        """Codes of ``x``'s rows that minimise the anisotropic loss (ICM from the weighted PQ codes), each row's depending
+        on that row alone, :data:`~embedtune.index.codecs.row_encoding.ENCODE_BLOCK_ROWS` rows at a time (their float64
+        directions stay near 100 MB)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        codes = self.encoder.sa_encode(x)
+        codes = super().sa_encode(x)
         if self.eta == 1.0 or len(x) == 0:
             return codes
-        y, u, offset = self.directions(x)
         _, centroids = self._tables()
-        return anisotropic_codes(y, centroids, codes, u, offset, self.eta)
+        for lo in range(0, len(x), ENCODE_BLOCK_ROWS):
+            hi = min(len(x), lo + ENCODE_BLOCK_ROWS)
+            y, u, offset = self.directions(x[lo:hi])
+            codes[lo:hi] = anisotropic_codes(y, centroids, codes[lo:hi], u, offset, self.eta)
+        return codes
 
     def clone_empty(self) -> "AnisotropicIndex":
         empty = super().clone_empty()

@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+from embedtune.index.codecs.row_encoding import ENCODE_BLOCK_ROWS, add_encoded, encode_rows
 from embedtune.index.codecs.sphere import sphere_search
-from embedtune.runtime import map_single_threaded, single_threaded, thread_budget
+from embedtune.runtime import single_threaded
 
 __all__ = ["FamilyCodecPrecision", "CodecFamily", "add_encoded", "ENCODE_BLOCK_ROWS", "register_codec", "codec_family", "registered_codecs", "is_registered_codec", "CODEC_NAME", "MAX_CODE_BYTES"]
 
@@ -129,35 +130,6 @@ class CodecFamily(ABC):
 
     def describe(self) -> str:
         return f"{self.name}: {self.summary}"
-
-
-#: Rows a KLT codec encodes per block when it encodes blocks side by side (:func:`add_encoded`).
-ENCODE_BLOCK_ROWS = 16_384
-
-
-def add_encoded(index: Any, xb: np.ndarray) -> None:
-    """``index.add(xb)``, the same codes, encoded in blocks side by side where that gives the codes one call gives.
-
-    A KLT codec's FAISS index (an ``IndexPreTransform`` over an ``IndexPQ`` or an ``IndexResidualQuantizer``) encodes
-    each row on its own, so its rows are encoded :data:`ENCODE_BLOCK_ROWS` at a time on the thread budget
-    (:func:`~embedtune.runtime.map_single_threaded`, each block as on one thread) and the codes are added to the inner
-    index. Every other index is added to as it is, on one thread: an encoder whose codes depend on the rows encoded
-    with them (``klt-apq``'s anisotropic search breaks a near-tie by the last bits of a product over the block) must not
-    be split, and a fit runs on one thread so that its codes do not depend on the thread count.
-    """
-    import faiss
-
-    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexPreTransform) else None
-    row_wise = inner is not None and type(inner) in (faiss.IndexPQ, faiss.IndexResidualQuantizer)
-    if not row_wise or len(xb) <= ENCODE_BLOCK_ROWS or thread_budget() < 2:
-        with single_threaded():
-            index.add(xb)
-        return
-    starts = range(0, len(xb), ENCODE_BLOCK_ROWS)
-    codes = map_single_threaded(lambda lo: index.sa_encode(np.ascontiguousarray(xb[lo : lo + ENCODE_BLOCK_ROWS], dtype=np.float32)), starts)
-    with single_threaded():
-        inner.add_sa_codes(np.concatenate(codes))
-    index.ntotal = inner.ntotal
 
 
 def register_codec(cls: type[CodecFamily]) -> type[CodecFamily]:
@@ -286,6 +258,14 @@ class FamilyCodecPrecision(PrecisionCodec):
 
     def read_trained(self, directory: Path) -> Any:
         return self.family_codec.read_trained(Path(directory))
+
+    def encode(self, x: np.ndarray, calibration: Any = None, trained_index: Any = None) -> np.ndarray:
+        """The codes :meth:`build` stores for ``x``: each row's depends on that row alone
+        (:func:`~embedtune.index.codecs.row_encoding.encode_rows`)."""
+        if trained_index is None:
+            raise ValueError(f"codec {self.name!r} needs its trained tables ({CODEC_FILE}) to encode.")
+        with single_threaded():
+            return encode_rows(trained_index, x)
 
     def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
               train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:

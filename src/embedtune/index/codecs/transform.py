@@ -44,6 +44,7 @@ import numpy as np
 
 from embedtune.index.codecs.rate_distortion import water_level
 from embedtune.index.codecs.registry import CodecFamily, register_codec
+from embedtune.index.codecs.row_encoding import transform_matrix
 from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.runtime import map_single_threaded, native_chatter_filtered, single_threaded
 
@@ -151,29 +152,6 @@ def padded_transform(axes: np.ndarray, perm: np.ndarray) -> list[Any]:
     slots[perm < d] = np.arange(d, dtype=np.int32)
     remap = faiss.RemapDimensionsTransform(int(d), int(len(perm)), faiss.swig_ptr(slots))
     return [klt_transform(axes[:, real]), remap]
-
-
-def transform_matrix(index: Any) -> np.ndarray:
-    """``(d_out, d_in)`` (float64): the linear map of an ``IndexPreTransform``'s chain (``LinearTransform`` without bias and
-    ``RemapDimensionsTransform`` steps), so ``y = matrix · x``."""
-    import faiss
-
-    matrix: np.ndarray | None = None
-    for i in range(index.chain.size()):
-        step = faiss.downcast_VectorTransform(index.chain.at(i))
-        if isinstance(step, faiss.RemapDimensionsTransform):
-            slots = faiss.vector_to_array(step.map)
-            part = np.zeros((step.d_out, step.d_in))
-            rows = np.flatnonzero(slots >= 0)
-            part[rows, slots[rows]] = 1.0
-        elif isinstance(step, faiss.LinearTransform) and not step.have_bias:
-            part = faiss.vector_to_array(step.A).reshape(step.d_out, step.d_in).astype(np.float64)
-        else:
-            raise ValueError(f"a KLT codec's transform is linear with no bias; step {i} is {type(step).__name__}.")
-        matrix = part if matrix is None else part @ matrix
-    if matrix is None:
-        raise ValueError("the index has no transform.")
-    return matrix
 
 
 def _held_out_split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

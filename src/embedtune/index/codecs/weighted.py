@@ -34,7 +34,8 @@ import numpy as np
 from embedtune.index.codecs.faiss_scan import faiss_index_search
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
-from embedtune.index.codecs.transform import KltPQ, training_sample, transform_matrix
+from embedtune.index.codecs.row_encoding import encode_rows, transform_matrix
+from embedtune.index.codecs.transform import KltPQ, training_sample
 from embedtune.io import atomic_write
 from embedtune.runtime import single_threaded
 
@@ -82,6 +83,10 @@ class ScoreWeightedIndex:
                              "Write the codec again with `embedtune compress plan`.")
         self.search_index, self.encoder = search_index, encoder
 
+    #: Each row's codes depend on that row alone (:mod:`embedtune.index.codecs.row_encoding`): a corpus may be encoded in
+    #: blocks side by side.
+    encodes_rows_alone = True
+
     # -- the FAISS index interface --------------------------------------------------------------
     @property
     def d(self) -> int:
@@ -103,8 +108,9 @@ class ScoreWeightedIndex:
         return int(self.search_index.sa_code_size())
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:
-        """The weighted codes of ``x``'s rows (what :meth:`add` stores)."""
-        return self.encoder.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
+        """The weighted codes of ``x``'s rows (what :meth:`add` stores), the encoder's map applied in float64
+        (:func:`~embedtune.index.codecs.row_encoding.encode_rows`)."""
+        return encode_rows(self.encoder, x)
 
     def sa_decode(self, codes: np.ndarray) -> np.ndarray:
         """The decoded documents in the original space: one mapped codeword per sub-quantiser, summed."""
@@ -112,7 +118,11 @@ class ScoreWeightedIndex:
 
     def add(self, x: np.ndarray) -> None:
         # Codes chosen by the weighted encoder, not by the search index's own (unweighted) residual encoder.
-        self.search_index.add_sa_codes(self.sa_encode(x))
+        self.add_sa_codes(self.sa_encode(x))
+
+    def add_sa_codes(self, codes: np.ndarray) -> None:
+        """Append codes made by :meth:`sa_encode`."""
+        self.search_index.add_sa_codes(np.ascontiguousarray(codes, dtype=np.uint8))
 
     def search(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return faiss_index_search(self.search_index, x, k)
