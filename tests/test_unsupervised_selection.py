@@ -386,6 +386,25 @@ def test_a_label_free_plan_fits_dive_as_compress_fit_does_from_text(sentences, t
     assert plain.config.training_guard == "none" and plain.config.pseudo_query_weight == 0
 
 
+def test_a_label_free_plan_makes_the_text_preset_s_pseudo_queries_from_the_source_asked(sentences, tiny_bert_dir, tmp_path,
+                                                                                         one_torch_thread):
+    """``compress plan --pseudo-query-source`` reaches DIVE's text preset: the fit reads that source's pseudo-queries only."""
+    from embedtune.workflows.experiment import load_corpus_experiment
+    from embedtune.workflows.label_free import fit_label_free
+    from embedtune.workflows.plan import Candidate
+
+    experiment = load_corpus_experiment(sentences, str(tiny_bert_dir), cache=False)
+    ids, docs = list(experiment.embeddings.doc_ids), experiment.embeddings.doc_embeddings
+    candidate = Candidate("dive", 8, settings=tuple(sorted(DEFAULT_FIT.items())))
+    read = {}
+    for source in (None, "first-sentence"):
+        work = tmp_path / str(source)
+        fitted, _ = fit_label_free(candidate, ids, docs, seed=3, work=work, text=experiment, cache=False, pseudo_query_source=source)
+        assert fitted.config.training_guard == "pseudo-queries"
+        read[source] = json.loads(next(work.rglob("key.json")).read_text())["pseudo_queries"]["source"]
+    assert read == {None: "title", "first-sentence": "first-sentence"}
+
+
 def test_a_label_free_plan_on_texts_without_pseudo_queries_fits_the_plain_preset(toy40, tiny_bert_dir, tmp_path, one_torch_thread):
     from embedtune.workflows.experiment import load_corpus_experiment
     from embedtune.workflows.label_free import fit_label_free

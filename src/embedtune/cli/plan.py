@@ -18,6 +18,7 @@ from embedtune.cli.common import (
     print_json,
     print_table,
 )
+from embedtune.data.pseudo_queries import PSEUDO_QUERY_SOURCES
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, PRICE_ASSUMPTION
 from embedtune.index.codecs import PRECISIONS, codec_family, is_registered_codec, registered_codecs
 from embedtune.index.fit_sample import MIN_FIT_SAMPLE, ROWS_PER_DIMENSION
@@ -138,9 +139,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "encoded with --model; default: held-out corpus documents are the queries")
     free.add_argument("--held-out-fraction", type=float, default=DEFAULT_HELD_OUT_FRACTION,
                       help="share of the corpus withheld from fitting to validate on (hashed by --seed; at most 1000 documents)")
-    free.add_argument("--pseudo-query-source", choices=["title", "first-sentence"], default="title",
-                      help="with --label-free pseudo-queries: a document's title (its first sentence where the title is empty or "
-                           "shared), or always its first sentence")
+    free.add_argument("--pseudo-query-source", choices=list(PSEUDO_QUERY_SOURCES), default=None,
+                      help="what a document's pseudo-query is: its title (its first sentence where the title is empty or shared), "
+                           "always its first sentence, or its first 12 words (a corpus without titles or sentence ends). Makes the queries "
+                           "of --label-free pseudo-queries (default: title) and those DIVE's text preset trains and guards on "
+                           "(default: title, then first-words)")
     scale = plan.add_argument_group("scale and the bill")
     scale.add_argument("--fit-sample", type=int, default=None, metavar="ROWS",
                        help=f"corpus rows the plan fits on, a seeded sample (default: min(N, max({MIN_FIT_SAMPLE:,}, {ROWS_PER_DIMENSION} x d)) "
@@ -172,7 +175,7 @@ def _check_label_free_flags(args: argparse.Namespace) -> None:
     """Flags that contradict --label-free, or need it, exit 2 with one line."""
     if args.label_free is None:
         given = [flag for flag, value in (("--unlabelled-queries", args.unlabelled_queries),
-                                          ("--pseudo-query-source", args.pseudo_query_source != "title"),
+                                          ("--pseudo-query-source", args.pseudo_query_source is not None),
                                           ("--held-out-fraction", args.held_out_fraction != DEFAULT_HELD_OUT_FRACTION)) if value]
         if given:
             raise ValueError(f"{', '.join(given)} apply to a plan without labels; add --label-free agreement|pseudo-queries.")

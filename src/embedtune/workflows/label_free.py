@@ -31,7 +31,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -230,16 +230,17 @@ def _fit_settings(candidate: Candidate, input_dim: int, preset: str | None = Non
 
 
 def _text_preset_fit(candidate: Candidate, doc_ids: Sequence[str], input_dim: int, seed: int, text: Experiment | None,
-                     cache: EmbeddingCache | bool) -> tuple[Any, PseudoQueries | None, str | None]:
+                     cache: EmbeddingCache | bool, source: str | None = None) -> tuple[Any, PseudoQueries | None, str | None]:
     """``(config, pseudo-queries, preset)``: a method's text preset and the pseudo-queries it reads where ``text`` (the
-    corpus the vectors were encoded from, and their model) gives some, as ``compress fit`` does; else the plain config."""
+    corpus the vectors were encoded from, and their model) gives some, as ``compress fit`` does; else the plain config.
+    ``source``: the pseudo-queries' source (the only one tried); None tries the preset's sources in turn."""
     cls = get_compressor_class(candidate.method)
     preset = cls.unsupervised_text_preset if cls.supervised else None
     if text is not None and preset is not None:
         config = build_config(candidate.method, candidate.dim, seed, _fit_settings(candidate, input_dim, preset))
         probe = cls(config)
         held_out, wanted = pseudo_query_documents(probe, list(doc_ids), getattr(config, "pseudo_query_weight", 0) > 0)
-        made, _ = text_preset_pseudo_queries(text, held_out, wanted, None, cache)
+        made, _ = text_preset_pseudo_queries(text, held_out, wanted, source, cache)
         if made is not None:
             return config, made, preset
         logger.info("label-free fit of %s: no pseudo-query from the documents' text (none shorter than its document, or "
@@ -257,7 +258,8 @@ def check_label_free_method(method: str) -> None:
 
 def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings: np.ndarray, seed: int = 2027,
                    work: str | Path | None = None, part: str = "fit", vectors_digest: str | None = None,
-                   text: Experiment | None = None, cache: EmbeddingCache | bool = True) -> tuple[Compressor, float]:
+                   text: Experiment | None = None, cache: EmbeddingCache | bool = True,
+                   pseudo_query_source: str | None = None) -> tuple[Compressor, float]:
     """Fit ``candidate`` on corpus vectors alone (no queries, no labels); ``(compressor, fit seconds)``.
 
     A supervised method fits its ``unsupervised`` preset (DIVE: neighbour-rank distillation). Given
@@ -270,10 +272,12 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     pseudo-queries read), and reloaded only when that key matches and the compressor is intact.
     ``vectors_digest`` is :func:`vectors_sha256` of ``doc_embeddings`` when the caller already has
     it: a sweep fits many candidates on one corpus and need not hash it once per candidate.
+    ``pseudo_query_source`` (``title`` or ``first-sentence``) is the only source the text preset's
+    pseudo-queries are made from; None tries its sources in turn.
     """
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
-    config, pseudo, preset = _text_preset_fit(candidate, doc_ids, docs.shape[1], seed, text, cache)
+    config, pseudo, preset = _text_preset_fit(candidate, doc_ids, docs.shape[1], seed, text, cache, pseudo_query_source)
     folder = key = None
     if work is not None:
         folder = Path(work) / "label-free" / part / candidate.name / f"s{seed}"
@@ -424,10 +428,12 @@ class LabelFreeObjective(PlanObjective):
     #: not fitted.
     learned_start_margin = 0.15
 
-    def __init__(self, experiment: Experiment, validation: LabelFreeValidation, cache: EmbeddingCache | bool = True) -> None:
+    def __init__(self, experiment: Experiment, validation: LabelFreeValidation, cache: EmbeddingCache | bool = True,
+                 pseudo_query_source: str | None = None) -> None:
         self.experiment = experiment
         self.validation = validation
         self.cache = cache
+        self.pseudo_query_source = pseudo_query_source  # the text preset's only source; None: its sources in turn
         self.queries = validation.queries
         self.metric = validation.field
         self.doc_ids = list(experiment.embeddings.doc_ids)
@@ -443,9 +449,10 @@ class LabelFreeObjective(PlanObjective):
         # The corpus's text goes with its vectors: DIVE fits its text preset (pseudo-queries as anchors and a guard) where
         # the text gives pseudo-queries, as ``compress fit`` does from a corpus.
         if final:
-            return fit_label_free(candidate, self.doc_ids, self.docs, seed, work, "all", self.docs_digest, self.experiment, self.cache)
+            return fit_label_free(candidate, self.doc_ids, self.docs, seed, work, "all", self.docs_digest, self.experiment, self.cache,
+                                  self.pseudo_query_source)
         return fit_label_free(candidate, self.validation.fit_doc_ids, self.fit_docs, seed, work, self.fit_part, self.fit_docs_digest,
-                              self.experiment, self.cache)
+                              self.experiment, self.cache, self.pseudo_query_source)
 
     def fit_frozen(self) -> Compressor:
         frozen = get_compressor_class("frozen")
@@ -494,7 +501,7 @@ def run_label_free_plan(
     held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION,
     max_held_out: int = MAX_HELD_OUT_DOCUMENTS,
     queries: tuple[Sequence[str], np.ndarray] | None = None,
-    pseudo_query_source: str = "title",
+    pseudo_query_source: str | None = None,
     encoder: SentenceEncoder | None = None,
     cache: bool = True,
     codecs: Sequence[str] = DEFAULT_CODECS,
@@ -521,6 +528,9 @@ def run_label_free_plan(
         held_out_fraction, max_held_out: the documents withheld from fitting to validate on (hashed by ``seed``).
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
+            ``pseudo_query_source`` (``title`` or ``first-sentence``) makes both the ``pseudo-queries`` objective's
+            queries and those of DIVE's text preset; None: ``title`` for the objective, and the preset tries
+            ``title``, then ``first-sentence``.
         final: also score the choice on the experiment's labelled test queries, after it is made.
         codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs, learned_gate_p: as in ``run_plan`` (the codecs
             are fitted on every document the index holds).
@@ -538,17 +548,18 @@ def run_label_free_plan(
     for method in methods:
         check_label_free_method(method)
     sampled, record = plan_sample(experiment, fit_sample, seed)
-    validation = label_free_validation(sampled, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source,
+    validation = label_free_validation(sampled, objective, held_out_fraction, max_held_out, seed, queries, pseudo_query_source or "title",
                                        encoder, cache)
-    verify = None
+    verify: Callable[[Path], tuple[bool, dict[str, Any]]] | None = None
     if sampled is not experiment and check_full_corpus and validation.objective == "agreement":
         truth: dict[str, Any] = {}  # the exact top-10 over every row: computed once for every setting measured
 
-        def verify(directory: Path) -> tuple[bool, dict[str, Any]]:
+        def over_every_document(directory: Path) -> tuple[bool, dict[str, Any]]:
             checked = full_corpus_agreement(experiment, directory, validation.queries.vectors, validation.held_out, AGREEMENT_K, truth=truth)
             return target_retention is None or checked["agreement"] >= target_retention, checked
 
-    plan = run_sweep(LabelFreeObjective(sampled, validation, cache), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
+        verify = over_every_document
+    plan = run_sweep(LabelFreeObjective(sampled, validation, cache, pseudo_query_source), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed,
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
                      refine_candidates=refine_candidates, full_sweep=full_sweep, verify=verify, searched_codecs=searched_codecs,
