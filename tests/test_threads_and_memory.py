@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from embedtune import runtime
@@ -218,3 +219,26 @@ def test_a_long_stage_says_up_front_how_long_it_will_take(monkeypatch, caplog):
         callback.on_step_end(None, state, None)
     assert "the first step took 2:30 min; the 29 steps will take about 1:12 h" in caplog.text
     assert trainer._duration(95) == "1:35 min"
+
+
+def test_pca_axes_are_the_same_bits_on_one_thread_and_on_two(monkeypatch):
+    """The scatter's blocks are computed side by side and added in block order: the axes of one thread, on any count."""
+    import embedtune.compress.pca as pca
+
+    monkeypatch.setattr(pca, "_BLOCK_ROWS", 500)  # 9 blocks, the last one short
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4321, 48)) * np.geomspace(1.0, 0.01, 48) + 0.3).astype(np.float32)
+    before = runtime.thread_budget()
+    try:
+        fits = []
+        for threads in (1, 2):
+            runtime.set_threads(threads)
+            fits.append(pca.principal_axes(x, 8))
+    finally:
+        runtime.set_threads(before)
+    for one, two in zip(*fits):
+        assert np.array_equal(one, two)
+    mean = x.astype(np.float64).mean(axis=0)
+    with runtime.single_threaded():  # the same sum, block after block
+        scatter = sum(((x[lo : lo + 500] - mean).T @ (x[lo : lo + 500] - mean) for lo in range(0, len(x), 500)), np.zeros((48, 48)))
+    assert np.allclose(fits[0][2], np.sort(np.linalg.eigvalsh(scatter))[::-1][:8] / (len(x) - 1))

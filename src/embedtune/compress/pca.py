@@ -32,7 +32,7 @@ from embedtune.constraints import Constraint, Options
 from embedtune.compress.base import Compressor, CompressorConfig, TrainingData, check_output_dim
 from embedtune.compress.export_layers import ExportLayer, linear_layers
 from embedtune.compress.registry import register
-from embedtune.runtime import single_threaded
+from embedtune.runtime import map_single_threaded, single_threaded, thread_budget
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +124,21 @@ def principal_axes(xb: np.ndarray, k: int, complete_basis: bool = False) -> tupl
     for start in range(0, n, _BLOCK_ROWS):
         mean += xb[start : start + _BLOCK_ROWS].sum(axis=0, dtype=np.float64)
     mean /= n
+    # The scatter is a sum of per-block products, each a BLAS call on one thread, added in block order: the same axes on
+    # any thread count. The blocks are computed side by side, a few at a time, so no more than that many d × d
+    # scatters are held.
+    starts = range(0, n, _BLOCK_ROWS)
+    workers = max(1, min(thread_budget(), len(starts)))
+
+    def block_scatter(start: int) -> np.ndarray:
+        centred = np.subtract(xb[start : start + _BLOCK_ROWS], mean, dtype=np.float64)
+        return centred.T @ centred  # one operand: BLAS syrk
+
     scatter = np.zeros((d, d), dtype=np.float64)
-    buffer = np.empty((min(n, _BLOCK_ROWS), d), dtype=np.float64)  # one float64 block, reused: no new copy per block
-    with single_threaded():  # the same axes on any thread count
-        for start in range(0, n, _BLOCK_ROWS):
-            block = xb[start : start + _BLOCK_ROWS]
-            centred = buffer[: len(block)]
-            np.subtract(block, mean, out=centred)
-            scatter += centred.T @ centred  # one operand: BLAS syrk
+    for first in range(0, len(starts), workers):
+        for part in map_single_threaded(block_scatter, starts[first : first + workers], workers):
+            scatter += part
+    with single_threaded():
         eigenvalues, eigenvectors = np.linalg.eigh(scatter)  # ascending
     top = np.argsort(eigenvalues, kind="stable")[::-1][:k]
     components = flip_signs(eigenvectors[:, top].T)
