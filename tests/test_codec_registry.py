@@ -592,3 +592,7 @@ def test_a_row_gets_the_same_code_whatever_rows_are_encoded_with_it(name, corpus
     assert np.array_equal(one_by_one, row_encoding.encode_rows(trained, ties)[::37])
     # What a deployed codec hands a user to add (DeployedCodec.encode) is what the index holds.
     assert np.array_equal(codec.encode(ties[::37], trained_index=trained), one_by_one)
+    # Wide vectors are mapped fewer rows at a time (here 7), which changes no code.
+    monkeypatch.setattr(row_encoding, "MAPPED_VALUES", 7 * ties.shape[1])
+    assert row_encoding.map_rows(ties.shape[1]) == 7
+    assert np.array_equal(row_encoding.encode_rows(trained, ties)[::37], one_by_one)

@@ -37,7 +37,7 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
-from embedtune.index.codecs.row_encoding import ENCODE_BLOCK_ROWS, transform_matrix
+from embedtune.index.codecs.row_encoding import map_rows, transform_matrix
 from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.index.codecs.weighted import ENCODER_FILE, KltWeightedPQ, ScoreWeightedIndex
 from embedtune.io import atomic_write
@@ -158,15 +158,16 @@ class AnisotropicIndex(ScoreWeightedIndex):
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:
         """Codes of ``x``'s rows that minimise the anisotropic loss (ICM from the weighted PQ codes), each row's depending
-        on that row alone, :data:`~embedtune.index.codecs.row_encoding.ENCODE_BLOCK_ROWS` rows at a time (their float64
-        directions stay near 100 MB)."""
+        on that row alone, :func:`~embedtune.index.codecs.row_encoding.map_rows` rows at a time (their float64 directions
+        stay near 64 MB)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         codes = super().sa_encode(x)
         if self.eta == 1.0 or len(x) == 0:
             return codes
         _, centroids = self._tables()
-        for lo in range(0, len(x), ENCODE_BLOCK_ROWS):
-            hi = min(len(x), lo + ENCODE_BLOCK_ROWS)
+        step = map_rows(x.shape[1])
+        for lo in range(0, len(x), step):
+            hi = min(len(x), lo + step)
             y, u, offset = self.directions(x[lo:hi])
             codes[lo:hi] = anisotropic_codes(y, centroids, codes[lo:hi], u, offset, self.eta)
         return codes

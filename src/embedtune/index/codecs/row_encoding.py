@@ -25,11 +25,18 @@ import numpy as np
 
 from embedtune.runtime import map_single_threaded, single_threaded, thread_budget
 
-__all__ = ["ENCODE_BLOCK_ROWS", "add_encoded", "encode_rows", "encodes_rows_alone", "transform_matrix"]
+__all__ = ["ENCODE_BLOCK_ROWS", "MAPPED_VALUES", "add_encoded", "encode_rows", "encodes_rows_alone", "map_rows", "transform_matrix"]
 
-#: Rows encoded per block: blocks are encoded side by side (:func:`add_encoded`), and a block's float64 copy stays
-#: near 50 MB at 384 dims.
+#: Rows per block that :func:`add_encoded` encodes side by side.
 ENCODE_BLOCK_ROWS = 16_384
+#: Float64 values a block's mapped copy holds at most (64 MB): wide vectors are mapped in fewer rows at a time
+#: (:func:`map_rows`), which changes no code, since each row's depends on that row alone.
+MAPPED_VALUES = 1 << 23
+
+
+def map_rows(d: int) -> int:
+    """Rows of ``d``-dim vectors mapped to float64 at a time: :data:`ENCODE_BLOCK_ROWS`, fewer for wide vectors."""
+    return max(1, min(ENCODE_BLOCK_ROWS, MAPPED_VALUES // max(1, int(d))))
 
 
 def transform_matrix(index: Any) -> np.ndarray:
@@ -78,14 +85,15 @@ def encodes_rows_alone(index: Any) -> bool:
 
 def encode_rows(index: Any, x: np.ndarray) -> np.ndarray:
     """``index.sa_encode(x)``; for a KLT codec's FAISS index, with its map applied in float64 (see the module docstring),
-    :data:`ENCODE_BLOCK_ROWS` rows at a time."""
+    :func:`map_rows` rows at a time."""
     parts = _klt_parts(index)
     if parts is None:
         return index.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
     matrix, inner = parts
     codes = np.empty((len(x), inner.sa_code_size()), dtype=np.uint8)
-    for lo in range(0, len(x), ENCODE_BLOCK_ROWS):
-        mapped = _mapped(matrix, x[lo : lo + ENCODE_BLOCK_ROWS])
+    step = map_rows(matrix.shape[1])
+    for lo in range(0, len(x), step):
+        mapped = _mapped(matrix, x[lo : lo + step])
         codes[lo : lo + len(mapped)] = inner.sa_encode(mapped)
     return codes
 
@@ -115,9 +123,10 @@ def add_encoded(index: Any, xb: np.ndarray) -> None:
         # A fast-scan index packs its codes in blocks of 32 rows and takes no codes from outside: it encodes the mapped
         # rows itself, each on its own, block after block.
         matrix, inner = parts
+        step = map_rows(matrix.shape[1])
         with single_threaded():
-            for lo in starts:
-                inner.add(_mapped(matrix, xb[lo : lo + ENCODE_BLOCK_ROWS]))
+            for lo in range(0, len(xb), step):
+                inner.add(_mapped(matrix, xb[lo : lo + step]))
         index.ntotal = inner.ntotal
         return
 
