@@ -554,6 +554,21 @@ def test_a_klt_codec_encoded_in_blocks_side_by_side_holds_the_codes_of_one_call(
     assert _serialized(in_blocks) == _serialized(in_one_call)
 
 
+@pytest.mark.parametrize("split", [1, 3, 7, 16, 333])
+def test_a_float64_product_gives_each_row_the_bits_of_one_call_in_any_split(split, thread_count_restored):
+    """OpenBLAS's dgemm gives a lone row (gemv) or a short tile of rows other last bits; row_product pads to whole tiles."""
+    from embedtune.index.codecs.row_encoding import row_product
+
+    rng = np.random.default_rng(0)
+    x, right = rng.standard_normal((1000, 96)).astype(np.float32), rng.standard_normal((96, 40))
+    whole = row_product(x, right)
+    runtime.set_threads(2)
+    assert np.array_equal(row_product(x, right), whole)
+    runtime.set_threads(1)
+    parts = np.concatenate([row_product(x[lo : lo + split], right) for lo in range(0, len(x), split)])
+    assert np.array_equal(parts, whole)
+
+
 def _near_tie_rows(trained, n: int, seed: int = 0) -> np.ndarray:
     """Rows whose every sub-space sits halfway between two of the codec's codewords: each code is decided by the last
     bits of the row's map onto the kept axes."""

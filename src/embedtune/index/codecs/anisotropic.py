@@ -37,7 +37,7 @@ import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE
 from embedtune.index.codecs.registry import register_codec
-from embedtune.index.codecs.row_encoding import map_rows, transform_matrix
+from embedtune.index.codecs.row_encoding import map_rows, row_product, transform_matrix
 from embedtune.index.codecs.sphere import SphereRanked
 from embedtune.index.codecs.weighted import ENCODER_FILE, KltWeightedPQ, ScoreWeightedIndex
 from embedtune.io import atomic_write
@@ -90,11 +90,12 @@ def anisotropic_codes(y: np.ndarray, centroids: np.ndarray, codes: np.ndarray, u
         # Per sub-quantiser: ||y_j − c_jk||² (up to a per-row constant) and u_j · c_jk, over its K codewords.
         dist = np.empty((m, hi - lo, k))
         proj = np.empty((m, hi - lo, k))
-        parallel = np.einsum("nr,nr->n", ub, yb) + np.asarray(parallel_offset[lo:hi], dtype=np.float64)
+        parallel = (ub * yb).sum(axis=1) + np.asarray(parallel_offset[lo:hi], dtype=np.float64)
         for j in range(m):
             sub = slice(j * dsub, (j + 1) * dsub)
-            dist[j] = cent_sq[j][None, :] - 2.0 * yb[:, sub] @ cent[j].T
-            proj[j] = ub[:, sub] @ cent[j].T
+            # Products in whole tiles of rows (row_product): a row's codes depend on that row alone.
+            dist[j] = cent_sq[j][None, :] - 2.0 * row_product(yb[:, sub], cent[j].T)
+            proj[j] = row_product(ub[:, sub], cent[j].T)
             parallel -= proj[j][rows, cb[:, j]]
         for _ in range(sweeps):
             changed = 0
@@ -141,19 +142,19 @@ class AnisotropicIndex(ScoreWeightedIndex):
     def directions(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(y on the kept axes, u on the kept axes, the parallel residual outside them)`` of ``x``'s rows.
 
-        Every product is numpy's, in float64, so each row's result depends on that row alone
-        (:mod:`embedtune.index.codecs.row_encoding`): FAISS's own transform gave rows other last bits in other blocks,
-        and the search over near ties then other codes.
+        Every product is a float64 one in whole tiles of rows (:func:`~embedtune.index.codecs.row_encoding.row_product`),
+        so each row's result depends on that row alone: FAISS's own transform gave rows other last bits in other
+        blocks, and the search over near ties then other codes.
         """
         to_kept, _ = self._tables()
         x = np.asarray(x, dtype=np.float32).astype(np.float64)
-        y = x @ to_kept.T
-        dropped = x @ self.to_dropped.astype(np.float64)
+        y = row_product(x, to_kept.T)
+        dropped = row_product(x, self.to_dropped)
         dropped_sq = (dropped**2).sum(axis=1)
         norm = np.sqrt((y**2).sum(axis=1) + dropped_sq)
         safe = np.where(norm > 0, norm, 1.0)
         u = np.where(norm[:, None] > 0, y / safe[:, None], 0.0)  # a zero row: no direction, the plain codes
-        offset = np.where(norm > 0, (dropped_sq - dropped @ self.dropped_mean.astype(np.float64)) / safe, 0.0)
+        offset = np.where(norm > 0, (dropped_sq - (dropped * self.dropped_mean.astype(np.float64)).sum(axis=1)) / safe, 0.0)
         return y, u, offset
 
     def sa_encode(self, x: np.ndarray) -> np.ndarray:

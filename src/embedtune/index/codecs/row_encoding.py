@@ -7,11 +7,19 @@ another code. ``klt-pq:16`` encoded 103,660 rows in blocks of 1,000 gave 1 row a
 ``klt-apq:32``, whose anisotropic search sweeps over near ties, 2 of 41,000 in blocks of 16,384. So the index that
 ``index build --plan`` writes, block by block, could differ from the one the plan scored.
 
-Here the map is applied with numpy in float64 (:func:`encode_rows`). numpy's float64 product gave every row the same
-bits wherever it sat, in blocks of 7, 333, 1,000, 4,096 and 16,384 rows alike, and the quantiser then encodes each
-row on its own. The codes still differ from FAISS's own ``sa_encode`` in a row or so per 100,000 (the same near
-ties, broken by the more exact map); embedtune encodes every corpus it stores through here, in a plan, in ``index
-build`` and in the full-corpus check, so they all hold the same codes.
+Here the map is a float64 product in numpy (:func:`row_product`), on a number of rows that is a multiple of
+:data:`ROW_TILE` (zero rows pad the last few). OpenBLAS's ``dgemm`` gives a row the same bits in any full tile of rows;
+a short last tile, or a lone row (``gemv``), gives other bits (measured: blocks of 1, 3, 7 and 333 rows changed 5,000,
+1,666, 714 and 16 of 5,000 rows unpadded, none padded; ``sgemm`` changed rows even padded, hence float64). The
+quantisers of ``klt-pq``, ``klt-pq4``, ``klt-wpq`` and ``klt-apq`` then encode each row on its own (FAISS's product
+quantiser compares sub-spaces of fewer than 16 axes row by row, and ``klt-apq``'s search uses the same padded
+products), so a row's code depends on that row alone. ``klt-rq``'s residual encoder searches its beam with FAISS's
+``sgemm``, so its codes can still differ at a near tie (none of 41,000 rows did in blocks of 333, 1,000 or 16,384).
+
+The codes differ from FAISS's own ``sa_encode`` in a row or so per 100,000 (the same near ties, broken by the more
+exact map); embedtune encodes every corpus it stores through here, in a plan, in ``index build`` and in the
+full-corpus check, and :class:`~embedtune.index.codecs.DeployedCodec` encodes new rows so, so they all hold the same
+codes.
 
 Encoding a corpus is also where the cores help: :func:`add_encoded` encodes blocks of :data:`ENCODE_BLOCK_ROWS` side by
 side, each on one thread, and adds the codes in order, which gives the codes of one call.
@@ -25,10 +33,13 @@ import numpy as np
 
 from embedtune.runtime import map_single_threaded, single_threaded, thread_budget
 
-__all__ = ["ENCODE_BLOCK_ROWS", "MAPPED_VALUES", "add_encoded", "encode_rows", "encodes_rows_alone", "map_rows", "transform_matrix"]
+__all__ = ["ENCODE_BLOCK_ROWS", "MAPPED_VALUES", "ROW_TILE", "add_encoded", "encode_rows", "encodes_rows_alone", "map_rows", "row_product",
+           "transform_matrix"]
 
 #: Rows per block that :func:`add_encoded` encodes side by side.
 ENCODE_BLOCK_ROWS = 16_384
+#: A float64 product gives a row the same bits in any whole tile of this many rows (OpenBLAS's kernels take 4 or 8).
+ROW_TILE = 16
 #: Float64 values a block's mapped copy holds at most (64 MB): wide vectors are mapped in fewer rows at a time
 #: (:func:`map_rows`), which changes no code, since each row's depends on that row alone.
 MAPPED_VALUES = 1 << 23
@@ -98,9 +109,20 @@ def encode_rows(index: Any, x: np.ndarray) -> np.ndarray:
     return codes
 
 
+def row_product(x: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """``x @ right`` in float64, each row's bits depending on that row alone: the rows are multiplied in whole tiles of
+    :data:`ROW_TILE` (zero rows pad the last one), never alone or in a short tile."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    short = -n % ROW_TILE
+    if short:
+        x = np.concatenate([x, np.zeros((short, *x.shape[1:]), dtype=np.float64)])
+    return (x @ np.asarray(right, dtype=np.float64))[:n]
+
+
 def _mapped(matrix: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``x``'s rows through ``matrix`` in float64, as float32 rows."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float64) @ matrix.T, dtype=np.float32)
+    """``x``'s rows through ``matrix`` (float64, :func:`row_product`), as float32 rows."""
+    return np.ascontiguousarray(row_product(x, matrix.T), dtype=np.float32)
 
 
 def add_encoded(index: Any, xb: np.ndarray) -> None:
