@@ -554,6 +554,28 @@ def test_a_klt_codec_encoded_in_blocks_side_by_side_holds_the_codes_of_one_call(
     assert _serialized(in_blocks) == _serialized(in_one_call)
 
 
+def test_an_opq_peer_holds_the_codes_index_build_writes_block_by_block(corpus, thread_count_restored, monkeypatch):
+    """A plan's FAISS OPQ peer is a pre-transform over a product quantiser too: the sweep's index and the one
+    `index build --plan` writes from its tables, block by block, hold the same codes."""
+    import faiss
+
+    import embedtune.index.codecs.row_encoding as row_encoding
+
+    runtime.set_threads(1)
+    precision = Precision("faiss:OPQ8,PQ8")
+    trained = QuantizedIndex.build(corpus[0], precision).backend
+    trained.reset()
+    ties = _near_tie_rows(trained, 600)
+    in_the_sweep = QuantizedIndex.build(ties, precision, trained_index=trained).backend
+    block_by_block = faiss.clone_index(trained)
+    monkeypatch.setattr(row_encoding, "ENCODE_BLOCK_ROWS", 7)
+    runtime.set_threads(2)
+    row_encoding.add_encoded(block_by_block, ties)
+    assert _serialized(block_by_block) == _serialized(in_the_sweep)
+    assert np.array_equal(precision.precision_codec.encode(ties, trained_index=trained),
+                          faiss.vector_to_array(faiss.downcast_index(in_the_sweep.index).codes).reshape(600, -1))
+
+
 @pytest.mark.parametrize("split", [1, 3, 7, 16, 333])
 def test_a_float64_product_gives_each_row_the_bits_of_one_call_in_any_split(split, thread_count_restored):
     """OpenBLAS's dgemm gives a lone row (gemv) or a short tile of rows other last bits; row_product pads to whole tiles."""

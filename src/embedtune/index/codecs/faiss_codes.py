@@ -15,6 +15,7 @@ import numpy as np
 
 from embedtune.errors import EmbedtuneError
 from embedtune.index.codecs.precision_registry import Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
+from embedtune.index.codecs.row_encoding import add_encoded
 from embedtune.runtime import native_chatter_filtered
 
 __all__ = [
@@ -270,7 +271,7 @@ class FactoryPrecision(PrecisionCodec):
         if not index.is_trained:
             with native_chatter_filtered():  # FAISS's "WARNING clustering" lines (one per sub-quantiser), unless -v
                 index.train(train if train is not None else xb)
-        index.add(xb)
+        add_encoded(index, xb)  # an OPQ peer's codes as `index build --plan` writes them (row_encoding)
         ivf = faiss.try_extract_index_ivf(index)
         if ivf is not None:
             ivf.nprobe = precision.nprobe or max(1, ivf.nlist // 4)

@@ -35,7 +35,9 @@ import numpy as np
 from embedtune.evaluate.search import break_ties, rescore as rescore_rows
 from embedtune.index.codecs.faiss_scan import faiss_index_search
 from embedtune.index.bill import disk_read_per_query
+from embedtune.index.codecs.row_encoding import encode_rows
 from embedtune.io import atomic_write
+from embedtune.runtime import single_threaded
 
 __all__ = [
     "PrecisionCodec",
@@ -260,10 +262,12 @@ class PrecisionCodec(ABC):
         return (float_vectors if float_vectors is not None else xb) if self.rescores_float else None
 
     def encode(self, x: np.ndarray, calibration: Any = None, trained_index: Any = None) -> np.ndarray:
-        """The codes the deployed index stores for ``x`` (a FAISS-backed precision: ``sa_encode`` with the saved tables)."""
+        """The codes the deployed index stores for ``x`` (a FAISS-backed precision: ``sa_encode`` with the saved tables, a
+        pre-transform applied as :func:`~embedtune.index.codecs.row_encoding.encode_rows` applies it, on one thread)."""
         if trained_index is None:
             raise ValueError(f"precision {self.name!r} needs its trained FAISS index ({CODEC_FILE}) to encode.")
-        return trained_index.sa_encode(np.ascontiguousarray(x, dtype=np.float32))
+        with single_threaded():
+            return encode_rows(trained_index, x)
 
     def search(self, index: StoredIndex, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """``(D, I)`` of the top ``k`` rows, ``D`` descending, ties by row; ``rescore="float"`` rescores the top ``candidates``."""

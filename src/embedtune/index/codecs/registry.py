@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from embedtune.index.codecs.precision_registry import CODEC_FILE, Encoded, PrecisionCodec, StoredIndex, divisor_near, register_precision
-from embedtune.index.codecs.row_encoding import ENCODE_BLOCK_ROWS, add_encoded, encode_rows
+from embedtune.index.codecs.row_encoding import ENCODE_BLOCK_ROWS, add_encoded
 from embedtune.index.codecs.sphere import sphere_search
 from embedtune.runtime import single_threaded
 
@@ -258,14 +258,6 @@ class FamilyCodecPrecision(PrecisionCodec):
 
     def read_trained(self, directory: Path) -> Any:
         return self.family_codec.read_trained(Path(directory))
-
-    def encode(self, x: np.ndarray, calibration: Any = None, trained_index: Any = None) -> np.ndarray:
-        """The codes :meth:`build` stores for ``x``: each row's depends on that row alone
-        (:func:`~embedtune.index.codecs.row_encoding.encode_rows`)."""
-        if trained_index is None:
-            raise ValueError(f"codec {self.name!r} needs its trained tables ({CODEC_FILE}) to encode.")
-        with single_threaded():
-            return encode_rows(trained_index, x)
 
     def build(self, xb: np.ndarray, precision: Any, calibration: Any = None, float_vectors: np.ndarray | None = None,
               train: np.ndarray | None = None, trained_index: Any = None) -> Encoded:

@@ -16,10 +16,11 @@ quantiser compares sub-spaces of fewer than 16 axes row by row, and ``klt-apq``'
 products), so a row's code depends on that row alone. ``klt-rq``'s residual encoder searches its beam with FAISS's
 ``sgemm``, so its codes can still differ at a near tie (none of 41,000 rows did in blocks of 333, 1,000 or 16,384).
 
-The codes differ from FAISS's own ``sa_encode`` in a row or so per 100,000 (the same near ties, broken by the more
-exact map); embedtune encodes every corpus it stores through here, in a plan, in ``index build`` and in the
-full-corpus check, and :class:`~embedtune.index.codecs.DeployedCodec` encodes new rows so, so they all hold the same
-codes.
+The same holds for any FAISS index of that shape, a plan's ``OPQm,PQm`` peer included (its rotation is a
+``LinearTransform``). The codes differ from FAISS's own ``sa_encode`` in a row or so per 100,000 (the same near ties,
+broken by the more exact map); embedtune encodes every corpus it stores through here, in a plan's sweep, in ``index
+build`` and in the full-corpus check, and :class:`~embedtune.index.codecs.DeployedCodec` encodes new rows so, so they
+all hold the same codes.
 
 Encoding a corpus is also where the cores help: :func:`add_encoded` encodes blocks of :data:`ENCODE_BLOCK_ROWS` side by
 side, each on one thread, and adds the codes in order, which gives the codes of one call.
