@@ -272,8 +272,8 @@ def fit_label_free(candidate: Candidate, doc_ids: Sequence[str], doc_embeddings:
     pseudo-queries read), and reloaded only when that key matches and the compressor is intact.
     ``vectors_digest`` is :func:`vectors_sha256` of ``doc_embeddings`` when the caller already has
     it: a sweep fits many candidates on one corpus and need not hash it once per candidate.
-    ``pseudo_query_source`` (``title`` or ``first-sentence``) is the only source the text preset's
-    pseudo-queries are made from; None tries its sources in turn.
+    ``pseudo_query_source`` (``title``, ``first-sentence`` or ``first-words``) is the only source the
+    text preset's pseudo-queries are made from; None tries its sources in turn.
     """
     check_label_free_method(candidate.method)
     docs = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
@@ -528,9 +528,9 @@ def run_label_free_plan(
         held_out_fraction, max_held_out: the documents withheld from fitting to validate on (hashed by ``seed``).
         queries: ``(ids, vectors)`` of the user's unlabelled queries (agreement only).
         pseudo_query_source, encoder, cache: how pseudo-queries are made and encoded (the experiment's model by default).
-            ``pseudo_query_source`` (``title`` or ``first-sentence``) makes both the ``pseudo-queries`` objective's
-            queries and those of DIVE's text preset; None: ``title`` for the objective, and the preset tries
-            ``title``, then ``first-sentence``.
+            ``pseudo_query_source`` (``title``, ``first-sentence`` or ``first-words``) makes both the
+            ``pseudo-queries`` objective's queries and those of DIVE's text preset; None: ``title`` for the
+            objective, and the preset tries ``title``, then ``first-words``.
         final: also score the choice on the experiment's labelled test queries, after it is made.
         codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs, learned_gate_p: as in ``run_plan`` (the codecs
             are fitted on every document the index holds).
