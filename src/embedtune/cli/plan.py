@@ -142,8 +142,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     free.add_argument("--pseudo-query-source", choices=list(PSEUDO_QUERY_SOURCES), default=None,
                       help="what a document's pseudo-query is: its title (its first sentence where the title is empty or shared), "
                            "always its first sentence, or its first 12 words (a corpus without titles or sentence ends). Makes the queries "
-                           "of --label-free pseudo-queries (default: title) and those DIVE's text preset trains and guards on "
-                           "(default: title, then first-words)")
+                           "of --label-free pseudo-queries and those DIVE's text preset trains and guards on (default: title for "
+                           "the first; title, then first-words for the second)")
     scale = plan.add_argument_group("scale and the bill")
     scale.add_argument("--fit-sample", type=int, default=None, metavar="ROWS",
                        help=f"corpus rows the plan fits on, a seeded sample (default: min(N, max({MIN_FIT_SAMPLE:,}, {ROWS_PER_DIMENSION} x d)) "
