@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -629,6 +630,9 @@ def test_a_row_gets_the_same_code_whatever_rows_are_encoded_with_it(name, corpus
     assert np.array_equal(one_by_one, row_encoding.encode_rows(trained, ties)[::37])
     # What a deployed codec hands a user to add (DeployedCodec.encode) is what the index holds.
     assert np.array_equal(codec.encode(ties[::37], trained_index=trained), one_by_one)
+    # The distortion report (MSE, dB to the bound) decodes the codes the index holds, not those of FAISS's own map.
+    held = getattr(in_one_call, "search_index", in_one_call).reconstruct_n(0, len(ties))
+    assert np.array_equal(codec.reconstruct(SimpleNamespace(backend=in_one_call), ties), held)
     # Wide vectors are mapped fewer rows at a time (here 7), which changes no code.
     monkeypatch.setattr(row_encoding, "MAPPED_VALUES", 7 * ties.shape[1])
     assert row_encoding.map_rows(ties.shape[1]) == 7

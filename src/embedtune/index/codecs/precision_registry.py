@@ -281,9 +281,12 @@ class PrecisionCodec(ABC):
         return D[:, :k], I[:, :k]
 
     def reconstruct(self, index: StoredIndex, x: np.ndarray) -> np.ndarray | None:
-        """What the codes of ``x`` decode to (for the distortion report), or None where search scores no decoded vector."""
+        """What the codes of ``x`` decode to (for the distortion report), or None where search scores no decoded vector.
+
+        The codes are those the index stores for ``x`` (:func:`~embedtune.index.codecs.row_encoding.encode_rows`), not
+        FAISS's own ``sa_encode``, whose map can break a near tie another way."""
         try:
-            return np.asarray(index.backend.sa_decode(index.backend.sa_encode(x)), dtype=np.float32)
+            return np.asarray(index.backend.sa_decode(encode_rows(index.backend, x)), dtype=np.float32)
         except RuntimeError:  # a FAISS index type with no standalone decoder
             return None
 

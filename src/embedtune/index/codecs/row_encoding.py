@@ -144,12 +144,17 @@ def add_encoded(index: Any, xb: np.ndarray) -> None:
     parts = _klt_parts(index)
     if parts is not None and isinstance(parts[1], faiss.IndexPQFastScan):
         # A fast-scan index packs its codes in blocks of 32 rows and takes no codes from outside: it encodes the mapped
-        # rows itself, each on its own, block after block.
+        # rows itself, each on its own, block after block. The maps (most of the time) run side by side, as many blocks
+        # at a time as threads are held, so at most that many mapped blocks are in memory at once.
         matrix, inner = parts
         step = map_rows(matrix.shape[1])
-        with single_threaded():
-            for lo in range(0, len(xb), step):
-                inner.add(_mapped(matrix, xb[lo : lo + step]))
+        mapped_starts = list(range(0, len(xb), step))
+        wave = max(1, thread_budget())
+        for first in range(0, len(mapped_starts), wave):
+            mapped = map_single_threaded(lambda lo: _mapped(matrix, xb[lo : lo + step]), mapped_starts[first : first + wave])
+            with single_threaded():
+                for block in mapped:
+                    inner.add(block)
         index.ntotal = inner.ntotal
         return
 
