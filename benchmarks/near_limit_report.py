@@ -15,6 +15,10 @@ held-out corpus documents as queries), then scored on the judged test queries:
   (``pca-128/klt-apq:32``, a space the plan also scores): a learned transform is picked only where its agreement beats
   the best codec without one at its bytes by a paired test over the held-out documents (p < 0.05, as ``compress plan``
   keeps a learned map; rows written before the benchmark kept each document's hits are compared by their means);
+* **a default plan's pick** — the best of the same rows that a default label-free ``compress plan`` scores
+  (:func:`in_default_plan`: ``klt-pq4`` and its ``-sphere`` form on every space, ``klt-apq`` and its ``-sphere`` form, the
+  8-bit PQ/OPQ/fast-scan peers, RaBitQ, TurboQuant and the precisions; no trellis code, ``klt-pq``, ``klt-rq`` or
+  ``klt-wpq``, which are opt-in), chosen the same way: what a user who does not ask for more gets;
 * **best in-RAM peer** — the best of everything else that fits in RAM: FAISS PQ / OPQ / fast-scan PQ /
   RQ / PRQ / LSQ (where run), RaBitQ, TurboQuant, SQ4, sign bits, PCA (centred) with a quantiser (embedtune's best in-RAM codes
   before its codecs), ScaNN and extended RaBitQ;
@@ -55,7 +59,7 @@ import numpy as np
 
 from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query
 from embedtune.index.codecs import codec_family
-from embedtune.workflows.plan import LEARNED_GATE_P
+from embedtune.workflows.plan import DEFAULT_CODECS, LEARNED_GATE_P, SEARCHED_CODECS
 from embedtune.io import atomic_write, atomic_write_json
 from embedtune.workflows.significance import align_by_query, paired_test
 
@@ -114,6 +118,24 @@ def gate_learned(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
+#: FAISS peers a default label-free ``compress plan`` trains (``DEFAULT_PEERS``: 8-bit PQ, OPQ, fast-scan PQ; not RQ, PRQ, LSQ).
+DEFAULT_FAISS_PEERS = ("faiss:PQ", "faiss:OPQ")
+
+
+def in_default_plan(row: dict[str, Any]) -> bool:
+    """Whether a default label-free ``compress plan`` scores ``row``'s setting: its default codecs (``DEFAULT_CODECS``) on
+    every space, its searched codecs (``SEARCHED_CODECS``) and default peers on the uncompressed vectors, and every
+    precision of the vectors and of PCA's spaces. The trellis codes, ``klt-pq``, ``klt-rq``, ``klt-wpq``, the additive
+    FAISS peers, ScaNN and extended RaBitQ are opt-in (``--codecs``, ``--peers``) or not in a plan at all."""
+    space, _, precision = row["setting"].partition("/")
+    family = precision.split(":")[0]
+    if row["family"] in OURS:
+        return family in DEFAULT_CODECS or (space == "frozen" and family in SEARCHED_CODECS)
+    if row["family"] == "FAISS PQ/OPQ/RQ":
+        return precision.startswith(DEFAULT_FAISS_PEERS)
+    return row["family"] in {"frozen + FAISS quantiser", "PCA + quantiser"}
+
+
 def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The row with the highest agreement (ties: fewer bytes, then the name). Agreement is a mean of tenths over the held-out
     documents, compared to 9 decimals: rows written by other versions of the benchmark sum it in another order."""
@@ -158,10 +180,11 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
     base = reference["ndcg@10"]
     lines = [f"### {name}: {meta['n_docs']:,} documents, {meta['dim']}-d, {reference['n_queries']} test queries, "
              f"float32 nDCG@10 {base:.4f}", "",
-             "| budget | embedtune's pick | share | dB to bound | best in-RAM peer | share | Δ peer − pick (p) "
+             "| budget | embedtune's pick | share | dB to bound | a default plan's pick | share | Δ default − pick (p) "
+             "| best in-RAM peer | share | Δ peer − pick (p) "
              "| textbook | share | its dB | Δ textbook − pick (p) | trellis | share | its dB | Δ trellis − pick (p) "
              "| on the sphere | share | its dB | Δ − pick (p) | disk tier (RAM B) | share | fit s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summary, bills, learned_lines = [], [], []
     measured = {b for b in BUDGETS if any(r["setting"] == f"frozen/klt-pq4:{b}" for r in rows)}
     for budget in BUDGETS:
@@ -169,6 +192,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
             continue
         fits = [r for r in rows if r["ram_bytes"] <= budget and r.get("tier", "ram") == "ram" and r["setting"] != "frozen/float32"]
         ours = pick(gate_learned([r for r in fits if r["family"] in OURS]))
+        default = pick(gate_learned([r for r in fits if in_default_plan(r)]))
         peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS | SPHERE]
         peer = pick(peers)
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
@@ -194,7 +218,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
 
         gap = db(ours)
         disk_bytes = "" if disk is None else f" ({disk['ram_bytes']})"
-        lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
+        lines.append(f"| {budget} B | {cell(ours)} | **{share(ours)}** | {gap} | {cell(default)} | {share(default)} "
+                     f"| {compare(ours, default) if default is not ours else 'the same'} | {cell(peer)} | {share(peer)} | {compare(ours, peer)} "
                      f"| {cell(textbook)} | {share(textbook)} | {db(textbook)} | {compare(ours, textbook)} "
                      f"| {cell(trellis)} | {share(trellis)} | {db(trellis)} | {compare(ours, trellis)} "
                      f"| {cell(sphere)} | {share(sphere)} | {db(sphere)} | {compare(ours, sphere)} "
@@ -207,7 +232,15 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         best_peer = max(scored, key=lambda r: (r["ndcg@10"], r["setting"])) if scored else None
         versus_best_peer = None if best_peer is None else _paired(ours, best_peer)
         sphere_test = None if sphere is None else _paired(sphere, ours)
+        versus_default = None if default is None or default is ours else _paired(ours, default)
+        default_versus_peer = None if default is None or peer is None or default is peer else _paired(default, peer)
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
+                        "default": None if default is None else default["setting"],
+                        "default_share": None if default is None else default["ndcg@10"] / base,
+                        "pick_minus_default": 0.0 if default is ours else None if versus_default is None else versus_default.mean_difference,
+                        "pick_minus_default_p": 1.0 if default is ours else None if versus_default is None else versus_default.p_value,
+                        "default_minus_peer": None if default_versus_peer is None else default_versus_peer.mean_difference,
+                        "default_minus_peer_p": None if default_versus_peer is None else default_versus_peer.p_value,
                         "pick_minus_peer": None if versus_peer is None else versus_peer.mean_difference,
                         "pick_minus_peer_p": None if versus_peer is None else versus_peer.p_value,
                         "pick_gap_db": ours.get("gap_db") if ours.get("gap_db") is not None else ours.get("space_gap_db"),
@@ -332,33 +365,73 @@ def _pretty(setting: str | None) -> str:
     return "`" + setting.removeprefix("frozen/").removeprefix("peer/").removeprefix("disk/") + "`"
 
 
+def _where(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['corpus']} at {r['budget']} B" for r in rows) or "none"
+
+
+def _significant(rows: list[dict[str, Any]], key: str, sign: int) -> list[dict[str, Any]]:
+    """``rows`` whose paired difference ``key`` is significant (p < :data:`SIGNIFICANT`) with ``sign``."""
+    return [r for r in rows if r.get(f"{key}_p") is not None and r[f"{key}_p"] < SIGNIFICANT and sign * r[key] > 0]
+
+
 def headline(summary: list[dict[str, Any]], dim: int) -> str:
-    """The README's table for :data:`HEADLINE_CORPUS` and a sentence counting, over every corpus, where the pick wins or loses."""
-    lines = ["| bytes per vector | smaller than float32 | embedtune's pick | keeps | best other in-RAM code | keeps | "
-             "best setting that rescores from disk | keeps |", "|---|---|---|---|---|---|---|---|"]
+    """The README's table for :data:`HEADLINE_CORPUS` and a few counts over every corpus; the cells behind each count are in
+    :func:`verdict`, on the results page."""
+    lines = ["| bytes per vector | smaller than float32 | a default plan's pick | keeps | best of every codec | keeps | "
+             "best other in-RAM code | keeps | best setting that rescores from disk | keeps |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def share(value: float | None) -> str:
+        return "–" if value is None else f"{100 * value:.1f} %"
+
     for row in (r for r in summary if r["corpus"] == HEADLINE_CORPUS):
-        peer_share = "–" if row["peer_share"] is None else f"{100 * row['peer_share']:.1f} %"
-        disk_share = "–" if row["disk_share"] is None else f"{100 * row['disk_share']:.1f} %"
-        lines.append(f"| {row['budget']} | {4 * dim // row['budget']}x | {_pretty(row['pick'])} | {100 * row['pick_share']:.1f} % | "
-                     f"{_pretty(row['peer'])} | {peer_share} | {_pretty(row['disk'])} | {disk_share} |")
+        lines.append(f"| {row['budget']} | {4 * dim // row['budget']}x | {_pretty(row.get('default'))} | {share(row.get('default_share'))} | "
+                     f"{_pretty(row['pick'])} | {share(row['pick_share'])} | {_pretty(row['peer'])} | {share(row['peer_share'])} | "
+                     f"{_pretty(row['disk'])} | {share(row['disk_share'])} |")
     cells = [r for r in summary if r.get("pick_minus_peer_p") is not None]
-    above = [r for r in cells if r["pick_minus_peer_p"] < SIGNIFICANT and r["pick_minus_peer"] > 0]
-    below = [r for r in cells if r["pick_minus_peer_p"] < SIGNIFICANT and r["pick_minus_peer"] < 0]
     corpora = sorted({r["corpus"] for r in cells}, key=lambda c: ORDER.index(c) if c in ORDER else 99)
+    text = (f"Over all {len(cells)} corpus × budget cells measured ({', '.join(corpora)}; paired tests over the test queries, "
+            f"p < {SIGNIFICANT}), the best of every codec is significantly above the best other in-RAM code in "
+            f"{len(_significant(cells, 'pick_minus_peer', 1))} and below it in {len(_significant(cells, 'pick_minus_peer', -1))}.")
+    defaults = [r for r in summary if r.get("pick_minus_default_p") is not None]
+    if defaults:
+        behind = _significant(defaults, "pick_minus_default", 1)
+        same = [r for r in defaults if r.get("default") == r["pick"]]
+        text += (f" A default plan's pick is the same setting in {len(same)} of {len(defaults)} cells and significantly below "
+                 f"the best of every codec in {len(behind)}; against the best other in-RAM code it is significantly above in "
+                 f"{len(_significant(defaults, 'default_minus_peer', 1))} and below in "
+                 f"{len(_significant(defaults, 'default_minus_peer', -1))}.")
+    ran = [r for r in summary if "learned" in r]
+    if ran:
+        text += (f" Label-free DIVE in front of a codec was picked, without labels, in {sum(bool(r['learned_picked']) for r in ran)} "
+                 f"of the {len(ran)} cells where it ran.")
+    return "\n".join(lines + ["", text])
 
-    def where(rows: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{r['corpus']} at {r['budget']} B" for r in rows) or "none"
 
-    lines += ["", f"Over all {len(cells)} corpus × budget cells measured ({', '.join(corpora)}), the pick is significantly "
-              f"above the best other in-RAM code (paired test, p < {SIGNIFICANT}, one test per cell) in {len(above)} "
-              f"({where(above)}) and significantly below it in {len(below)} ({where(below)}); the rest are ties."]
+def verdict(summary: list[dict[str, Any]]) -> list[str]:
+    """Cell by cell, over every corpus: where the pick wins or loses against the peers, where a default plan's pick falls
+    behind it, and where label-free DIVE was kept."""
+    cells = [r for r in summary if r.get("pick_minus_peer_p") is not None]
+    above, below = _significant(cells, "pick_minus_peer", 1), _significant(cells, "pick_minus_peer", -1)
+    corpora = sorted({r["corpus"] for r in summary}, key=lambda c: ORDER.index(c) if c in ORDER else 99)
+    lines = ["## Verdict over every corpus", "",
+             f"Over all {len(cells)} corpus × budget cells measured with a peer ({', '.join(corpora)}), the pick is significantly "
+             f"above the best other in-RAM code (paired test, p < {SIGNIFICANT}, one test per cell) in {len(above)} "
+             f"({_where(above)}) and significantly below it in {len(below)} ({_where(below)}); the rest are ties."]
     hindsight = [r for r in summary if r.get("pick_minus_best_peer_p") is not None]
     if hindsight:
-        h_above = [r for r in hindsight if r["pick_minus_best_peer_p"] < SIGNIFICANT and r["pick_minus_best_peer"] > 0]
-        h_below = [r for r in hindsight if r["pick_minus_best_peer_p"] < SIGNIFICANT and r["pick_minus_best_peer"] < 0]
+        h_above, h_below = _significant(hindsight, "pick_minus_best_peer", 1), _significant(hindsight, "pick_minus_best_peer", -1)
         lines[-1] += (f" Against the peer with the best test score in each cell instead (chosen after the fact, which favours the "
-                      f"peers), it is significantly above in {len(h_above)} ({where(h_above)}) and below in {len(h_below)} "
-                      f"({where(h_below)}).")
+                      f"peers), it is significantly above in {len(h_above)} ({_where(h_above)}) and below in {len(h_below)} "
+                      f"({_where(h_below)}).")
+    defaults = [r for r in summary if r.get("pick_minus_default_p") is not None]
+    if defaults:
+        behind, ahead = _significant(defaults, "pick_minus_default", 1), _significant(defaults, "pick_minus_default", -1)
+        lines[-1] += (f" A default plan (its default codecs, searched codecs, peers and precisions, as `in_default_plan` in "
+                      f"`benchmarks/near_limit_report.py` reads them; no trellis code) picks, from the same rows, a setting significantly below the pick in {len(behind)} "
+                      f"({_where(behind)}) and above it in {len(ahead)} ({_where(ahead)}). Against the best other in-RAM code, a "
+                      f"default plan's pick is significantly above in {len(d_above := _significant(defaults, 'default_minus_peer', 1))} "
+                      f"({_where(d_above)}) and below in {len(d_below := _significant(defaults, 'default_minus_peer', -1))} "
+                      f"({_where(d_below)}).")
     ran = [r for r in summary if "learned" in r]
     picked = [r for r in ran if r["learned_picked"]]
     if ran:
@@ -367,14 +440,14 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
         worse = [r for r in picked if r["learned_minus_plain"] < 0]
         gated = [r for r in ran if r.get("learned_agreement_p") is not None]
         lines[-1] += (f" Label-free DIVE in front of a codec ran in {len(ran)} cells and was picked, without labels, in "
-                      f"{len(picked)}" + (f" ({where(picked)})" if picked else "")
+                      f"{len(picked)}" + (f" ({_where(picked)})" if picked else "")
                       + (f": {_span([r['learned_minus_plain'] for r in picked])} nDCG@10 over the best codec without a learned "
-                         f"transform, significant in {len(significant)} ({where(significant)})" if picked else "")
+                         f"transform, significant in {len(significant)} ({_where(significant)})" if picked else "")
                       + f"; picked where it was worse: {len(worse)}; left out where it was significantly worse: {len(avoided)}. It is "
                       f"picked only where its agreement beats the best codec without it by a paired test over the held-out documents "
                       f"(p < {LEARNED_GATE_P}; in {len(gated)} of the {len(ran)} cells, the rest by the mean, their rows predating "
                       "the per-document hits), as `compress plan` keeps a learned map.")
-    return "\n".join(lines)
+    return lines + [""]
 
 
 #: The codecs whose codes are also ranked by their decoded direction (``<family>-sphere``), in the sphere table's order.
@@ -439,9 +512,9 @@ def main() -> int:
         sections += lines
         summary += part
     intro = (__doc__ or "").split("\n\n", 2)[2].strip().replace("$PRICE", f"${DEFAULT_PRICE_PER_GB_MONTH:g}")
-    text = "\n".join(["# In-RAM codes near the limit", "", intro, "", *sections, *sphere_table(rows_by_corpus)])
+    text = "\n".join(["# In-RAM codes near the limit", "", intro, "", *sections, *verdict(summary), *sphere_table(rows_by_corpus)])
     atomic_write(RESULTS / "REPORT.md", lambda tmp: tmp.write_text(text + "\n", encoding="utf-8"))
-    update_results_page("\n".join(sections).strip())
+    update_results_page("\n".join(sections + verdict(summary)).strip())
     atomic_write_json(RESULTS / "summary.json", summary)
     headline_meta = json.loads((RESULTS / HEADLINE_CORPUS / "meta.json").read_text(encoding="utf-8"))
     update_readme(headline(summary, int(headline_meta["dim"])))

@@ -32,9 +32,42 @@ def test_the_headline_verdict_counts_wins_and_losses_from_the_paired_tests():
          "peer_share": 0.9, "disk": None, "disk_share": None, "pick_minus_peer": 0.0, "pick_minus_peer_p": 0.9},
     ]
     text = near_limit_report.headline(rows, 384)
-    assert "| 16 | 96x | `klt-pq:16` | 80.0 % | `faiss:PQ16` | 70.0 % | – | – |" in text
-    assert "above the best other in-RAM code (paired test, p < 0.05, one test per cell) in 1 (scifact-minilm at 16 B)" in text
-    assert "significantly below it in 1 (arguana-minilm at 32 B)" in text
+    assert "| 16 | 96x | – | – | `klt-pq:16` | 80.0 % | `faiss:PQ16` | 70.0 % | – | – |" in text
+    assert "significantly above the best other in-RAM code in 1 and below it in 1." in text
+    cells = "\n".join(near_limit_report.verdict(rows))
+    assert "above the best other in-RAM code (paired test, p < 0.05, one test per cell) in 1 (scifact-minilm at 16 B)" in cells
+    assert "significantly below it in 1 (arguana-minilm at 32 B)" in cells
+
+
+def test_the_headline_counts_where_a_default_plan_falls_behind_the_best_code_and_where_it_beats_the_peers():
+    base = {"peer": "frozen/faiss:PQ32", "peer_share": 0.8, "disk": None, "disk_share": None, "pick_minus_peer": 0.1,
+            "pick_minus_peer_p": 0.001}
+    rows = [
+        {**base, "corpus": "scifact-minilm", "budget": 32, "pick": "frozen/klt-tcq-sphere:32", "pick_share": 0.98,
+         "default": "frozen/klt-apq:32", "default_share": 0.93, "pick_minus_default": 0.03, "pick_minus_default_p": 0.001,
+         "default_minus_peer": 0.05, "default_minus_peer_p": 0.001},
+        {**base, "corpus": "npl-minilm", "budget": 48, "pick": "frozen/klt-apq:48", "pick_share": 0.99,
+         "default": "frozen/klt-apq:48", "default_share": 0.99, "pick_minus_default": 0.0, "pick_minus_default_p": 1.0,
+         "default_minus_peer": 0.01, "default_minus_peer_p": 0.3},
+    ]
+    text = near_limit_report.headline(rows, 384)
+    assert "| 32 | 48x | `klt-apq:32` | 93.0 % | `klt-tcq-sphere:32` | 98.0 % | `faiss:PQ32` | 80.0 % | – | – |" in text
+    assert ("A default plan's pick is the same setting in 1 of 2 cells and significantly below the best of every codec in 1; "
+            "against the best other in-RAM code it is significantly above in 1 and below in 0.") in text
+    cells = "\n".join(near_limit_report.verdict(rows))
+    assert "a setting significantly below the pick in 1 (scifact-minilm at 32 B) and above it in 0 (none)" in cells
+
+
+def test_a_default_plan_scores_its_default_and_searched_codecs_and_peers_not_the_opt_in_ones():
+    def scored(setting: str, family: str) -> bool:
+        return near_limit_report.in_default_plan({"setting": setting, "family": family})
+
+    assert scored("frozen/klt-apq-sphere:32", "embedtune codec") and scored("pca-128/klt-pq4:32", "embedtune codec")
+    assert scored("dive-64/klt-pq4-sphere:16", "embedtune learned + codec")
+    assert not scored("pca-128/klt-apq:32", "embedtune codec")  # searched codecs run on the uncompressed vectors only
+    assert not scored("frozen/klt-tcq12-sphere:32", "embedtune codec") and not scored("frozen/klt-rq:32", "embedtune codec")
+    assert scored("frozen/faiss:OPQ32,PQ32np", "FAISS PQ/OPQ/RQ") and not scored("frozen/faiss:RQ32x8", "FAISS PQ/OPQ/RQ")
+    assert scored("pca-96/int4", "PCA + quantiser") and not scored("peer/scann-ah:32", "ScaNN / RaBitQ-Library")
 
 
 def test_the_headline_counts_where_label_free_learning_was_kept_and_where_it_was_left_out():
@@ -49,7 +82,7 @@ def test_the_headline_counts_where_label_free_learning_was_kept_and_where_it_was
          "learned_picked": False, "learned_minus_plain": -0.02, "learned_minus_plain_p": 0.01},
         {**base, "corpus": "scifact-minilm", "budget": 48, "pick": "frozen/klt-apq:48"},
     ]
-    text = near_limit_report.headline(rows, 384)
+    text = "\n".join(near_limit_report.verdict(rows))
     assert "ran in 3 cells and was picked, without labels, in 2 (arguana-minilm at 16 B, arguana-minilm at 32 B)" in text
     assert "(p < 0.05; in 0 of the 3 cells, the rest by the mean, their rows predating the per-document hits)" in text
     assert "+0.0100 to +0.0300 nDCG@10 over the best codec without a learned transform, significant in 1 (arguana-minilm at 16 B)" in text
