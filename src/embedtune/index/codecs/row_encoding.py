@@ -20,7 +20,7 @@ The same holds for any FAISS index of that shape, a plan's ``OPQm,PQm`` peer inc
 ``LinearTransform``). The codes differ from FAISS's own ``sa_encode`` in a row or so per 100,000 (the same near ties,
 broken by the more exact map); embedtune encodes every corpus it stores through here, in a plan's sweep, in ``index
 build`` and in the full-corpus check, and :class:`~embedtune.index.codecs.DeployedCodec` encodes new rows so, so they
-all hold the same codes.
+all hold the same codes; the distortion report (MSE, dB to the bound) decodes those codes too.
 
 Encoding a corpus is also where the cores help: :func:`add_encoded` encodes blocks of :data:`ENCODE_BLOCK_ROWS` side by
 side, each on one thread, and adds the codes in order, which gives the codes of one call.
