@@ -27,7 +27,7 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
 ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "threads", "budget_bytes", "target_retention", "allow_disk", "codecs",
-                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
+                 "chosen", "deployment", "reference", "validation", "retention", "frontier", "frontier_not_choosable", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
               "choosable", "mse", "score_mse", "bound_mse", "gap_db", "score_error", "ndcg@10", "recall@10", "recall@100", "n_queries", "queries",
@@ -131,6 +131,15 @@ def test_the_labelled_plan_keeps_its_structure(toy, tmp_path, engine_calls):
         assert row["queries"] == "val"
     assert plan["retention"] == plan["chosen"]["ndcg@10"] / plan["reference"]["ndcg@10"]
     assert {r["setting"] for r in plan["frontier"]} <= {r["setting"] for r in plan["sweep"]}
+    # The frontier is that of what the plan may choose: without allow_disk the disk tier, and the textbook reference, are
+    # measured for comparison on a frontier of their own, each row saying why the plan may not choose it.
+    assert plan["frontier"] and all(r["choosable"] for r in plan["frontier"])
+    set_aside = plan["frontier_not_choosable"]
+    assert set_aside and not any(r["choosable"] for r in set_aside)
+    assert {r["setting"] for r in set_aside} <= {r["setting"] for r in plan["sweep"]}
+    why = {r["tier"]: r["why_not_choosable"] for r in set_aside}
+    assert why["disk-rescore"].endswith("--allow-disk-rescore")
+    assert all(r["why_not_choosable"] for r in set_aside)
 
 
 def test_objectives_say_what_differs(toy, tmp_path):

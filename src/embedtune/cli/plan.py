@@ -333,8 +333,10 @@ def _print_label_free(plan: dict) -> None:
     print(f"no labels read: {objective['metric']} on {objective['n_queries']} {objective['queries']}"
           + (f" (withheld from fitting; the compressors fit on the other {objective['fit_documents']} documents)"
              if objective.get("held_out_documents") else ""))
-    print(f"Pareto frontier (reference {reference['setting']}: {reference['objective']:.4f}; gap_db: dB above the Gaussian bound):")
+    print(f"Pareto frontier of the settings the plan may choose (reference {reference['setting']}: {reference['objective']:.4f}; "
+          "gap_db: dB above the Gaussian bound):")
     print_table(_frontier_rows(plan), LABEL_FREE_COLUMNS)
+    _print_set_aside(plan, "objective")
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
@@ -348,14 +350,24 @@ def _print_supervised(plan: dict) -> None:
     if validation.get("n_unseen_val") is not None:
         print(f"validation: {validation['rule']} ({plan['chosen']['n_queries']} of {validation['n_val']}), so the choice rewards "
               "what carries over to documents the fit never saw")
-    print(f"Pareto frontier on {plan['chosen']['n_queries']} validation queries (reference {reference['setting']}: nDCG@10 "
-          f"{reference['ndcg@10']:.4f}; gap_db: dB above the Gaussian bound):")
+    print(f"Pareto frontier of the settings the plan may choose, on {plan['chosen']['n_queries']} validation queries (reference "
+          f"{reference['setting']}: nDCG@10 {reference['ndcg@10']:.4f}; gap_db: dB above the Gaussian bound):")
     print_table(_frontier_rows(plan), COLUMNS)
+    _print_set_aside(plan, "ndcg@10")
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); {_served_by(plan)}")
     _print_tables(chosen)
+
+
+def _print_set_aside(plan: dict, score: str) -> None:
+    """The frontier of the settings measured for comparison that the plan may not choose, each with the reason."""
+    rows = plan.get("frontier_not_choosable") or []
+    if rows:
+        print("measured for comparison, not choosable (their own frontier):")
+        print_table([{**row, "gap_db": _gap(row.get("gap_db")), "why not": row["why_not_choosable"]} for row in rows],
+                    ["setting", "ram_bytes", "disk_bytes", "tier", score, "why not"])
 
 
 def _served_by(plan: dict) -> str:

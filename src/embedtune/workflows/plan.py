@@ -1363,7 +1363,10 @@ def run_sweep(
                         "paired test: %s", name, len(gated), "; ".join(f"{r['setting']} (p {r['gated_by']['p']:.3f} against "
                                                                      f"{r['gated_by']['setting']})" for r in gated))
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
-        frontier = {r["setting"] for r in pareto_frontier(rows, y=y)}
+        # The frontier a user reads is that of what the plan may choose; the rest (the disk tier without allow_disk, learned
+        # maps the gate kept out, reference codecs, the CSR peer) get a frontier of their own, each row saying why.
+        frontier = {r["setting"] for r in pareto_frontier([r for r in rows if r.get("choosable")], y=y)}
+        set_aside = {r["setting"] for r in pareto_frontier([r for r in rows if not r.get("choosable")], y=y)}
         out.mkdir(parents=True, exist_ok=True)
 
         def write(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -1415,6 +1418,8 @@ def run_sweep(
                 **objective.record(),
                 "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
                 "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+                "frontier_not_choosable": [{**_public(r), "why_not_choosable": why_not_choosable(r, allow_disk)}
+                                           for r in sorted((r for r in rows if r["setting"] in set_aside), key=lambda r: r["ram_bytes"])],
                 "sweep": [_public(r) for r in rows],
             })
             return plan
@@ -1666,6 +1671,18 @@ def _bill_columns(row: Mapping[str, Any], input_dim: int, price_per_gb_month: fl
     else:
         disk_read = precision.disk_read_per_query(int(row["dim"])) if precision is not None else 0
     return vector_bill(row["ram_bytes"], input_dim, row.get("fixed_bytes") or 0.0, disk_read, price_per_gb_month)
+
+
+def why_not_choosable(row: Mapping[str, Any], allow_disk: bool) -> str:
+    """Why a plan may not choose ``row``, in a few words (for the frontier of the settings set aside)."""
+    if row.get("gated_by"):
+        gate = row["gated_by"]
+        return f"a learned map not significantly better than {gate['setting']} at its bytes (p {gate['p']:.3f})"
+    if row.get("tier", "ram") != "ram" and not allow_disk:
+        return "reads float32 vectors from disk per query: --allow-disk-rescore"
+    if row.get("method") == "csr":
+        return "a learned peer, compared, never chosen"
+    return "a reference: no FAISS index or store holds it"
 
 
 def _choose_in_tier(rows: list[dict[str, Any]], budget_bytes: float | None, target_retention: float | None, reference: float,
