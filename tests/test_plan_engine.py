@@ -142,6 +142,17 @@ def test_the_labelled_plan_keeps_its_structure(toy, tmp_path, engine_calls):
     assert all(r["why_not_choosable"] for r in set_aside)
 
 
+def test_the_plots_draw_the_frontier_of_what_the_plan_may_choose(toy, tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plan_module, "plot_frontier", lambda rows, path, *args, **kwargs: drawn.append((rows, kwargs)))
+    run_plan(_experiment(toy), tmp_path / "plan", budget_bytes=32, methods=["pca"], dims=[8], precisions=["float32", "binary-rescore"],
+             peers=[], rounds=0, work=tmp_path / "work")
+    assert len(drawn) == 2
+    for rows, kwargs in drawn:
+        assert any(not r["choosable"] for r in rows)  # the disk tier and the reference coder: plotted, not on the line
+        assert kwargs["frontier_of"] == [r for r in rows if r["choosable"]]
+
+
 def test_objectives_say_what_differs(toy, tmp_path):
     experiment = _experiment(toy)
     labelled = LabelledObjective(experiment)

@@ -24,10 +24,12 @@ def plot_frontier(
     group: Callable[[Mapping[str, Any]], str] | None = None,
     chosen: Mapping[str, Any] | None = None,
     x_label: str | None = None,
+    frontier_of: Sequence[Mapping[str, Any]] | None = None,
 ) -> Path:
     """Scatter ``y`` against ``x`` (log x), one colour per group, the Pareto frontier as a step line with labels.
 
     ``x`` is bytes per vector unless ``x_label`` names it (e.g. dollars a month): then the axis is log 10 with its own ticks.
+    ``frontier_of``: the rows the frontier is drawn over (a plan's: those it may choose), every row by default.
     """
     import matplotlib
 
@@ -41,10 +43,11 @@ def plot_frontier(
     for i, name in enumerate(groups):
         members = [r for r in rows if group(r) == name]
         ax.scatter([r[x] for r in members], [r[y] for r in members], s=22, alpha=0.6, marker=markers[i % len(markers)], label=name)
-    frontier = pareto_frontier(rows, x, y)
+    frontier = pareto_frontier(rows if frontier_of is None else frontier_of, x, y)
     xs = [r[x] for r in frontier]
     ys = [r[y] for r in frontier]
-    ax.step(xs, ys, where="post", color="black", linewidth=1.2, label="Pareto frontier")
+    ax.step(xs, ys, where="post", color="black", linewidth=1.2,
+            label="Pareto frontier" + ("" if frontier_of is None else " of what the plan may choose"))
     ax.scatter(xs, ys, s=60, facecolors="none", edgecolors="black", linewidths=1.2)
     for r in frontier:
         ax.annotate(str(r.get("setting", "")), (r[x], r[y]), textcoords="offset points", xytext=(4, -10), fontsize=6.5, rotation=-20)

@@ -1370,9 +1370,10 @@ def run_sweep(
         out.mkdir(parents=True, exist_ok=True)
 
         def write(chosen: dict[str, Any]) -> dict[str, Any]:
-            plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen)
+            choosable = [r for r in rows if r.get("choosable")]
+            plot_frontier(rows, out / "frontier.png", objective.plot_title(), y=y, chosen=chosen, frontier_of=choosable)
             plot_frontier(rows, out / COST_PLOT, f"{experiment.dataset.name}: {y} against the RAM bill of {BILL_AT} vectors",
-                          x=f"usd_month@{BILL_AT}", y=y, chosen=chosen,
+                          x=f"usd_month@{BILL_AT}", y=y, chosen=chosen, frontier_of=choosable,
                           x_label=f"dollars a month for {BILL_AT} vectors in RAM at ${price_per_gb_month:g} per GB-month")
             # Phase 3 of 3: refit the choice (a labelled plan: on train+val, what compress train --final does) and write the folder.
             logger.info("%s 3/3, %s, writing %s", name, f"refitting {chosen['setting']} on {objective.refit_on}" if chosen.get("candidate")
