@@ -26,7 +26,8 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
-ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "threads", "budget_bytes", "target_retention", "allow_disk", "codecs",
+ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "threads", "budget_bytes", "target_retention", "allow_disk",
+                 "count_tables", "codecs",
                  "chosen", "deployment", "reference", "validation", "retention", "frontier", "frontier_not_choosable", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
@@ -62,9 +63,9 @@ def engine_calls(monkeypatch):
         calls[-1]["plan"] = dict(plan)
         return real_write(out, compressor, precision, docs, plan, prebuilt=prebuilt)
 
-    def recording_choose(rows, budget_bytes=None, target_retention=None, reference=None, y="ndcg@10"):
-        calls.append({"y": y, "pool": [r["setting"] for r in rows]})
-        return real_choose(rows, budget_bytes, target_retention, reference, y=y)
+    def recording_choose(rows, budget_bytes=None, target_retention=None, reference=None, y="ndcg@10", x="ram_bytes"):
+        calls.append({"y": y, "x": x, "pool": [r["setting"] for r in rows]})
+        return real_choose(rows, budget_bytes, target_retention, reference, y=y, x=x)
 
     monkeypatch.setattr(plan_module, "write_plan", recording_write)
     monkeypatch.setattr(plan_module, "choose", recording_choose)
@@ -153,6 +154,32 @@ def test_the_plots_draw_the_frontier_of_what_the_plan_may_choose(toy, tmp_path, 
         assert kwargs["frontier_of"] == [r for r in rows if r["choosable"]]
 
 
+def test_counting_the_tables_chooses_within_the_budget_with_their_share(toy, tmp_path):
+    """On 60 documents a PCA's matrix or a PQ's codebooks weigh more than the codes: counted, they decide the choice."""
+    options = dict(budget_bytes=24, methods=["truncate", "pca"], dims=[8, 4], precisions=["float32", "int8"], peers=["pq-fs"], rounds=0,
+                   work=tmp_path / "work")
+    codes_only = run_plan(_experiment(toy), tmp_path / "codes", **options)
+    counted = run_plan(_experiment(toy), tmp_path / "counted", count_tables=True, **options)
+    assert codes_only["count_tables"] is False and counted["count_tables"] is True
+    assert codes_only["chosen"]["amortized_bytes"] > 24  # what the codes alone let through
+    assert counted["chosen"]["amortized_bytes"] <= 24
+    within = [r for r in counted["sweep"] if r["choosable"] and r["amortized_bytes"] <= 24]
+    assert counted["chosen"]["ndcg@10"] == max(r["ndcg@10"] for r in within)
+    costs = [r["amortized_bytes"] for r in counted["frontier"]]
+    assert costs == sorted(costs)
+
+
+def test_a_label_free_plan_on_a_sample_shares_the_tables_over_every_corpus_row(toy, tmp_path):
+    _, files = toy
+    experiment = load_corpus_experiment(doc_embeddings=files["doc"][0], doc_ids=files["doc"][1])
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=24, held_out_fraction=0.3, fit_sample=40,
+                               methods=["pca"], dims=[8], precisions=["float32", "int8"], peers=[], rounds=0, work=tmp_path / "work",
+                               count_tables=True)
+    assert plan["fit_sample"]["rows"] == 40 and plan["fit_sample"]["of"] == 60
+    for row in plan["sweep"]:
+        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + row["fixed_bytes"] / 60), row["setting"]
+
+
 def test_objectives_say_what_differs(toy, tmp_path):
     experiment = _experiment(toy)
     labelled = LabelledObjective(experiment)
@@ -208,6 +235,37 @@ def test_cli_label_free_plan_takes_the_csr_peer(toy, tmp_path, capsys):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["split_seed"] is None and plan["chosen"]["method"] != "csr"
     assert [r["setting"] for r in plan["sweep"] if r["method"] == "csr"] == ["csr+k8-96/sparse-fp16"]
+
+
+def test_cli_plan_counts_the_tables_when_asked_and_says_how_otherwise(toy, tmp_path, capsys):
+    _, files = toy
+    common = ["compress", "plan", "--doc-embeddings", str(files["doc"][0]), "--doc-ids", str(files["doc"][1]), "--label-free", "agreement",
+              "--held-out-fraction", "0.3", "--methods", "pca", "--dims", "8", "--precisions", "float32", "int8", "--peers", "pq-fs",
+              "--budget-bytes", "24", "--work", str(tmp_path / "work")]
+    assert main([*common, "--out", str(tmp_path / "codes")]) == 0
+    said = capsys.readouterr().out
+    assert "with_tables" not in said
+    codes = json.loads((tmp_path / "codes" / "plan.json").read_text())
+    assert codes["chosen"]["amortized_bytes"] > 24  # int8's ranges, shared by 60 documents
+    assert main([*common, "--count-tables", "--out", str(tmp_path / "counted")]) == 0
+    said = capsys.readouterr().out
+    counted = json.loads((tmp_path / "counted" / "plan.json").read_text())
+    assert counted["count_tables"] is True and counted["chosen"]["amortized_bytes"] <= 24
+    assert "with_tables" in said.split("Pareto frontier", 1)[1].splitlines()[1]
+
+
+def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_says_so_and_names_the_flag(capsys):
+    from embedtune.cli.plan import _print_tables
+
+    plan = {"chosen": {"setting": "frozen-1000/klt-apq:48", "ram_bytes": 48, "fixed_bytes": 54_603_563,
+                       "amortized_bytes": 48 + 54_603_563 / 3000},
+            "reference": {"setting": "frozen-1000/float32"}, "sweep": [{"setting": "frozen-1000/float32", "ram_bytes": 4000}]}
+    _print_tables(plan)
+    said = capsys.readouterr().out
+    assert "outweigh its codes" in said and "larger than the float32 vectors' 4,000 bytes per vector" in said
+    assert said.rstrip().endswith("to count them in the budget and the choice: --count-tables")
+    _print_tables({**plan, "count_tables": True})
+    assert "--count-tables" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("target", [{"target_retention": 0.9}, {"budget_bytes": 24}, {"target_retention": 0.8, "budget_bytes": 48}])

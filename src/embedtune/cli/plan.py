@@ -122,6 +122,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "(binary-rescore, rabitq1-rescore), and score a +refine<N> copy of every in-RAM setting within the budget "
                            "(its top N rescored with the original, uncompressed float32 vectors, as FAISS's IndexRefineFlat) beside "
                            "FAISS's IndexRefineFlat over PCA + PQ; by default the plan chooses among settings served from RAM alone")
+    plan.add_argument("--count-tables", action="store_true",
+                      help="a setting costs its codes plus its fixed tables' (rotations, codebooks) share of the corpus's rows, in "
+                           "the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes and "
+                           "even the float32 vectors; with --target-retention every setting is scored. By default a setting costs "
+                           "its codes, as FAISS counts them, and the plan says where the tables outweigh them")
     plan.add_argument("--refine-candidates", type=int, default=DEFAULT_REFINE_CANDIDATES, metavar="N",
                       help="with --allow-disk-rescore: the candidates a +refine<N> setting rescores with the original vectors "
                            "(N x 4 x d bytes read from disk per query)")
@@ -236,14 +241,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
                                    check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep,
-                                   searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p)
+                                   searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p, count_tables=args.count_tables)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
                         allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
                         refine_candidates=args.refine_candidates, full_sweep=args.full_sweep, searched_codecs=searched_codecs,
-                        learned_gate_p=args.learned_gate_p)
+                        learned_gate_p=args.learned_gate_p, count_tables=args.count_tables)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
@@ -277,7 +282,16 @@ def _bill_cells(row: dict) -> dict:
 
 
 def _frontier_rows(plan: dict) -> list[dict]:
-    return [{**row, "gap_db": _gap(row.get("gap_db")), **_bill_cells(row)} for row in plan["frontier"]]
+    return [{**row, "gap_db": _gap(row.get("gap_db")), **_bill_cells(row),
+             "with_tables": f"{row['amortized_bytes']:,.1f}" if row.get("amortized_bytes") is not None else ""} for row in plan["frontier"]]
+
+
+def _frontier_columns(plan: dict, columns: list[str]) -> list[str]:
+    """``columns``, with each setting's bytes with its tables' share beside its code bytes where the plan counted them."""
+    if not plan.get("count_tables"):
+        return columns
+    at = columns.index("ram_bytes") + 1
+    return [*columns[:at], "with_tables", *columns[at:]]
 
 
 def _print_scale(plan: dict) -> None:
@@ -335,13 +349,13 @@ def _print_label_free(plan: dict) -> None:
              if objective.get("held_out_documents") else ""))
     print(f"Pareto frontier of the settings the plan may choose (reference {reference['setting']}: {reference['objective']:.4f}; "
           "gap_db: dB above the Gaussian bound):")
-    print_table(_frontier_rows(plan), LABEL_FREE_COLUMNS)
+    print_table(_frontier_rows(plan), _frontier_columns(plan, LABEL_FREE_COLUMNS))
     _print_set_aside(plan, "objective")
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference), refitted on every document; {_served_by(plan)}")
-    _print_tables(chosen)
+    _print_tables(plan)
 
 
 def _print_supervised(plan: dict) -> None:
@@ -352,13 +366,13 @@ def _print_supervised(plan: dict) -> None:
               "what carries over to documents the fit never saw")
     print(f"Pareto frontier of the settings the plan may choose, on {plan['chosen']['n_queries']} validation queries (reference "
           f"{reference['setting']}: nDCG@10 {reference['ndcg@10']:.4f}; gap_db: dB above the Gaussian bound):")
-    print_table(_frontier_rows(plan), COLUMNS)
+    print_table(_frontier_rows(plan), _frontier_columns(plan, COLUMNS))
     _print_set_aside(plan, "ndcg@10")
     chosen = plan["chosen"]
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); {_served_by(plan)}")
-    _print_tables(chosen)
+    _print_tables(plan)
 
 
 def _print_set_aside(plan: dict, score: str) -> None:
@@ -380,10 +394,14 @@ def _served_by(plan: dict) -> str:
     return f"FAISS factory {name!r}"
 
 
-def _print_tables(chosen: Mapping[str, Any]) -> None:
-    said = tables_said(chosen)
+def _print_tables(plan: Mapping[str, Any]) -> None:
+    said = tables_said(plan["chosen"])
     if said:
-        print(said)
+        reference = next((r for r in plan.get("sweep") or [] if r["setting"] == plan["reference"]["setting"]), None)
+        float32_bytes = None if reference is None else reference["ram_bytes"]
+        if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
+            said += f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
+        print(said + ("" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"))
 
 
 def _print_deployment(plan: dict, out: str) -> None:

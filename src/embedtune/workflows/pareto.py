@@ -39,23 +39,26 @@ def choose(
     target_retention: float | None = None,
     reference: float | None = None,
     y: str = "ndcg@10",
+    x: str = "ram_bytes",
 ) -> Mapping[str, Any]:
     """The plan's choice: the cheapest row keeping ``target_retention`` of ``reference``, or the best within ``budget_bytes``.
 
     With both, the cheapest row within the budget that meets the target. Raises when nothing qualifies,
-    naming the closest row.
+    naming the closest row. ``x`` is a row's cost in bytes per vector: its codes (``ram_bytes``), or its codes and its
+    tables' share (``amortized_bytes``).
     """
     if budget_bytes is None and target_retention is None:
         raise ValueError("give a byte budget (--budget-bytes) or a retention target (--target-retention).")
     pool = list(rows)
     if budget_bytes is not None:
-        pool = [r for r in pool if r["ram_bytes"] <= budget_bytes]
+        pool = [r for r in pool if r[x] <= budget_bytes]
         if not pool:
-            cheapest = min(rows, key=lambda r: r["ram_bytes"])
-            raise ValueError(f"no setting fits {budget_bytes:g} bytes per vector; the cheapest is {cheapest['setting']} "
-                             f"at {cheapest['ram_bytes']} bytes. Raise --budget-bytes or add smaller dims/precisions.")
+            cheapest = min(rows, key=lambda r: r[x])
+            counted = "" if x == "ram_bytes" else " with its tables' share"
+            raise ValueError(f"no setting fits {budget_bytes:g} bytes per vector{counted}; the cheapest is {cheapest['setting']} "
+                             f"at {cheapest[x]:,.6g} bytes. Raise --budget-bytes or add smaller dims/precisions.")
     if target_retention is None:
-        return best_within(pool, budget_bytes, y=y)  # type: ignore[arg-type,return-value]
+        return best_within(pool, budget_bytes, x=x, y=y)  # type: ignore[arg-type,return-value]
     if reference is None or reference <= 0:
         raise ValueError("a retention target needs the reference score (the uncompressed float32 model's).")
     meeting = [r for r in pool if r[y] >= target_retention * reference]
@@ -64,4 +67,4 @@ def choose(
         raise ValueError(f"no setting keeps {target_retention:.3f} of the reference {y} {reference:.4f}"
                          f"{'' if budget_bytes is None else f' within {budget_bytes:g} bytes'}; the best is {best['setting']} "
                          f"at {best[y] / reference:.3f}. Lower --target-retention or raise --budget-bytes.")
-    return min(meeting, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", ""))))
+    return min(meeting, key=lambda r: (r[x], -r[y], str(r.get("setting", ""))))

@@ -1077,6 +1077,7 @@ def run_sweep(
     verify: Callable[[Path], tuple[bool, Mapping[str, Any]]] | None = None,
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
     learned_gate_p: float = LEARNED_GATE_P,
+    count_tables: bool = False,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1108,6 +1109,9 @@ def run_sweep(
     plan as served and says whether it keeps the target; when not, the next dearer scored setting
     (:func:`_dearer_choice`) is written and measured, up to :data:`MAX_VERIFIED`, and ``plan.json`` records every
     measurement under ``full_corpus_checks`` and the kept one under ``full_corpus``.
+    ``count_tables``: a setting costs its codes and its fixed tables' share of the corpus rows (``amortized_bytes``), in
+    the budget, the choice and the frontier, instead of its codes alone; with a target this scores every setting, as
+    ``full_sweep`` does (a setting of more code bytes can cost less with its tables).
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, one ladder per kind (``PQm``, ``OPQm,PQm``, ...),
     and only the fewest the choice needs (:func:`search_budgets`, the ladder's dearest possible peer first); a peer the
     choice could not be (:func:`_skip_reason`), or a ladder's peer the search left out, is listed under ``skipped_peers``. Every row gains the bill's
@@ -1128,6 +1132,9 @@ def run_sweep(
     # far less than choosing which to refine would risk: the best candidates for refining need not be the best
     # in-RAM ranking at the same bytes. Rows above the budget could never be chosen, so they are not refined.
     refine = (int(refine_candidates), budget_bytes) if allow_disk else None
+    # What a setting costs: its codes, or its codes and its tables' share; a target then needs every setting scored.
+    cost = "amortized_bytes" if count_tables else "ram_bytes"
+    full_sweep = full_sweep or (count_tables and target_retention is not None)
     experiment = objective.experiment
     input_dim = experiment.embeddings.dim
     dims = sorted(set(dims), reverse=True) if dims else sweep_dims(input_dim)
@@ -1362,11 +1369,16 @@ def run_sweep(
             logger.info("%s: %d learned settings not choosable, as none beats the best setting without a learned map at its bytes by a "
                         "paired test: %s", name, len(gated), "; ".join(f"{r['setting']} (p {r['gated_by']['p']:.3f} against "
                                                                      f"{r['gated_by']['setting']})" for r in gated))
-        chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk)
+        if count_tables:
+            # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
+            corpus_rows = int(sample_record.get("of") or n_docs)
+            for row in rows:
+                row["amortized_bytes"] = row["ram_bytes"] + row["fixed_bytes"] / corpus_rows
+        chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk, x=cost)
         # The frontier a user reads is that of what the plan may choose; the rest (the disk tier without allow_disk, learned
         # maps the gate kept out, reference codecs, the CSR peer) get a frontier of their own, each row saying why.
-        frontier = {r["setting"] for r in pareto_frontier([r for r in rows if r.get("choosable")], y=y)}
-        set_aside = {r["setting"] for r in pareto_frontier([r for r in rows if not r.get("choosable")], y=y)}
+        frontier = {r["setting"] for r in pareto_frontier([r for r in rows if r.get("choosable")], x=cost, y=y)}
+        set_aside = {r["setting"] for r in pareto_frontier([r for r in rows if not r.get("choosable")], x=cost, y=y)}
         out.mkdir(parents=True, exist_ok=True)
 
         def write(chosen: dict[str, Any]) -> dict[str, Any]:
@@ -1404,6 +1416,7 @@ def run_sweep(
                 "budget_bytes": budget_bytes,
                 "target_retention": target_retention,
                 "allow_disk": allow_disk,
+                "count_tables": count_tables,
                 **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
                 "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
                            "reference": REFERENCE_CODEC if codecs else None,
@@ -1418,9 +1431,9 @@ def run_sweep(
                 "reference": {"setting": f"frozen-{input_dim}/float32", y: reference, "queries": objective.queries.part},
                 **objective.record(),
                 "retention": chosen[y] / reference if reference > 0 else None,  # no retention of a reference that finds nothing
-                "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r["ram_bytes"])],
+                "frontier": [_public(r) for r in sorted((r for r in rows if r["setting"] in frontier), key=lambda r: r[cost])],
                 "frontier_not_choosable": [{**_public(r), "why_not_choosable": why_not_choosable(r, allow_disk)}
-                                           for r in sorted((r for r in rows if r["setting"] in set_aside), key=lambda r: r["ram_bytes"])],
+                                           for r in sorted((r for r in rows if r["setting"] in set_aside), key=lambda r: r[cost])],
                 "sweep": [_public(r) for r in rows],
             })
             return plan
@@ -1436,7 +1449,7 @@ def run_sweep(
                 checks.append((chosen, meets, dict(record)))
                 if meets or len(checks) >= MAX_VERIFIED:
                     break
-                following = _dearer_choice(rows, chosen, budget_bytes, target_retention, reference, y)
+                following = _dearer_choice(rows, chosen, budget_bytes, target_retention, reference, y, x=cost)
                 if following is None:
                     break
                 logger.info("%s: %s keeps %.4f when served, below the target; trying %s (%g B)", name, chosen["setting"],
@@ -1570,20 +1583,20 @@ VERIFY_STEP = 1.5
 
 
 def _dearer_choice(rows: Sequence[Mapping[str, Any]], chosen: Mapping[str, Any], budget_bytes: float | None,
-                   target_retention: float | None, reference: float, y: str) -> dict[str, Any] | None:
+                   target_retention: float | None, reference: float, y: str, x: str = "ram_bytes") -> dict[str, Any] | None:
     """The setting to try after ``chosen`` fell short as served, or None.
 
-    Among the choosable rows within the budget costing at least :data:`VERIFY_STEP` times ``chosen``'s bytes and keeping
-    the target where they were scored, the cheapest (the best-scored at those bytes); without a target, none.
+    Among the choosable rows within the budget costing at least :data:`VERIFY_STEP` times ``chosen``'s bytes (``x``) and
+    keeping the target where they were scored, the cheapest (the best-scored at those bytes); without a target, none.
     """
     if target_retention is None:
         return None
-    floor = VERIFY_STEP * float(chosen["ram_bytes"])
-    pool = [r for r in rows if r.get("choosable") and r["ram_bytes"] >= floor and r[y] >= target_retention * reference
-            and (budget_bytes is None or r["ram_bytes"] <= budget_bytes)]
+    floor = VERIFY_STEP * float(chosen[x])
+    pool = [r for r in rows if r.get("choosable") and r[x] >= floor and r[y] >= target_retention * reference
+            and (budget_bytes is None or r[x] <= budget_bytes)]
     if not pool:
         return None
-    return dict(min(pool, key=lambda r: (r["ram_bytes"], -r[y], str(r.get("setting", "")))))
+    return dict(min(pool, key=lambda r: (r[x], -r[y], str(r.get("setting", "")))))
 
 
 def _target_out_of_reach(rows: Sequence[Mapping[str, Any]], levels: Sequence[str], dim: int, target_retention: float | None,
@@ -1687,17 +1700,17 @@ def why_not_choosable(row: Mapping[str, Any], allow_disk: bool) -> str:
 
 
 def _choose_in_tier(rows: list[dict[str, Any]], budget_bytes: float | None, target_retention: float | None, reference: float,
-                    y: str, allow_disk: bool) -> dict[str, Any]:
+                    y: str, allow_disk: bool, x: str = "ram_bytes") -> dict[str, Any]:
     """:func:`~embedtune.workflows.pareto.choose` among the ``choosable`` rows; when nothing qualifies but a disk-rescore
     row would, the error says so and names the flag that allows it."""
     try:
-        return dict(choose([r for r in rows if r["choosable"]], budget_bytes, target_retention, reference, y=y))
+        return dict(choose([r for r in rows if r["choosable"]], budget_bytes, target_retention, reference, y=y, x=x))
     except ValueError as error:
         if allow_disk:
             raise
         disk = [r for r in rows if r.get("tier") == "disk-rescore"]
         try:
-            would = choose([r for r in rows if r["choosable"]] + disk, budget_bytes, target_retention, reference, y=y)
+            would = choose([r for r in rows if r["choosable"]] + disk, budget_bytes, target_retention, reference, y=y, x=x)
         except ValueError:
             raise error from None
         if would.get("tier") != "disk-rescore":
@@ -1731,6 +1744,7 @@ def run_plan(
     full_sweep: bool = False,
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
     learned_gate_p: float = LEARNED_GATE_P,
+    count_tables: bool = False,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1779,6 +1793,9 @@ def run_plan(
             every budget with ``full_sweep``); after the compressors, before the 8-bit peers. ``()`` for none.
         learned_gate_p: a learned map (DIVE) is chosen only where its validation scores beat the best setting without one
             at its bytes by a paired test below this p (:func:`gate_learned`); above 1: by any higher mean.
+        count_tables: a setting costs its codes and its fixed tables' (rotations, codebooks) share of the corpus rows,
+            in the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes, and
+            the float32 vectors. Off, it costs its codes, as FAISS's ``sa_code_size`` counts.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1792,7 +1809,7 @@ def run_plan(
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
                      price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep,
-                     searched_codecs=searched_codecs, learned_gate_p=learned_gate_p)
+                     searched_codecs=searched_codecs, learned_gate_p=learned_gate_p, count_tables=count_tables)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
