@@ -173,8 +173,7 @@ def test_a_label_free_plan_on_a_sample_shares_the_tables_over_every_corpus_row(t
     _, files = toy
     experiment = load_corpus_experiment(doc_embeddings=files["doc"][0], doc_ids=files["doc"][1])
     plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=24, held_out_fraction=0.3, fit_sample=40,
-                               methods=["pca"], dims=[8], precisions=["float32", "int8"], peers=[], rounds=0, work=tmp_path / "work",
-                               count_tables=True)
+                               methods=["pca"], dims=[8], precisions=["float32", "int8"], peers=[], rounds=0, work=tmp_path / "work")
     assert plan["fit_sample"]["rows"] == 40 and plan["fit_sample"]["of"] == 60
     for row in plan["sweep"]:
         assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + row["fixed_bytes"] / 60), row["setting"]

@@ -611,7 +611,8 @@ def score_precisions(
     ``per_query`` holds ``per_query_metric`` (``ndcg@10`` or ``recall@10``) by query id. Every row
     also holds:
 
-    - ``amortized_bytes``: ``ram_bytes + fixed_bytes / n_docs``, the tables' share of each vector;
+    - ``amortized_bytes``: ``ram_bytes + fixed_bytes / n_docs``, the tables' share of each vector (the plan sets it again
+      over every corpus row where it ran on a sample);
     - ``tier``: ``"ram"``, or ``"disk-rescore"`` for a precision that reads float32 vectors from
       disk at query time (:func:`precision_tier`);
     - with ``distortion``, how far the codes are from the compressed vectors they code, and from the
@@ -1369,11 +1370,10 @@ def run_sweep(
             logger.info("%s: %d learned settings not choosable, as none beats the best setting without a learned map at its bytes by a "
                         "paired test: %s", name, len(gated), "; ".join(f"{r['setting']} (p {r['gated_by']['p']:.3f} against "
                                                                      f"{r['gated_by']['setting']})" for r in gated))
-        if count_tables:
-            # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
-            corpus_rows = int(sample_record.get("of") or n_docs)
-            for row in rows:
-                row["amortized_bytes"] = row["ram_bytes"] + row["fixed_bytes"] / corpus_rows
+        # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
+        corpus_rows = int(sample_record.get("of") or n_docs)
+        for row in rows:
+            row["amortized_bytes"] = row["ram_bytes"] + (row.get("fixed_bytes") or 0) / corpus_rows
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk, x=cost)
         # The frontier a user reads is that of what the plan may choose; the rest (the disk tier without allow_disk, learned
         # maps the gate kept out, reference codecs, the CSR peer) get a frontier of their own, each row saying why.
