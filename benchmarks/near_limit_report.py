@@ -235,6 +235,10 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         versus_default = None if default is None or default is ours else _paired(ours, default)
         default_versus_peer = None if default is None or peer is None or default is peer else _paired(default, peer)
         summary.append({"corpus": name, "budget": budget, "pick": ours["setting"], "pick_share": ours["ndcg@10"] / base,
+                        "pick_fixed_bytes": ours.get("fixed_bytes"),
+                        "default_fixed_bytes": None if default is None else default.get("fixed_bytes"),
+                        "peer_fixed_bytes": None if peer is None else peer.get("fixed_bytes"),
+                        "n_docs": meta["n_docs"], "dim": int(meta["dim"]),
                         "default": None if default is None else default["setting"],
                         "default_share": None if default is None else default["ndcg@10"] / base,
                         "pick_minus_default": 0.0 if default is ours else None if versus_default is None else versus_default.mean_difference,
@@ -377,16 +381,22 @@ def _significant(rows: list[dict[str, Any]], key: str, sign: int) -> list[dict[s
 def headline(summary: list[dict[str, Any]], dim: int) -> str:
     """The README's table for :data:`HEADLINE_CORPUS` and a few counts over every corpus; the cells behind each count are in
     :func:`verdict`, on the results page."""
-    lines = ["| bytes per vector | smaller than float32 | a default plan's pick | keeps | best of every codec | keeps | "
-             "best other in-RAM code | keeps | best setting that rescores from disk | keeps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| bytes per vector | smaller than float32 | a default plan's pick | keeps | tables | best of every codec | keeps | tables | "
+             "best other in-RAM code | keeps | tables | best setting that rescores from disk | keeps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def share(value: float | None) -> str:
         return "–" if value is None else f"{100 * value:.1f} %"
 
-    for row in (r for r in summary if r["corpus"] == HEADLINE_CORPUS):
+    def tables(value: float | None) -> str:
+        return "–" if value is None else f"{value / 1e6:.2g} MB"
+
+    headline_rows = [r for r in summary if r["corpus"] == HEADLINE_CORPUS]
+    for row in headline_rows:
         lines.append(f"| {row['budget']} | {4 * dim // row['budget']}x | {_pretty(row.get('default'))} | {share(row.get('default_share'))} | "
-                     f"{_pretty(row['pick'])} | {share(row['pick_share'])} | {_pretty(row['peer'])} | {share(row['peer_share'])} | "
-                     f"{_pretty(row['disk'])} | {share(row['disk_share'])} |")
+                     f"{tables(row.get('default_fixed_bytes'))} | {_pretty(row['pick'])} | {share(row['pick_share'])} | "
+                     f"{tables(row.get('pick_fixed_bytes'))} | {_pretty(row['peer'])} | {share(row['peer_share'])} | "
+                     f"{tables(row.get('peer_fixed_bytes'))} | {_pretty(row['disk'])} | {share(row['disk_share'])} |")
     cells = [r for r in summary if r.get("pick_minus_peer_p") is not None]
     corpora = sorted({r["corpus"] for r in cells}, key=lambda c: ORDER.index(c) if c in ORDER else 99)
     text = (f"Over all {len(cells)} corpus × budget cells measured ({', '.join(corpora)}; paired tests over the test queries, "
@@ -404,6 +414,13 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
     if ran:
         text += (f" Label-free DIVE in front of a codec was picked, without labels, in {sum(bool(r['learned_picked']) for r in ran)} "
                  f"of the {len(ran)} cells where it ran.")
+    fixed = [r for r in summary if r.get("default_fixed_bytes") is not None and r.get("n_docs")]
+    if fixed:
+        over = [r for r in fixed if r["default_fixed_bytes"] / r["n_docs"] > 4 * r.get("dim", dim)]
+        text += (" Bytes per vector count the codes; an index also holds its tables once (\"tables\": codebooks, rotations), "
+                 f"and on these corpora of {min(r['n_docs'] for r in fixed):,} to {max(r['n_docs'] for r in fixed):,} documents a "
+                 f"default plan's pick holds more in its tables than the float32 vectors themselves in {len(over)} of {len(fixed)} "
+                 "cells; `compress plan --count-tables` counts them in the budget and the choice.")
     return "\n".join(lines + ["", text])
 
 

@@ -32,7 +32,7 @@ def test_the_headline_verdict_counts_wins_and_losses_from_the_paired_tests():
          "peer_share": 0.9, "disk": None, "disk_share": None, "pick_minus_peer": 0.0, "pick_minus_peer_p": 0.9},
     ]
     text = near_limit_report.headline(rows, 384)
-    assert "| 16 | 96x | – | – | `klt-pq:16` | 80.0 % | `faiss:PQ16` | 70.0 % | – | – |" in text
+    assert "| 16 | 96x | – | – | – | `klt-pq:16` | 80.0 % | – | `faiss:PQ16` | 70.0 % | – | – | – |" in text
     assert "significantly above the best other in-RAM code in 1 and below it in 1." in text
     cells = "\n".join(near_limit_report.verdict(rows))
     assert "above the best other in-RAM code (paired test, p < 0.05, one test per cell) in 1 (scifact-minilm at 16 B)" in cells
@@ -45,15 +45,20 @@ def test_the_headline_counts_where_a_default_plan_falls_behind_the_best_code_and
     rows = [
         {**base, "corpus": "scifact-minilm", "budget": 32, "pick": "frozen/klt-tcq-sphere:32", "pick_share": 0.98,
          "default": "frozen/klt-apq:32", "default_share": 0.93, "pick_minus_default": 0.03, "pick_minus_default_p": 0.001,
-         "default_minus_peer": 0.05, "default_minus_peer_p": 0.001},
+         "default_minus_peer": 0.05, "default_minus_peer_p": 0.001, "default_fixed_bytes": 13_502_475, "pick_fixed_bytes": 4_285_372,
+         "peer_fixed_bytes": 250_000, "n_docs": 5183, "dim": 384},
         {**base, "corpus": "npl-minilm", "budget": 48, "pick": "frozen/klt-apq:48", "pick_share": 0.99,
          "default": "frozen/klt-apq:48", "default_share": 0.99, "pick_minus_default": 0.0, "pick_minus_default_p": 1.0,
-         "default_minus_peer": 0.01, "default_minus_peer_p": 0.3},
+         "default_minus_peer": 0.01, "default_minus_peer_p": 0.3, "default_fixed_bytes": 19_957_899, "n_docs": 1_000_000, "dim": 384},
     ]
     text = near_limit_report.headline(rows, 384)
-    assert "| 32 | 48x | `klt-apq:32` | 93.0 % | `klt-tcq-sphere:32` | 98.0 % | `faiss:PQ32` | 80.0 % | – | – |" in text
+    assert ("| 32 | 48x | `klt-apq:32` | 93.0 % | 14 MB | `klt-tcq-sphere:32` | 98.0 % | 4.3 MB | `faiss:PQ32` | 80.0 % | 0.25 MB "
+            "| – | – |") in text
     assert ("A default plan's pick is the same setting in 1 of 2 cells and significantly below the best of every codec in 1; "
             "against the best other in-RAM code it is significantly above in 1 and below in 0.") in text
+    # 13.5 MB of tables over 5,183 documents outweigh their 8.0 MB of float32 vectors; 20 MB over a million do not.
+    assert ("on these corpora of 5,183 to 1,000,000 documents a default plan's pick holds more in its tables than the float32 "
+            "vectors themselves in 1 of 2 cells; `compress plan --count-tables` counts them") in text
     cells = "\n".join(near_limit_report.verdict(rows))
     assert "a setting significantly below the pick in 1 (scifact-minilm at 32 B) and above it in 0 (none)" in cells
 
