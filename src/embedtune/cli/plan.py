@@ -380,7 +380,7 @@ def _print_set_aside(plan: dict, score: str) -> None:
     rows = plan.get("frontier_not_choosable") or []
     if rows:
         print("measured for comparison, not choosable (their own frontier):")
-        print_table([{**row, "gap_db": _gap(row.get("gap_db")), "why not": row["why_not_choosable"]} for row in rows],
+        print_table([{**row, "why not": row["why_not_choosable"]} for row in rows],
                     ["setting", "ram_bytes", "disk_bytes", "tier", score, "why not"])
 
 
