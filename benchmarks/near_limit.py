@@ -248,16 +248,15 @@ def pca_setting(ds: dict[str, Any], k: int, precision: str) -> Searcher:
         return (index, lambda q, k_: index.search(np.ascontiguousarray(q @ top), k_), None if rec is None else rec @ top.T + mean,
                 index.ram_bytes(), index.fixed_bytes() + 4 * (top.size + mean.size))
 
-    return cross_fitted(ds, build_half)
+    searcher = cross_fitted(ds, build_half)
+    searcher.info["map_bytes"] = 4 * (k * docs.shape[1] + docs.shape[1])  # counted in fixed_bytes: the matrix and the centre
+    return searcher
 
 
 def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> Searcher:
     """A label-free learned transform (``compress fit --unsupervised``: DIVE's neighbour-rank distillation, PCA...) to ``k``
     dims, fitted on the other half's documents alone, then ``precision`` on its output."""
-    from embedtune.workflows.label_free import fit_label_free
-    from embedtune.workflows.plan import candidate_for
-
-    docs, ids = ds["docs"], ds["doc_ids"]
+    docs = ds["docs"]
     in_space: list[dict[str, Any]] = []
     text = None
     if method.endswith("@text"):  # the corpus's text and model: DIVE's text preset, as a plan fits it from a corpus
@@ -267,10 +266,11 @@ def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> 
             ds["text"] = load_corpus_experiment(BEIR / ds["data"], ds["model"])
         method, text = method.removesuffix("@text"), ds["text"]
 
+    map_bytes: list[int] = []
+
     def build_half(rows: np.ndarray, fit_rows: np.ndarray):
-        work = Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}"
-        compressor, _ = fit_label_free(candidate_for(method, k), [ids[i] for i in fit_rows], docs[fit_rows], seed=2027,
-                                       work=work if text is None else work / "text", text=text)
+        compressor = fit_map(ds, method, k, rows, fit_rows, text)
+        map_bytes.append(compressor.transform_bytes())
         xb = np.ascontiguousarray(compressor.transform(docs[rows]), dtype=np.float32)
         index = QuantizedIndex.build(xb, Precision(precision), train=np.ascontiguousarray(compressor.transform(docs[fit_rows]), dtype=np.float32))
         # The transform's output has no decoding back to the d-dim vectors, so the codec's distance from the bound is
@@ -278,15 +278,76 @@ def learned_setting(ds: dict[str, Any], method: str, k: int, precision: str) -> 
         rec = index.reconstruct(xb)
         if rec is not None:
             in_space.append(distortion_report(xb, rec, 8 * index.ram_bytes()))
+        # The map's weights are held once beside the index, as PCA's matrix (pca_setting) and a codec's rotation are.
         return (index, lambda q, k_: index.search(np.ascontiguousarray(compressor.transform(q), dtype=np.float32), k_), None,
-                index.ram_bytes(), index.fixed_bytes())
+                index.ram_bytes(), index.fixed_bytes() + map_bytes[-1])
 
     searcher = cross_fitted(ds, build_half)
+    searcher.info["map_bytes"] = map_bytes[-1]
     if len(in_space) == 2:
         searcher.info.update(space=f"{method}-{k}", space_mse=float(np.mean([r["mse"] for r in in_space])),
                              space_bound_mse=float(np.mean([r["bound_mse"] for r in in_space])),
                              space_gap_db=float(np.mean([r["gap_db"] for r in in_space])))
     return searcher
+
+
+def fit_map(ds: dict[str, Any], method: str, k: int, rows: np.ndarray, fit_rows: np.ndarray, text: Any = None) -> Any:
+    """The label-free map (``method`` to ``k`` dims) fitted on ``fit_rows``' documents to code ``rows``, cached per half."""
+    from embedtune.workflows.label_free import fit_label_free
+    from embedtune.workflows.plan import candidate_for
+
+    work = Path.home() / ".cache" / "embedtune" / "near-limit-fits" / ds["name"] / f"half{int(rows[0] == 0)}"
+    compressor, _ = fit_label_free(candidate_for(method, k), [ds["doc_ids"][i] for i in fit_rows], ds["docs"][fit_rows], seed=2027,
+                                   work=work if text is None else work / "text", text=text)
+    return compressor
+
+
+def record_map_bytes(data: str, model: str, like: str | None = None) -> int:
+    """Rows of a learned map written before rows counted its weights: fit the same map again (or read it from the cache) on
+    the first half, add :meth:`~embedtune.compress.base.Compressor.transform_bytes` to ``fixed_bytes`` and record it as
+    ``map_bytes``. Nothing else in a row changes. Returns how many rows were updated.
+
+    ``like`` (``<data>-<model>``, the same model): where this corpus's vectors are not at hand, read each map's bytes from
+    that corpus's rows instead. A map's weights have the shape its preset, input and output dims give, whatever it was
+    fitted on (``tests/test_compressor_contract.py``)."""
+    root = RESULTS / f"{data}-{model}"
+    measured: dict[tuple[str, int], int] = {}
+    source = "the map fitted again on the first half"
+    if like is not None:
+        if not like.endswith(f"-{model}"):
+            raise ValueError(f"--map-bytes-like {like}: a map's bytes depend on its input dims; name a corpus of {model}.")
+        for path in sorted((RESULTS / like).glob("dive*.json")):
+            row = json.loads(path.read_text(encoding="utf-8"))
+            if "map_bytes" in row:
+                method, k = row["setting"].split("/", 1)[0].rsplit("-", 1)
+                measured[(method, int(k))] = int(row["map_bytes"])
+        source = f"read from {like}'s rows (the same preset, input and output dims)"
+    ds = load(data, model) if like is None else None
+    updated = 0
+    for path in sorted(root.glob("*.json")):
+        row = json.loads(path.read_text(encoding="utf-8"))
+        space = str(row.get("setting", "")).split("/", 1)[0]
+        if "skipped" in row or "map_bytes" in row or not space.startswith("dive"):
+            continue
+        method, k = space.rsplit("-", 1)
+        if (method, int(k)) not in measured:
+            if ds is None:
+                raise ValueError(f"{like} has no row of {method}-{k} with its map's bytes; record them there first.")
+            text = None
+            if method.endswith("@text"):
+                from embedtune.workflows.experiment import load_corpus_experiment
+
+                text = ds.setdefault("text", load_corpus_experiment(BEIR / ds["data"], ds["model"]))
+            a, b = halves(len(ds["docs"]))
+            compressor = fit_map(ds, method.removesuffix("@text"), int(k), a, b, text)
+            measured[(method, int(k))] = compressor.transform_bytes()
+            logger.info("%s-%s: the map holds %d bytes", method, k, measured[(method, int(k))])
+        row["map_bytes"] = measured[(method, int(k))]
+        row["fixed_bytes"] = int(row.get("fixed_bytes") or 0) + row["map_bytes"]
+        row["map_bytes_recorded"] = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {source}"
+        atomic_write_json(path, row)
+        updated += 1
+    return updated
 
 
 def peer_setting(ds: dict[str, Any], name: str, budget: int) -> Searcher | None:
@@ -496,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", help="only settings whose name contains one of these")
     parser.add_argument("--redo-without-hits", action="store_true",
                         help="measure again the rows written before rows kept each held-out document's agreement (agreement_hits)")
+    parser.add_argument("--record-map-bytes", action="store_true",
+                        help="only add the weights of each learned map (DIVE) to the tables of the rows written before rows counted "
+                             "them (fits each map again on the first half, or reads it from the cache)")
+    parser.add_argument("--map-bytes-like", metavar="DATA-MODEL",
+                        help="with --record-map-bytes, where this corpus's vectors are not at hand: read each map's bytes from "
+                             "that corpus's rows (the same model)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     if (args.data, args.model) not in VECTORS:
@@ -503,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     set_threads(args.threads)
     os.environ.setdefault("EMBEDTUNE_VECTORS_PATH", str(HERE / "data" / "vectors"))
+    if args.record_map_bytes:
+        logger.info("%d rows now count their map's weights", record_map_bytes(args.data, args.model, args.map_bytes_like))
+        return 0
     run(args.data, args.model, tuple(args.budgets), args.only, args.learned, args.rq_max_bytes, args.truncated, args.redo_without_hits,
         args.learned_text)
     return 0

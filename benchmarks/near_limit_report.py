@@ -43,7 +43,7 @@ here, MED 2.2-2.9, against 0.4-0.6 dB on a large sample of the same spectrum; ``
 
 Under each table, the bill of each pick (:func:`embedtune.index.bill.vector_bill`): its bytes as a
 share of the float32 vector's, vectors per GB (10^9 bytes), RAM at a million, a hundred million and
-a billion vectors (codebooks and other fixed tables included), dollars a month at a billion at
+a billion vectors (codebooks, rotations and a map's weights, held once, included), dollars a month at a billion at
 ``$PRICE`` per GB-month (an assumption, as in ``compress plan --price-per-gb-month``), and what
 the disk tier reads per query.
 """
@@ -417,7 +417,8 @@ def headline(summary: list[dict[str, Any]], dim: int) -> str:
     fixed = [r for r in summary if r.get("default_fixed_bytes") is not None and r.get("n_docs")]
     if fixed:
         over = [r for r in fixed if r["default_fixed_bytes"] / r["n_docs"] > 4 * r.get("dim", dim)]
-        text += (" Bytes per vector count the codes; an index also holds its tables once (\"tables\": codebooks, rotations), "
+        text += (" Bytes per vector count the codes; an index also holds its tables once (\"tables\": codebooks, rotations, "
+                 "and the weights of a PCA or DIVE map in front), "
                  f"and on these corpora of {min(r['n_docs'] for r in fixed):,} to {max(r['n_docs'] for r in fixed):,} documents a "
                  f"default plan's pick holds more in its tables than the float32 vectors themselves in {len(over)} of {len(fixed)} "
                  "cells; `compress plan --count-tables` counts them in the budget and the choice.")

@@ -78,6 +78,20 @@ def test_compressor_contract(method, train, tmp_path):
     again = build(method).fit(train)
     np.testing.assert_array_equal(again.transform(X), out)
 
+    # What the map holds once beside an index: nothing for a selection or a normalisation, at least a k x d matrix otherwise;
+    # its shape is the config's and the dims', whatever the map was fitted on (so one fit measures it for a benchmark).
+    held = model.transform_bytes()
+    assert isinstance(held, int) and held == loaded.transform_bytes()
+    other = dataclasses.replace(train, doc_embeddings=np.flip(train.doc_embeddings, axis=1).copy(),
+                                query_embeddings=2.0 * train.query_embeddings[:, ::-1].copy())
+    assert build(method).fit(other).transform_bytes() == held
+    if method in ("frozen", "truncate"):
+        assert held == 0
+    elif method == "pca":
+        assert held == 4 * (K * D + K)  # the k x d matrix and its bias -W mu
+    else:
+        assert held >= 4 * K * D
+
 
 @pytest.mark.parametrize("method", available_methods())
 def test_seed_changes_learned_compressors(method, train):

@@ -95,7 +95,7 @@ def test_every_row_carries_its_distortion_tier_and_amortised_bytes(toy, tmp_path
     rows = {r["setting"]: r for r in plan["sweep"]}
     for row in rows.values():
         assert set(row) >= DISTORTION_FIELDS, row["setting"]
-        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + row["fixed_bytes"] / N_DOCS)
+        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + (row["fixed_bytes"] + row["transform_bytes"]) / N_DOCS)
         assert row["tier"] == ("disk-rescore" if row["precision"] == "binary-rescore" else "ram")
         if row["mse"] is not None and row["gap_db"] is not None:
             assert row["gap_db"] == pytest.approx(10 * math.log10(row["mse"] / row["bound_mse"]))

@@ -30,7 +30,7 @@ ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", 
                  "count_tables", "codecs",
                  "chosen", "deployment", "reference", "validation", "retention", "frontier", "frontier_not_choosable", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
-ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "amortized_bytes", "tier",
+ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "transform_bytes", "amortized_bytes", "tier",
               "choosable", "mse", "score_mse", "bound_mse", "gap_db", "score_error", "ndcg@10", "recall@10", "recall@100", "n_queries", "queries",
               "build_s", "latency_ms", "latency_queries", "latency_vs_reference",
               # the bill (embedtune.index.bill.vector_bill)
@@ -167,6 +167,11 @@ def test_counting_the_tables_chooses_within_the_budget_with_their_share(toy, tmp
     assert counted["chosen"]["ndcg@10"] == max(r["ndcg@10"] for r in within)
     costs = [r["amortized_bytes"] for r in counted["frontier"]]
     assert costs == sorted(costs)
+    # A PCA map in front is held once as a codec's rotation is: its k x d matrix and bias are counted, truncation holds none.
+    for row in counted["sweep"]:
+        expected = 4 * (row["dim"] * D + row["dim"]) if row["method"] == "pca" else 0
+        assert row["transform_bytes"] == expected, row["setting"]
+        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + (row["fixed_bytes"] + expected) / 60), row["setting"]
 
 
 def test_a_label_free_plan_on_a_sample_shares_the_tables_over_every_corpus_row(toy, tmp_path):
@@ -176,7 +181,7 @@ def test_a_label_free_plan_on_a_sample_shares_the_tables_over_every_corpus_row(t
                                methods=["pca"], dims=[8], precisions=["float32", "int8"], peers=[], rounds=0, work=tmp_path / "work")
     assert plan["fit_sample"]["rows"] == 40 and plan["fit_sample"]["of"] == 60
     for row in plan["sweep"]:
-        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + row["fixed_bytes"] / 60), row["setting"]
+        assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + (row["fixed_bytes"] + row["transform_bytes"]) / 60), row["setting"]
 
 
 def test_objectives_say_what_differs(toy, tmp_path):
@@ -444,21 +449,29 @@ def test_label_free_dive_is_not_fitted_when_its_pca_starts_fall_far_short_of_the
     assert plan_module.PlanObjective.learned_start_margin is None and label_free.LabelFreeObjective.learned_start_margin == 0.15
 
 
-# 0.999: both ladders fall short everywhere; 0.97: only their dearest peers keep it; 0.6: the cheapest do.
-@pytest.mark.parametrize("target", [0.999, 0.97, 0.6])
-def test_the_8_bit_peer_ladders_train_the_fewest_peers_and_choose_what_training_all_chooses(tmp_path, target):
-    """The PQm and OPQm,PQm ladders, and each space's codec budgets, are searched from their dearest possible level: the
-    pruned plan chooses exactly what a plan that trains every peer and codec chooses, and trains fewer peers."""
+@pytest.fixture(scope="module")
+def ladder_corpus(tmp_path_factory):
+    """1,500 clustered documents, and one work folder for the full plans and one for the pruned ones: each target's plans
+    reuse the fits and FAISS tables of the target before (a cache changes what is built, never what is scored)."""
+    folder = tmp_path_factory.mktemp("ladders")
     rng = np.random.default_rng(3)
     docs = (rng.standard_normal((1500, 6)) @ rng.standard_normal((6, D)) + 0.3 * rng.standard_normal((1500, D))).astype(np.float32)
     docs /= np.linalg.norm(docs, axis=1, keepdims=True)
-    np.save(tmp_path / "docs.npy", docs)
-    (tmp_path / "docs.txt").write_text("".join(f"d{i}\n" for i in range(len(docs))))
-    experiment = load_corpus_experiment(doc_embeddings=tmp_path / "docs.npy", doc_ids=tmp_path / "docs.txt")
+    np.save(folder / "docs.npy", docs)
+    (folder / "docs.txt").write_text("".join(f"d{i}\n" for i in range(len(docs))))
+    return folder
+
+
+# 0.999: both ladders fall short everywhere; 0.97: only their dearest peers keep it; 0.6: the cheapest do.
+@pytest.mark.parametrize("target", [0.999, 0.97, 0.6])
+def test_the_8_bit_peer_ladders_train_the_fewest_peers_and_choose_what_training_all_chooses(ladder_corpus, tmp_path, target):
+    """The PQm and OPQm,PQm ladders, and each space's codec budgets, are searched from their dearest possible level: the
+    pruned plan chooses exactly what a plan that trains every peer and codec chooses, and trains fewer peers."""
+    experiment = load_corpus_experiment(doc_embeddings=ladder_corpus / "docs.npy", doc_ids=ladder_corpus / "docs.txt")
     settings = dict(target_retention=target, methods=["truncate", "pca"], dims=[D, 12], precisions=["float32", "int8", "int4", "binary"],
                     peers=["pq", "opq"], rounds=0, codecs=("klt-pq4",), codec_budgets=(3, 6, 12), searched_codecs=())
-    full = run_label_free_plan(experiment, tmp_path / "full", "agreement", **settings, work=tmp_path / "work-full", full_sweep=True)
-    pruned = run_label_free_plan(experiment, tmp_path / "pruned", "agreement", **settings, work=tmp_path / "work-pruned")
+    full = run_label_free_plan(experiment, tmp_path / "full", "agreement", **settings, work=ladder_corpus / "work-full", full_sweep=True)
+    pruned = run_label_free_plan(experiment, tmp_path / "pruned", "agreement", **settings, work=ladder_corpus / "work-pruned")
     assert pruned["chosen"]["setting"] == full["chosen"]["setting"]
     assert pruned["chosen"]["objective"] == full["chosen"]["objective"]
 

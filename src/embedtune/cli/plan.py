@@ -43,6 +43,7 @@ from embedtune.workflows.plan import (
     DEFAULT_PRECISIONS,
     REFERENCE_CODEC,
     check_codecs,
+    held_once_bytes,
     run_plan,
 )
 
@@ -123,7 +124,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                            "(its top N rescored with the original, uncompressed float32 vectors, as FAISS's IndexRefineFlat) beside "
                            "FAISS's IndexRefineFlat over PCA + PQ; by default the plan chooses among settings served from RAM alone")
     plan.add_argument("--count-tables", action="store_true",
-                      help="a setting costs its codes plus its fixed tables' (rotations, codebooks) share of the corpus's rows, in "
+                      help="a setting costs its codes plus its share of the corpus's rows of what it holds once (a codec's rotations and "
+                           "codebooks, the weights of a PCA or DIVE map in front), in "
                            "the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes and "
                            "even the float32 vectors; with --target-retention every setting is scored. By default a setting costs "
                            "its codes, as FAISS counts them, and the plan says where the tables outweigh them")
@@ -329,13 +331,14 @@ def _bytes_said(plan: dict) -> str:
 
 
 def tables_said(row: Mapping[str, Any]) -> str:
-    """Where a setting's fixed tables (rotations, codebooks) weigh more than all its codes on the corpus planned: what a
-    vector costs with its share of them, and from how many vectors on the tables weigh less than the codes. Empty otherwise.
+    """Where what a setting holds once (its codec's rotations and codebooks, its map's weights) weighs more than all its
+    codes on the corpus planned: what a vector costs with its share of them, and from how many vectors on the tables weigh
+    less than the codes. Empty otherwise.
 
     Bytes per vector count the codes only, as FAISS's ``sa_code_size`` does; on a corpus of a few thousand documents a
     codec's tables can be larger than the float32 vectors themselves, which a user sizing RAM should see.
     """
-    ram, fixed, amortized = row.get("ram_bytes"), row.get("fixed_bytes"), row.get("amortized_bytes")
+    ram, fixed, amortized = row.get("ram_bytes"), held_once_bytes(row), row.get("amortized_bytes")
     if not ram or not fixed or amortized is None or amortized - ram <= ram:
         return ""
     return (f"tables: the choice's tables ({fixed / 1e6:.3g} MB) outweigh its codes on this corpus: {amortized:,.0f} bytes per "

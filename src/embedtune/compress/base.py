@@ -385,6 +385,22 @@ class Compressor(abc.ABC):
             digest.update(array.tobytes())
         return digest.hexdigest()
 
+    def transform_bytes(self) -> int:
+        """Bytes of the weights the fitted map is served with, held once beside the index like a codec's tables.
+
+        The float32 weights, biases and residual projections of :meth:`export_layers` (what an exported model holds); a
+        compressor without export layers counts the arrays it saves. A map that only selects or normalises (truncation,
+        frozen) overrides this with 0. ``compress plan`` adds it to a setting's tables when it counts them
+        (``--count-tables``), so a PCA or DIVE map in front of a codec weighs as a codec's own rotation does.
+        """
+        self._check_fitted()
+        layers = self.export_layers()
+        if layers is None:
+            return int(sum(np.asarray(value).nbytes for value in self._state_dict().values()))
+        return int(sum(4 * np.size(array) for layer in layers for array in
+                       (getattr(layer, "weight", None), getattr(layer, "bias", None), getattr(layer, "residual", None))
+                       if array is not None))
+
     def transform_validated(self, X: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """:meth:`transform` of rows the caller has already validated, optionally into ``out``.
 

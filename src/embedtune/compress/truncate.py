@@ -49,6 +49,11 @@ class TruncateCompressor(Compressor):
         assert self.input_dim_ is not None
         return linear_layers(np.eye(self.config.dim, self.input_dim_, dtype=np.float32))
 
+    def transform_bytes(self) -> int:
+        """0: keeping the first ``k`` coordinates needs no weights (its export's identity rows are a format's detail)."""
+        self._check_fitted()
+        return 0
+
     def _state_dict(self) -> dict[str, np.ndarray]:
         return {}
 

@@ -104,7 +104,7 @@ def bill_record(price_per_gb_month: float = DEFAULT_PRICE_PER_GB_MONTH, scales: 
     monthly_cost(0.0, price_per_gb_month)  # validates the price
     return {"price_per_gb_month": float(price_per_gb_month), "currency": "USD", "bytes_per_gb": BYTES_PER_GB,
             "price_source": PRICE_ASSUMPTION if price_per_gb_month == DEFAULT_PRICE_PER_GB_MONTH else "given by the user",
-            "scales": [int(n) for n in scales], "ram": "bytes per vector x vectors + the fixed tables (codebooks, ranges)"}
+            "scales": [int(n) for n in scales], "ram": "bytes per vector x vectors + what is held once (codebooks, ranges, rotations, the map's weights)"}
 
 
 class BillLine(NamedTuple):

@@ -16,8 +16,8 @@ The library engine behind ``embedtune compress plan`` and ``benchmarks/frontier.
   :mod:`embedtune.index.codecs`). What it scores on and how it fits is a :class:`PlanObjective`;
 - every row also says how far its codes are from the vectors they code and from the Gaussian
   rate-distortion bound (``mse``, ``score_mse``, ``bound_mse``, ``gap_db``), how far its served
-  scores are from the uncompressed inner products (``score_error``), its bytes with the tables'
-  share (``amortized_bytes``) and its ``tier`` (in RAM, or rescored from disk: chosen only with
+  scores are from the uncompressed inner products (``score_error``), its bytes with the share of
+  what it holds once, its codec's tables and its map's weights (``amortized_bytes``, :func:`held_once_bytes`) and its ``tier`` (in RAM, or rescored from disk: chosen only with
   ``allow_disk``); the registered codecs (:data:`DEFAULT_CODECS` at :data:`CODEC_BUDGETS`) are
   scored on every space beside the precisions, the textbook coder as their reference;
 - :func:`run_plan` is the engine with the labelled objective (:class:`LabelledObjective`): fitted
@@ -541,7 +541,8 @@ def precision_rows(
     """Score ``compressor``'s space (None: the frozen vectors) at each precision on the queries of ``part``.
 
     Every row holds ``ndcg@10``, ``recall@10``, ``per_query`` (nDCG@10 by query id), ``ram_bytes``
-    and ``disk_bytes`` per vector, ``fixed_bytes`` (tables that do not grow with the corpus),
+    and ``disk_bytes`` per vector, ``fixed_bytes`` (tables that do not grow with the corpus), ``transform_bytes`` (the map's
+    weights, also held once),
     ``build_s`` and ``latency_ms``: the median over ``rounds`` of one batched search of the
     queries (a seeded sample of at most :data:`TIMING_QUERIES`, ``latency_queries``), every precision (and, with ``time_reference``, exact float32 search of the
     uncompressed vectors) timed once per round in rotating order, so they share the machine's
@@ -611,8 +612,10 @@ def score_precisions(
     ``per_query`` holds ``per_query_metric`` (``ndcg@10`` or ``recall@10``) by query id. Every row
     also holds:
 
-    - ``amortized_bytes``: ``ram_bytes + fixed_bytes / n_docs``, the tables' share of each vector (the plan sets it again
-      over every corpus row where it ran on a sample);
+    - ``transform_bytes``: the weights of ``compressor``'s map (:meth:`~embedtune.compress.base.Compressor.transform_bytes`;
+      0 without one), held once as the codec's tables (``fixed_bytes``) are;
+    - ``amortized_bytes``: ``ram_bytes + (fixed_bytes + transform_bytes) / n_docs``, the share of each vector of what is
+      held once (the plan sets it again over every corpus row where it ran on a sample);
     - ``tier``: ``"ram"``, or ``"disk-rescore"`` for a precision that reads float32 vectors from
       disk at query time (:func:`precision_tier`);
     - with ``distortion``, how far the codes are from the compressed vectors they code, and from the
@@ -653,6 +656,8 @@ def score_precisions(
                                     else (frozen_q, frozen_b))
     xq, xb = space["xq"], space["xb"]
     dim = xb.shape[1]
+    # The map in front is held once beside the index, as a codec's own rotation is: counted with the tables.
+    transform = compressor.transform_bytes() if compressor is not None else 0
     fetch = top_k + 1  # one extra: identical query/doc ids are dropped, as BEIR does
     # The distortion sample and the space's spectrum, once for every precision of this space.
     measured = distortion and len(xb) >= 2
@@ -735,7 +740,8 @@ def score_precisions(
             "ram_bytes": ram,
             "disk_bytes": index.disk_bytes(),  # type: ignore[union-attr]
             "fixed_bytes": fixed,
-            "amortized_bytes": ram + fixed / len(doc_ids) if doc_ids else None,
+            "transform_bytes": transform,
+            "amortized_bytes": ram + (fixed + transform) / len(doc_ids) if doc_ids else None,
             "tier": REFINE_TIER if refined else precision_tier(name),
             **report,
             # A refined row's scores are exact inner products of the original vectors, whatever its codes score.
@@ -1037,7 +1043,7 @@ def sweep_csr_rows(objective: PlanObjective, budgets: Sequence[int], seed: int, 
             # The bytes are the sparse code's; the distortion measured was fp16's of the densified codes, not the
             # sparse code's of the input, so it is not reported (score_error, against the uncompressed vectors, is).
             row.update(precision="sparse-fp16", setting=f"{candidate.name}/sparse-fp16", ram_bytes=code_bytes, disk_bytes=code_bytes,
-                       amortized_bytes=code_bytes + row["fixed_bytes"] / len(objective.experiment.embeddings.doc_ids),
+                       amortized_bytes=code_bytes + held_once_bytes(row) / len(objective.experiment.embeddings.doc_ids),
                        mse=None, score_mse=None, bound_mse=None, gap_db=None, choosable=False)
             rows.append(row)
     return rows
@@ -1110,7 +1116,8 @@ def run_sweep(
     plan as served and says whether it keeps the target; when not, the next dearer scored setting
     (:func:`_dearer_choice`) is written and measured, up to :data:`MAX_VERIFIED`, and ``plan.json`` records every
     measurement under ``full_corpus_checks`` and the kept one under ``full_corpus``.
-    ``count_tables``: a setting costs its codes and its fixed tables' share of the corpus rows (``amortized_bytes``), in
+    ``count_tables``: a setting costs its codes and its share over the corpus rows of what it holds once, its codec's tables
+    and the weights of the map in front (``amortized_bytes``), in
     the budget, the choice and the frontier, instead of its codes alone; with a target this scores every setting, as
     ``full_sweep`` does (a setting of more code bytes can cost less with its tables).
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, one ladder per kind (``PQm``, ``OPQm,PQm``, ...),
@@ -1373,7 +1380,7 @@ def run_sweep(
         # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
         corpus_rows = int(sample_record.get("of") or n_docs)
         for row in rows:
-            row["amortized_bytes"] = row["ram_bytes"] + (row.get("fixed_bytes") or 0) / corpus_rows
+            row["amortized_bytes"] = row["ram_bytes"] + held_once_bytes(row) / corpus_rows
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk, x=cost)
         # The frontier a user reads is that of what the plan may choose; the rest (the disk tier without allow_disk, learned
         # maps the gate kept out, reference codecs, the CSR peer) get a frontier of their own, each row saying why.
@@ -1684,7 +1691,13 @@ def _bill_columns(row: Mapping[str, Any], input_dim: int, price_per_gb_month: fl
         disk_read = Refine(int(row["refine"]), input_dim).disk_read_per_query()
     else:
         disk_read = precision.disk_read_per_query(int(row["dim"])) if precision is not None else 0
-    return vector_bill(row["ram_bytes"], input_dim, row.get("fixed_bytes") or 0.0, disk_read, price_per_gb_month)
+    return vector_bill(row["ram_bytes"], input_dim, held_once_bytes(row), disk_read, price_per_gb_month)
+
+
+def held_once_bytes(row: Mapping[str, Any]) -> float:
+    """What a setting holds once whatever the corpus's size: its codec's tables (``fixed_bytes``: codebooks, a codec's own
+    rotation) and the weights of the map in front of it (``transform_bytes``: PCA's matrix, DIVE's adapter)."""
+    return float((row.get("fixed_bytes") or 0) + (row.get("transform_bytes") or 0))
 
 
 def why_not_choosable(row: Mapping[str, Any], allow_disk: bool) -> str:
