@@ -266,6 +266,8 @@ def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_s
     # The index built from the plan is the one the sweep scored (cached under WORK/frozen-faiss): the same top-10.
     scored = load_faiss_cache(faiss_cache_dir(work, experiment.embeddings.doc_embeddings))[chosen["precision"]][0]
     index = load_index(build_planned_index(tmp_path / "docs.npy", tmp_path / "index", out, ids=tmp_path / "docs.txt"))
+    # The index says the bytes a vector takes in RAM as its plan counted them (a codec's code), not nothing.
+    assert json.loads((tmp_path / "index" / "manifest.json").read_text())["bytes_per_vector"] == chosen["ram_bytes"]
     row = {doc_id: i for i, doc_id in enumerate(experiment.embeddings.doc_ids)}
     held_out = experiment.embeddings.doc_embeddings[[row[d] for d in held_out_documents(experiment.embeddings.doc_ids)]]
     assert len(held_out) == plan["objective"]["n_queries"]

@@ -354,8 +354,9 @@ def build_index(
             "dim": int(d),
             "input_dim": int(d_in),
             "ntotal": int(index.ntotal),
-            # FAISS's own bytes per code, which is the precision table's figure for the built-in kinds (a test holds them equal).
-            "bytes_per_vector": int(index.code_size) if kind in INDEX_KINDS else None,
+            # FAISS's own bytes per code, which is the precision table's figure for the built-in kinds (a test holds them equal);
+            # a planned index's are the bytes its plan counted in RAM (a codec's or factory's code), unknown for other factories.
+            "bytes_per_vector": int(index.code_size) if kind in INDEX_KINDS else (int(plan["ram_bytes"]) if plan and "ram_bytes" in plan else None),
             "index_bytes": (staging / index_file).stat().st_size,
             "search_params": {} if kind in INDEX_KINDS else default_params(kind),
             "adapter": adapter_info if adapter_info is not None else (
