@@ -267,9 +267,18 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
     _print_tables(plan)
     said = capsys.readouterr().out
     assert "outweigh its codes" in said and "larger than the float32 vectors' 4,000 bytes per vector" in said
-    assert said.rstrip().endswith("to count them in the budget and the choice: --count-tables")
+    assert "to count them in the budget and the choice: --count-tables" in said
+    # The codec's own tables outweigh its codes: fitted on these documents, they hold part of them.
+    assert "a larger corpus of this kind scores it lower than this one" in said
     _print_tables({**plan, "count_tables": True})
     assert "--count-tables" not in capsys.readouterr().out
+    # A map's weights (pca-96's matrix on 1,033 documents) outweigh the codes, the codec holds almost nothing: no such warning.
+    mapped = {"chosen": {"setting": "pca-96/int4", "ram_bytes": 48, "fixed_bytes": 1_536, "transform_bytes": 147_840,
+                         "amortized_bytes": 48 + (1_536 + 147_840) / 1033},
+              "reference": {"setting": "frozen-384/float32"}, "sweep": [{"setting": "frozen-384/float32", "ram_bytes": 1536}]}
+    _print_tables(mapped)
+    said = capsys.readouterr().out
+    assert "outweigh its codes" in said and "larger corpus" not in said and "larger than the float32" not in said
 
 
 @pytest.mark.parametrize("target", [{"target_retention": 0.9}, {"budget_bytes": 24}, {"target_retention": 0.8, "budget_bytes": 48}])

@@ -404,7 +404,14 @@ def _print_tables(plan: Mapping[str, Any]) -> None:
         float32_bytes = None if reference is None else reference["ram_bytes"]
         if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
             said += f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
-        print(said + ("" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"))
+        said += "" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"
+        chosen = plan["chosen"]
+        rows = held_once_bytes(chosen) / (chosen["amortized_bytes"] - chosen["ram_bytes"])  # tables_said: amortized > ram
+        if (chosen.get("fixed_bytes") or 0) > chosen["ram_bytes"] * rows:
+            # The codec's own tables (not a map's weights) outweigh all its codes: fitted on these documents, they hold part of them.
+            said += (". Fitted on these documents, the codec's tables also hold part of them, so a larger corpus of this kind "
+                     "scores it lower than this one (docs/codecs.md, \"Fixed bytes and small corpora\")")
+        print(said)
 
 
 def _print_deployment(plan: dict, out: str) -> None:
