@@ -167,6 +167,9 @@ def test_counting_the_tables_chooses_within_the_budget_with_their_share(toy, tmp
     assert counted["chosen"]["ndcg@10"] == max(r["ndcg@10"] for r in within)
     costs = [r["amortized_bytes"] for r in counted["frontier"]]
     assert costs == sorted(costs)
+    # The pruned sweep, counting the tables, chooses what scoring every setting chooses.
+    every = run_plan(_experiment(toy), tmp_path / "every", count_tables=True, full_sweep=True, **options)
+    assert counted["chosen"]["setting"] == every["chosen"]["setting"]
     # A PCA map in front is held once as a codec's rotation is: its k x d matrix and bias are counted, truncation holds none.
     for row in counted["sweep"]:
         expected = 4 * (row["dim"] * D + row["dim"]) if row["method"] == "pca" else 0
@@ -350,6 +353,11 @@ def test_searched_codec_budgets_respect_the_budget_and_a_cheaper_setting_that_ke
     not_scored = plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=False)
     assert scored == ["klt-apq:64"]  # a budget alone: the family's best within it is its dearest
     assert not_scored["klt-apq:96"] == "above the budget" and "costs more and fits the budget" in not_scored["klt-apq:16"]
+    scored.clear()
+    # Counting the tables, the dearest level's may put it above the budget: every level within the budget is scored.
+    not_scored = plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=False,
+                                            every_allowed=True)
+    assert scored == [level for level in LEVELS if _bytes(level) <= 64] and set(not_scored) == set(LEVELS) - set(scored)
     scored.clear()
     assert plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=True, everything=True) == {}
     assert scored == LEVELS

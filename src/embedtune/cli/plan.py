@@ -127,7 +127,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                       help="a setting costs its codes plus its share of the corpus's rows of what it holds once (a codec's rotations and "
                            "codebooks, the weights of a PCA or DIVE map in front), in "
                            "the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes and "
-                           "even the float32 vectors; with --target-retention every setting is scored. By default a setting costs "
+                           "even the float32 vectors; with --target-retention every setting is scored, with a budget alone every "
+                           "level of each codec and peer within it. By default a setting costs "
                            "its codes, as FAISS counts them, and the plan says where the tables outweigh them")
     plan.add_argument("--refine-candidates", type=int, default=DEFAULT_REFINE_CANDIDATES, metavar="N",
                       help="with --allow-disk-rescore: the candidates a +refine<N> setting rescores with the original vectors "

@@ -1119,7 +1119,8 @@ def run_sweep(
     ``count_tables``: a setting costs its codes and its share over the corpus rows of what it holds once, its codec's tables
     and the weights of the map in front (``amortized_bytes``), in
     the budget, the choice and the frontier, instead of its codes alone; with a target this scores every setting, as
-    ``full_sweep`` does (a setting of more code bytes can cost less with its tables).
+    ``full_sweep`` does (a setting of more code bytes can cost less with its tables), and with a budget alone every level of
+    a codec or peer ladder within the budget (the dearest level's tables may put it above the budget).
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, one ladder per kind (``PQm``, ``OPQm,PQm``, ...),
     and only the fewest the choice needs (:func:`search_budgets`, the ladder's dearest possible peer first); a peer the
     choice could not be (:func:`_skip_reason`), or a ladder's peer the search left out, is listed under ``skipped_peers``. Every row gains the bill's
@@ -1303,7 +1304,7 @@ def run_sweep(
                     levels = [spec for spec in names if spec in space_precisions]
                     not_scored = search_budgets(levels, lambda spec, dim=candidate.dim: why_not(Precision(spec).ram_bytes(dim)),
                                                 lambda spec: score_space([spec]), target_retention is not None, everything=full_sweep,
-                                                top_first=True)
+                                                top_first=True, every_allowed=count_tables)
                     skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
                                           "reason": reason} for spec, reason in not_scored.items()]
                 save_faiss_cache(space_dir, space_indexes, space_probe)
@@ -1329,7 +1330,8 @@ def run_sweep(
             for names in levels.values():
                 not_scored = search_budgets(names, lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score,
                                             target_retention is not None, everything=full_sweep,
-                                            top_first=_target_out_of_reach(rows, names, input_dim, target_retention, reference, y))
+                                            top_first=_target_out_of_reach(rows, names, input_dim, target_retention, reference, y),
+                                            every_allowed=count_tables)
                 skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                       "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1354,14 +1356,15 @@ def run_sweep(
 
                 def peer_skip(spec: str) -> str | None:
                     ram_bytes = Precision(spec).ram_bytes(input_dim)
-                    return why_not(ram_bytes) or (None if full_sweep else _short_searched_codec(rows, searched_codecs, ram_bytes,
-                                                                                               target_retention, reference, y))
+                    # Counting the tables, a searched codec's large tables say nothing of a cheaper peer's cost: no such skip.
+                    return why_not(ram_bytes) or (None if full_sweep or count_tables else _short_searched_codec(
+                        rows, searched_codecs, ram_bytes, target_retention, reference, y))
 
                 cached = [spec for spec in specs if spec in frozen_indexes and peer_skip(spec) is None]
                 for spec in cached:
                     score_peer(spec)
                 not_scored = search_budgets([spec for spec in specs if spec not in cached], peer_skip, score_peer,
-                                            target_retention is not None, everything=full_sweep, top_first=True)
+                                            target_retention is not None, everything=full_sweep, top_first=True, every_allowed=count_tables)
                 skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                    "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1536,7 +1539,7 @@ def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
 
 
 def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | None], score: Callable[[str], bool], has_target: bool,
-                   everything: bool = False, top_first: bool = False) -> dict[str, str]:
+                   everything: bool = False, top_first: bool = False, every_allowed: bool = False) -> dict[str, str]:
     """Score the fewest ``levels`` (one family's settings, bytes ascending) the plan's choice needs; returns the others with why.
 
     ``score(level)`` scores one and says whether it keeps the target; ``skip_reason(level)`` says why the choice could not be
@@ -1544,7 +1547,9 @@ def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | Non
     target this bisects for the cheapest level keeping it (about log2 of the levels scored); with a byte budget alone
     only the dearest level within it can be the best of the family. ``top_first`` scores the dearest level the choice could
     be before bisecting: one fit settles a family that falls short of the target everywhere (the 8-bit FAISS peers, minutes
-    a fit, usually do), at the cost of one more fit for a family that keeps it. ``everything`` scores every level.
+    a fit, usually do), at the cost of one more fit for a family that keeps it. ``everything`` scores every level;
+    ``every_allowed``, with a byte budget alone, every level within it (where a level's cost is more than its code bytes, as
+    with ``count_tables``, a cheaper level can be the only one within the budget).
     """
     if everything:
         for level in levels:
@@ -1553,10 +1558,11 @@ def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | Non
     not_scored: dict[str, str] = {}
     if not has_target:
         allowed = [level for level in levels if skip_reason(level) is None]
-        if allowed:
-            score(allowed[-1])
+        scored = allowed if every_allowed else allowed[-1:]
+        for level in scored:
+            score(level)
         for level in levels:
-            if level not in allowed[-1:]:
+            if level not in scored:
                 not_scored[level] = skip_reason(level) or f"{allowed[-1]} of the same family costs more and fits the budget"
         return not_scored
     kept: dict[int, bool] = {}
