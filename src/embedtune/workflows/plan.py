@@ -1812,9 +1812,10 @@ def run_plan(
             every budget with ``full_sweep``); after the compressors, before the 8-bit peers. ``()`` for none.
         learned_gate_p: a learned map (DIVE) is chosen only where its validation scores beat the best setting without one
             at its bytes by a paired test below this p (:func:`gate_learned`); above 1: by any higher mean.
-        count_tables: a setting costs its codes and its fixed tables' (rotations, codebooks) share of the corpus rows,
-            in the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes, and
-            the float32 vectors. Off, it costs its codes, as FAISS's ``sa_code_size`` counts.
+        count_tables: a setting costs its codes and its share of the corpus rows of what it holds once (a codec's
+            rotations and codebooks, the weights of a map in front: :func:`held_once_bytes`), in the budget, the choice
+            and the frontier: on a small corpus a codec's tables can outweigh its codes, and the float32 vectors. Off, it
+            costs its codes, as FAISS's ``sa_code_size`` counts.
 
     Returns:
         The plan (also ``OUT/plan.json``).
