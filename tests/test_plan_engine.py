@@ -264,22 +264,29 @@ def test_cli_plan_counts_the_tables_when_asked_and_says_how_otherwise(toy, tmp_p
 def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_says_so_and_names_the_flag(capsys):
     from embedtune.cli.plan import _print_tables
 
-    plan = {"chosen": {"setting": "frozen-1000/klt-apq:48", "ram_bytes": 48, "fixed_bytes": 54_603_563,
-                       "amortized_bytes": 48 + 54_603_563 / 3000},
-            "reference": {"setting": "frozen-1000/float32"}, "sweep": [{"setting": "frozen-1000/float32", "ram_bytes": 4000}]}
-    _print_tables(plan)
+    chosen = {"setting": "frozen-1000/klt-apq:48", "ram_bytes": 48, "fixed_bytes": 54_603_563, "amortized_bytes": 48 + 54_603_563 / 3000,
+              "choosable": True, "objective": 0.592}
+    sweep = [{"setting": "frozen-1000/float32", "ram_bytes": 4000, "amortized_bytes": 4000.0, "choosable": True, "objective": 1.0},
+             chosen,
+             {"setting": "truncate-333/binary-asym", "ram_bytes": 42, "amortized_bytes": 42.0, "choosable": True, "objective": 0.439},
+             {"setting": "truncate-83/binary-asym", "ram_bytes": 11, "amortized_bytes": 11.0, "choosable": True, "objective": 0.323},
+             {"setting": "truncate-333/binary-rescore", "ram_bytes": 42, "amortized_bytes": 42.0, "choosable": False, "objective": 0.713}]
+    plan = {"chosen": chosen, "budget_bytes": 48, "reference": {"setting": "frozen-1000/float32"}, "sweep": sweep}
+    _print_tables(plan, "objective", "agreement@10")
     said = capsys.readouterr().out
     assert "outweigh its codes" in said and "larger than the float32 vectors' 4,000 bytes per vector" in said
     assert "to count them in the budget and the choice: --count-tables" in said
+    # The best choosable setting within the budget whose index stays below the float32 vectors is named.
+    assert "the best setting scored whose index is not: truncate-333/binary-asym (agreement@10 0.4390, 42 bytes per vector" in said
     # The codec's own tables outweigh its codes: fitted on these documents, they hold part of them.
     assert "a larger corpus of this kind scores it lower than this one" in said
-    _print_tables({**plan, "count_tables": True})
+    _print_tables({**plan, "count_tables": True}, "objective", "agreement@10")
     assert "--count-tables" not in capsys.readouterr().out
     # A map's weights (pca-96's matrix on 1,033 documents) outweigh the codes, the codec holds almost nothing: no such warning.
     mapped = {"chosen": {"setting": "pca-96/int4", "ram_bytes": 48, "fixed_bytes": 1_536, "transform_bytes": 147_840,
                          "amortized_bytes": 48 + (1_536 + 147_840) / 1033},
               "reference": {"setting": "frozen-384/float32"}, "sweep": [{"setting": "frozen-384/float32", "ram_bytes": 1536}]}
-    _print_tables(mapped)
+    _print_tables(mapped, "ndcg@10", "validation nDCG@10")
     said = capsys.readouterr().out
     assert "outweigh its codes" in said and "larger corpus" not in said and "larger than the float32" not in said
 

@@ -359,7 +359,7 @@ def _print_label_free(plan: dict) -> None:
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"{objective['objective']} {chosen['objective']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference), refitted on every document; {_served_by(plan)}")
-    _print_tables(plan)
+    _print_tables(plan, "objective", objective["objective"])
 
 
 def _print_supervised(plan: dict) -> None:
@@ -376,7 +376,7 @@ def _print_supervised(plan: dict) -> None:
     print(f"chosen: {chosen['setting']}: {_bytes_said(plan)}, "
           f"validation nDCG@10 {chosen['ndcg@10']:.4f} ({'n/a' if plan['retention'] is None else format(plan['retention'], '.3f')} "
           f"of the reference); {_served_by(plan)}")
-    _print_tables(plan)
+    _print_tables(plan, "ndcg@10", "validation nDCG@10")
 
 
 def _print_set_aside(plan: dict, score: str) -> None:
@@ -398,13 +398,26 @@ def _served_by(plan: dict) -> str:
     return f"FAISS factory {name!r}"
 
 
-def _print_tables(plan: Mapping[str, Any]) -> None:
+def best_smaller_than_float32(plan: Mapping[str, Any], float32_bytes: float, score: str) -> dict[str, Any] | None:
+    """The best-scored choosable setting within the plan's budget whose codes and tables together stay below the float32
+    vectors (``amortized_bytes``), other than float32 itself; None where no scored setting does."""
+    budget = plan.get("budget_bytes")
+    pool = [r for r in plan.get("sweep") or [] if r.get("choosable") and r.get("amortized_bytes") is not None
+            and r["amortized_bytes"] < float32_bytes and (budget is None or r["ram_bytes"] <= budget) and r.get(score) is not None]
+    return max(pool, key=lambda r: (r[score], -r["amortized_bytes"])) if pool else None
+
+
+def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
     said = tables_said(plan["chosen"])
     if said:
         reference = next((r for r in plan.get("sweep") or [] if r["setting"] == plan["reference"]["setting"]), None)
         float32_bytes = None if reference is None else reference["ram_bytes"]
         if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
             said += f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
+            smaller = best_smaller_than_float32(plan, float32_bytes, score)
+            if smaller is not None:
+                said += (f"; the best setting scored whose index is not: {smaller['setting']} ({label} {smaller[score]:.4f}, "
+                         f"{smaller['amortized_bytes']:,.0f} bytes per vector with its tables)")
         said += "" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"
         chosen = plan["chosen"]
         rows = held_once_bytes(chosen) / (chosen["amortized_bytes"] - chosen["ram_bytes"])  # tables_said: amortized > ram
