@@ -268,7 +268,8 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
               "choosable": True, "objective": 0.592}
     sweep = [{"setting": "frozen-1000/float32", "ram_bytes": 4000, "amortized_bytes": 4000.0, "choosable": True, "objective": 1.0},
              chosen,
-             {"setting": "truncate-333/binary-asym", "ram_bytes": 42, "amortized_bytes": 42.0, "choosable": True, "objective": 0.439},
+             {"setting": "truncate-333/binary-asym", "ram_bytes": 42, "amortized_bytes": 42.0, "choosable": True, "objective": 0.439,
+              "gap_db": 4.31},
              {"setting": "truncate-83/binary-asym", "ram_bytes": 11, "amortized_bytes": 11.0, "choosable": True, "objective": 0.323},
              {"setting": "truncate-333/binary-rescore", "ram_bytes": 42, "amortized_bytes": 42.0, "choosable": False, "objective": 0.713}]
     plan = {"chosen": chosen, "budget_bytes": 48, "reference": {"setting": "frozen-1000/float32"}, "sweep": sweep}
@@ -278,6 +279,7 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
     assert "to count them in the budget and the choice: --count-tables" in said
     # The best choosable setting within the budget whose index stays below the float32 vectors is named.
     assert "the best setting scored whose index is not: truncate-333/binary-asym (agreement@10 0.4390, 42 bytes per vector" in said
+    assert "all in RAM, +4.3 dB from the Gaussian bound)" in said  # its tier and its distance from the limit, as the choice's
     # The codec's own tables outweigh its codes: fitted on these documents, they hold part of them.
     assert "a larger corpus of this kind scores it lower than this one" in said
     _print_tables({**plan, "count_tables": True}, "objective", "agreement@10")

@@ -399,10 +399,10 @@ def _served_by(plan: dict) -> str:
 
 
 def best_smaller_than_float32(plan: Mapping[str, Any], float32_bytes: float, score: str) -> dict[str, Any] | None:
-    """The best-scored choosable setting within the plan's budget whose codes and tables together stay below the float32
-    vectors (``amortized_bytes``), other than float32 itself; None where no scored setting does."""
+    """The best-scored choosable in-RAM setting within the plan's budget whose codes and tables together stay below the
+    float32 vectors (``amortized_bytes``), other than float32 itself; None where no scored setting does."""
     budget = plan.get("budget_bytes")
-    pool = [r for r in plan.get("sweep") or [] if r.get("choosable") and r.get("amortized_bytes") is not None
+    pool = [r for r in plan.get("sweep") or [] if r.get("choosable") and r.get("tier", "ram") == "ram" and r.get("amortized_bytes") is not None
             and r["amortized_bytes"] < float32_bytes and (budget is None or r["ram_bytes"] <= budget) and r.get(score) is not None]
     return max(pool, key=lambda r: (r[score], -r["amortized_bytes"])) if pool else None
 
@@ -416,8 +416,10 @@ def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
             said += f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
             smaller = best_smaller_than_float32(plan, float32_bytes, score)
             if smaller is not None:
+                gap = _gap(smaller.get("gap_db"))
                 said += (f"; the best setting scored whose index is not: {smaller['setting']} ({label} {smaller[score]:.4f}, "
-                         f"{smaller['amortized_bytes']:,.0f} bytes per vector with its tables)")
+                         f"{smaller['amortized_bytes']:,.0f} bytes per vector with its tables, all in RAM"
+                         + (f", {gap} dB from the Gaussian bound" if gap is not None else "") + ")")
         said += "" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"
         chosen = plan["chosen"]
         rows = held_once_bytes(chosen) / (chosen["amortized_bytes"] - chosen["ram_bytes"])  # tables_said: amortized > ram
