@@ -33,6 +33,7 @@ from embedtune.workflows.label_free import (
     load_corpus_experiment,
     run_label_free_plan,
 )
+from embedtune.workflows.pareto import best_within
 from embedtune.workflows.plan import (
     CODEC_BUDGETS,
     LEARNED_GATE_P,
@@ -403,8 +404,9 @@ def best_smaller_than_float32(plan: Mapping[str, Any], float32_bytes: float, sco
     float32 vectors (``amortized_bytes``), other than float32 itself; None where no scored setting does."""
     budget = plan.get("budget_bytes")
     pool = [r for r in plan.get("sweep") or [] if r.get("choosable") and r.get("tier", "ram") == "ram" and r.get("amortized_bytes") is not None
-            and r["amortized_bytes"] < float32_bytes and (budget is None or r["ram_bytes"] <= budget) and r.get(score) is not None]
-    return max(pool, key=lambda r: (r[score], -r["amortized_bytes"])) if pool else None
+            and r["amortized_bytes"] < float32_bytes and r.get(score) is not None]
+    found = best_within(pool, math.inf if budget is None else budget, y=score)
+    return None if found is None else dict(found)
 
 
 def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
@@ -422,8 +424,9 @@ def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
                          + (f", {gap} dB from the Gaussian bound" if gap is not None else "") + ")")
         said += "" if plan.get("count_tables") else "; to count them in the budget and the choice: --count-tables"
         chosen = plan["chosen"]
-        rows = held_once_bytes(chosen) / (chosen["amortized_bytes"] - chosen["ram_bytes"])  # tables_said: amortized > ram
-        if (chosen.get("fixed_bytes") or 0) > chosen["ram_bytes"] * rows:
+        # Each vector's share of the codec's own tables: the held-once share (amortized - ram), in the codec's proportion.
+        codec_share = (chosen["amortized_bytes"] - chosen["ram_bytes"]) * (chosen.get("fixed_bytes") or 0) / held_once_bytes(chosen)
+        if codec_share > chosen["ram_bytes"]:
             # The codec's own tables (not a map's weights) outweigh all its codes: fitted on these documents, they hold part of them.
             said += (". Fitted on these documents, the codec's tables also hold part of them, so a larger corpus of this kind "
                      "scores it lower than this one (docs/codecs.md, \"Fixed bytes and small corpora\")")
