@@ -175,9 +175,10 @@ def test_a_reference_codec_asked_for_by_name_is_scored_under_its_own_label_and_n
 def test_the_trellis_code_asked_for_by_name_is_scored_on_every_space_and_can_be_chosen(toy, tmp_path):
     _, paths = toy
     experiment = load_corpus_experiment(doc_embeddings=paths["doc"][0], doc_ids=paths["doc"][1])
+    # On 60 documents the trellis code's tables outweigh the float32 vectors: allowed, as this is about scoring it.
     plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=8, methods=["truncate"], dims=[16],
                                precisions=["float32", "int8"], peers=[], codecs=("klt-tcq",), codec_budgets=(4, 8),
-                               rounds=0, work=tmp_path / "work")
+                               rounds=0, work=tmp_path / "work", allow_index_over_float32=True)
     trellis = {r["setting"]: r for r in plan["sweep"] if r["family"] == "embedtune codec (klt-tcq)"}
     assert {"frozen-32/klt-tcq:4", "frozen-32/klt-tcq:8", "truncate-16/klt-tcq:8"} <= set(trellis)
     assert all(r["choosable"] and r["gap_db"] is not None for r in trellis.values())
@@ -280,8 +281,19 @@ def test_a_label_free_plan_on_scifact_chooses_an_in_ram_codec_and_serves_it_as_s
 def test_the_searched_codec_is_fitted_at_the_budget_and_served_as_scored(tmp_path):
     """klt-apq on the bundled SciFact vectors: with 32 B alone only klt-apq:32 is fitted, and `index build --plan` finds what it scored."""
     docs, experiment = _bundled_scifact(tmp_path)
-    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", budget_bytes=32, methods=["frozen"], precisions=["float32", "binary"],
-                               peers=[], codecs=("klt-pq4",), codec_budgets=(32,), rounds=0, work=tmp_path / "work")
+    options = dict(budget_bytes=32, methods=["frozen"], precisions=["float32", "binary"], peers=[], codecs=("klt-pq4",), codec_budgets=(32,),
+                   rounds=0, work=tmp_path / "work")
+    # By default: klt-apq:32's 14 MB of tables make its index larger than SciFact's float32 vectors (5,183 x 1,536 B), so the
+    # ladder steps down to klt-apq:16, and the choice is among the settings whose index is not larger.
+    guarded = run_label_free_plan(experiment, tmp_path / "guarded", "agreement", **options)
+    searched = {r["setting"]: r for r in guarded["sweep"] if "klt-apq" in r["setting"]}
+    assert set(searched) == {f"frozen-384/klt-apq{sphere}:{b}" for sphere in ("", "-sphere") for b in (16, 32)}
+    for setting, row in searched.items():
+        over = row["amortized_bytes"] > 1536
+        assert over == setting.endswith(":32") and row["choosable"] is not over and bool(row.get("over_float32")) is over
+    assert guarded["chosen"]["amortized_bytes"] <= 1536
+    # Allowed, the dearest level within the budget alone is fitted (its fit reused from the work folder).
+    plan = run_label_free_plan(experiment, tmp_path / "plan", "agreement", allow_index_over_float32=True, **options)
     searched = {r["setting"]: r for r in plan["sweep"] if "klt-apq" in r["setting"]}
     # A budget alone: the dearest level within it; the sphere family ranks the same fit's codes by direction.
     assert list(searched) == ["frozen-384/klt-apq:32", "frozen-384/klt-apq-sphere:32"]

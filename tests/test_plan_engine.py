@@ -27,7 +27,7 @@ from embedtune.workflows.plan import ADDITIVE_PEERS, DEFAULT_PEERS, LabelledObje
 D = 24
 #: What the engine writes into plan.json before write_plan adds the folder's own fields, in both modes.
 ENGINE_FIELDS = {"embedtune_version", "model", "dataset", "split_seed", "seed", "threads", "budget_bytes", "target_retention", "allow_disk",
-                 "count_tables", "codecs",
+                 "count_tables", "allow_index_over_float32", "codecs",
                  "chosen", "deployment", "reference", "validation", "retention", "frontier", "frontier_not_choosable", "sweep", "fit_sample", "bill", "skipped_peers", "skipped_settings"}
 #: The fields of every sweep row (a labelled one; a label-free row adds ``objective``).
 ROW_FIELDS = {"setting", "candidate", "method", "family", "dim", "precision", "ram_bytes", "disk_bytes", "fixed_bytes", "transform_bytes", "amortized_bytes", "tier",
@@ -177,6 +177,27 @@ def test_counting_the_tables_chooses_within_the_budget_with_their_share(toy, tmp
         assert row["amortized_bytes"] == pytest.approx(row["ram_bytes"] + (row["fixed_bytes"] + expected) / 60), row["setting"]
 
 
+def test_a_setting_whose_index_outweighs_the_float32_vectors_is_chosen_only_when_allowed(toy, tmp_path):
+    """On 60 documents of 24 dims, PCA to 20 dims at float32 holds 80 B of codes and a 1,920 B matrix: 113 B a vector
+    with its share, more than the 96 B float32 vectors. Scored and listed, never chosen unless asked."""
+    options = dict(budget_bytes=90, methods=["pca"], dims=[20], precisions=["float32"], peers=[], codecs=[], rounds=0,
+                   work=tmp_path / "work")
+    with pytest.raises(ValueError, match="pca-20/float32 would .*113 bytes per vector.*larger than the float32 vectors.*--allow-index-over-float32"):
+        run_plan(_experiment(toy), tmp_path / "guarded", **options)
+    allowed = run_plan(_experiment(toy), tmp_path / "allowed", allow_index_over_float32=True, **options)
+    assert allowed["allow_index_over_float32"] is True and allowed["chosen"]["setting"] == "pca-20/float32"
+    assert allowed["chosen"]["amortized_bytes"] == pytest.approx(80 + 4 * (20 * D + 20) / 60) and allowed["chosen"]["amortized_bytes"] > 4 * D
+    # With a cheaper precision beside it, the guarded plan chooses that, and lists the larger index with the reason.
+    guarded = run_plan(_experiment(toy), tmp_path / "int8", **{**options, "precisions": ["float32", "int8"]})
+    assert guarded["chosen"]["amortized_bytes"] <= 4 * D and guarded["allow_index_over_float32"] is False
+    over = [r for r in guarded["sweep"] if r["amortized_bytes"] > 4 * D]
+    assert over and all(r["over_float32"] and not r["choosable"] for r in over)
+    assert all(not r.get("over_float32") for r in guarded["sweep"] if r["amortized_bytes"] <= 4 * D)
+    for row in guarded["frontier_not_choosable"]:
+        if row.get("over_float32"):
+            assert "larger than the float32 vectors: --allow-index-over-float32" in row["why_not_choosable"]
+
+
 def test_a_label_free_plan_on_a_sample_shares_the_tables_over_every_corpus_row(toy, tmp_path):
     _, files = toy
     experiment = load_corpus_experiment(doc_embeddings=files["doc"][0], doc_ids=files["doc"][1])
@@ -291,6 +312,15 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
     _print_tables(mapped, "ndcg@10", "validation nDCG@10")
     said = capsys.readouterr().out
     assert "outweigh its codes" in said and "larger corpus" not in said and "larger than the float32" not in said
+    # By default such an index is not chosen: the plan names the best one passed over for it, and the flag that allows it.
+    guarded_chosen = {**sweep[2]}
+    over = {**chosen, "choosable": False, "over_float32": True}
+    _print_tables({**plan, "chosen": guarded_chosen, "sweep": [sweep[0], over, *sweep[2:]]}, "objective", "agreement@10")
+    said = capsys.readouterr().out
+    assert ("frozen-1000/klt-apq:48 scored higher (agreement@10 0.5920) but was not chosen: with its tables its index takes "
+            "18,249 bytes per vector") in said and "--allow-index-over-float32 lets the plan choose it" in said
+    _print_tables({**plan, "allow_index_over_float32": True}, "objective", "agreement@10")
+    assert "(chosen with --allow-index-over-float32)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("target", [{"target_retention": 0.9}, {"budget_bytes": 24}, {"target_retention": 0.8, "budget_bytes": 48}])
@@ -363,10 +393,17 @@ def test_searched_codec_budgets_respect_the_budget_and_a_cheaper_setting_that_ke
     assert scored == ["klt-apq:64"]  # a budget alone: the family's best within it is its dearest
     assert not_scored["klt-apq:96"] == "above the budget" and "costs more and fits the budget" in not_scored["klt-apq:16"]
     scored.clear()
-    # Counting the tables, the dearest level's may put it above the budget: every level within the budget is scored.
+    # With its tables, the dearest level's index may be oversized (above the budget, or larger than float32): the search
+    # steps down until a level is not, and stops there.
+    over_32 = lambda level: _bytes(level) > 32  # noqa: E731
     not_scored = plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=False,
-                                            every_allowed=True)
-    assert scored == [level for level in LEVELS if _bytes(level) <= 64] and set(not_scored) == set(LEVELS) - set(scored)
+                                            oversized=over_32)
+    assert scored == ["klt-apq:64", "klt-apq:48", "klt-apq:32"] and set(not_scored) == set(LEVELS) - set(scored)
+    assert "klt-apq:32 of the same family costs more and fits the budget" in not_scored["klt-apq:16"]
+    scored.clear()
+    not_scored = plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=False,
+                                            oversized=lambda level: True)
+    assert scored == [level for level in LEVELS if _bytes(level) <= 64][::-1]  # every level oversized: all scored, none fits
     scored.clear()
     assert plan_module.search_budgets(LEVELS, above_64, lambda level: scored.append(level) or False, has_target=True, everything=True) == {}
     assert scored == LEVELS
@@ -387,6 +424,20 @@ def test_a_ladder_searched_from_its_top_finds_the_same_cheapest_and_settles_a_sh
     dearer_than_64 = lambda level: "dearer than x (64 B), which already keeps the target" if _bytes(level) > 64 else None  # noqa: E731
     plan_module.search_budgets(LEVELS, dearer_than_64, score, has_target=True, top_first=True)
     assert scored[0] == "klt-apq:64" and all(_bytes(level) <= 64 for level in scored)
+
+
+@pytest.mark.parametrize("keeps_from", [16, 32, 48, 64, 96, 128, 256])
+@pytest.mark.parametrize("oversized_from", [16, 48, 128, 512])
+def test_a_ladder_finds_the_cheapest_level_keeping_the_target_that_is_not_oversized(keeps_from, oversized_from):
+    """Tables grow with a family's bytes: an oversized level sends the search to cheaper levels, from the top or the middle."""
+    for top_first in (False, True):
+        scored, score = _recording_scorer(keeps_from)
+        plan_module.search_budgets(LEVELS, lambda level: None, score, has_target=True, top_first=top_first,
+                                   oversized=lambda level: _bytes(level) >= oversized_from)
+        usable = [level for level in LEVELS if keeps_from <= _bytes(level) < oversized_from]
+        found = [level for level in scored if keeps_from <= _bytes(level) < oversized_from]
+        assert (min(found, key=_bytes) if found else None) == (usable[0] if usable else None), (top_first, scored)
+        assert len(scored) <= 4
 
 
 def test_the_searched_codec_starts_at_its_top_only_when_nothing_at_or_below_its_bytes_keeps_the_target():

@@ -128,9 +128,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                       help="a setting costs its codes plus its share of the corpus's rows of what it holds once (a codec's rotations and "
                            "codebooks, the weights of a PCA or DIVE map in front), in "
                            "the budget, the choice and the frontier: on a small corpus a codec's tables can outweigh its codes and "
-                           "even the float32 vectors; with --target-retention every setting is scored, with a budget alone every "
-                           "level of each codec and peer within it. By default a setting costs "
+                           "even the float32 vectors; with --target-retention every setting is scored, with a budget alone each codec "
+                           "and peer ladder is searched down from its dearest level within it. By default a setting costs "
                            "its codes, as FAISS counts them, and the plan says where the tables outweigh them")
+    plan.add_argument("--allow-index-over-float32", action="store_true",
+                      help="let the choice be a setting whose index, its codes plus its share of its tables and map over the corpus's "
+                           "rows, is larger than the float32 vectors (a codec's tables can be, on a corpus of a few thousand rows); "
+                           "by default such a setting is scored and listed but not chosen")
     plan.add_argument("--refine-candidates", type=int, default=DEFAULT_REFINE_CANDIDATES, metavar="N",
                       help="with --allow-disk-rescore: the candidates a +refine<N> setting rescores with the original vectors "
                            "(N x 4 x d bytes read from disk per query)")
@@ -245,14 +249,16 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    codec_budgets=args.codec_budgets, allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample,
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
                                    check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep,
-                                   searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p, count_tables=args.count_tables)
+                                   searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p, count_tables=args.count_tables,
+                        allow_index_over_float32=args.allow_index_over_float32)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
                         work=args.work, labels=labels, variants=args.variants, codecs=codecs, codec_budgets=args.codec_budgets,
                         allow_disk=args.allow_disk_rescore, fit_sample=args.fit_sample, price_per_gb_month=args.price_per_gb_month,
                         refine_candidates=args.refine_candidates, full_sweep=args.full_sweep, searched_codecs=searched_codecs,
-                        learned_gate_p=args.learned_gate_p, count_tables=args.count_tables)
+                        learned_gate_p=args.learned_gate_p, count_tables=args.count_tables,
+                        allow_index_over_float32=args.allow_index_over_float32)
     finish_output_dir(args.out, "compress plan")
     if args.json:
         print_json(plan)
@@ -409,13 +415,29 @@ def best_smaller_than_float32(plan: Mapping[str, Any], float32_bytes: float, sco
     return None if found is None else dict(found)
 
 
+def best_over_float32(plan: Mapping[str, Any], score: str) -> dict[str, Any] | None:
+    """The best-scored setting within the budget that scored above the choice but was not chosen because its index, with its
+    tables, is larger than the float32 vectors (``over_float32``); None where none did."""
+    budget, chosen = plan.get("budget_bytes"), plan["chosen"]
+    cost = "amortized_bytes" if plan.get("count_tables") else "ram_bytes"
+    pool = [r for r in plan.get("sweep") or [] if r.get("over_float32") and r.get(score) is not None and r[score] > chosen[score]]
+    found = best_within(pool, math.inf if budget is None else budget, x=cost, y=score)
+    return None if found is None else dict(found)
+
+
 def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
+    over = best_over_float32(plan, score)
+    if over is not None:
+        print(f"tables: {over['setting']} scored higher ({label} {over[score]:.4f}) but was not chosen: with its tables its index "
+              f"takes {over['amortized_bytes']:,.0f} bytes per vector on this corpus, more than the float32 vectors; "
+              "--allow-index-over-float32 lets the plan choose it")
     said = tables_said(plan["chosen"])
     if said:
         reference = next((r for r in plan.get("sweep") or [] if r["setting"] == plan["reference"]["setting"]), None)
         float32_bytes = None if reference is None else reference["ram_bytes"]
         if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
-            said += f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
+            said += (f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
+                     + (" (chosen with --allow-index-over-float32)" if plan.get("allow_index_over_float32") else ""))
             smaller = best_smaller_than_float32(plan, float32_bytes, score)
             if smaller is not None:
                 gap = _gap(smaller.get("gap_db"))

@@ -515,6 +515,7 @@ def run_label_free_plan(
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
     learned_gate_p: float = LEARNED_GATE_P,
     count_tables: bool = False,
+    allow_index_over_float32: bool = False,
 ) -> dict[str, Any]:
     """``compress plan`` without labels: sweep, choose on a label-free objective, refit on every document, write the plan folder.
 
@@ -533,7 +534,8 @@ def run_label_free_plan(
             ``pseudo-queries`` objective's queries and those of DIVE's text preset; None: ``title`` for the
             objective, and the preset tries ``title``, then ``first-words``.
         final: also score the choice on the experiment's labelled test queries, after it is made.
-        codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs, learned_gate_p, count_tables: as in
+        codecs, codec_budgets, allow_disk, refine_candidates, full_sweep, searched_codecs, learned_gate_p, count_tables,
+            allow_index_over_float32: as in
             ``run_plan`` (the codecs are fitted on every document the index holds; the tables' share is of every corpus row,
             not of the sample).
         fit_sample: the corpus rows the whole plan runs on (default: :func:`plan_sample`'s rule): the sweep fits,
@@ -565,7 +567,8 @@ def run_label_free_plan(
                      final and sampled is experiment, work, labels, rounds, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk,
                      fit_sample=fit_sample, price_per_gb_month=price_per_gb_month, sample_record=record,
                      refine_candidates=refine_candidates, full_sweep=full_sweep, verify=verify, searched_codecs=searched_codecs,
-                     learned_gate_p=learned_gate_p, count_tables=count_tables)
+                     learned_gate_p=learned_gate_p, count_tables=count_tables,
+                     allow_index_over_float32=allow_index_over_float32)
     if "full_corpus" in plan:
         checked = plan["full_corpus"]
         if target_retention is not None and checked["agreement"] < target_retention:

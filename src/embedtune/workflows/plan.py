@@ -1085,6 +1085,7 @@ def run_sweep(
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
     learned_gate_p: float = LEARNED_GATE_P,
     count_tables: bool = False,
+    allow_index_over_float32: bool = False,
 ) -> dict[str, Any]:
     """The plan sweep of :func:`run_plan` and :func:`embedtune.workflows.label_free.run_label_free_plan`, chosen by ``objective``.
 
@@ -1120,7 +1121,12 @@ def run_sweep(
     and the weights of the map in front (``amortized_bytes``), in
     the budget, the choice and the frontier, instead of its codes alone; with a target this scores every setting, as
     ``full_sweep`` does (a setting of more code bytes can cost less with its tables), and with a budget alone every level of
-    a codec or peer ladder within the budget (the dearest level's tables may put it above the budget).
+    a codec or peer ladder from the dearest within the budget down to the first whose tables keep it within (the dearest
+    level's tables may put it above the budget).
+    Unless ``allow_index_over_float32``, a setting whose index, codes and what it holds once over every corpus row
+    (``amortized_bytes``), is larger than the float32 vectors is never chosen (``over_float32``; on a corpus of a few thousand
+    rows a codec's tables alone can outweigh them): float32 vectors would be the smaller index, and better. A ladder
+    is then searched down from such a level, as with ``count_tables``.
     The 8-bit FAISS PQ/OPQ and additive peers are trained after phase 2, one ladder per kind (``PQm``, ``OPQm,PQm``, ...),
     and only the fewest the choice needs (:func:`search_budgets`, the ladder's dearest possible peer first); a peer the
     choice could not be (:func:`_skip_reason`), or a ladder's peer the search left out, is listed under ``skipped_peers``. Every row gains the bill's
@@ -1177,6 +1183,23 @@ def run_sweep(
         train_rows = fit_sample_rows(n_docs, size, seed) if size < n_docs else None
         if sample_record is None:
             sample_record = {**fit_sample_record(n_docs, input_dim, size, seed, fit_sample), "fits": "FAISS peers and codecs"}
+        # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
+        corpus_rows = int(sample_record.get("of") or n_docs)
+
+        def admit(scored: list[dict[str, Any]]) -> None:
+            """Each row's cost with its tables, and whether the plan may choose it (in its tier, and not larger than float32)."""
+            _mark_choosable(scored, allow_disk)
+            for row in scored:
+                row["amortized_bytes"] = row["ram_bytes"] + held_once_bytes(row) / corpus_rows
+                if not allow_index_over_float32 and row["choosable"] and row["amortized_bytes"] > 4 * input_dim:
+                    row["choosable"] = False
+                    row["over_float32"] = True
+
+        def oversized(setting: str) -> bool:
+            """Whether the scored setting's index costs more than the choice allows with its tables (:func:`search_budgets`)."""
+            found = [r for r in rows if r.get("setting") == setting]
+            return bool(found) and all(r.get("over_float32") or (count_tables and budget_bytes is not None
+                                                                 and r["amortized_bytes"] > budget_bytes) for r in found)
         deployable = [family for family in codecs if Precision(f"{family}:1").precision_codec.deployable]
         # The reference codecs (the textbook coder, and any other non-deployable family asked for) on the frozen vectors only:
         # they say how far the deployable codecs are from the textbook, not what a compressor's space could ship.
@@ -1221,7 +1244,7 @@ def run_sweep(
         reference = next(r[y] for r in rows if r["precision"] == "float32")
         if "csr" in peers:  # a learned peer fitted on the corpus alone: compared, never chosen
             rows += sweep_csr_rows(objective, budgets, seed, work, rounds)
-        _mark_choosable(rows, allow_disk)
+        admit(rows)
 
         def why_not(ram_bytes: float) -> str | None:
             """Why a setting of ``ram_bytes`` cannot be the choice among the rows scored so far (never, with ``full_sweep``)."""
@@ -1279,7 +1302,7 @@ def run_sweep(
                                                           train_rows=train_rows, refine=refine, space=space_state))
                     for row in scored:
                         row["setting"] = _setting(candidate.name, row)
-                        _mark_choosable([row], allow_disk)
+                    admit(scored)
                     rows.extend(scored)
                     return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in scored)
 
@@ -1304,13 +1327,13 @@ def run_sweep(
                     levels = [spec for spec in names if spec in space_precisions]
                     not_scored = search_budgets(levels, lambda spec, dim=candidate.dim: why_not(Precision(spec).ram_bytes(dim)),
                                                 lambda spec: score_space([spec]), target_retention is not None, everything=full_sweep,
-                                                top_first=True, every_allowed=count_tables)
+                                                top_first=True, oversized=lambda spec, space=candidate.name: oversized(f"{space}/{spec}"))
                     skipped_settings += [{"setting": f"{candidate.name}/{spec}", "ram_bytes": Precision(spec).ram_bytes(candidate.dim),
                                           "reason": reason} for spec, reason in not_scored.items()]
                 save_faiss_cache(space_dir, space_indexes, space_probe)
                 del space_indexes, space_state  # every index and copy of this space: freed before the next candidate's
                 bar.update(1)
-        _mark_choosable(rows, allow_disk)
+        admit(rows)
         # The searched codecs (klt-apq: near the textbook coder, a minute a budget on 65,536 rows) on the uncompressed vectors, at
         # the fewest budgets that find the cheapest keeping the target (quality grows with a family's bytes), before the peers.
         levels = {family: [p for p in codec_precisions([family], SEARCHED_CODEC_BUDGETS, input_dim, n_docs, frozen_one_norm)
@@ -1321,7 +1344,7 @@ def run_sweep(
                 scored = _label_codec_rows(frozen_rows([spec], {"method": "frozen", "family": "codec"}, rounds,
                                                        prebuilt=frozen_indexes, train_rows=train_rows, refine=refine))
                 _name_frozen_rows(scored, input_dim)
-                _mark_choosable(scored, allow_disk)
+                admit(scored)
                 rows.extend(scored)
                 save_faiss_cache(cache_dir, frozen_indexes, probe)
                 bar.update(1)
@@ -1331,7 +1354,7 @@ def run_sweep(
                 not_scored = search_budgets(names, lambda spec: why_not(Precision(spec).ram_bytes(input_dim)), score,
                                             target_retention is not None, everything=full_sweep,
                                             top_first=_target_out_of_reach(rows, names, input_dim, target_retention, reference, y),
-                                            every_allowed=count_tables)
+                                            oversized=lambda spec: oversized(f"frozen-{input_dim}/{spec}"))
                 skipped_settings += [{"setting": f"frozen-{input_dim}/{spec}", "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                       "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1349,7 +1372,7 @@ def run_sweep(
                     peer_rows = frozen_rows([spec], {"method": "frozen", "family": family}, rounds, prebuilt=frozen_indexes,
                                             progress=bar.update, train_rows=train_rows, refine=refine)
                     _name_frozen_rows(peer_rows, input_dim)
-                    _mark_choosable(peer_rows, allow_disk)
+                    admit(peer_rows)
                     rows.extend(peer_rows)
                     save_faiss_cache(cache_dir, frozen_indexes, probe)
                     return target_retention is not None and any(r["choosable"] and r[y] >= target_retention * reference for r in peer_rows)
@@ -1364,7 +1387,8 @@ def run_sweep(
                 for spec in cached:
                     score_peer(spec)
                 not_scored = search_budgets([spec for spec in specs if spec not in cached], peer_skip, score_peer,
-                                            target_retention is not None, everything=full_sweep, top_first=True, every_allowed=count_tables)
+                                            target_retention is not None, everything=full_sweep, top_first=True,
+                                            oversized=lambda spec: oversized(f"frozen-{input_dim}/{spec}"))
                 skipped_peers += [{"setting": f"frozen-{input_dim}/{spec}", "family": family, "ram_bytes": Precision(spec).ram_bytes(input_dim),
                                    "reason": reason} for spec, reason in not_scored.items()]
                 bar.update(len(not_scored))
@@ -1380,10 +1404,6 @@ def run_sweep(
             logger.info("%s: %d learned settings not choosable, as none beats the best setting without a learned map at its bytes by a "
                         "paired test: %s", name, len(gated), "; ".join(f"{r['setting']} (p {r['gated_by']['p']:.3f} against "
                                                                      f"{r['gated_by']['setting']})" for r in gated))
-        # The tables' share of every row the corpus holds (a label-free plan may have run on a sample of it).
-        corpus_rows = int(sample_record.get("of") or n_docs)
-        for row in rows:
-            row["amortized_bytes"] = row["ram_bytes"] + held_once_bytes(row) / corpus_rows
         chosen = _choose_in_tier(rows, budget_bytes, target_retention, reference, y, allow_disk, x=cost)
         # The frontier a user reads is that of what the plan may choose; the rest (the disk tier without allow_disk, learned
         # maps the gate kept out, reference codecs, the CSR peer) get a frontier of their own, each row saying why.
@@ -1427,6 +1447,7 @@ def run_sweep(
                 "target_retention": target_retention,
                 "allow_disk": allow_disk,
                 "count_tables": count_tables,
+                "allow_index_over_float32": allow_index_over_float32,
                 **({"refine_candidates": int(refine_candidates)} if allow_disk else {}),
                 "codecs": {"families": list(codecs), "budgets": sorted(set(int(b) for b in codec_budgets)),
                            "reference": REFERENCE_CODEC if codecs else None,
@@ -1539,7 +1560,8 @@ def _mark_choosable(rows: list[dict[str, Any]], allow_disk: bool) -> None:
 
 
 def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | None], score: Callable[[str], bool], has_target: bool,
-                   everything: bool = False, top_first: bool = False, every_allowed: bool = False) -> dict[str, str]:
+                   everything: bool = False, top_first: bool = False,
+                   oversized: Callable[[str], bool] | None = None) -> dict[str, str]:
     """Score the fewest ``levels`` (one family's settings, bytes ascending) the plan's choice needs; returns the others with why.
 
     ``score(level)`` scores one and says whether it keeps the target; ``skip_reason(level)`` says why the choice could not be
@@ -1547,44 +1569,63 @@ def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | Non
     target this bisects for the cheapest level keeping it (about log2 of the levels scored); with a byte budget alone
     only the dearest level within it can be the best of the family. ``top_first`` scores the dearest level the choice could
     be before bisecting: one fit settles a family that falls short of the target everywhere (the 8-bit FAISS peers, minutes
-    a fit, usually do), at the cost of one more fit for a family that keeps it. ``everything`` scores every level;
-    ``every_allowed``, with a byte budget alone, every level within it (where a level's cost is more than its code bytes, as
-    with ``count_tables``, a cheaper level can be the only one within the budget).
+    a fit, usually do), at the cost of one more fit for a family that keeps it. ``everything`` scores every level.
+
+    ``oversized(level)``, asked after ``level`` is scored, says that the index it built costs more than the choice allows
+    once its tables are counted (``count_tables``: above the budget; by default: larger than the float32 vectors). Tables
+    grow with a family's bytes, so every dearer level is oversized too: with a budget alone the search steps down from
+    the dearest level within it until one is not, and with a target an oversized level sends the bisection to cheaper ones.
     """
     if everything:
         for level in levels:
             score(level)
         return {}
     not_scored: dict[str, str] = {}
+    too_big = oversized or (lambda level: False)
     if not has_target:
         allowed = [level for level in levels if skip_reason(level) is None]
-        scored = allowed if every_allowed else allowed[-1:]
-        for level in scored:
+        scored: list[str] = []
+        for level in reversed(allowed):
             score(level)
+            scored.append(level)
+            if not too_big(level):
+                break
+        fits = next((level for level in scored if not too_big(level)), None)
         for level in levels:
             if level not in scored:
-                not_scored[level] = skip_reason(level) or f"{allowed[-1]} of the same family costs more and fits the budget"
+                not_scored[level] = skip_reason(level) or (f"{fits} of the same family costs more and fits the budget" if fits
+                                                           else "a cheaper level of the same family fits the budget")
         return not_scored
     kept: dict[int, bool] = {}
+    big: set[int] = set()
     lo, hi = 0, len(levels) - 1
+
+    def settle(index: int) -> bool:
+        """Score a level; whether the bisection goes to cheaper levels (it keeps the target, or its index is oversized)."""
+        kept[index] = score(levels[index])
+        if too_big(levels[index]):
+            big.add(index)
+        return kept[index] or index in big
+
     if top_first:
         top = next((i for i in range(hi, -1, -1) if skip_reason(levels[i]) is None), None)
         if top is not None:
-            kept[top] = score(levels[top])
-            hi = top - 1 if kept[top] else -1
+            hi = top - 1 if settle(top) else -1
     while lo <= hi:
         mid = (lo + hi) // 2
         if skip_reason(levels[mid]) is not None:
             hi = mid - 1
             continue
-        kept[mid] = score(levels[mid])
-        lo, hi = (lo, mid - 1) if kept[mid] else (mid + 1, hi)
+        lo, hi = (lo, mid - 1) if settle(mid) else (mid + 1, hi)
     for index, level in enumerate(levels):
         if index in kept:
             continue
-        short = [levels[i] for i, ok in kept.items() if i > index and not ok]
-        not_scored[level] = skip_reason(level) or (f"{short[0]} of the same family costs more and fell short of the target" if short
-                                                   else "a cheaper level of the same family keeps the target")
+        short = [levels[i] for i, ok in kept.items() if i > index and not ok and i not in big]
+        oversized_above = [levels[i] for i in sorted(big) if i < index]
+        not_scored[level] = skip_reason(level) or (
+            f"{oversized_above[0]} of the same family is oversized with its tables, and this costs more" if oversized_above
+            else f"{short[0]} of the same family costs more and fell short of the target" if short
+            else "a cheaper level of the same family keeps the target")
     return not_scored
 
 
@@ -1708,6 +1749,9 @@ def held_once_bytes(row: Mapping[str, Any]) -> float:
 
 def why_not_choosable(row: Mapping[str, Any], allow_disk: bool) -> str:
     """Why a plan may not choose ``row``, in a few words (for the frontier of the settings set aside)."""
+    if row.get("over_float32"):
+        return (f"its index, {row['amortized_bytes']:,.0f} bytes per vector with its tables, is larger than the float32 vectors: "
+                "--allow-index-over-float32")
     if row.get("gated_by"):
         gate = row["gated_by"]
         return f"a learned map not significantly better than {gate['setting']} at its bytes (p {gate['p']:.3f})"
@@ -1721,10 +1765,21 @@ def why_not_choosable(row: Mapping[str, Any], allow_disk: bool) -> str:
 def _choose_in_tier(rows: list[dict[str, Any]], budget_bytes: float | None, target_retention: float | None, reference: float,
                     y: str, allow_disk: bool, x: str = "ram_bytes") -> dict[str, Any]:
     """:func:`~embedtune.workflows.pareto.choose` among the ``choosable`` rows; when nothing qualifies but a disk-rescore
-    row would, the error says so and names the flag that allows it."""
+    row, or one whose index is larger than the float32 vectors, would, the error says so and names the flag that allows it."""
     try:
         return dict(choose([r for r in rows if r["choosable"]], budget_bytes, target_retention, reference, y=y, x=x))
     except ValueError as error:
+        oversized = [r for r in rows if r.get("over_float32")]
+        try:
+            would = choose([r for r in rows if r["choosable"]] + oversized, budget_bytes, target_retention, reference, y=y, x=x)
+        except ValueError:
+            would = None
+        if would is not None and would.get("over_float32"):
+            raise ValueError(f"no setting qualifies whose index is smaller than the float32 vectors. {would['setting']} would "
+                             f"({would['ram_bytes']:g} B of codes), but with its tables and map its index takes "
+                             f"{would['amortized_bytes']:,.0f} bytes per vector over this corpus, larger than the float32 vectors: "
+                             "keep the float32 vectors, or pass --allow-index-over-float32 (allow_index_over_float32=True) to "
+                             "choose it anyway (a larger corpus shares the tables over more rows).") from None
         if allow_disk:
             raise
         disk = [r for r in rows if r.get("tier") == "disk-rescore"]
@@ -1764,6 +1819,7 @@ def run_plan(
     searched_codecs: Sequence[str] = SEARCHED_CODECS,
     learned_gate_p: float = LEARNED_GATE_P,
     count_tables: bool = False,
+    allow_index_over_float32: bool = False,
 ) -> dict[str, Any]:
     """Sweep on validation queries, choose, refit on train+val, and write a deployable plan folder.
 
@@ -1816,6 +1872,9 @@ def run_plan(
             rotations and codebooks, the weights of a map in front: :func:`held_once_bytes`), in the budget, the choice
             and the frontier: on a small corpus a codec's tables can outweigh its codes, and the float32 vectors. Off, it
             costs its codes, as FAISS's ``sa_code_size`` counts.
+        allow_index_over_float32: also choose a setting whose index, its codes and its share of what it holds once, is
+            larger than the float32 vectors (on a corpus of a few thousand rows, a codec's tables can be); off, such a
+            setting is scored but never chosen, and the choice falls to a cheaper level or another setting.
 
     Returns:
         The plan (also ``OUT/plan.json``).
@@ -1829,7 +1888,8 @@ def run_plan(
     return run_sweep(LabelledObjective(experiment), out, budget_bytes, target_retention, methods, dims, precisions, peers, seed, final, work,
                      labels, rounds, variants, codecs=codecs, codec_budgets=codec_budgets, allow_disk=allow_disk, fit_sample=fit_sample,
                      price_per_gb_month=price_per_gb_month, refine_candidates=refine_candidates, full_sweep=full_sweep,
-                     searched_codecs=searched_codecs, learned_gate_p=learned_gate_p, count_tables=count_tables)
+                     searched_codecs=searched_codecs, learned_gate_p=learned_gate_p, count_tables=count_tables,
+                     allow_index_over_float32=allow_index_over_float32)
 
 
 #: Fewer unseen validation queries than this and the plan chooses on all of them, and says so.
