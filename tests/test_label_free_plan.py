@@ -18,7 +18,6 @@ from importlib.resources import files
 import numpy as np
 import pytest
 
-from conftest import write_beir
 from embedtune.cli import main
 from embedtune.cli.plan import run_plan_command
 from embedtune.data.beir import load_beir
