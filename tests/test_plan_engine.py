@@ -319,6 +319,7 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
     said = capsys.readouterr().out
     assert ("frozen-1000/klt-apq:48 scored higher (agreement@10 0.5920) but was not chosen: with its tables its index takes "
             "18,249 bytes per vector") in said and "--allow-index-over-float32 lets the plan choose it" in said
+    assert "more than the float32 vectors (from about 13,817 vectors it would not be)" in said  # 54,603,563 / (4,000 - 48)
     _print_tables({**plan, "allow_index_over_float32": True}, "objective", "agreement@10")
     assert "(chosen with --allow-index-over-float32)" in capsys.readouterr().out
 

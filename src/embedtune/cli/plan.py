@@ -426,15 +426,18 @@ def best_over_float32(plan: Mapping[str, Any], score: str) -> dict[str, Any] | N
 
 
 def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
+    reference = next((r for r in plan.get("sweep") or [] if r["setting"] == plan["reference"]["setting"]), None)
+    float32_bytes = None if reference is None else reference["ram_bytes"]
     over = best_over_float32(plan, score)
     if over is not None:
+        # From how many rows its tables' share would leave its index below the float32 vectors.
+        grows = (f" (from about {math.ceil(held_once_bytes(over) / (float32_bytes - over['ram_bytes'])):,} vectors it would not be)"
+                 if float32_bytes and float32_bytes > over["ram_bytes"] else "")
         print(f"tables: {over['setting']} scored higher ({label} {over[score]:.4f}) but was not chosen: with its tables its index "
-              f"takes {over['amortized_bytes']:,.0f} bytes per vector on this corpus, more than the float32 vectors; "
+              f"takes {over['amortized_bytes']:,.0f} bytes per vector on this corpus, more than the float32 vectors{grows}; "
               "--allow-index-over-float32 lets the plan choose it")
     said = tables_said(plan["chosen"])
     if said:
-        reference = next((r for r in plan.get("sweep") or [] if r["setting"] == plan["reference"]["setting"]), None)
-        float32_bytes = None if reference is None else reference["ram_bytes"]
         if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
             said += (f"; with them the index is larger than the float32 vectors' {float32_bytes:,} bytes per vector"
                      + (" (chosen with --allow-index-over-float32)" if plan.get("allow_index_over_float32") else ""))
