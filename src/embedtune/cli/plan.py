@@ -250,7 +250,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
                                    price_per_gb_month=args.price_per_gb_month, refine_candidates=args.refine_candidates,
                                    check_full_corpus=not args.no_full_corpus_check, full_sweep=args.full_sweep,
                                    searched_codecs=searched_codecs, learned_gate_p=args.learned_gate_p, count_tables=args.count_tables,
-                        allow_index_over_float32=args.allow_index_over_float32)
+                                   allow_index_over_float32=args.allow_index_over_float32)
     else:
         plan = run_plan(experiment, args.out, budget_bytes=args.budget_bytes, target_retention=args.target_retention, methods=methods,
                         dims=args.dims or None, precisions=precisions, peers=args.peers, seed=args.seed, final=args.final,
