@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query
+from embedtune.index.bill import DEFAULT_PRICE_PER_GB_MONTH, BillLine, bill_table, disk_read_per_query, float32_bytes
 from embedtune.index.codecs import codec_family
 from embedtune.workflows.plan import DEFAULT_CODECS, LEARNED_GATE_P, SEARCHED_CODECS
 from embedtune.io import atomic_write, atomic_write_json
@@ -139,7 +139,7 @@ def in_default_plan(row: dict[str, Any]) -> bool:
 def within_float32(row: dict[str, Any], n_docs: int, dim: int) -> bool:
     """Whether ``row``'s index over the whole corpus, its codes and its tables (a map's weights included, ``fixed_bytes``), is
     no larger than the float32 vectors: ``compress plan`` chooses nothing larger unless ``--allow-index-over-float32``."""
-    return row["ram_bytes"] + (row.get("fixed_bytes") or 0) / n_docs <= 4 * dim
+    return row["ram_bytes"] + (row.get("fixed_bytes") or 0) / n_docs <= float32_bytes(dim)
 
 
 def pick(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -204,6 +204,7 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
         # What each would have been without that rule, to count where it decided.
         ours_any = pick(gate_learned([r for r in fits_any if r["family"] in OURS]))
         default_any = pick(gate_learned([r for r in fits_any if in_default_plan(r)]))
+        passed_over = default_any if default_any is not None and default is not None and default_any["setting"] != default["setting"] else None
         peers = [r for r in fits if r["family"] not in OURS | TEXTBOOK | TRELLIS | SPHERE]
         peer = pick(peers)
         textbook = next((r for r in rows if r["setting"] == f"frozen/klt-sq:{budget}"), None)
@@ -252,10 +253,8 @@ def corpus_table(name: str, rows: list[dict[str, Any]], meta: dict[str, Any]) ->
                         "peer_fixed_bytes": None if peer is None else peer.get("fixed_bytes"),
                         "n_docs": meta["n_docs"], "dim": int(meta["dim"]),
                         "pick_over_float32": None if ours_any is None or ours_any["setting"] == ours["setting"] else ours_any["setting"],
-                        "default_over_float32": (None if default_any is None or default is None or default_any["setting"] == default["setting"]
-                                                 else default_any["setting"]),
-                        "default_over_float32_share": (None if default_any is None or default is None
-                                                       or default_any["setting"] == default["setting"] else default_any["ndcg@10"] / base),
+                        "default_over_float32": None if passed_over is None else passed_over["setting"],
+                        "default_over_float32_share": None if passed_over is None else passed_over["ndcg@10"] / base,
                         "default": None if default is None else default["setting"],
                         "default_share": None if default is None else default["ndcg@10"] / base,
                         "pick_minus_default": 0.0 if default is ours else None if versus_default is None else versus_default.mean_difference,

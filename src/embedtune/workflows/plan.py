@@ -58,7 +58,7 @@ from embedtune.index.codecs import (
     registered_codecs,
 )
 from embedtune.index.codecs.sphere import plain_family_name, shares_one_norm
-from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, scale_label, vector_bill
+from embedtune.index.bill import BILL_SCALES, DEFAULT_PRICE_PER_GB_MONTH, bill_record, float32_bytes, scale_label, vector_bill
 from embedtune.index.deployment import deployment_recipe
 from embedtune.index.fit_sample import fit_sample_record, fit_sample_rows, fit_sample_size
 from embedtune.index.plan_format import PLAN_FILE, load_plan, write_plan
@@ -1191,7 +1191,7 @@ def run_sweep(
             _mark_choosable(scored, allow_disk)
             for row in scored:
                 row["amortized_bytes"] = row["ram_bytes"] + held_once_bytes(row) / corpus_rows
-                if not allow_index_over_float32 and row["choosable"] and row["amortized_bytes"] > 4 * input_dim:
+                if not allow_index_over_float32 and row["choosable"] and row["amortized_bytes"] > float32_bytes(input_dim):
                     row["choosable"] = False
                     row["over_float32"] = True
 
@@ -1590,7 +1590,7 @@ def search_budgets(levels: Sequence[str], skip_reason: Callable[[str], str | Non
             scored.append(level)
             if not too_big(level):
                 break
-        fits = next((level for level in scored if not too_big(level)), None)
+        fits = scored[-1] if scored and not too_big(scored[-1]) else None  # the loop stops at the first that is not oversized
         for level in levels:
             if level not in scored:
                 not_scored[level] = skip_reason(level) or (f"{fits} of the same family costs more and fits the budget" if fits
