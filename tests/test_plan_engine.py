@@ -314,12 +314,13 @@ def test_where_the_tables_outweigh_the_codes_and_the_float32_vectors_the_plan_sa
     assert "outweigh its codes" in said and "larger corpus" not in said and "larger than the float32" not in said
     # By default such an index is not chosen: the plan names the best one passed over for it, and the flag that allows it.
     guarded_chosen = {**sweep[2]}
-    over = {**chosen, "choosable": False, "over_float32": True}
+    over = {**chosen, "choosable": False, "over_float32": True, "gap_db": 0.52}
     _print_tables({**plan, "chosen": guarded_chosen, "sweep": [sweep[0], over, *sweep[2:]]}, "objective", "agreement@10")
     said = capsys.readouterr().out
     assert ("frozen-1000/klt-apq:48 scored higher (agreement@10 0.5920) but was not chosen: with its tables its index takes "
             "18,249 bytes per vector") in said and "--allow-index-over-float32 lets the plan choose it" in said
     assert "more than the float32 vectors (from about 13,817 vectors it would not be)" in said  # 54,603,563 / (4,000 - 48)
+    assert "; its codes are +0.5 dB from the Gaussian bound; --allow-index-over-float32" in said  # its distance from the limit
     _print_tables({**plan, "allow_index_over_float32": True}, "objective", "agreement@10")
     assert "(chosen with --allow-index-over-float32)" in capsys.readouterr().out
 

@@ -433,9 +433,11 @@ def _print_tables(plan: Mapping[str, Any], score: str, label: str) -> None:
         # From how many rows its tables' share would leave its index below the float32 vectors.
         grows = (f" (from about {math.ceil(held_once_bytes(over) / (float32_bytes - over['ram_bytes'])):,} vectors it would not be)"
                  if float32_bytes and float32_bytes > over["ram_bytes"] else "")
+        gap = _gap(over.get("gap_db"))
         print(f"tables: {over['setting']} scored higher ({label} {over[score]:.4f}) but was not chosen: with its tables its index "
-              f"takes {over['amortized_bytes']:,.0f} bytes per vector on this corpus, more than the float32 vectors{grows}; "
-              "--allow-index-over-float32 lets the plan choose it")
+              f"takes {over['amortized_bytes']:,.0f} bytes per vector on this corpus, more than the float32 vectors{grows}"
+              + (f"; its codes are {gap} dB from the Gaussian bound" if gap is not None else "")
+              + "; --allow-index-over-float32 lets the plan choose it")
     said = tables_said(plan["chosen"])
     if said:
         if float32_bytes and plan["chosen"]["amortized_bytes"] > float32_bytes:
