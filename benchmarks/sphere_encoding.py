@@ -8,9 +8,11 @@ also spends effort on the length. Two ways to spend it on the angle instead, mea
 * **gain search** (``--gains``): encode ``c · x`` for several gains ``c`` and keep, per document, the code whose
   decoded vector has the largest cosine with ``x`` (shape-gain coding's search, with the gain not stored). At
   ``c = 1`` alone it is the family's own encoder. Same bytes, same tables, same scan.
-* **a quantiser nearer the bound ranked by direction**: ``klt-rq`` (FAISS's 8-bit residual quantiser on the KLT
-  axes, 0.2-0.7 dB from the Gaussian bound at 16 B in the near-limit benchmark, where ``klt-pq4`` is 1.3-1.5)
-  decoded and ranked as the ``-sphere`` families rank. Give ``klt-rq:B`` in ``--codecs``.
+* **other codes ranked by direction**: any precision that decodes, ranked as the ``-sphere`` families rank, e.g.
+  ``klt-rq:B`` (FAISS's 8-bit residual quantiser on the KLT axes, 0.2-0.7 dB from the Gaussian bound at 16 B in the
+  near-limit benchmark, where ``klt-pq4`` is 1.3-1.5) or ``faiss:OPQ64,PQ64x4fs`` (a learned rotation in front of
+  4-bit PQ, where ``klt-pq4`` puts the KLT and eigenvalue allocation). Give them in ``--codecs``; ``--gains 1``
+  ranks without the search.
 
 Protocol (as ``benchmarks/near_limit.py``): the corpus is cut in two seeded halves and each half is encoded by
 tables fitted on the other; every document's decoded vector is scaled to norm 1, and each query ranks every
@@ -107,7 +109,7 @@ def run(data: str, codecs: list[str], gains: tuple[float, ...]) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     float32 = ranked(ds, ds["docs"])["ndcg@10"]
     for name in codecs:
-        path = folder / f"{name.replace(':', '_')}.json"
+        path = folder / f"{name.replace(':', '_').replace(',', '_')}.json"
         if path.is_file():
             continue
         own, searched, chosen, fit_s = decoded_halves(ds, name, gains)
@@ -134,7 +136,7 @@ def report() -> str:
         raise SystemExit(f"no rows under {OUT}; run the benchmark first.")
     machines = sorted({r["machine"].get("cpu", "?") for r in rows})
     dates = sorted(r["date"] for r in rows)
-    lines = ["# Encoding for the sphere: gain search, and residual codes ranked by direction", "",
+    lines = ["# Encoding for the sphere: a gain search, and other codes ranked by direction", "",
              f"Written by `python benchmarks/sphere_encoding.py --report` from the rows beside it (measured {dates[0]} to "
              f"{dates[-1]} on {', '.join(machines)}, one thread); protocol in the script's docstring. all-MiniLM-L6-v2; each "
              "half of the corpus coded by tables fitted on the other; every document ranked by its decoded direction. "
@@ -144,8 +146,12 @@ def report() -> str:
              "gain chosen for most documents | fit s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        own = f"{r['own']['ndcg@10'] / r['float32_ndcg@10']:.1%}"
+        if len(r["gains"]) == 1:  # ranked by direction, no search (``--gains 1``)
+            lines.append(f"| {r['data']} | `{r['codec']}` | {own} | – | – | {r['own']['agreement']:.4f} | – | – | {r['fit_s']:.0f} |")
+            continue
         top = max(r["chosen_gains"].items(), key=lambda item: item[1])
-        lines.append(f"| {r['data']} | `{r['codec']}` | {r['own']['ndcg@10'] / r['float32_ndcg@10']:.1%} | "
+        lines.append(f"| {r['data']} | `{r['codec']}` | {own} | "
                      f"{r['gain_search']['ndcg@10'] / r['float32_ndcg@10']:.1%} | {r['delta']:+.4f} ({r['p']:.3f}) | "
                      f"{r['own']['agreement']:.4f} → {r['gain_search']['agreement']:.4f} | {r['angular_gain_db']:+.2f} dB | "
                      f"{top[0]} ({top[1] / r['n_docs']:.0%}) | {r['fit_s']:.0f} |")
