@@ -8,8 +8,9 @@ times as many, the noise of a hashed tenth gone. This benchmark asks whether tha
 For each collection and k: both PCA variants fitted on every document (as the ``pca`` and ``pca-uncentred``
 baselines), each document's pseudo-query (its title; NPL, which has none, its first 12 words: the sources of
 ``benchmarks/label_free_dive.py``) ranks the whole corpus, and its own document's nDCG@10 is the gain (ties
-count against it, as in the guard). Paired sign-flip test, centred − uncentred, over the pseudo-queries; beside
-it, nDCG@10 of both on every judged test query, which nothing here reads to choose.
+count against it: the guard's own measure, :func:`embedtune.compress.dive.unsupervised.own_document_gains`).
+Paired sign-flip test, centred − uncentred, over the pseudo-queries; beside it, nDCG@10 of both on every judged
+test query, which nothing here reads to choose.
 
     OMP_NUM_THREADS=1 python benchmarks/pca_start_pseudo_queries.py                 # scifact arguana npl cacm med, k = 64 128
     python benchmarks/pca_start_pseudo_queries.py --report
@@ -34,6 +35,7 @@ from label_free_dive import DATASETS, load, score, training_pseudo_queries  # no
 
 from embedtune.bench.efficiency import machine_info  # noqa: E402
 from embedtune.compress import get_compressor_class  # noqa: E402
+from embedtune.compress.dive.unsupervised import own_document_gains  # noqa: E402
 from embedtune.data.pseudo_queries import PSEUDO_PREFIX  # noqa: E402
 from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.runtime import set_threads  # noqa: E402
@@ -42,18 +44,6 @@ from embedtune.workflows.significance import paired_test  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "unsupervised-selection" / "pca-start"
 METHODS = ("pca", "pca-uncentred")
-
-
-def own_document_gains(queries: np.ndarray, docs: np.ndarray, targets: np.ndarray, block: int = 1024) -> np.ndarray:
-    """Each query's nDCG@10 retrieving its one relevant document ``targets[i]`` among ``docs`` (ties count against it)."""
-    gains = np.zeros(len(queries))
-    for lo in range(0, len(queries), block):
-        scores = queries[lo : lo + block] @ docs.T
-        own = scores[np.arange(len(scores)), targets[lo : lo + block]][:, None]
-        rank = (scores >= own).sum(axis=1) - 1
-        hit = rank < 10
-        gains[lo : lo + len(scores)][hit] = 1.0 / np.log2(rank[hit] + 2.0)
-    return gains
 
 
 def run(datasets: list[str], dims: list[int], data_root: Path) -> None:

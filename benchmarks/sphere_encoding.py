@@ -46,9 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from near_limit import halves, load  # noqa: E402
 
 from embedtune.bench.efficiency import machine_info  # noqa: E402
+from embedtune.compress.base import l2_normalize  # noqa: E402
 from embedtune.evaluate.metrics import evaluate_run  # noqa: E402
 from embedtune.evaluate.search import run_from_topk  # noqa: E402
-from embedtune.index.codecs import Precision, QuantizedIndex  # noqa: E402
+from embedtune.evaluate.streamed_top_k import exact_top_k  # noqa: E402
+from embedtune.index.codecs import Precision, QuantizedIndex, distortion_report  # noqa: E402
 from embedtune.io import atomic_write_bytes, atomic_write_json  # noqa: E402
 from embedtune.runtime import set_threads  # noqa: E402
 from embedtune.workflows.significance import paired_test  # noqa: E402
@@ -59,10 +61,6 @@ OUT = ROOT / "benchmarks" / "results" / "sphere-encoding"
 GAINS = tuple(float(g) for g in np.round(np.linspace(0.8, 1.25, 10), 3))
 
 
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def decoded_halves(ds: dict[str, Any], name: str, gains: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """``(own, searched, chosen gains, fit seconds)``: every document decoded by tables fitted on the other half, from
     the family's own code and from the gain search's."""
@@ -70,7 +68,8 @@ def decoded_halves(ds: dict[str, Any], name: str, gains: tuple[float, ...]) -> t
     own, searched = np.zeros_like(docs), np.zeros_like(docs)
     chosen = np.ones(len(docs))
     fit_s = 0.0
-    for rows, fit_rows in zip(halves(len(docs)), reversed(halves(len(docs)))):
+    a, b = halves(len(docs))
+    for rows, fit_rows in ((a, b), (b, a)):
         start = time.perf_counter()
         index = QuantizedIndex.build(docs[rows], Precision(name), train=docs[fit_rows])
         fit_s += time.perf_counter() - start
@@ -79,7 +78,7 @@ def decoded_halves(ds: dict[str, Any], name: str, gains: tuple[float, ...]) -> t
         best = np.full(len(x), -np.inf)
         for gain in gains:
             decoded = index.reconstruct(np.float32(gain) * x)
-            cosine = np.einsum("nd,nd->n", unit_rows(decoded), x) / np.linalg.norm(x, axis=1)
+            cosine = np.einsum("nd,nd->n", l2_normalize(decoded), x) / np.linalg.norm(x, axis=1)
             better = cosine > best
             best[better], chosen[rows[better]] = cosine[better], gain
             searched[rows[better]] = decoded[better]
@@ -88,17 +87,15 @@ def decoded_halves(ds: dict[str, Any], name: str, gains: tuple[float, ...]) -> t
 
 def ranked(ds: dict[str, Any], decoded: np.ndarray) -> dict[str, Any]:
     """nDCG@10 per test query, agreement and the angular error of documents ranked by their decoded direction."""
-    unit = unit_rows(decoded)
+    unit = l2_normalize(decoded)
     scores = ds["queries"] @ unit.T
     top = np.argsort(-scores, axis=1, kind="stable")[:, :100]
     metrics = evaluate_run(ds["qrels"], run_from_topk(ds["query_ids"], np.take_along_axis(scores, top, 1), top, ds["doc_ids"], 100, True),
                            ("ndcg@10",))
     held = ds["held_rows"]
-    near = ds["docs"][held] @ unit.T
-    near[np.arange(len(held)), held] = -np.inf  # a query document never finds itself
-    found = np.argsort(-near, axis=1, kind="stable")[:, :10]
+    found = exact_top_k(ds["docs"][held], unit, 10, exclude=held)  # a query document never finds itself
     agreement = float(np.mean([len(set(row) & set(truth)) / 10 for row, truth in zip(found, ds["agreement_truth"])]))
-    angle = float(np.mean(1.0 - np.einsum("nd,nd->n", unit, unit_rows(ds["docs"]))))
+    angle = float(np.mean(1.0 - np.einsum("nd,nd->n", unit, l2_normalize(ds["docs"]))))
     return {"ndcg@10": float(metrics["ndcg@10"]), "per_query": {q: round(v["ndcg@10"], 6) for q, v in metrics.per_query.items()},
             "agreement": agreement, "angular_error": angle}
 
@@ -114,10 +111,13 @@ def run(data: str, codecs: list[str], gains: tuple[float, ...]) -> None:
             continue
         own, searched, chosen, fit_s = decoded_halves(ds, name, gains)
         a, b = ranked(ds, own), ranked(ds, searched)
+        bits = 8 * Precision(name).ram_bytes(ds["docs"].shape[1])  # every byte in RAM; nothing is read from disk
+        for side, decoded in ((a, own), (b, searched)):  # the decoded vectors' MSE above the Gaussian bound at these bits
+            side["gap_db"] = distortion_report(ds["docs"], decoded, bits, eigenvalues=ds["spectrum"])["gap_db"]
         queries = sorted(a["per_query"])
         test = paired_test(np.array([b["per_query"][q] for q in queries]), np.array([a["per_query"][q] for q in queries]))
         values, counts = np.unique(chosen, return_counts=True)
-        row = {"data": data, "model": "minilm", "codec": name, "gains": list(gains), "float32_ndcg@10": float32,
+        row = {"data": data, "model": "minilm", "codec": name, "ram_bytes": bits // 8, "gains": list(gains), "float32_ndcg@10": float32,
                "own": a, "gain_search": b, "delta": test.mean_difference, "p": test.p_value,
                "angular_gain_db": 10 * np.log10(a["angular_error"] / b["angular_error"]),
                "chosen_gains": {f"{v:g}": int(c) for v, c in zip(values, counts)}, "fit_s": round(fit_s, 1),
@@ -141,19 +141,22 @@ def report() -> str:
              f"{dates[-1]} on {', '.join(machines)}, one thread); protocol in the script's docstring. all-MiniLM-L6-v2; each "
              "half of the corpus coded by tables fitted on the other; every document ranked by its decoded direction. "
              "Share: nDCG@10 over the float32 vectors' on the same test queries. Δ and p: the gain search against the "
-             "family's own codes, paired over the test queries. dB: the drop of the mean angular error 1 − cos(x, x̂).", "",
-             "| corpus | codec | share, own codes | share, gain search | Δ (p) | agreement, own → searched | angular error gain | "
-             "gain chosen for most documents | fit s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "family's own codes, paired over the test queries. RAM B: bytes per vector held in RAM (nothing is read from disk per "
+             "query). dB to the bound: the decoded vectors' MSE above the Gaussian rate-distortion bound at those bytes for the "
+             "corpus's spectrum (the gain search trades squared error for direction, so its dB may rise). Angular error gain: "
+             "the drop of the mean angular error 1 − cos(x, x̂), in dB.", "",
+             "| corpus | codec | RAM B / vector | share, own codes | share, gain search | Δ (p) | agreement, own → searched | "
+             "dB to the bound, own → searched | angular error gain | gain chosen for most documents | fit s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        own = f"{r['own']['ndcg@10'] / r['float32_ndcg@10']:.1%}"
+        own = f"| {r['data']} | `{r['codec']}` | {r['ram_bytes']} | {r['own']['ndcg@10'] / r['float32_ndcg@10']:.1%}"
         if len(r["gains"]) == 1:  # ranked by direction, no search (``--gains 1``)
-            lines.append(f"| {r['data']} | `{r['codec']}` | {own} | – | – | {r['own']['agreement']:.4f} | – | – | {r['fit_s']:.0f} |")
+            lines.append(f"{own} | – | – | {r['own']['agreement']:.4f} | {r['own']['gap_db']:.2f} | – | – | {r['fit_s']:.0f} |")
             continue
         top = max(r["chosen_gains"].items(), key=lambda item: item[1])
-        lines.append(f"| {r['data']} | `{r['codec']}` | {own} | "
-                     f"{r['gain_search']['ndcg@10'] / r['float32_ndcg@10']:.1%} | {r['delta']:+.4f} ({r['p']:.3f}) | "
-                     f"{r['own']['agreement']:.4f} → {r['gain_search']['agreement']:.4f} | {r['angular_gain_db']:+.2f} dB | "
+        lines.append(f"{own} | {r['gain_search']['ndcg@10'] / r['float32_ndcg@10']:.1%} | {r['delta']:+.4f} ({r['p']:.3f}) | "
+                     f"{r['own']['agreement']:.4f} → {r['gain_search']['agreement']:.4f} | "
+                     f"{r['own']['gap_db']:.2f} → {r['gain_search']['gap_db']:.2f} | {r['angular_gain_db']:+.2f} dB | "
                      f"{top[0]} ({top[1] / r['n_docs']:.0%}) | {r['fit_s']:.0f} |")
     lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows})) + "."]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from embedtune.runtime import progress_bar
 
 logger = logging.getLogger(__package__)  # "embedtune.compress.dive", as before the package split
 
-__all__ = ["UnsupervisedTraining", "holdout_documents"]
+__all__ = ["UnsupervisedTraining", "holdout_documents", "own_document_gains"]
 
 # The unsupervised mode's held-out signals: neighbour recall@10, the rank KL in chunks of held-out rows, and
 # the pseudo-queries' nDCG@10 (scored in chunks of pseudo-queries, so the score matrix stays small on a large corpus).
@@ -66,6 +66,22 @@ def holdout_documents(n_docs: int, config: DIVEConfig) -> tuple[np.ndarray, np.n
     if config.max_train_docs is not None and len(fit_rows) > config.max_train_docs:
         fit_rows = fit_rows[: config.max_train_docs]  # a seeded sample: the permutation is random
     return np.sort(order[:n_holdout]), np.sort(fit_rows)
+
+
+def own_document_gains(queries: np.ndarray, documents: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Each query's nDCG@10 retrieving its one relevant document, ``documents[targets[i]]``, among every document.
+
+    A tie with another document counts against it, so a transform that maps everything together cannot score well.
+    The label-free signal of pseudo-queries (a document's title or first words retrieving that document).
+    """
+    gains = np.zeros(len(queries), dtype=np.float64)
+    for lo in range(0, len(queries), _KL_CHUNK):
+        scores = queries[lo : lo + _KL_CHUNK] @ documents.T
+        own = scores[np.arange(len(scores)), targets[lo : lo + _KL_CHUNK]][:, None]
+        rank = (scores >= own).sum(axis=1) - 1  # 0: first; documents scoring the same are ranked ahead of it
+        hit = rank < _PSEUDO_QUERY_AT
+        gains[lo : lo + len(scores)][hit] = 1.0 / np.log2(rank[hit] + 2.0)
+    return gains
 
 
 def _held_out_pseudo_queries(
@@ -408,27 +424,15 @@ class UnsupervisedTraining:
         return {"holdout_pseudo_query_ndcg@10": float(self._pseudo_query_gains(candidates, pseudo_queries, targets).mean())}
 
     def _pseudo_query_gains(self, candidates: np.ndarray, pseudo_queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """Each pseudo-query's nDCG@10 retrieving its own document through the current transform.
-
-        Each pseudo-query's only relevant document is its own; it is ranked among every
-        candidate document. A tie with another document counts against it, so a transform that
-        maps everything together cannot score well.
+        """Each pseudo-query's nDCG@10 retrieving its own document through the current transform
+        (:func:`own_document_gains`).
 
         Args:
             candidates: (n, d) adapter inputs of the candidate documents.
             pseudo_queries: (m, d) the pseudo-query vectors (encoded as queries).
             targets: (m,) each pseudo-query's own document, a row of ``candidates``.
         """
-        documents = self.transform(candidates)
-        queries = self.transform(pseudo_queries)
-        gains = np.zeros(len(queries), dtype=np.float64)
-        for lo in range(0, len(queries), _KL_CHUNK):
-            scores = queries[lo : lo + _KL_CHUNK] @ documents.T
-            own = scores[np.arange(len(scores)), targets[lo : lo + _KL_CHUNK]][:, None]
-            rank = (scores >= own).sum(axis=1) - 1  # 0: first; documents scoring the same are ranked ahead of it
-            hit = rank < _PSEUDO_QUERY_AT
-            gains[lo : lo + len(scores)][hit] = 1.0 / np.log2(rank[hit] + 2.0)
-        return gains
+        return own_document_gains(self.transform(pseudo_queries), self.transform(candidates), targets)
 
     def _holdout_metrics(self, candidates: np.ndarray, teacher: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict[str, float]:
         """The unsupervised mode's selection signal on held-out documents, over the whole candidate set.
