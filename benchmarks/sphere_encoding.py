@@ -11,8 +11,11 @@ also spends effort on the length. Two ways to spend it on the angle instead, mea
 * **other codes ranked by direction**: any precision that decodes, ranked as the ``-sphere`` families rank, e.g.
   ``klt-rq:B`` (FAISS's 8-bit residual quantiser on the KLT axes, 0.2-0.7 dB from the Gaussian bound at 16 B in the
   near-limit benchmark, where ``klt-pq4`` is 1.3-1.5) or ``faiss:OPQ64,PQ64x4fs`` (a learned rotation in front of
-  4-bit PQ, where ``klt-pq4`` puts the KLT and eigenvalue allocation). Give them in ``--codecs``; ``--gains 1``
-  ranks without the search.
+  4-bit PQ, where ``klt-pq4`` puts the KLT and eigenvalue allocation) or ``faiss:LSQ32x4fs`` (4-bit additive
+  codebooks FAISS fast-scans). Give them in ``--codecs``; ``--gains 1`` ranks without the search. The report sets
+  each against ``klt-pq4-sphere`` and ``klt-tcq-sphere`` at the same bytes.
+* **row alone** (``--row-alone``): whether a codec gives a row the code it gets alone (an index built block by block
+  holds the codes a plan scored only then), and how fast it encodes.
 
 Protocol (as ``benchmarks/near_limit.py``): the corpus is cut in two seeded halves and each half is encoded by
 tables fitted on the other; every document's decoded vector is scaled to norm 1, and each query ranks every
@@ -158,8 +161,85 @@ def report() -> str:
                      f"{r['own']['agreement']:.4f} → {r['gain_search']['agreement']:.4f} | "
                      f"{r['own']['gap_db']:.2f} → {r['gain_search']['gap_db']:.2f} | {r['angular_gain_db']:+.2f} dB | "
                      f"{top[0]} ({top[1] / r['n_docs']:.0%}) | {r['fit_s']:.0f} |")
-    lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows})) + "."]
+    checks = [json.loads(p.read_text()) for p in sorted(OUT.glob("*/row-alone/*.json"))]
+    lines += ["", *side_by_side(rows), *row_alone_table(), "",
+              "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows + checks})) + "."]
     return "\n".join(lines) + "\n"
+
+
+#: Rows whose codes :func:`row_alone` compares, encoded in one call and one at a time.
+ROW_ALONE_ROWS = 400
+
+
+def row_alone(data: str, name: str) -> None:
+    """Fit ``name`` on one half of the corpus; encode :data:`ROW_ALONE_ROWS` rows of the other in one call and one row at a
+    time: how many get another code alone, and rows per second each way (one thread)."""
+    ds = load(data, "minilm")
+    path = OUT / f"{data}-minilm" / "row-alone" / f"{name.replace(':', '_').replace(',', '_')}.json"
+    a, b = halves(len(ds["docs"]))
+    index = QuantizedIndex.build(ds["docs"][b[:10]], Precision(name), train=ds["docs"][b])
+    x = np.ascontiguousarray(ds["docs"][a[:ROW_ALONE_ROWS]])
+    encode = index.precision.precision_codec.encode
+    start = time.perf_counter()
+    together = encode(x, trained_index=index.backend)
+    together_s = time.perf_counter() - start
+    start = time.perf_counter()
+    alone = np.concatenate([encode(x[i : i + 1], trained_index=index.backend) for i in range(len(x))])
+    alone_s = time.perf_counter() - start
+    row = {"data": data, "model": "minilm", "codec": name, "rows": len(x),
+           "rows_with_another_code_alone": int((alone != together).any(axis=1).sum()),
+           "rows_per_s_in_one_call": round(len(x) / together_s, 1), "rows_per_s_one_at_a_time": round(len(x) / alone_s, 1),
+           "command": " ".join(["python", *sys.argv]), "machine": machine_info(),
+           "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    atomic_write_json(path, row)
+    print(f"{data} {name}: {row['rows_with_another_code_alone']} of {len(x)} rows coded otherwise alone; "
+          f"{row['rows_per_s_in_one_call']:.0f} rows/s in one call, {row['rows_per_s_one_at_a_time']:.0f} one at a time", flush=True)
+
+
+def row_alone_table() -> list[str]:
+    rows = [json.loads(p.read_text()) for p in sorted(OUT.glob("*/row-alone/*.json"))]
+    if not rows:
+        return []
+    lines = [f"Whether a code depends on the rows encoded with it (`--row-alone`): tables fitted on one half, {ROW_ALONE_ROWS} "
+             "rows of the other encoded in one call and then one at a time, one thread.", "",
+             "| corpus | codec | rows coded otherwise alone | rows/s, one call | rows/s, one at a time | measured |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['data']} | `{r['codec']}` | {r['rows_with_another_code_alone']} of {r['rows']} | {r['rows_per_s_in_one_call']:,.0f} | "
+              f"{r['rows_per_s_one_at_a_time']:,.0f} | {r['date']}, {r['machine'].get('cpu', '?')} |" for r in rows]
+    return ["", *lines]
+
+
+#: The codes every other one is compared with, at the same bytes: the default FAISS-served family and the trellis code.
+REFERENCES = ("klt-pq4-sphere", "klt-tcq-sphere")
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> list[str]:
+    """Every code that is not a reference, ranked by direction with its own codes, against each reference at the same bytes
+    on the same corpus: agreement, and nDCG@10 paired over the test queries."""
+    by_cell = {(r["data"], r["ram_bytes"], r["codec"].split(":")[0]): r for r in rows}
+    lines = ["Each other code against the references at the same bytes, all ranked by direction with their own codes "
+             f"({', '.join(f'`{name}`' for name in REFERENCES)}): agreement, and nDCG@10 − the reference's, paired over the "
+             "test queries.", "",
+             "| corpus | RAM B / vector | codec | agreement | share | dB to the bound | "
+             + " | ".join(f"`{name}`: agreement, share | Δ − `{name}` (p)" for name in REFERENCES) + " |",
+             "|---|---|---|---|---|---|" + "---|---|" * len(REFERENCES)]
+    for r in rows:
+        if r["codec"].split(":")[0] in REFERENCES:
+            continue
+        cells = []
+        for name in REFERENCES:
+            ref = by_cell.get((r["data"], r["ram_bytes"], name))
+            if ref is None:
+                cells.append("– | –")
+                continue
+            queries = sorted(set(r["own"]["per_query"]) & set(ref["own"]["per_query"]))
+            test = paired_test(np.array([r["own"]["per_query"][q] for q in queries]),
+                               np.array([ref["own"]["per_query"][q] for q in queries]))
+            cells.append(f"{ref['own']['agreement']:.4f}, {ref['own']['ndcg@10'] / ref['float32_ndcg@10']:.1%} | "
+                         f"{test.mean_difference:+.4f} ({test.p_value:.3f})")
+        lines.append(f"| {r['data']} | {r['ram_bytes']} | `{r['codec']}` | {r['own']['agreement']:.4f} | "
+                     f"{r['own']['ndcg@10'] / r['float32_ndcg@10']:.1%} | {r['own']['gap_db']:.2f} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                                                         "klt-apq-sphere:32", "klt-tcq-sphere:16", "klt-tcq-sphere:32"])
     parser.add_argument("--gains", nargs="+", type=float, default=list(GAINS))
     parser.add_argument("--report", action="store_true", help="write REPORT.md from the rows and stop")
+    parser.add_argument("--row-alone", action="store_true",
+                        help="instead: whether each codec gives a row the code it gets alone, and its encoding speed")
     args = parser.parse_args(argv)
     if args.report:
         atomic_write_bytes(OUT / "REPORT.md", report().encode("utf-8"))
@@ -177,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.data is None:
         parser.error("--data is required unless --report")
     set_threads(1)
+    if args.row_alone:
+        for name in args.codecs:
+            row_alone(args.data, name)
+        return 0
     run(args.data, args.codecs, tuple(args.gains))
     return 0
 
