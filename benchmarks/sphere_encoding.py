@@ -64,6 +64,11 @@ OUT = ROOT / "benchmarks" / "results" / "sphere-encoding"
 GAINS = tuple(float(g) for g in np.round(np.linspace(0.8, 1.25, 10), 3))
 
 
+def row_file(name: str) -> str:
+    """A precision's row file name: ``klt-pq4-sphere_16.json``, ``faiss_OPQ64_PQ64x4fs.json``."""
+    return f"{name.replace(':', '_').replace(',', '_')}.json"
+
+
 def decoded_halves(ds: dict[str, Any], name: str, gains: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """``(own, searched, chosen gains, fit seconds)``: every document decoded by tables fitted on the other half, from
     the family's own code and from the gain search's."""
@@ -109,7 +114,7 @@ def run(data: str, codecs: list[str], gains: tuple[float, ...]) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
     float32 = ranked(ds, ds["docs"])["ndcg@10"]
     for name in codecs:
-        path = folder / f"{name.replace(':', '_').replace(',', '_')}.json"
+        path = folder / row_file(name)
         if path.is_file():
             continue
         own, searched, chosen, fit_s = decoded_halves(ds, name, gains)
@@ -162,7 +167,7 @@ def report() -> str:
                      f"{r['own']['gap_db']:.2f} → {r['gain_search']['gap_db']:.2f} | {r['angular_gain_db']:+.2f} dB | "
                      f"{top[0]} ({top[1] / r['n_docs']:.0%}) | {r['fit_s']:.0f} |")
     checks = [json.loads(p.read_text()) for p in sorted(OUT.glob("*/row-alone/*.json"))]
-    lines += ["", *side_by_side(rows), *row_alone_table(), "",
+    lines += ["", *side_by_side(rows), *row_alone_table(checks), "",
               "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in rows + checks})) + "."]
     return "\n".join(lines) + "\n"
 
@@ -175,7 +180,7 @@ def row_alone(data: str, name: str) -> None:
     """Fit ``name`` on one half of the corpus; encode :data:`ROW_ALONE_ROWS` rows of the other in one call and one row at a
     time: how many get another code alone, and rows per second each way (one thread)."""
     ds = load(data, "minilm")
-    path = OUT / f"{data}-minilm" / "row-alone" / f"{name.replace(':', '_').replace(',', '_')}.json"
+    path = OUT / f"{data}-minilm" / "row-alone" / row_file(name)
     a, b = halves(len(ds["docs"]))
     index = QuantizedIndex.build(ds["docs"][b[:10]], Precision(name), train=ds["docs"][b])
     x = np.ascontiguousarray(ds["docs"][a[:ROW_ALONE_ROWS]])
@@ -196,8 +201,8 @@ def row_alone(data: str, name: str) -> None:
           f"{row['rows_per_s_in_one_call']:.0f} rows/s in one call, {row['rows_per_s_one_at_a_time']:.0f} one at a time", flush=True)
 
 
-def row_alone_table() -> list[str]:
-    rows = [json.loads(p.read_text()) for p in sorted(OUT.glob("*/row-alone/*.json"))]
+def row_alone_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``--row-alone`` rows as a table (nothing where there are none)."""
     if not rows:
         return []
     lines = [f"Whether a code depends on the rows encoded with it (`--row-alone`): tables fitted on one half, {ROW_ALONE_ROWS} "
